@@ -1,0 +1,70 @@
+// Kiln's public C++ API: compile an ONNX model, run it on tensors.
+//
+//   auto model = kiln::Model::compile_file("resnet18.onnx", {.threads = 2});
+//   if (!model) { std::cerr << model.status().to_string(); ... }
+//   auto out = model->run({{"input", tensor}});
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "support/status.h"
+#include "support/tensor.h"
+
+namespace kiln {
+
+struct CompileOptions {
+  int threads = 0;             // 0: all hardware threads
+  bool naive = false;          // naive (reference) schedules: no inlining, serial loops
+  bool dump_ir = false;        // print graph, loop IR and LLVM IR to stderr
+  bool fuse_elementwise = true;
+};
+
+// Description of one graph input or output. Dims print symbolically ("n", "s + 1").
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kUndefined;
+  std::vector<std::string> dims;
+};
+
+struct CompileStats {
+  double compile_seconds = 0;
+  int num_kernels = 0;          // compiled kernels (after fusion)
+  int num_runtime_kernels = 0;  // calls to C++ runtime kernels
+  int64_t arena_bytes = 0;      // static memory plan size (0 with symbolic shapes)
+};
+
+class Model {
+ public:
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  ~Model();
+
+  static Result<Model> compile_file(const std::string& path, const CompileOptions& options = {});
+  static Result<Model> compile_bytes(const std::string& bytes, const CompileOptions& options = {},
+                                     const std::string& source_name = "<bytes>");
+
+  const std::vector<TensorInfo>& inputs() const;
+  const std::vector<TensorInfo>& outputs() const;
+  const CompileStats& stats() const;
+
+  // Runs the model. Errors name the input for a missing input, wrong dtype or
+  // a shape that does not match the model's (static or symbolic) shape.
+  Result<std::map<std::string, Tensor>> run(const std::map<std::string, Tensor>& inputs);
+
+  // Text of the optimized graph (graph IR printer).
+  std::string graph_text() const;
+
+ private:
+  struct Impl;
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A human-readable report on a model file: inputs, outputs, op histogram,
+// inferred (symbolic) type of every value. Does not compile.
+Result<std::string> describe_model_file(const std::string& path);
+
+}  // namespace kiln

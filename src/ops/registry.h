@@ -1,0 +1,81 @@
+// The op registry. Per ONNX op: symbolic type/shape inference, and either a
+// compute definition for lowering (regular ops: compiled) or a runtime kernel
+// (irregular, data-dependent ops: C++ called by the VM like a compiled kernel).
+// View ops (Reshape, Flatten, Squeeze, Unsqueeze, Identity) are aliases at run
+// time: the output shares the input's storage.
+//
+// One file per op family registers its ops: elementwise.cc, matmul.cc, conv.cc,
+// pool.cc, norm.cc, reduce.cc, shape_ops.cc, indexing.cc, ...
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+#include "support/status.h"
+#include "support/tensor.h"
+#include "tir/tir.h"
+
+namespace kiln::ops {
+
+// State shared across inference of one graph: bounds of symbols and a counter
+// for fresh symbols (data-dependent output dims).
+struct InferContext {
+  Graph* graph = nullptr;
+  SymbolBounds bounds;
+  int next_fresh = 0;
+  // A new symbol for a data-dependent dim, named "_d<N>", bounded below by 0.
+  Expr fresh_symbol(std::optional<int64_t> upper = std::nullopt);
+};
+
+// Inputs to an op's lowering. Index i is the node's input i.
+struct LowerContext {
+  std::vector<tir::Buffer> inputs;       // name empty for an omitted optional input
+  std::vector<int> input_index;          // buffer_index for loads of input i (-1: an earlier stage)
+  std::vector<const Tensor*> constants;  // constant value of input i, or null
+  std::vector<std::optional<std::vector<Expr>>> sym_values;  // symbolic element values of input i
+  std::vector<tir::Buffer> outputs;      // one per node output: names and types to define
+  int* name_counter = nullptr;           // for fresh axis names unique in the kernel
+
+  Expr load_input(size_t i, std::vector<Expr> indices) const;
+  std::string fresh(const std::string& prefix);  // "i3", "k7", ...
+};
+
+// A runtime kernel: reads inputs, produces outputs (allocating them; their
+// shapes may be data-dependent). Attributes are captured when the kernel is bound.
+using RuntimeKernel = std::function<Status(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs)>;
+
+struct OpDef {
+  std::string name;
+  std::string domain;  // "" = ai.onnx
+  // Sets the outputs' TensorTypes (and sym_values where known) from inputs and attributes.
+  std::function<Status(Node&, InferContext&)> infer;
+  // For compiled ops: the stages that define the node's outputs.
+  std::function<Result<std::vector<tir::ComputeDef>>(const Node&, LowerContext&)> lower;
+  // For runtime-kernel ops: builds the kernel for this node.
+  std::function<Result<RuntimeKernel>(const Node&)> kernel;
+  // Output i aliases input 0's storage (view op): Reshape, Flatten, Squeeze, Unsqueeze, Identity.
+  bool is_view = false;
+  // Elementwise (with broadcasting): may be fused into a chain with neighbours.
+  bool is_elementwise = false;
+};
+
+// Registration (called from each family's register_*() function).
+void register_op(OpDef def);
+const OpDef* find_op(const std::string& domain, const std::string& name);
+// All registered op names, sorted ("Add", "com.microsoft:Gelu", ...).
+std::vector<std::string> registered_op_names();
+
+// Runs inference for every node in order; errors name the node and op.
+Status infer_shapes(Graph& g, InferContext& ctx);
+
+// Helpers for op implementations.
+// Multidirectional (numpy) broadcast of shapes; error when incompatible.
+Result<Shape> broadcast_shapes(const Shape& a, const Shape& b, const SymbolBounds& bounds);
+// Indices into an input of shape `in` for an output index `out_idx` under broadcasting.
+std::vector<Expr> broadcast_indices(const std::vector<Expr>& out_idx, const std::vector<Expr>& in_shape);
+
+}  // namespace kiln::ops

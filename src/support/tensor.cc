@@ -1,0 +1,118 @@
+#include "support/tensor.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "support/status.h"
+
+namespace kiln {
+
+namespace {
+std::shared_ptr<void> allocate_storage(DType dtype, int64_t n) {
+  if (dtype == DType::kString) {
+    auto* p = new std::string[n > 0 ? n : 1];
+    return std::shared_ptr<void>(p, [](void* q) { delete[] static_cast<std::string*>(q); });
+  }
+  int64_t bytes = n * dtype_size(dtype);
+  // 64-byte alignment for vector loads; at least one cache line so data() is never null.
+  size_t alloc = static_cast<size_t>(((bytes + 63) / 64) * 64);
+  if (alloc == 0) alloc = 64;
+  void* p = std::aligned_alloc(64, alloc);
+  KILN_CHECK(p != nullptr) << "out of memory allocating " << alloc << " bytes";
+  std::memset(p, 0, alloc);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+}  // namespace
+
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+  storage_ = allocate_storage(dtype_, numel());
+  data_ = storage_.get();
+}
+
+Tensor Tensor::borrow(DType dtype, std::vector<int64_t> shape, void* data) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.data_ = data;
+  return t;
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape_) n *= d;
+  return n;
+}
+
+double Tensor::get_f64(int64_t i) const {
+  switch (dtype_) {
+    case DType::kFloat32: return static_cast<const float*>(data_)[i];
+    case DType::kFloat64: return static_cast<const double*>(data_)[i];
+    case DType::kInt8: return static_cast<const int8_t*>(data_)[i];
+    case DType::kUInt8: return static_cast<const uint8_t*>(data_)[i];
+    case DType::kInt16: return static_cast<const int16_t*>(data_)[i];
+    case DType::kUInt16: return static_cast<const uint16_t*>(data_)[i];
+    case DType::kInt32: return static_cast<const int32_t*>(data_)[i];
+    case DType::kUInt32: return static_cast<const uint32_t*>(data_)[i];
+    case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(data_)[i]);
+    case DType::kUInt64: return static_cast<double>(static_cast<const uint64_t*>(data_)[i]);
+    case DType::kBool: return static_cast<const uint8_t*>(data_)[i] ? 1.0 : 0.0;
+    default: KILN_CHECK(false) << "get_f64 on " << dtype_name(dtype_);
+  }
+  return 0;
+}
+
+int64_t Tensor::get_i64(int64_t i) const {
+  switch (dtype_) {
+    case DType::kInt64: return static_cast<const int64_t*>(data_)[i];
+    case DType::kUInt64: return static_cast<int64_t>(static_cast<const uint64_t*>(data_)[i]);
+    case DType::kFloat32: case DType::kFloat64: return static_cast<int64_t>(get_f64(i));
+    default: return static_cast<int64_t>(get_f64(i));
+  }
+}
+
+void Tensor::set_f64(int64_t i, double v) {
+  switch (dtype_) {
+    case DType::kFloat32: static_cast<float*>(data_)[i] = static_cast<float>(v); break;
+    case DType::kFloat64: static_cast<double*>(data_)[i] = v; break;
+    case DType::kInt8: static_cast<int8_t*>(data_)[i] = static_cast<int8_t>(v); break;
+    case DType::kUInt8: static_cast<uint8_t*>(data_)[i] = static_cast<uint8_t>(v); break;
+    case DType::kInt16: static_cast<int16_t*>(data_)[i] = static_cast<int16_t>(v); break;
+    case DType::kUInt16: static_cast<uint16_t*>(data_)[i] = static_cast<uint16_t>(v); break;
+    case DType::kInt32: static_cast<int32_t*>(data_)[i] = static_cast<int32_t>(v); break;
+    case DType::kUInt32: static_cast<uint32_t*>(data_)[i] = static_cast<uint32_t>(v); break;
+    case DType::kInt64: static_cast<int64_t*>(data_)[i] = static_cast<int64_t>(v); break;
+    case DType::kUInt64: static_cast<uint64_t*>(data_)[i] = static_cast<uint64_t>(v); break;
+    case DType::kBool: static_cast<uint8_t*>(data_)[i] = v != 0.0; break;
+    default: KILN_CHECK(false) << "set_f64 on " << dtype_name(dtype_);
+  }
+}
+
+Tensor Tensor::clone() const {
+  Tensor t(dtype_, shape_);
+  if (dtype_ == DType::kString) {
+    for (int64_t i = 0; i < numel(); ++i)
+      t.data_as<std::string>()[i] = data_as<std::string>()[i];
+  } else if (nbytes() > 0) {
+    std::memcpy(t.data_, data_, static_cast<size_t>(nbytes()));
+  }
+  return t;
+}
+
+Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  KILN_CHECK(t.numel() == numel()) << "reshape " << describe() << " to " << shape_to_string(t.shape_);
+  return t;
+}
+
+std::string shape_to_string(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? "," : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+std::string Tensor::describe() const { return std::string(dtype_name(dtype_)) + shape_to_string(shape_); }
+
+}  // namespace kiln

@@ -1,0 +1,58 @@
+// Tensor: a dense, row-major, contiguous n-d array with shared storage.
+// Used for constants in the graph IR and for inputs/outputs at run time.
+// Strings are stored as std::string elements.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "support/dtype.h"
+
+namespace kiln {
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Allocates zero-filled storage (empty strings for kString).
+  Tensor(DType dtype, std::vector<int64_t> shape);
+  // Wraps caller-owned memory; the caller keeps it alive while the Tensor is used.
+  static Tensor borrow(DType dtype, std::vector<int64_t> shape, void* data);
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t rank() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t numel() const;
+  int64_t nbytes() const { return numel() * dtype_size(dtype_); }
+  bool defined() const { return dtype_ != DType::kUndefined; }
+
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  template <typename T>
+  T* data_as() { return static_cast<T*>(data_); }
+  template <typename T>
+  const T* data_as() const { return static_cast<const T*>(data_); }
+
+  // Element i (flat index) converted to double / int64 (numeric dtypes only).
+  double get_f64(int64_t i) const;
+  int64_t get_i64(int64_t i) const;
+  void set_f64(int64_t i, double v);
+
+  // A deep copy with its own storage.
+  Tensor clone() const;
+  // Same storage, new shape with the same element count.
+  Tensor reshaped(std::vector<int64_t> shape) const;
+  // Short description: "f32[1,3,224,224]".
+  std::string describe() const;
+
+ private:
+  DType dtype_ = DType::kUndefined;
+  std::vector<int64_t> shape_;
+  std::shared_ptr<void> storage_;
+  void* data_ = nullptr;
+};
+
+std::string shape_to_string(const std::vector<int64_t>& shape);
+
+}  // namespace kiln

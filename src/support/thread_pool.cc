@@ -1,0 +1,156 @@
+#include "support/thread_pool.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace kiln {
+
+namespace {
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+}  // namespace
+
+// A job is published by storing a new ticket: (epoch << 40) | next chunk.
+// Workers claim chunk c by a compare-and-swap that only succeeds while the
+// ticket still carries the job's epoch, so a worker that is late for one job
+// can never run (or count) a chunk of another. Job fields are atomics because
+// a late worker may read them while the next job is being published.
+struct ThreadPool::Impl {
+  static constexpr int kEpochShift = 40;
+  static constexpr uint64_t kChunkMask = (uint64_t{1} << kEpochShift) - 1;
+
+  std::vector<std::thread> workers;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> stop{false};
+
+  std::atomic<uint64_t> ticket{0};
+  std::atomic<void (*)(int64_t, int64_t, void*)> fn{nullptr};
+  std::atomic<void*> env{nullptr};
+  std::atomic<int64_t> n{0};
+  std::atomic<int64_t> chunk{1};
+  std::atomic<int64_t> num_chunks{0};
+  std::atomic<int64_t> done{0};
+
+  void run_chunks(uint64_t epoch) {
+    for (;;) {
+      uint64_t t = ticket.load(std::memory_order_acquire);
+      if ((t >> kEpochShift) != epoch) return;
+      auto f = fn.load(std::memory_order_relaxed);
+      void* e = env.load(std::memory_order_relaxed);
+      int64_t total = n.load(std::memory_order_relaxed);
+      int64_t size = chunk.load(std::memory_order_relaxed);
+      int64_t count = num_chunks.load(std::memory_order_relaxed);
+      int64_t c = static_cast<int64_t>(t & kChunkMask);
+      if (c >= count) return;
+      if (!ticket.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
+      int64_t b = c * size;
+      int64_t end = b + size < total ? b + size : total;
+      f(b, end, e);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void worker_loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      int spins = 0;
+      uint64_t epoch;
+      while ((epoch = ticket.load(std::memory_order_acquire) >> kEpochShift) == seen) {
+        if (stop.load(std::memory_order_relaxed)) return;
+        if (++spins < 20000) {
+          cpu_relax();
+        } else {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return (ticket.load() >> kEpochShift) != seen || stop.load(); });
+        }
+      }
+      if (stop.load()) return;
+      seen = epoch;
+      run_chunks(epoch);
+    }
+  }
+};
+
+ThreadPool::ThreadPool(int num_threads) : impl_(new Impl), num_threads_(num_threads < 1 ? 1 : num_threads) {
+  for (int i = 1; i < num_threads_; ++i) impl_->workers.emplace_back([this] { impl_->worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop.store(true);
+  }
+  impl_->cv.notify_all();
+  for (auto& t : impl_->workers) t.join();
+  delete impl_;
+}
+
+void ThreadPool::parallel_for(int64_t n, void (*fn)(int64_t, int64_t, void*), void* env) {
+  if (n <= 0) return;
+  if (num_threads_ == 1 || n == 1) {
+    fn(0, n, env);
+    return;
+  }
+  Impl& s = *impl_;
+  // A few chunks per thread balances uneven chunks without much overhead.
+  int64_t target = static_cast<int64_t>(num_threads_) * 4;
+  int64_t chunk = (n + target - 1) / target;
+  int64_t count = (n + chunk - 1) / chunk;
+  s.fn.store(fn, std::memory_order_relaxed);
+  s.env.store(env, std::memory_order_relaxed);
+  s.n.store(n, std::memory_order_relaxed);
+  s.chunk.store(chunk, std::memory_order_relaxed);
+  s.num_chunks.store(count, std::memory_order_relaxed);
+  s.done.store(0, std::memory_order_relaxed);
+  uint64_t epoch = (s.ticket.load(std::memory_order_relaxed) >> Impl::kEpochShift) + 1;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.ticket.store(epoch << Impl::kEpochShift, std::memory_order_release);
+  }
+  s.cv.notify_all();
+  s.run_chunks(epoch);
+  while (s.done.load(std::memory_order_acquire) < count) cpu_relax();
+  // Close the job: a late worker's compare-and-swap on the old ticket fails,
+  // so it cannot claim a chunk while the next job's fields are written.
+  s.ticket.store((epoch << Impl::kEpochShift) | Impl::kChunkMask, std::memory_order_release);
+}
+
+namespace {
+thread_local ThreadPool* t_current_pool = nullptr;
+}
+
+ThreadPool* current_thread_pool() { return t_current_pool; }
+void set_current_thread_pool(ThreadPool* pool) { t_current_pool = pool; }
+
+ThreadPool* shared_thread_pool(int num_threads) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& p = pools[num_threads];
+  if (!p) p = std::make_unique<ThreadPool>(num_threads);
+  return p.get();
+}
+
+}  // namespace kiln
+
+extern "C" void kiln_parallel_for(int64_t n, void (*fn)(int64_t, int64_t, void*), void* env) {
+  kiln::ThreadPool* pool = kiln::current_thread_pool();
+  if (pool == nullptr) {
+    fn(0, n, env);
+    return;
+  }
+  pool->parallel_for(n, fn, env);
+}

@@ -1,0 +1,48 @@
+// Schedules are data: an ordered list of primitive applications that can be
+// printed, parsed, stored, and replayed onto a KernelDef's lowering.
+//
+// Text form, one primitive per line:
+//   inline(stage)
+//   split(stage, axis, factor)        -> axes axis.o and axis.i
+//   reorder(stage, a, b, c)           -> loops in this order (outermost first)
+//   parallel(stage, axis)
+//   vectorize(stage, axis)
+//   unroll(stage, axis)
+//   cache_write(stage, axis)          -> accumulate the stage in a local buffer
+//                                        allocated at `axis`, moving reduce loops
+//                                        outside the loops below `axis`
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "support/status.h"
+#include "tir/tir.h"
+
+namespace kiln::tir {
+
+struct Primitive {
+  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write
+  std::string stage;
+  std::vector<std::string> axes;
+  int64_t factor = 0;
+};
+
+struct Schedule {
+  std::vector<Primitive> prims;
+  std::string to_string() const;
+};
+
+Result<Schedule> parse_schedule(std::string_view text);
+
+// The reference: every stage materialized (no inlining), serial loops, no tricks.
+Schedule naive_schedule(const KernelDef& k);
+// Intermediate elementwise stages inlined, outermost loop parallel, innermost
+// spatial loop vectorized where legal.
+Schedule default_schedule(const KernelDef& k);
+
+// Lowers a kernel under a schedule. Errors for a schedule that names unknown
+// stages or axes, or is illegal (vectorize a reduce axis, ...).
+Result<PrimFunc> lower(const KernelDef& k, const Schedule& s);
+
+}  // namespace kiln::tir

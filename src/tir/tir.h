@@ -1,0 +1,113 @@
+// The loop-level tensor IR.
+//
+// A kernel starts as a KernelDef: buffers and a list of compute stages
+// (ComputeDef), each defining one tensor by an expression over its index
+// variables, optionally reduced over reduce axes. lower() turns a KernelDef and
+// a Schedule into a PrimFunc: loops (For), stores (Store), scratch buffers
+// (Allocate), conditionals (IfThenElse) and sequences (Seq). The PrimFunc is
+// what codegen/llvm compiles.
+//
+// Statements are immutable and shared, like Exprs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shape/expr.h"
+
+namespace kiln::tir {
+
+// A tensor a kernel reads or writes: row-major and contiguous. `shape` may
+// use symbols; their values are passed to the kernel at run time.
+struct Buffer {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<Expr> shape;
+};
+
+enum class StmtKind : uint8_t { kFor, kStore, kAllocate, kIfThenElse, kSeq };
+enum class ForKind : uint8_t { kSerial, kParallel, kVectorized, kUnrolled };
+const char* for_kind_name(ForKind k);
+
+struct StmtNode;
+using Stmt = std::shared_ptr<const StmtNode>;
+
+struct StmtNode {
+  StmtKind kind;
+  // kFor: for (var = 0; var < extent; ++var) body
+  std::string var;
+  Expr extent;
+  ForKind for_kind = ForKind::kSerial;
+  // kStore: buffer[buffer_index] at indices = value
+  // kAllocate: scratch buffer `buffer` (name, dtype, shape) live within body;
+  //            referenced by loads/stores with buffer_index = -1 and its name.
+  Buffer buffer;
+  int buffer_index = -1;
+  std::vector<Expr> indices;
+  Expr value;
+  // kIfThenElse
+  Expr cond;
+  Stmt then_case, else_case;  // else_case may be null
+  // kFor / kAllocate: body; kSeq: seq
+  Stmt body;
+  std::vector<Stmt> seq;
+};
+
+Stmt make_for(std::string var, Expr extent, ForKind kind, Stmt body);
+Stmt make_store(std::string buffer, int buffer_index, std::vector<Expr> indices, Expr value);
+Stmt make_allocate(Buffer buffer, Stmt body);
+Stmt make_if(Expr cond, Stmt then_case, Stmt else_case = nullptr);
+Stmt make_seq(std::vector<Stmt> seq);
+
+// A compiled unit. Calling convention of the generated function:
+//   void name(void** buffers, const int64_t* syms)
+// buffers[i] points to the data of params[i]; syms[j] is the value of symbol sym_names[j].
+struct PrimFunc {
+  std::string name;
+  std::vector<Buffer> params;
+  std::vector<std::string> sym_names;
+  Stmt body;
+};
+
+// How a reduction combines values.
+enum class Combiner : uint8_t { kNone, kSum, kProd, kMax, kMin };
+
+// One stage: out[axes...] = body, or, with reduce axes,
+//   acc = init; for reduce axes: acc = combine(acc, body); out[axes...] = finalize(acc)
+// where `finalize` uses the variable named "acc" (undefined: identity).
+struct ComputeDef {
+  std::string name;  // the buffer it defines
+  DType dtype = DType::kFloat32;
+  std::vector<std::string> axes;  // one index variable per output dim
+  std::vector<Expr> shape;        // extents of axes
+  std::vector<std::string> reduce_axes;
+  std::vector<Expr> reduce_extents;
+  Combiner combiner = Combiner::kNone;
+  Expr init;
+  Expr body;
+  Expr finalize;
+};
+
+// A fused group ready to lower: params are the kernel's inputs then outputs;
+// stages run in order; a stage whose name is a param writes that output,
+// any other stage is an intermediate (inlined or allocated per the schedule).
+// Loads in bodies name either a param (buffer_index = its position) or an
+// earlier stage (buffer_index = -1).
+struct KernelDef {
+  std::string name;
+  std::vector<Buffer> params;
+  int num_inputs = 0;
+  std::vector<ComputeDef> stages;
+};
+
+// Structural hash of what a kernel computes (stage bodies, shapes, dtypes),
+// independent of buffer and kernel names: the workload key for tuning and caching.
+uint64_t structural_hash(const KernelDef& k);
+
+std::string print_stmt(const Stmt& s, int indent = 0);
+std::string print_func(const PrimFunc& f);
+std::string print_kernel_def(const KernelDef& k);
+
+}  // namespace kiln::tir
