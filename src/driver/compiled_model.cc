@@ -1,1 +1,119 @@
-// (being written)
+// kiln::Model (include/kiln/kiln.h): import, compile, run.
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "driver/pipeline.h"
+#include "frontend/onnx/import.h"
+#include "kiln/kiln.h"
+#include "ops/registry.h"
+
+namespace kiln {
+
+struct Model::Impl {
+  driver::CompiledProgram compiled;
+  std::unique_ptr<runtime::VM> vm;
+  std::mutex mu;  // run() is serialized: one VM, one arena
+};
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Model::~Model() = default;
+
+namespace {
+int resolve_threads(int threads) {
+  if (threads > 0) return threads;
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+}  // namespace
+
+Result<Model> Model::compile_file(const std::string& path, const CompileOptions& options) {
+  auto graph = import_onnx_file(path);
+  if (!graph.is_ok()) return graph.status();
+  auto compiled = driver::compile_graph(std::move(*graph), options);
+  if (!compiled.is_ok()) return compiled.status();
+  auto impl = std::make_unique<Impl>();
+  impl->compiled = std::move(*compiled);
+  impl->vm = std::make_unique<runtime::VM>(impl->compiled.program, resolve_threads(options.threads));
+  return Model(std::move(impl));
+}
+
+Result<Model> Model::compile_bytes(const std::string& bytes, const CompileOptions& options,
+                                   const std::string& source_name) {
+  auto graph = import_onnx_bytes(bytes, source_name);
+  if (!graph.is_ok()) return graph.status();
+  auto compiled = driver::compile_graph(std::move(*graph), options);
+  if (!compiled.is_ok()) return compiled.status();
+  auto impl = std::make_unique<Impl>();
+  impl->compiled = std::move(*compiled);
+  impl->vm = std::make_unique<runtime::VM>(impl->compiled.program, resolve_threads(options.threads));
+  return Model(std::move(impl));
+}
+
+const std::vector<TensorInfo>& Model::inputs() const { return impl_->compiled.inputs; }
+const std::vector<TensorInfo>& Model::outputs() const { return impl_->compiled.outputs; }
+const CompileStats& Model::stats() const { return impl_->compiled.stats; }
+std::string Model::graph_text() const { return print_graph(*impl_->compiled.graph); }
+
+Result<std::map<std::string, Tensor>> Model::run(const std::map<std::string, Tensor>& inputs) {
+  const auto& infos = impl_->compiled.inputs;
+  std::vector<Tensor> ordered;
+  for (const TensorInfo& info : infos) {
+    auto it = inputs.find(info.name);
+    if (it == inputs.end()) return invalid_argument() << "missing input '" << info.name << "'";
+    ordered.push_back(it->second);
+  }
+  for (const auto& [name, t] : inputs) {
+    bool known = false;
+    for (const TensorInfo& info : infos) known |= info.name == name;
+    if (!known) {
+      std::ostringstream os;
+      for (size_t i = 0; i < infos.size(); ++i) os << (i ? ", " : "") << "'" << infos[i].name << "'";
+      return invalid_argument() << "unknown input '" << name << "' (the model's inputs: " << os.str() << ")";
+    }
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, impl_->vm->run(ordered));
+  std::map<std::string, Tensor> result;
+  for (size_t i = 0; i < outs.size(); ++i) result[impl_->compiled.outputs[i].name] = std::move(outs[i]);
+  return result;
+}
+
+Result<std::string> describe_model_file(const std::string& path) {
+  auto graph = import_onnx_file(path);
+  if (!graph.is_ok()) return graph.status();
+  Graph& g = **graph;
+  std::ostringstream os;
+  os << "model: " << path << "\n";
+  os << "opsets:";
+  for (const auto& [domain, v] : g.opsets) os << " " << (domain.empty() ? "ai.onnx" : domain) << "=" << v;
+  os << "\n";
+  Status supported = driver::check_supported(g);
+  ops::InferContext ctx;
+  ctx.graph = &g;
+  ctx.bounds = g.bounds;
+  Status inferred = supported.is_ok() ? ops::infer_shapes(g, ctx) : supported;
+  os << "inputs:\n";
+  for (const Value* v : g.inputs())
+    if (!v->is_constant()) os << "  " << v->name() << ": " << v->type().to_string() << "\n";
+  os << "outputs:\n";
+  for (const Value* v : g.outputs()) os << "  " << v->name() << ": " << v->type().to_string() << "\n";
+  std::map<std::string, int> histogram;
+  for (const Node* n : g.nodes()) histogram[n->domain().empty() ? n->op_type() : n->domain() + ":" + n->op_type()]++;
+  os << "ops (" << g.num_nodes() << " nodes):\n";
+  for (const auto& [op, count] : histogram) os << "  " << op << ": " << count << "\n";
+  int64_t params = 0;
+  for (const Value* v : g.constants()) params += v->constant().numel();
+  os << "constants: " << g.constants().size() << " tensors, " << params << " elements\n";
+  if (!inferred.is_ok()) os << "shape inference stopped: " << inferred.to_string() << "\n";
+  os << "values:\n";
+  for (const Node* n : g.nodes())
+    for (const Value* v : n->outputs())
+      if (v) os << "  " << v->name() << ": " << v->type().to_string() << "    (" << n->describe() << ")\n";
+  return os.str();
+}
+
+}  // namespace kiln

@@ -1,1 +1,502 @@
-// (being written)
+#include "driver/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "ops/registry.h"
+#include "passes/fuse_elementwise.h"
+#include "runtime/memory_plan.h"
+#include "tir/schedule.h"
+
+namespace kiln::driver {
+
+namespace {
+
+enum class Mode { kSkip, kCompiled, kView, kHost, kShape };
+
+std::string describe(const Node* n) { return n->describe(); }
+
+bool shape_is_static(const std::vector<Expr>& shape) {
+  for (const Expr& d : shape)
+    if (!d.is_const()) return false;
+  return true;
+}
+
+// Every element of an integer output is known symbolically: compute it from
+// the shapes at run time instead of running the node.
+bool has_complete_sym_value(const Value* v) {
+  if (v == nullptr || !v->sym_value() || !v->type().is_static()) return false;
+  if (v->dtype() != DType::kInt64 && v->dtype() != DType::kInt32) return false;
+  int64_t n = 1;
+  for (int64_t d : v->type().static_shape()) n *= d;
+  return n == static_cast<int64_t>(v->sym_value()->size());
+}
+
+// Walks a graph and its nested graphs.
+void for_each_node(const Graph& g, const std::function<void(const Node*)>& f) {
+  for (const Node* n : g.nodes()) {
+    f(n);
+    for (const auto& [name, a] : n->attrs()) {
+      if (a.g) for_each_node(*a.g, f);
+      for (const auto& sub : a.graphs)
+        if (sub) for_each_node(*sub, f);
+    }
+  }
+}
+
+std::string dims_text(const TensorType& t) {
+  if (!t.shape) return "?";
+  std::ostringstream os;
+  for (size_t i = 0; i < t.shape->size(); ++i) os << (i ? "," : "") << print_expr((*t.shape)[i]);
+  return os.str();
+}
+
+TensorInfo make_info(const Value* v) {
+  TensorInfo info;
+  info.name = v->name();
+  info.dtype = v->dtype();
+  if (v->type().shape)
+    for (const Expr& d : *v->type().shape) info.dims.push_back(print_expr(d));
+  return info;
+}
+
+class ProgramBuilder {
+ public:
+  ProgramBuilder(Graph& g, const CompileOptions& opts) : g_(g), opts_(opts) {}
+
+  Result<CompiledProgram> build(SymbolBounds bounds);
+
+ private:
+  int reg(const Value* v);
+  Status classify();
+  Result<tir::KernelDef> make_kernel_def(const passes::FusedGroup& group, std::vector<int>& in_regs,
+                                          std::vector<int>& out_regs);
+  Status emit_group(const passes::FusedGroup& group);
+  Status emit_node(const Node* n, Mode mode);
+  void plan_memory();
+
+  Graph& g_;
+  const CompileOptions& opts_;
+  std::shared_ptr<runtime::Program> prog_ = std::make_shared<runtime::Program>();
+  std::map<const Value*, int> regs_;
+  std::map<const Node*, Mode> mode_;
+  std::set<const Value*> graph_outputs_;
+  // Compiled kernels: lowered functions, by structural hash for reuse.
+  std::vector<tir::PrimFunc> funcs_;
+  std::map<uint64_t, int> kernel_by_hash_;
+  std::vector<int> pending_kernel_;  // instr index -> funcs_ index, patched after codegen
+  int num_host_calls_ = 0;
+};
+
+int ProgramBuilder::reg(const Value* v) {
+  auto it = regs_.find(v);
+  if (it != regs_.end()) return it->second;
+  runtime::RegisterInfo info;
+  info.name = v->name();
+  info.dtype = v->dtype();
+  if (v->type().shape) info.shape = *v->type().shape;
+  if (v->is_constant()) {
+    info.is_constant = true;
+    info.constant = v->constant();
+  }
+  int r = static_cast<int>(prog_->registers.size());
+  prog_->registers.push_back(std::move(info));
+  regs_[v] = r;
+  return r;
+}
+
+Status ProgramBuilder::classify() {
+  // Values needed by the outputs (dead nodes are skipped).
+  std::set<const Value*> needed(g_.outputs().begin(), g_.outputs().end());
+  std::vector<Node*> nodes = g_.nodes();
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    Node* n = *it;
+    bool live = false;
+    for (const Value* o : n->outputs())
+      if (o && needed.count(o)) live = true;
+    if (!live) {
+      mode_[n] = Mode::kSkip;
+      continue;
+    }
+    bool shape_only = true;
+    for (const Value* o : n->outputs())
+      if (o && needed.count(o) && !has_complete_sym_value(o)) shape_only = false;
+    if (shape_only) {
+      mode_[n] = Mode::kShape;
+      continue;
+    }
+    for (const Value* in : n->inputs())
+      if (in) needed.insert(in);
+    const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
+    KILN_CHECK(def != nullptr) << "unchecked op " << describe(n);
+    if (def->is_view && n->num_outputs() >= 1)
+      mode_[n] = Mode::kView;
+    else if (def->lower)
+      mode_[n] = Mode::kCompiled;
+    else
+      mode_[n] = Mode::kHost;
+  }
+  return Status::ok();
+}
+
+Result<tir::KernelDef> ProgramBuilder::make_kernel_def(const passes::FusedGroup& group, std::vector<int>& in_regs,
+                                                        std::vector<int>& out_regs) {
+  std::set<const Node*> members(group.nodes.begin(), group.nodes.end());
+  auto produced_inside = [&](const Value* v) { return v->producer() && members.count(v->producer()); };
+  std::vector<const Value*> ext_inputs, outputs;
+  for (const Node* n : group.nodes) {
+    for (const Value* v : n->inputs())
+      if (v && !produced_inside(v) && std::find(ext_inputs.begin(), ext_inputs.end(), v) == ext_inputs.end())
+        ext_inputs.push_back(v);
+    for (const Value* o : n->outputs()) {
+      if (!o) continue;
+      bool external_use = graph_outputs_.count(o) != 0;
+      for (const auto& [user, idx] : o->uses())
+        if (!members.count(user)) external_use = true;
+      if (external_use || n == group.nodes.back()) outputs.push_back(o);
+    }
+  }
+  auto buffer_for = [&](const Value* v) -> Result<tir::Buffer> {
+    if (!v->type().shape)
+      return unsupported() << "cannot compile: rank of '" << v->name() << "' is unknown";
+    if (!dtype_is_compilable(v->dtype()))
+      return unsupported() << "dtype " << dtype_name(v->dtype()) << " of '" << v->name()
+                           << "' is not supported by the code generator";
+    return tir::Buffer{"b" + std::to_string(reg(v)), v->dtype(), *v->type().shape};
+  };
+
+  tir::KernelDef k;
+  k.name = group.nodes.back()->op_type();
+  std::map<const Value*, int> param_index;
+  for (const Value* v : ext_inputs) {
+    KILN_ASSIGN_OR_RETURN(tir::Buffer b, buffer_for(v));
+    param_index[v] = static_cast<int>(k.params.size());
+    k.params.push_back(b);
+    in_regs.push_back(reg(v));
+  }
+  k.num_inputs = static_cast<int>(k.params.size());
+  for (const Value* v : outputs) {
+    KILN_ASSIGN_OR_RETURN(tir::Buffer b, buffer_for(v));
+    k.params.push_back(b);
+    out_regs.push_back(reg(v));
+  }
+  int counter = 0;
+  for (const Node* n : group.nodes) {
+    const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
+    ops::LowerContext ctx;
+    ctx.name_counter = &counter;
+    auto it = g_.opsets.find("");
+    ctx.opset = it == g_.opsets.end() ? 0 : it->second;
+    for (const Value* v : n->inputs()) {
+      if (v == nullptr) {
+        ctx.inputs.push_back(tir::Buffer{});
+        ctx.input_index.push_back(-1);
+        ctx.constants.push_back(nullptr);
+        ctx.sym_values.push_back(std::nullopt);
+        continue;
+      }
+      KILN_ASSIGN_OR_RETURN(tir::Buffer b, buffer_for(v));
+      auto pi = param_index.find(v);
+      ctx.inputs.push_back(b);
+      ctx.input_index.push_back(pi == param_index.end() ? -1 : pi->second);
+      ctx.constants.push_back(v->is_constant() ? &v->constant() : nullptr);
+      ctx.sym_values.push_back(v->sym_value());
+    }
+    for (const Value* o : n->outputs()) {
+      if (o == nullptr) {
+        ctx.outputs.push_back(tir::Buffer{});
+        continue;
+      }
+      KILN_ASSIGN_OR_RETURN(tir::Buffer b, buffer_for(o));
+      ctx.outputs.push_back(b);
+    }
+    auto stages = def->lower(*n, ctx);
+    if (!stages.is_ok()) return stages.status().with_context(describe(n));
+    for (auto& s : *stages) k.stages.push_back(std::move(s));
+  }
+  return k;
+}
+
+Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
+  std::vector<int> in_regs, out_regs;
+  auto kdef = make_kernel_def(group, in_regs, out_regs);
+  if (!kdef.is_ok()) return kdef.status().with_context(describe(group.nodes.back()));
+  uint64_t h = tir::structural_hash(*kdef);
+  int func_index;
+  auto it = kernel_by_hash_.find(h);
+  if (it != kernel_by_hash_.end()) {
+    func_index = it->second;
+  } else {
+    tir::Schedule sched = opts_.naive ? tir::naive_schedule(*kdef) : tir::default_schedule(*kdef);
+    auto func = tir::lower(*kdef, sched);
+    if (!func.is_ok())
+      return func.status().with_context(describe(group.nodes.back()) + ": lowering");
+    func->name = "kiln_k" + std::to_string(funcs_.size()) + "_" + kdef->name;
+    func_index = static_cast<int>(funcs_.size());
+    if (opts_.dump_ir) std::fprintf(stderr, "%s\n", tir::print_func(*func).c_str());
+    funcs_.push_back(std::move(*func));
+    kernel_by_hash_[h] = func_index;
+  }
+  runtime::Instr in;
+  in.op = runtime::OpCode::kCall;
+  in.callee = func_index;
+  in.inputs = in_regs;
+  in.outputs = out_regs;
+  in.where = describe(group.nodes.back());
+  prog_->instrs.push_back(std::move(in));
+  return Status::ok();
+}
+
+Status ProgramBuilder::emit_node(const Node* n, Mode mode) {
+  runtime::Instr in;
+  in.where = describe(n);
+  switch (mode) {
+    case Mode::kShape: {
+      for (const Value* o : n->outputs()) {
+        if (!o || !has_complete_sym_value(o)) continue;
+        runtime::Instr s;
+        s.op = runtime::OpCode::kShapeOf;
+        s.where = in.where;
+        s.outputs = {reg(o)};
+        s.values = *o->sym_value();
+        prog_->instrs.push_back(std::move(s));
+      }
+      return Status::ok();
+    }
+    case Mode::kView: {
+      const Value* src = n->input(0);
+      const Value* out = n->output(0);
+      if (!src || !out) return invalid_model() << in.where << ": view op without input or output";
+      if (!out->type().shape) return unsupported() << in.where << ": output rank is unknown";
+      in.op = runtime::OpCode::kView;
+      in.inputs = {reg(src)};
+      // A Reshape whose target shape is only known at run time reads it from its input.
+      if (n->op_type() == "Reshape" && n->input(1) && !shape_is_static(*out->type().shape) &&
+          n->attr_int("allowzero", 0) == 0)
+        in.inputs.push_back(reg(n->input(1)));
+      int out_reg = reg(out);
+      if (graph_outputs_.count(out)) {
+        // Graph outputs never alias an intermediate buffer: view into a temporary, then copy.
+        runtime::RegisterInfo tmp = prog_->registers[out_reg];
+        tmp.name += ".view";
+        int t = static_cast<int>(prog_->registers.size());
+        prog_->registers.push_back(tmp);
+        in.outputs = {t};
+        prog_->instrs.push_back(in);
+        runtime::Instr c;
+        c.op = runtime::OpCode::kCopy;
+        c.inputs = {t};
+        c.outputs = {out_reg};
+        c.where = in.where;
+        prog_->instrs.push_back(std::move(c));
+      } else {
+        in.outputs = {out_reg};
+        prog_->instrs.push_back(std::move(in));
+      }
+      return Status::ok();
+    }
+    case Mode::kHost: {
+      const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
+      auto kernel = def->kernel(*n);
+      if (!kernel.is_ok()) return kernel.status().with_context(in.where);
+      in.op = runtime::OpCode::kCallHost;
+      in.callee = static_cast<int>(prog_->host_kernels.size());
+      prog_->host_kernels.push_back(std::move(*kernel));
+      for (const Value* v : n->inputs()) in.inputs.push_back(v ? reg(v) : -1);
+      for (const Value* o : n->outputs()) {
+        if (!o) return unsupported() << in.where << ": omitted outputs of host kernels";
+        in.outputs.push_back(reg(o));
+      }
+      ++num_host_calls_;
+      prog_->instrs.push_back(std::move(in));
+      return Status::ok();
+    }
+    default:
+      return Status::ok();
+  }
+}
+
+// Lifetimes of registers in instruction order; releases after last use; a
+// static arena when every planned register has a static shape.
+void ProgramBuilder::plan_memory() {
+  runtime::Program& p = *prog_;
+  size_t nr = p.registers.size();
+  std::vector<int> def_at(nr, -1), last_use(nr, -1), alias_of(nr, -1);
+  std::vector<bool> host_owned(nr, false), pinned(nr, false);
+  for (int r : p.input_registers) pinned[r] = true;
+  for (int r : p.output_registers) pinned[r] = true;
+  for (size_t r = 0; r < nr; ++r)
+    if (p.registers[r].is_constant) pinned[r] = true;
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    const runtime::Instr& in = p.instrs[i];
+    for (int r : in.inputs)
+      if (r >= 0) last_use[r] = static_cast<int>(i);
+    for (int r : in.outputs) {
+      if (def_at[r] < 0) def_at[r] = static_cast<int>(i);
+      if (in.op == runtime::OpCode::kView) alias_of[r] = in.inputs[0];
+      if (in.op == runtime::OpCode::kCallHost) host_owned[r] = true;
+    }
+  }
+  // A view keeps its source alive: extend the root's lifetime.
+  auto root = [&](int r) {
+    while (alias_of[r] >= 0) r = alias_of[r];
+    return r;
+  };
+  std::vector<int> root_last(last_use);
+  for (size_t r = 0; r < nr; ++r) {
+    int rr = root(static_cast<int>(r));
+    root_last[rr] = std::max(root_last[rr], last_use[r]);
+  }
+  for (size_t r = 0; r < nr; ++r) {
+    if (pinned[r] || last_use[r] < 0) continue;
+    p.instrs[last_use[r]].release.push_back(static_cast<int>(r));
+  }
+
+  bool all_static = true;
+  std::vector<int> planned;
+  for (size_t r = 0; r < nr; ++r) {
+    if (pinned[r] || host_owned[r] || alias_of[r] >= 0 || def_at[r] < 0) continue;
+    if (!shape_is_static(p.registers[r].shape) || p.registers[r].dtype == DType::kString) {
+      all_static = false;
+      continue;
+    }
+    planned.push_back(static_cast<int>(r));
+  }
+  p.static_plan = all_static;
+  if (!all_static) return;
+  std::vector<runtime::BufferLifetime> lifetimes;
+  for (int r : planned) {
+    int64_t n = 1;
+    for (const Expr& d : p.registers[r].shape) n *= *d.as_const();
+    int last = std::max(root_last[r], def_at[r]);
+    lifetimes.push_back({n * dtype_size(p.registers[r].dtype), def_at[r], last});
+  }
+  runtime::MemoryPlan plan = runtime::plan_memory(lifetimes);
+  for (size_t i = 0; i < planned.size(); ++i) p.registers[planned[i]].arena_offset = plan.offsets[i];
+  p.arena_bytes = plan.arena_bytes;
+}
+
+Result<CompiledProgram> ProgramBuilder::build(SymbolBounds bounds) {
+  auto t0 = std::chrono::steady_clock::now();
+  CompiledProgram out;
+  for (const Value* v : g_.outputs()) graph_outputs_.insert(v);
+  KILN_RETURN_IF_ERROR(classify());
+
+  std::set<const Node*> compiled;
+  for (const auto& [n, m] : mode_)
+    if (m == Mode::kCompiled) compiled.insert(n);
+  std::vector<passes::FusedGroup> groups = passes::fuse_elementwise(g_, compiled, opts_.fuse_elementwise && !opts_.naive);
+  std::map<const Node*, const passes::FusedGroup*> group_of_root;
+  for (const auto& grp : groups) group_of_root[grp.nodes.back()] = &grp;
+
+  for (const Value* v : g_.inputs()) {
+    if (v->is_constant()) continue;
+    if (!v->type().shape) return unsupported() << "input '" << v->name() << "' has unknown rank";
+    prog_->input_registers.push_back(reg(v));
+  }
+  for (const Node* n : g_.nodes()) {
+    Mode m = mode_[n];
+    if (m == Mode::kCompiled) {
+      auto it = group_of_root.find(n);
+      if (it != group_of_root.end()) KILN_RETURN_IF_ERROR(emit_group(*it->second));
+    } else {
+      KILN_RETURN_IF_ERROR(emit_node(n, m));
+    }
+  }
+  // Graph outputs that are inputs or constants are copied out.
+  for (const Value* v : g_.outputs()) {
+    int r = reg(v);
+    if (v->producer() == nullptr) {
+      runtime::RegisterInfo copy = prog_->registers[r];
+      copy.is_constant = false;
+      copy.constant = Tensor();
+      copy.name += ".out";
+      int c = static_cast<int>(prog_->registers.size());
+      prog_->registers.push_back(copy);
+      runtime::Instr in;
+      in.op = runtime::OpCode::kCopy;
+      in.inputs = {r};
+      in.outputs = {c};
+      in.where = "output '" + v->name() + "'";
+      prog_->instrs.push_back(std::move(in));
+      r = c;
+    }
+    prog_->registers[r].is_output = true;
+    prog_->output_registers.push_back(r);
+  }
+  plan_memory();
+  prog_->bounds = std::move(bounds);
+
+  // Code generation for all kernels at once.
+  codegen::CodegenOptions copts;
+  copts.dump_ir = opts_.dump_ir;
+  if (!funcs_.empty()) {
+    auto module = codegen::compile(funcs_, copts);
+    if (!module.is_ok()) return module.status().with_context("code generation for " + g_.source);
+    out.module = std::shared_ptr<codegen::CompiledModule>(std::move(*module));
+    for (const tir::PrimFunc& f : funcs_) {
+      runtime::CompiledKernel k;
+      k.name = f.name;
+      k.fn = out.module->lookup(f.name);
+      if (k.fn == nullptr) return internal_error() << "kernel " << f.name << " missing after code generation";
+      k.sym_names = f.sym_names;
+      prog_->kernels.push_back(std::move(k));
+    }
+  }
+
+  for (const Value* v : g_.inputs())
+    if (!v->is_constant()) out.inputs.push_back(make_info(v));
+  for (const Value* v : g_.outputs()) out.outputs.push_back(make_info(v));
+  out.stats.num_kernels = static_cast<int>(funcs_.size());
+  out.stats.num_runtime_kernels = num_host_calls_;
+  out.stats.arena_bytes = prog_->static_plan ? prog_->arena_bytes : 0;
+  out.stats.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.program = prog_;
+  return out;
+}
+
+}  // namespace
+
+Status check_supported(const Graph& g) {
+  std::map<std::string, std::vector<std::string>> missing;  // op -> node names
+  for_each_node(g, [&](const Node* n) {
+    const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
+    bool ok = def != nullptr && (def->lower || def->kernel || def->is_view);
+    if (!ok) {
+      std::string op = n->domain().empty() ? n->op_type() : n->domain() + ":" + n->op_type();
+      missing[op].push_back(n->name().empty() ? "<unnamed>" : n->name());
+    }
+  });
+  if (missing.empty()) return Status::ok();
+  std::ostringstream os;
+  os << g.source << ": " << missing.size() << " unsupported op" << (missing.size() > 1 ? "s" : "") << ": ";
+  bool first = true;
+  for (const auto& [op, nodes] : missing) {
+    os << (first ? "" : "; ") << op << " (node" << (nodes.size() > 1 ? "s" : "") << " ";
+    for (size_t i = 0; i < nodes.size() && i < 5; ++i) os << (i ? ", " : "") << "'" << nodes[i] << "'";
+    if (nodes.size() > 5) os << ", ... " << nodes.size() << " in all";
+    os << ")";
+    first = false;
+  }
+  return unsupported() << os.str();
+}
+
+Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOptions& options) {
+  auto t0 = std::chrono::steady_clock::now();
+  KILN_RETURN_IF_ERROR(check_supported(*g));
+  ops::InferContext ictx;
+  ictx.graph = g.get();
+  ictx.bounds = g->bounds;
+  KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx));
+  if (options.dump_ir) std::fprintf(stderr, "%s\n", print_graph(*g).c_str());
+  ProgramBuilder builder(*g, options);
+  KILN_ASSIGN_OR_RETURN(CompiledProgram out, builder.build(ictx.bounds));
+  out.graph = std::move(g);
+  out.stats.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace kiln::driver

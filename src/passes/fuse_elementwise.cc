@@ -1,1 +1,50 @@
-// (being written)
+#include "passes/fuse_elementwise.h"
+
+#include <map>
+
+#include "ops/registry.h"
+
+namespace kiln::passes {
+
+namespace {
+bool is_elementwise(const Node* n) {
+  const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
+  return def != nullptr && def->is_elementwise && def->lower;
+}
+
+bool is_graph_output(const Graph& g, const Value* v) {
+  for (const Value* o : g.outputs())
+    if (o == v) return true;
+  return false;
+}
+}  // namespace
+
+std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const Node*>& compiled, bool enable) {
+  std::vector<Node*> order;
+  for (Node* n : g.nodes())
+    if (compiled.count(n)) order.push_back(n);
+
+  // group_of[n] = the root node whose group n belongs to. Walk consumers
+  // before producers (reverse order) so a producer can look up its consumer's root.
+  std::map<const Node*, const Node*> root_of;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* n = *it;
+    root_of[n] = n;
+    if (!enable || !is_elementwise(n) || n->num_outputs() != 1) continue;
+    const Value* out = n->output(0);
+    if (out == nullptr || out->uses().size() != 1 || is_graph_output(g, out)) continue;
+    const Node* consumer = out->uses()[0].first;
+    if (!compiled.count(consumer) || !is_elementwise(consumer)) continue;
+    root_of[n] = root_of[consumer];
+  }
+
+  std::vector<FusedGroup> groups;
+  // Roots appear after all their members, so collect members first, then order by root.
+  std::map<const Node*, std::vector<Node*>> members;
+  for (Node* n : order) members[root_of[n]].push_back(n);
+  for (Node* n : order)
+    if (root_of[n] == n) groups.push_back(FusedGroup{members[n]});
+  return groups;
+}
+
+}  // namespace kiln::passes

@@ -1,1 +1,301 @@
-// (being written)
+#include "runtime/vm.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "support/thread_pool.h"
+
+namespace kiln::runtime {
+
+namespace {
+
+constexpr int64_t kAlign = 64;
+
+// Size-class pool for symbolic-shape runs: blocks are rounded up to a power
+// of two (at least 64 bytes) and kept on free lists between runs.
+class BufferPool {
+ public:
+  ~BufferPool() {
+    for (auto& [size, list] : free_)
+      for (void* p : list) std::free(p);
+  }
+  std::shared_ptr<void> acquire(int64_t bytes) {
+    int64_t size = kAlign;
+    while (size < bytes) size *= 2;
+    void* p = nullptr;
+    auto& list = free_[size];
+    if (!list.empty()) {
+      p = list.back();
+      list.pop_back();
+    } else {
+      p = std::aligned_alloc(kAlign, static_cast<size_t>(size));
+      KILN_CHECK(p != nullptr) << "out of memory allocating " << size << " bytes";
+    }
+    return std::shared_ptr<void>(p, [this, size](void* q) { free_[size].push_back(q); });
+  }
+
+ private:
+  std::map<int64_t, std::vector<void*>> free_;
+};
+
+using Env = std::map<std::string, int64_t, std::less<>>;
+
+Result<std::vector<int64_t>> eval_shape(const std::vector<Expr>& shape, const Env& env, const std::string& what) {
+  std::vector<int64_t> out;
+  out.reserve(shape.size());
+  for (const Expr& d : shape) {
+    auto v = evaluate(d, env);
+    if (!v.is_ok()) return internal_error() << "cannot compute the shape of " << what << ": " << v.status().message();
+    if (*v < 0) return invalid_argument() << "shape of " << what << " has negative dim " << print_expr(d) << " = " << *v;
+    out.push_back(*v);
+  }
+  return out;
+}
+
+// Binds the symbols of `pattern` from the concrete `dims`: a plain symbol
+// takes the value; any other dim must evaluate to the value once bound.
+Status bind_dims(const std::vector<Expr>& pattern, const std::vector<int64_t>& dims, Env& env,
+                 const SymbolBounds& bounds, const std::string& what) {
+  auto show = [&] {
+    std::ostringstream os;
+    os << "[";
+    for (size_t i = 0; i < pattern.size(); ++i) os << (i ? ", " : "") << print_expr(pattern[i]);
+    os << "]";
+    return os.str();
+  };
+  if (pattern.size() != dims.size())
+    return invalid_argument() << what << " has rank " << dims.size() << " (shape " << shape_to_string(dims)
+                              << "), expected rank " << pattern.size() << " " << show();
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const Expr& p = pattern[i];
+    if (p.is_var() && env.find(p->name) == env.end()) {
+      auto it = bounds.find(p->name);
+      if (it != bounds.end()) {
+        if ((it->second.lo && dims[i] < *it->second.lo) || (it->second.hi && dims[i] > *it->second.hi))
+          return invalid_argument() << what << " dim " << i << " (" << p->name << ") = " << dims[i]
+                                    << " is outside its bounds";
+      }
+      env[p->name] = dims[i];
+    }
+  }
+  for (size_t i = 0; i < dims.size(); ++i) {
+    auto v = evaluate(pattern[i], env);
+    if (!v.is_ok() || *v != dims[i])
+      return invalid_argument() << what << " has shape " << shape_to_string(dims) << ", expected " << show()
+                                << " (dim " << i << " mismatches)";
+  }
+  return Status::ok();
+}
+
+// The shape a Reshape produces from a run-time shape tensor (allowzero = 0).
+Result<std::vector<int64_t>> reshape_target(const Tensor& src, const Tensor& spec, const std::string& where) {
+  std::vector<int64_t> shape;
+  int64_t known = 1;
+  int infer_at = -1;
+  for (int64_t i = 0; i < spec.numel(); ++i) {
+    int64_t d = spec.get_i64(i);
+    if (d == 0) {
+      if (i >= src.rank()) return invalid_argument() << where << ": shape element 0 at " << i << " beyond input rank";
+      d = src.shape()[i];
+    }
+    if (d == -1) {
+      if (infer_at >= 0) return invalid_argument() << where << ": more than one -1 in the target shape";
+      infer_at = static_cast<int>(i);
+      shape.push_back(1);
+      continue;
+    }
+    if (d < 0) return invalid_argument() << where << ": negative dim " << d << " in the target shape";
+    known *= d;
+    shape.push_back(d);
+  }
+  if (infer_at >= 0) {
+    if (known == 0 || src.numel() % known != 0)
+      return invalid_argument() << where << ": cannot reshape " << src.describe() << " with a -1 dim";
+    shape[infer_at] = src.numel() / known;
+  }
+  return shape;
+}
+
+}  // namespace
+
+struct VM::Impl {
+  std::shared_ptr<const Program> prog;
+  int num_threads = 1;
+  ThreadPool* pool = nullptr;
+  std::shared_ptr<void> arena;
+  BufferPool buffers;
+
+  Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs);
+};
+
+VM::VM(std::shared_ptr<const Program> program, int num_threads) : impl_(std::make_unique<Impl>()) {
+  impl_->prog = std::move(program);
+  impl_->num_threads = num_threads < 1 ? 1 : num_threads;
+  impl_->pool = impl_->num_threads > 1 ? shared_thread_pool(impl_->num_threads) : nullptr;
+  if (impl_->prog->static_plan && impl_->prog->arena_bytes > 0) {
+    void* p = std::aligned_alloc(kAlign, static_cast<size_t>((impl_->prog->arena_bytes + kAlign - 1) / kAlign * kAlign));
+    KILN_CHECK(p != nullptr) << "out of memory allocating the arena";
+    impl_->arena = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  }
+}
+
+VM::~VM() = default;
+
+Result<std::vector<Tensor>> VM::run(const std::vector<Tensor>& inputs) { return impl_->run(inputs); }
+
+Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
+  const Program& p = *prog;
+  std::vector<Tensor> regs(p.registers.size());
+  Env env;
+
+  if (inputs.size() != p.input_registers.size())
+    return invalid_argument() << "expected " << p.input_registers.size() << " inputs, got " << inputs.size();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    int r = p.input_registers[i];
+    const RegisterInfo& info = p.registers[r];
+    const Tensor& t = inputs[i];
+    std::string what = "input '" + info.name + "'";
+    if (!t.defined()) return invalid_argument() << what << " is missing";
+    if (t.dtype() != info.dtype)
+      return invalid_argument() << what << " has dtype " << dtype_name(t.dtype()) << ", expected "
+                                << dtype_name(info.dtype);
+    KILN_RETURN_IF_ERROR(bind_dims(info.shape, t.shape(), env, p.bounds, what));
+    // Kernels assume 64-byte aligned buffers: copy a misaligned input.
+    if (reinterpret_cast<uintptr_t>(t.data()) % kAlign != 0 && t.nbytes() > 0)
+      regs[r] = t.clone();
+    else
+      regs[r] = t;
+  }
+  for (size_t r = 0; r < p.registers.size(); ++r)
+    if (p.registers[r].is_constant) regs[r] = p.registers[r].constant;
+
+  auto allocate = [&](int r) -> Status {
+    const RegisterInfo& info = p.registers[r];
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, eval_shape(info.shape, env, "'" + info.name + "'"));
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    // A guard against absurd sizes from adversarial models (more than 1 TiB).
+    if (n > (int64_t{1} << 40) / std::max<int64_t>(dtype_size(info.dtype), 1))
+      return invalid_argument() << "'" << info.name << "' would need " << n << " elements of "
+                                << dtype_name(info.dtype);
+    if (info.is_output || info.dtype == DType::kString) {
+      regs[r] = Tensor(info.dtype, std::move(shape));
+    } else if (info.arena_offset >= 0) {
+      regs[r] = Tensor::borrow(info.dtype, std::move(shape), static_cast<char*>(arena.get()) + info.arena_offset);
+    } else {
+      regs[r] = Tensor::wrap(info.dtype, std::move(shape), buffers.acquire(n * dtype_size(info.dtype)));
+    }
+    return Status::ok();
+  };
+
+  std::vector<void*> args;
+  std::vector<int64_t> syms;
+  size_t pc = 0;
+  while (pc < p.instrs.size()) {
+    const Instr& in = p.instrs[pc];
+    size_t next = pc + 1;
+    switch (in.op) {
+      case OpCode::kCall: {
+        const CompiledKernel& k = p.kernels[in.callee];
+        for (int r : in.outputs) KILN_RETURN_IF_ERROR(allocate(r).with_context(in.where));
+        args.clear();
+        for (int r : in.inputs) args.push_back(regs[r].data());
+        for (int r : in.outputs) args.push_back(regs[r].data());
+        syms.clear();
+        for (const std::string& s : k.sym_names) {
+          auto it = env.find(s);
+          KILN_CHECK(it != env.end()) << "kernel " << k.name << " needs unbound symbol " << s;
+          syms.push_back(it->second);
+        }
+        set_current_thread_pool(pool);
+        k.fn(args.data(), syms.data());
+        set_current_thread_pool(nullptr);
+        break;
+      }
+      case OpCode::kCallHost: {
+        std::vector<Tensor> ins, outs;
+        for (int r : in.inputs) ins.push_back(r >= 0 ? regs[r] : Tensor());
+        outs.resize(in.outputs.size());
+        KILN_RETURN_IF_ERROR(p.host_kernels[in.callee](ins, outs).with_context(in.where));
+        for (size_t i = 0; i < in.outputs.size(); ++i) {
+          int r = in.outputs[i];
+          const RegisterInfo& info = p.registers[r];
+          if (outs[i].dtype() != info.dtype)
+            return internal_error() << in.where << ": host kernel produced " << outs[i].describe()
+                                    << " for " << dtype_name(info.dtype) << " output '" << info.name << "'";
+          KILN_RETURN_IF_ERROR(bind_dims(info.shape, outs[i].shape(), env, p.bounds, "output '" + info.name + "'")
+                                   .with_context(in.where));
+          regs[r] = std::move(outs[i]);
+        }
+        break;
+      }
+      case OpCode::kView: {
+        int out = in.outputs[0];
+        const RegisterInfo& info = p.registers[out];
+        const Tensor& src = regs[in.inputs[0]];
+        std::vector<int64_t> shape;
+        if (in.inputs.size() > 1) {
+          // Reshape to a shape tensor known only now (0 copies a dim, -1 is inferred).
+          KILN_ASSIGN_OR_RETURN(shape, reshape_target(src, regs[in.inputs[1]], in.where));
+          KILN_RETURN_IF_ERROR(bind_dims(info.shape, shape, env, p.bounds, "'" + info.name + "'").with_context(in.where));
+        } else {
+          KILN_ASSIGN_OR_RETURN(shape, eval_shape(info.shape, env, "'" + info.name + "'"));
+        }
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        if (n != src.numel())
+          return invalid_argument() << in.where << ": cannot view " << src.describe() << " as "
+                                    << shape_to_string(shape);
+        regs[out] = src.reshaped(std::move(shape));
+        break;
+      }
+      case OpCode::kShapeOf: {
+        int out = in.outputs[0];
+        KILN_RETURN_IF_ERROR(allocate(out).with_context(in.where));
+        Tensor& t = regs[out];
+        for (size_t i = 0; i < in.values.size(); ++i) {
+          auto v = evaluate(in.values[i], env);
+          if (!v.is_ok()) return v.status().with_context(in.where);
+          t.set_f64(static_cast<int64_t>(i), static_cast<double>(*v));
+          if (t.dtype() == DType::kInt64) t.data_as<int64_t>()[i] = *v;
+        }
+        break;
+      }
+      case OpCode::kCopy: {
+        int out = in.outputs[0];
+        KILN_RETURN_IF_ERROR(allocate(out).with_context(in.where));
+        const Tensor& src = regs[in.inputs[0]];
+        if (src.dtype() == DType::kString) {
+          for (int64_t i = 0; i < src.numel(); ++i) regs[out].data_as<std::string>()[i] = src.data_as<std::string>()[i];
+        } else if (src.nbytes() > 0) {
+          std::memcpy(regs[out].data(), src.data(), static_cast<size_t>(src.nbytes()));
+        }
+        break;
+      }
+      case OpCode::kJump:
+        next = static_cast<size_t>(in.target);
+        break;
+      case OpCode::kBranch: {
+        const Tensor& c = regs[in.inputs[0]];
+        if (c.numel() != 1) return invalid_argument() << in.where << ": condition is not a scalar";
+        if (c.get_f64(0) == 0.0) next = static_cast<size_t>(in.target);
+        break;
+      }
+      case OpCode::kRet:
+        next = p.instrs.size();
+        break;
+    }
+    for (int r : in.release) regs[r] = Tensor();
+    pc = next;
+  }
+
+  std::vector<Tensor> outputs;
+  for (int r : p.output_registers) {
+    if (!regs[r].defined()) return internal_error() << "output '" << p.registers[r].name << "' was not computed";
+    outputs.push_back(regs[r]);
+  }
+  return outputs;
+}
+
+}  // namespace kiln::runtime

@@ -37,6 +37,15 @@ Tensor Tensor::borrow(DType dtype, std::vector<int64_t> shape, void* data) {
   return t;
 }
 
+Tensor Tensor::wrap(DType dtype, std::vector<int64_t> shape, std::shared_ptr<void> storage) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.storage_ = std::move(storage);
+  t.data_ = t.storage_.get();
+  return t;
+}
+
 int64_t Tensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape_) n *= d;

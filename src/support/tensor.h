@@ -19,6 +19,8 @@ class Tensor {
   Tensor(DType dtype, std::vector<int64_t> shape);
   // Wraps caller-owned memory; the caller keeps it alive while the Tensor is used.
   static Tensor borrow(DType dtype, std::vector<int64_t> shape, void* data);
+  // Shares `storage` (which must hold at least nbytes, 64-byte aligned).
+  static Tensor wrap(DType dtype, std::vector<int64_t> shape, std::shared_ptr<void> storage);
 
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }

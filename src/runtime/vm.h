@@ -1,0 +1,98 @@
+// The runtime VM: a register machine over tensors. A Program is built by the
+// driver (driver/pipeline.cc) and holds everything needed to run a model:
+// compiled kernel entry points, host (C++) kernels, constants, the memory plan.
+// The runtime does not link LLVM, the op registry or the graph IR.
+//
+// Registers hold tensors. Instructions:
+//   kCall      call a compiled kernel: buffers = arg registers (inputs then
+//              outputs); outputs are allocated first (shapes from their
+//              symbolic types under the current symbol bindings)
+//   kCallHost  call a C++ kernel; it allocates its outputs, whose dims bind
+//              fresh (data-dependent) symbols
+//   kView      output register = input's storage with the output's shape
+//   kShapeOf   output = an integer tensor whose elements are symbolic Exprs
+//              evaluated now (shape subgraphs resolved at compile time)
+//   kCopy      output = a fresh copy of the input (graph outputs that alias
+//              inputs or constants)
+//   kJump / kBranch / kRet  control flow (kBranch: jump when a bool scalar is false)
+//
+// Memory: with static shapes every intermediate lives at a fixed offset of one
+// arena planned at compile time (runtime/memory_plan.h); with symbolic shapes
+// buffers come from a size-class pool and return to it after their last use.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shape/expr.h"
+#include "support/status.h"
+#include "support/tensor.h"
+
+namespace kiln::runtime {
+
+using KernelFn = void (*)(void** buffers, const int64_t* syms);
+using HostKernel = std::function<Status(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs)>;
+
+enum class OpCode : uint8_t { kCall, kCallHost, kView, kShapeOf, kCopy, kJump, kBranch, kRet };
+
+struct Instr {
+  OpCode op = OpCode::kRet;
+  int callee = -1;            // kCall: index into Program::kernels; kCallHost: into host_kernels
+  std::vector<int> inputs;    // registers read
+  std::vector<int> outputs;   // registers written
+  std::vector<int> release;   // registers whose last use is this instruction (pool mode)
+  int target = -1;            // kJump / kBranch: instruction index
+  std::vector<Expr> values;   // kShapeOf: element values
+  std::string where;          // node description for error messages ("Conv 'conv1'")
+};
+
+struct RegisterInfo {
+  std::string name;
+  DType dtype = DType::kUndefined;
+  std::vector<Expr> shape;            // symbolic shape
+  bool is_constant = false;
+  Tensor constant;                    // when is_constant
+  int64_t arena_offset = -1;          // static plan: byte offset in the arena; -1: not planned
+  bool is_output = false;             // a graph output: allocated fresh each run, returned to the caller
+};
+
+struct CompiledKernel {
+  std::string name;
+  KernelFn fn = nullptr;
+  std::vector<std::string> sym_names;  // values passed in the syms array, in order
+};
+
+struct Program {
+  std::vector<RegisterInfo> registers;
+  std::vector<Instr> instrs;
+  std::vector<CompiledKernel> kernels;
+  std::vector<HostKernel> host_kernels;
+  std::vector<int> input_registers;
+  std::vector<int> output_registers;
+  SymbolBounds bounds;
+  bool static_plan = false;  // true: every register has an arena_offset or is an input/constant/output
+  int64_t arena_bytes = 0;
+};
+
+// Executes a Program. Not thread-safe: one VM per concurrent caller. The VM
+// owns the arena and the pool, reused across runs.
+class VM {
+ public:
+  VM(std::shared_ptr<const Program> program, int num_threads);
+  ~VM();
+
+  // Inputs by position of Program::input_registers. Checks dtype and shape
+  // (static dims equal, symbolic dims bound consistently) and names the input
+  // in errors. Returns the outputs by position of Program::output_registers.
+  Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::runtime
