@@ -39,6 +39,10 @@ struct LowerContext {
   std::vector<std::optional<std::vector<Expr>>> sym_values;  // symbolic element values of input i
   std::vector<tir::Buffer> outputs;      // one per node output: names and types to define
   int* name_counter = nullptr;           // for fresh axis names unique in the kernel
+  // The graph's ai.onnx opset (graph.opsets[""]); a few ops' semantics depend on
+  // it (Softmax, LogSoftmax, Hardmax before 13). 0: unknown; those ops then fail
+  // to lower when the semantics would differ.
+  int64_t opset = 0;
 
   Expr load_input(size_t i, std::vector<Expr> indices) const;
   std::string fresh(const std::string& prefix);  // "i3", "k7", ...
@@ -65,11 +69,17 @@ struct OpDef {
 
 // Registration (called from each family's register_*() function).
 void register_op(OpDef def);
+// Registers every op family once (thread-safe); find_op() and
+// registered_op_names() call it, so callers rarely need to.
+void register_all_ops();
 const OpDef* find_op(const std::string& domain, const std::string& name);
 // All registered op names, sorted ("Add", "com.microsoft:Gelu", ...).
 std::vector<std::string> registered_op_names();
 
-// Runs inference for every node in order; errors name the node and op.
+// Runs inference for every node in order; errors name the node and op and
+// the graph's source file. Nodes whose op is not registered are skipped (the
+// driver reports unsupported ops all at once). Before a node is inferred, its
+// small constant integer inputs (i32/i64, <= 64 elements) get a sym_value.
 Status infer_shapes(Graph& g, InferContext& ctx);
 
 // Helpers for op implementations.

@@ -1,1 +1,557 @@
-// (being written)
+// lower(): a KernelDef and a Schedule to a PrimFunc.
+//
+// The schedule is replayed onto a per-stage loop description (spatial loops,
+// reduce loops, the value of every original axis as an expression of the loop
+// variables, and the bounds guards that non-dividing splits need). Each stage
+// that is not inlined then becomes one loop nest; intermediate stages get an
+// Allocate around the rest of the kernel.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "tir/schedule.h"
+
+namespace kiln::tir {
+namespace {
+
+using ExprMap = std::map<std::string, Expr, std::less<>>;
+
+struct Loop {
+  std::string var;
+  Expr extent;
+  ForKind kind = ForKind::kSerial;
+};
+
+struct StagePlan {
+  bool inlined = false;
+  bool touched = false;  // a loop primitive was applied
+  std::vector<Loop> spatial;
+  std::vector<Loop> reduce;
+  ExprMap axis_value;  // original axis (spatial and reduce) -> expression of loop vars
+  std::vector<Expr> guards;
+  std::string cache_axis;  // empty: no cache_write
+};
+
+bool is_reduction(const ComputeDef& st) {
+  return st.combiner != Combiner::kNone || !st.reduce_axes.empty();
+}
+
+Expr cast_to(DType t, Expr e) { return e.dtype() == t ? e : cast(t, std::move(e)); }
+
+Expr typed_const(DType t, double v) {
+  if (dtype_is_float(t)) return float_imm(v, t);
+  if (t == DType::kBool) return bool_imm(v != 0);
+  return int_imm(static_cast<int64_t>(v), t);
+}
+
+// The neutral element of a combiner for dtype t.
+Expr default_init(Combiner c, DType t) {
+  bool is_max = c == Combiner::kMax;
+  switch (c) {
+    case Combiner::kNone:
+    case Combiner::kSum: return typed_const(t, 0);
+    case Combiner::kProd: return typed_const(t, 1);
+    case Combiner::kMax:
+    case Combiner::kMin: break;
+  }
+  if (dtype_is_float(t)) {
+    double inf = std::numeric_limits<double>::infinity();
+    return float_imm(is_max ? -inf : inf, t);
+  }
+  if (t == DType::kBool) return bool_imm(!is_max);
+  int bits = static_cast<int>(dtype_size(t)) * 8;
+  if (dtype_is_signed(t)) {
+    int64_t hi = bits == 64 ? std::numeric_limits<int64_t>::max() : (int64_t{1} << (bits - 1)) - 1;
+    return int_imm(is_max ? -hi - 1 : hi, t);
+  }
+  uint64_t hi = bits == 64 ? std::numeric_limits<uint64_t>::max() : (uint64_t{1} << bits) - 1;
+  return int_imm(is_max ? 0 : static_cast<int64_t>(hi), t);
+}
+
+Expr combine(Combiner c, Expr acc, Expr v) {
+  switch (c) {
+    case Combiner::kSum: return add(std::move(acc), std::move(v));
+    case Combiner::kProd: return mul(std::move(acc), std::move(v));
+    case Combiner::kMax: return max(std::move(acc), std::move(v));
+    case Combiner::kMin: return min(std::move(acc), std::move(v));
+    case Combiner::kNone: break;
+  }
+  return v;
+}
+
+struct Lowerer {
+  const KernelDef& k;
+  std::map<std::string, int, std::less<>> param_index;
+  std::map<std::string, int, std::less<>> stage_index;
+  std::vector<StagePlan> plans;
+  std::vector<ComputeDef> stages;  // bodies with inlined producers substituted
+
+  explicit Lowerer(const KernelDef& kd) : k(kd) {}
+
+  Status init() {
+    for (size_t i = 0; i < k.params.size(); ++i) {
+      if (!param_index.emplace(k.params[i].name, static_cast<int>(i)).second) {
+        return invalid_argument() << "kernel " << k.name << ": duplicate param " << k.params[i].name;
+      }
+    }
+    for (size_t s = 0; s < k.stages.size(); ++s) {
+      const ComputeDef& st = k.stages[s];
+      if (!stage_index.emplace(st.name, static_cast<int>(s)).second) {
+        return invalid_argument() << "kernel " << k.name << ": duplicate stage " << st.name;
+      }
+      if (st.axes.size() != st.shape.size()) {
+        return invalid_argument() << "stage " << st.name << ": " << st.axes.size() << " axes but "
+                                  << st.shape.size() << " extents";
+      }
+      if (st.reduce_axes.size() != st.reduce_extents.size()) {
+        return invalid_argument() << "stage " << st.name << ": " << st.reduce_axes.size()
+                                  << " reduce axes but " << st.reduce_extents.size() << " extents";
+      }
+      if (!st.body.defined()) return invalid_argument() << "stage " << st.name << ": no body";
+      if (!st.reduce_axes.empty() && st.combiner == Combiner::kNone) {
+        return invalid_argument() << "stage " << st.name << ": reduce axes without a combiner";
+      }
+      if (!dtype_is_compilable(st.dtype)) {
+        return unsupported() << "stage " << st.name << ": dtype " << dtype_name(st.dtype);
+      }
+      auto p = param_index.find(st.name);
+      if (p != param_index.end()) {
+        if (p->second < k.num_inputs) {
+          return invalid_argument() << "stage " << st.name << " writes input " << st.name;
+        }
+        if (k.params[p->second].dtype != st.dtype) {
+          return invalid_argument() << "stage " << st.name << ": dtype " << dtype_name(st.dtype)
+                                    << " but the param is " << dtype_name(k.params[p->second].dtype);
+        }
+      }
+      StagePlan plan;
+      for (size_t a = 0; a < st.axes.size(); ++a) {
+        plan.spatial.push_back({st.axes[a], st.shape[a]});
+        plan.axis_value[st.axes[a]] = var(st.axes[a]);
+      }
+      for (size_t a = 0; a < st.reduce_axes.size(); ++a) {
+        plan.reduce.push_back({st.reduce_axes[a], st.reduce_extents[a]});
+        plan.axis_value[st.reduce_axes[a]] = var(st.reduce_axes[a]);
+      }
+      std::set<std::string> names;
+      for (const auto& l : plan.spatial) names.insert(l.var);
+      for (const auto& l : plan.reduce) names.insert(l.var);
+      if (names.size() != plan.spatial.size() + plan.reduce.size()) {
+        return invalid_argument() << "stage " << st.name << ": duplicate axis names";
+      }
+      plans.push_back(std::move(plan));
+    }
+    for (int i = k.num_inputs; i < static_cast<int>(k.params.size()); ++i) {
+      if (!stage_index.count(k.params[i].name)) {
+        return invalid_argument() << "kernel " << k.name << ": output " << k.params[i].name
+                                  << " is computed by no stage";
+      }
+    }
+    return Status::ok();
+  }
+
+  // Checks and normalizes the loads of stage s: params get their position,
+  // earlier stages -1; anything else is an error.
+  Result<Expr> check_loads(const Expr& e, int s) {
+    if (!e.defined()) return e;
+    Status err;
+    Expr out = rewrite(e, [&](const Expr& n) -> Expr {
+      if (n.kind() != ExprKind::kLoad) return Expr();
+      auto p = param_index.find(n->name);
+      if (p != param_index.end()) {
+        if (n->int_value == p->second) return Expr();
+        if (n->int_value != -1 && err.is_ok()) {
+          err = invalid_argument() << "stage " << k.stages[s].name << ": load of param " << n->name
+                                   << " with buffer index " << n->int_value << ", expected "
+                                   << p->second;
+        }
+        return load(n->name, p->second, n->dtype, n->args);
+      }
+      auto st = stage_index.find(n->name);
+      if (st == stage_index.end() || st->second >= s) {
+        if (err.is_ok()) {
+          err = invalid_argument() << "stage " << k.stages[s].name << " loads " << n->name
+                                   << ", which is neither a param nor an earlier stage";
+        }
+        return Expr();
+      }
+      if (n->dtype != k.stages[st->second].dtype && err.is_ok()) {
+        err = invalid_argument() << "stage " << k.stages[s].name << " loads " << n->name << " as "
+                                 << dtype_name(n->dtype);
+      }
+      if (n->args.size() != k.stages[st->second].axes.size() && err.is_ok()) {
+        err = invalid_argument() << "stage " << k.stages[s].name << " loads " << n->name << " with "
+                                 << n->args.size() << " indices";
+      }
+      if (n->int_value != -1) return load(n->name, -1, n->dtype, n->args);
+      return Expr();
+    });
+    if (!err.is_ok()) return err;
+    return out;
+  }
+
+  Result<int> find_stage(const Primitive& p) {
+    auto it = stage_index.find(p.stage);
+    if (it == stage_index.end()) {
+      return invalid_argument() << "schedule: unknown stage '" << p.stage << "' in " << p.kind;
+    }
+    return it->second;
+  }
+
+  // Locates a loop by name: (is_reduce, position), or an error.
+  Result<std::pair<bool, size_t>> find_loop(const StagePlan& plan, const Primitive& p,
+                                            const std::string& axis) {
+    for (size_t i = 0; i < plan.spatial.size(); ++i) {
+      if (plan.spatial[i].var == axis) return std::make_pair(false, i);
+    }
+    for (size_t i = 0; i < plan.reduce.size(); ++i) {
+      if (plan.reduce[i].var == axis) return std::make_pair(true, i);
+    }
+    return invalid_argument() << "schedule: " << p.kind << "(" << p.stage << "): unknown axis '"
+                              << axis << "'";
+  }
+
+  Status apply(const Primitive& p) {
+    KILN_ASSIGN_OR_RETURN(int s, find_stage(p));
+    StagePlan& plan = plans[s];
+    const ComputeDef& st = k.stages[s];
+    if (plan.inlined) {
+      return invalid_argument() << "schedule: " << p.kind << "(" << p.stage
+                                << ") on an inlined stage";
+    }
+    if (p.kind == "inline") {
+      if (param_index.count(st.name)) {
+        return invalid_argument() << "schedule: cannot inline " << st.name << ", a kernel output";
+      }
+      if (is_reduction(st)) {
+        return invalid_argument() << "schedule: cannot inline reduction stage " << st.name;
+      }
+      if (plan.touched) {
+        return invalid_argument() << "schedule: cannot inline " << st.name
+                                  << " after loop primitives were applied to it";
+      }
+      plan.inlined = true;
+      return Status::ok();
+    }
+    if (p.kind == "split") {
+      if (p.axes.size() != 1) return invalid_argument() << "schedule: split takes one axis";
+      if (p.factor < 1) {
+        return invalid_argument() << "schedule: split(" << p.stage << ", " << p.axes[0]
+                                  << "): factor " << p.factor << " < 1";
+      }
+      KILN_ASSIGN_OR_RETURN(auto where, find_loop(plan, p, p.axes[0]));
+      std::vector<Loop>& loops = where.first ? plan.reduce : plan.spatial;
+      Loop old = loops[where.second];
+      if (old.kind != ForKind::kSerial) {
+        return invalid_argument() << "schedule: split(" << p.stage << ", " << old.var
+                                  << ") of a loop already marked " << for_kind_name(old.kind);
+      }
+      if (old.var == plan.cache_axis) {
+        return invalid_argument() << "schedule: split(" << p.stage << ", " << old.var
+                                  << ") of the cache_write axis";
+      }
+      std::string outer = old.var + ".o", inner = old.var + ".i";
+      for (const std::string& n : {outer, inner}) {
+        if (find_loop(plan, p, n).is_ok()) {
+          return invalid_argument() << "schedule: split(" << p.stage << ", " << old.var
+                                    << "): axis " << n << " exists";
+        }
+      }
+      Expr f = int_imm(p.factor);
+      Expr outer_extent;
+      bool divisible;
+      if (auto c = old.extent.as_const()) {
+        outer_extent = int_imm((*c + p.factor - 1) / p.factor);
+        divisible = *c % p.factor == 0;
+      } else {
+        outer_extent = simplify(floordiv(old.extent + int_imm(p.factor - 1), f));
+        auto rem = simplify(mod(old.extent, f)).as_const();
+        divisible = p.factor == 1 || (rem && *rem == 0);
+      }
+      Expr value = simplify(var(outer) * f + var(inner));
+      loops[where.second] = {outer, outer_extent};
+      loops.insert(loops.begin() + static_cast<long>(where.second) + 1, Loop{inner, f});
+      ExprMap repl{{old.var, value}};
+      for (auto& [axis, v] : plan.axis_value) v = simplify(substitute(v, repl));
+      for (auto& g : plan.guards) g = simplify(substitute(g, repl));
+      if (!divisible) plan.guards.push_back(lt(value, old.extent));
+      plan.touched = true;
+      return Status::ok();
+    }
+    if (p.kind == "reorder") {
+      if (p.axes.empty()) return invalid_argument() << "schedule: reorder names no axes";
+      std::vector<size_t> positions;
+      bool reduce = false;
+      std::set<std::string> seen;
+      for (size_t i = 0; i < p.axes.size(); ++i) {
+        KILN_ASSIGN_OR_RETURN(auto where, find_loop(plan, p, p.axes[i]));
+        if (i > 0 && where.first != reduce) {
+          return invalid_argument() << "schedule: reorder(" << p.stage
+                                    << ") mixes spatial and reduce axes";
+        }
+        if (!seen.insert(p.axes[i]).second) {
+          return invalid_argument() << "schedule: reorder(" << p.stage << ") repeats axis "
+                                    << p.axes[i];
+        }
+        reduce = where.first;
+        positions.push_back(where.second);
+      }
+      std::vector<Loop>& loops = reduce ? plan.reduce : plan.spatial;
+      std::vector<Loop> named;
+      for (size_t pos : positions) named.push_back(loops[pos]);
+      std::sort(positions.begin(), positions.end());
+      for (size_t i = 0; i < positions.size(); ++i) loops[positions[i]] = named[i];
+      plan.touched = true;
+      return Status::ok();
+    }
+    if (p.kind == "parallel" || p.kind == "vectorize" || p.kind == "unroll") {
+      if (p.axes.size() != 1) return invalid_argument() << "schedule: " << p.kind << " takes one axis";
+      KILN_ASSIGN_OR_RETURN(auto where, find_loop(plan, p, p.axes[0]));
+      ForKind kind = p.kind == "parallel"    ? ForKind::kParallel
+                     : p.kind == "vectorize" ? ForKind::kVectorized
+                                             : ForKind::kUnrolled;
+      if (where.first && kind != ForKind::kUnrolled) {
+        return invalid_argument() << "schedule: " << p.kind << "(" << p.stage << ", " << p.axes[0]
+                                  << ") of a reduce axis";
+      }
+      Loop& l = (where.first ? plan.reduce : plan.spatial)[where.second];
+      if (l.kind != ForKind::kSerial && l.kind != kind) {
+        return invalid_argument() << "schedule: " << p.kind << "(" << p.stage << ", " << p.axes[0]
+                                  << ") of a loop already marked " << for_kind_name(l.kind);
+      }
+      l.kind = kind;
+      plan.touched = true;
+      return Status::ok();
+    }
+    if (p.kind == "cache_write") {
+      if (p.axes.size() != 1) return invalid_argument() << "schedule: cache_write takes one axis";
+      if (!is_reduction(st)) {
+        return invalid_argument() << "schedule: cache_write(" << p.stage
+                                  << ") of a stage that is not a reduction";
+      }
+      if (!plan.cache_axis.empty()) {
+        return invalid_argument() << "schedule: cache_write(" << p.stage << ") applied twice";
+      }
+      KILN_ASSIGN_OR_RETURN(auto where, find_loop(plan, p, p.axes[0]));
+      if (where.first) {
+        return invalid_argument() << "schedule: cache_write(" << p.stage << ", " << p.axes[0]
+                                  << ") at a reduce axis";
+      }
+      plan.cache_axis = p.axes[0];
+      plan.touched = true;
+      return Status::ok();
+    }
+    return invalid_argument() << "schedule: unknown primitive '" << p.kind << "'";
+  }
+
+  // Substitutes inlined stages into the bodies of all later stages, in order.
+  Status inline_stages() {
+    stages = k.stages;
+    for (size_t s = 0; s < stages.size(); ++s) {
+      ComputeDef& st = stages[s];
+      for (Expr* e : {&st.body, &st.init, &st.finalize}) {
+        KILN_ASSIGN_OR_RETURN(*e, check_loads(*e, static_cast<int>(s)));
+      }
+    }
+    for (size_t s = 0; s < stages.size(); ++s) {
+      if (!plans[s].inlined) continue;
+      const ComputeDef producer = stages[s];
+      Expr value = cast_to(producer.dtype, producer.body);
+      auto replace = [&](const Expr& e) -> Expr {
+        if (!e.defined()) return e;
+        return rewrite(e, [&](const Expr& n) -> Expr {
+          if (n.kind() != ExprKind::kLoad || n->int_value != -1 || n->name != producer.name) {
+            return Expr();
+          }
+          ExprMap repl;
+          for (size_t a = 0; a < producer.axes.size(); ++a) repl[producer.axes[a]] = n->args[a];
+          return substitute(value, repl);
+        });
+      };
+      for (size_t c = s + 1; c < stages.size(); ++c) {
+        stages[c].body = replace(stages[c].body);
+        stages[c].init = replace(stages[c].init);
+        stages[c].finalize = replace(stages[c].finalize);
+      }
+    }
+    return Status::ok();
+  }
+
+  // Wraps `leaf` in `loops` (outermost first). Each guard goes right inside the
+  // deepest loop of `loops` it references; guards that reference none of
+  // `loops`, or a loop var bound neither here nor in `bound_outside`, are
+  // placed by another call.
+  Stmt build_nest(const std::vector<Loop>& loops, Stmt leaf, const std::vector<Expr>& guards,
+                  const std::set<std::string>& bound_outside, const std::set<std::string>& loop_vars) {
+    std::vector<std::vector<Expr>> at(loops.size());
+    for (const Expr& g : guards) {
+      int deepest = -1;
+      bool placeable = true;
+      for (const std::string& v : free_vars(g)) {
+        if (!loop_vars.count(v)) continue;
+        int pos = -1;
+        for (size_t i = 0; i < loops.size(); ++i) {
+          if (loops[i].var == v) pos = static_cast<int>(i);
+        }
+        if (pos < 0 && !bound_outside.count(v)) placeable = false;
+        deepest = std::max(deepest, pos);
+      }
+      if (placeable && deepest >= 0) at[deepest].push_back(g);
+    }
+    Stmt body = std::move(leaf);
+    for (size_t i = loops.size(); i-- > 0;) {
+      if (!at[i].empty()) {
+        Expr cond = at[i][0];
+        for (size_t j = 1; j < at[i].size(); ++j) cond = logical_and(cond, at[i][j]);
+        body = make_if(cond, body);
+      }
+      body = make_for(loops[i].var, loops[i].extent, loops[i].kind, body);
+    }
+    return body;
+  }
+
+  Result<Stmt> lower_stage(int s) {
+    const ComputeDef& st = stages[s];
+    const StagePlan& plan = plans[s];
+    auto p = param_index.find(st.name);
+    int out_index = p == param_index.end() ? -1 : p->second;
+
+    std::set<std::string> loop_vars;
+    for (const auto& l : plan.spatial) loop_vars.insert(l.var);
+    for (const auto& l : plan.reduce) loop_vars.insert(l.var);
+    std::vector<Expr> out_indices;
+    for (const auto& a : st.axes) out_indices.push_back(simplify(plan.axis_value.at(a)));
+    auto to_loops = [&](const Expr& e) { return simplify(substitute(e, plan.axis_value)); };
+    Expr body = to_loops(cast_to(st.dtype, st.body));
+
+    if (!is_reduction(st)) {
+      for (const auto& l : plan.spatial) {
+        if (l.kind == ForKind::kVectorized && l.var != plan.spatial.back().var) {
+          return invalid_argument() << "schedule: vectorize(" << st.name << ", " << l.var
+                                    << ") of a loop that is not innermost";
+        }
+      }
+      Stmt store = make_store(st.name, out_index, out_indices, body);
+      return build_nest(plan.spatial, store, plan.guards, {}, loop_vars);
+    }
+
+    // Reduction: outer spatial loops (up to and including the cache_write axis),
+    // inner spatial loops accumulated in a local buffer, reduce loops.
+    size_t split_at = plan.spatial.size();
+    if (!plan.cache_axis.empty()) {
+      auto it = std::find_if(plan.spatial.begin(), plan.spatial.end(),
+                             [&](const Loop& l) { return l.var == plan.cache_axis; });
+      if (it == plan.spatial.end()) {
+        return invalid_argument() << "schedule: cache_write(" << st.name << ", " << plan.cache_axis
+                                  << "): the axis no longer exists";
+      }
+      split_at = static_cast<size_t>(it - plan.spatial.begin()) + 1;
+    }
+    std::vector<Loop> outer(plan.spatial.begin(), plan.spatial.begin() + static_cast<long>(split_at));
+    std::vector<Loop> inner(plan.spatial.begin() + static_cast<long>(split_at), plan.spatial.end());
+    for (size_t i = 0; i < outer.size(); ++i) {
+      if (outer[i].kind == ForKind::kVectorized) {
+        return invalid_argument() << "schedule: vectorize(" << st.name << ", " << outer[i].var
+                                  << "): the reduce loops are inside it (cache_write moves them out)";
+      }
+    }
+    for (size_t i = 0; i + 1 < inner.size(); ++i) {
+      if (inner[i].kind == ForKind::kVectorized) {
+        return invalid_argument() << "schedule: vectorize(" << st.name << ", " << inner[i].var
+                                  << ") of a loop that is not innermost";
+      }
+    }
+
+    Buffer acc;
+    acc.name = st.name + ".acc";
+    acc.dtype = st.dtype;
+    std::vector<Expr> acc_idx;
+    for (const auto& l : inner) {
+      acc.shape.push_back(l.extent);
+      acc_idx.push_back(var(l.var));
+    }
+    if (inner.empty()) {
+      acc.shape.push_back(int_imm(1));
+      acc_idx.push_back(int_imm(0));
+    }
+    std::set<std::string> bound_outside;
+    for (const auto& l : outer) bound_outside.insert(l.var);
+
+    Expr acc_load = load(acc.name, -1, acc.dtype, acc_idx);
+    Expr init = st.init.defined() ? to_loops(cast_to(st.dtype, st.init))
+                                  : default_init(st.combiner, st.dtype);
+    Expr result = acc_load;
+    if (st.finalize.defined()) {
+      result = to_loops(cast_to(st.dtype, substitute(st.finalize, {{"acc", acc_load}})));
+    }
+    Stmt init_nest = build_nest(inner, make_store(acc.name, -1, acc_idx, init), plan.guards,
+                                bound_outside, loop_vars);
+    std::vector<Loop> update_loops = plan.reduce;
+    update_loops.insert(update_loops.end(), inner.begin(), inner.end());
+    Stmt update_nest =
+        build_nest(update_loops, make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, body)),
+                   plan.guards, bound_outside, loop_vars);
+    Stmt final_nest = build_nest(inner, make_store(st.name, out_index, out_indices, result),
+                                 plan.guards, bound_outside, loop_vars);
+    Stmt alloc = make_allocate(acc, make_seq({init_nest, update_nest, final_nest}));
+    return build_nest(outer, alloc, plan.guards, {}, loop_vars);
+  }
+
+  Result<Stmt> lower_from(size_t s) {
+    while (s < stages.size() && plans[s].inlined) ++s;
+    if (s == stages.size()) return Stmt();
+    KILN_ASSIGN_OR_RETURN(Stmt nest, lower_stage(static_cast<int>(s)));
+    KILN_ASSIGN_OR_RETURN(Stmt rest, lower_from(s + 1));
+    Stmt body = rest ? make_seq({nest, rest}) : nest;
+    if (!param_index.count(stages[s].name)) {
+      Buffer b{stages[s].name, stages[s].dtype, stages[s].shape};
+      body = make_allocate(b, body);
+    }
+    return body;
+  }
+
+  std::vector<std::string> sym_names() {
+    std::set<std::string> syms;
+    auto add_vars = [&](const Expr& e, const std::set<std::string>& bound) {
+      if (!e.defined()) return;
+      for (auto& v : free_vars(e)) {
+        if (!bound.count(v)) syms.insert(v);
+      }
+    };
+    for (const auto& b : k.params) {
+      for (const auto& d : b.shape) add_vars(d, {});
+    }
+    for (const auto& st : k.stages) {
+      for (const auto& d : st.shape) add_vars(d, {});
+      for (const auto& d : st.reduce_extents) add_vars(d, {});
+      std::set<std::string> bound(st.axes.begin(), st.axes.end());
+      bound.insert(st.reduce_axes.begin(), st.reduce_axes.end());
+      add_vars(st.body, bound);
+      add_vars(st.init, bound);
+      bound.insert("acc");
+      add_vars(st.finalize, bound);
+    }
+    return {syms.begin(), syms.end()};
+  }
+};
+
+}  // namespace
+
+Result<PrimFunc> lower(const KernelDef& k, const Schedule& s) {
+  Lowerer l(k);
+  KILN_RETURN_IF_ERROR(l.init());
+  for (const Primitive& p : s.prims) KILN_RETURN_IF_ERROR(l.apply(p));
+  KILN_RETURN_IF_ERROR(l.inline_stages());
+  PrimFunc f;
+  f.name = k.name;
+  f.params = k.params;
+  f.sym_names = l.sym_names();
+  KILN_ASSIGN_OR_RETURN(Stmt body, l.lower_from(0));
+  f.body = body ? body : make_seq({});
+  return f;
+}
+
+}  // namespace kiln::tir

@@ -1,1 +1,257 @@
-// (being written)
+#include "tir/tir.h"
+
+#include <map>
+#include <sstream>
+#include <utility>
+
+namespace kiln::tir {
+
+const char* for_kind_name(ForKind k) {
+  switch (k) {
+    case ForKind::kSerial: return "serial";
+    case ForKind::kParallel: return "parallel";
+    case ForKind::kVectorized: return "vectorized";
+    case ForKind::kUnrolled: return "unrolled";
+  }
+  return "?";
+}
+
+Stmt make_for(std::string var, Expr extent, ForKind kind, Stmt body) {
+  KILN_CHECK(extent.defined()) << "for " << var << ": undefined extent";
+  KILN_CHECK(body != nullptr) << "for " << var << ": null body";
+  auto n = std::make_shared<StmtNode>();
+  n->kind = StmtKind::kFor;
+  n->var = std::move(var);
+  n->extent = std::move(extent);
+  n->for_kind = kind;
+  n->body = std::move(body);
+  return n;
+}
+
+Stmt make_store(std::string buffer, int buffer_index, std::vector<Expr> indices, Expr value) {
+  KILN_CHECK(value.defined()) << "store to " << buffer << ": undefined value";
+  auto n = std::make_shared<StmtNode>();
+  n->kind = StmtKind::kStore;
+  n->buffer.name = std::move(buffer);
+  n->buffer.dtype = value.dtype();
+  n->buffer_index = buffer_index;
+  n->indices = std::move(indices);
+  n->value = std::move(value);
+  return n;
+}
+
+Stmt make_allocate(Buffer buffer, Stmt body) {
+  KILN_CHECK(body != nullptr) << "allocate " << buffer.name << ": null body";
+  auto n = std::make_shared<StmtNode>();
+  n->kind = StmtKind::kAllocate;
+  n->buffer = std::move(buffer);
+  n->buffer_index = -1;
+  n->body = std::move(body);
+  return n;
+}
+
+Stmt make_if(Expr cond, Stmt then_case, Stmt else_case) {
+  KILN_CHECK(cond.defined()) << "if: undefined condition";
+  KILN_CHECK(cond.dtype() == DType::kBool) << "if: condition is not bool: " << print_expr(cond);
+  KILN_CHECK(then_case != nullptr) << "if: null then branch";
+  auto n = std::make_shared<StmtNode>();
+  n->kind = StmtKind::kIfThenElse;
+  n->cond = std::move(cond);
+  n->then_case = std::move(then_case);
+  n->else_case = std::move(else_case);
+  return n;
+}
+
+Stmt make_seq(std::vector<Stmt> seq) {
+  std::vector<Stmt> flat;
+  for (auto& s : seq) {
+    KILN_CHECK(s != nullptr) << "seq: null statement";
+    if (s->kind == StmtKind::kSeq) {
+      flat.insert(flat.end(), s->seq.begin(), s->seq.end());
+    } else {
+      flat.push_back(std::move(s));
+    }
+  }
+  if (flat.size() == 1) return flat[0];
+  auto n = std::make_shared<StmtNode>();
+  n->kind = StmtKind::kSeq;
+  n->seq = std::move(flat);
+  return n;
+}
+
+namespace {
+
+std::string print_shape(const std::vector<Expr>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ", ";
+    out += print_expr(shape[i]);
+  }
+  return out + "]";
+}
+
+std::string print_buffer(const Buffer& b) {
+  return b.name + ":" + dtype_name(b.dtype) + print_shape(b.shape);
+}
+
+void print_stmt_to(std::ostringstream& os, const Stmt& s, int indent) {
+  std::string pad(static_cast<size_t>(indent) * 2, ' ');
+  if (!s) {
+    os << pad << "<null>\n";
+    return;
+  }
+  switch (s->kind) {
+    case StmtKind::kFor:
+      os << pad << "for " << s->var << " in 0.." << print_expr(s->extent);
+      if (s->for_kind != ForKind::kSerial) os << " " << for_kind_name(s->for_kind);
+      os << " {\n";
+      print_stmt_to(os, s->body, indent + 1);
+      os << pad << "}\n";
+      break;
+    case StmtKind::kStore:
+      os << pad << s->buffer.name << "#" << s->buffer_index << print_shape(s->indices) << " = "
+         << print_expr(s->value) << "\n";
+      break;
+    case StmtKind::kAllocate:
+      os << pad << "allocate " << print_buffer(s->buffer) << " {\n";
+      print_stmt_to(os, s->body, indent + 1);
+      os << pad << "}\n";
+      break;
+    case StmtKind::kIfThenElse:
+      os << pad << "if (" << print_expr(s->cond) << ") {\n";
+      print_stmt_to(os, s->then_case, indent + 1);
+      if (s->else_case) {
+        os << pad << "} else {\n";
+        print_stmt_to(os, s->else_case, indent + 1);
+      }
+      os << pad << "}\n";
+      break;
+    case StmtKind::kSeq:
+      for (const auto& c : s->seq) print_stmt_to(os, c, indent);
+      break;
+  }
+}
+
+std::string positional(char prefix, size_t i) {
+  std::string s(1, prefix);
+  s += std::to_string(i);
+  return s;
+}
+
+const char* combiner_name(Combiner c) {
+  switch (c) {
+    case Combiner::kNone: return "none";
+    case Combiner::kSum: return "sum";
+    case Combiner::kProd: return "prod";
+    case Combiner::kMax: return "max";
+    case Combiner::kMin: return "min";
+  }
+  return "?";
+}
+
+}  // namespace
+
+uint64_t structural_hash(const KernelDef& k) {
+  // Rename buffers and axes positionally, print, and hash the text (FNV-1a,
+  // stable across runs and platforms, so it can key a database).
+  std::map<std::string, std::string, std::less<>> buffer_names;
+  for (size_t i = 0; i < k.params.size(); ++i) buffer_names[k.params[i].name] = positional('p', i);
+  for (size_t s = 0; s < k.stages.size(); ++s) {
+    buffer_names.emplace(k.stages[s].name, positional('t', s));
+  }
+  auto rename_buffers = [&](const Expr& e) {
+    if (!e.defined()) return e;
+    return rewrite(e, [&](const Expr& n) -> Expr {
+      if (n.kind() != ExprKind::kLoad) return Expr();
+      auto it = buffer_names.find(n->name);
+      std::string name = it == buffer_names.end() ? n->name : it->second;
+      return load(name, static_cast<int>(n->int_value), n->dtype, n->args);
+    });
+  };
+  KernelDef c;
+  c.num_inputs = k.num_inputs;
+  for (const auto& b : k.params) c.params.push_back({buffer_names[b.name], b.dtype, b.shape});
+  for (const auto& st : k.stages) {
+    ComputeDef d = st;
+    d.name = buffer_names[st.name];
+    std::map<std::string, Expr, std::less<>> repl;
+    for (size_t a = 0; a < st.axes.size(); ++a) {
+      d.axes[a] = positional('a', a);
+      repl[st.axes[a]] = var(d.axes[a]);
+    }
+    for (size_t a = 0; a < st.reduce_axes.size(); ++a) {
+      d.reduce_axes[a] = positional('r', a);
+      repl[st.reduce_axes[a]] = var(d.reduce_axes[a]);
+    }
+    for (Expr* e : {&d.body, &d.init, &d.finalize}) {
+      if (e->defined()) *e = rename_buffers(substitute(*e, repl));
+    }
+    c.stages.push_back(std::move(d));
+  }
+  std::string text = print_kernel_def(c);
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : text) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string print_stmt(const Stmt& s, int indent) {
+  std::ostringstream os;
+  print_stmt_to(os, s, indent);
+  return os.str();
+}
+
+std::string print_func(const PrimFunc& f) {
+  std::ostringstream os;
+  os << "func " << f.name << "(";
+  for (size_t i = 0; i < f.params.size(); ++i) {
+    if (i) os << ", ";
+    os << print_buffer(f.params[i]);
+  }
+  os << ") syms(";
+  for (size_t i = 0; i < f.sym_names.size(); ++i) {
+    if (i) os << ", ";
+    os << f.sym_names[i];
+  }
+  os << ") {\n";
+  print_stmt_to(os, f.body, 1);
+  os << "}\n";
+  return os.str();
+}
+
+std::string print_kernel_def(const KernelDef& k) {
+  std::ostringstream os;
+  os << "kernel " << k.name << "(";
+  for (size_t i = 0; i < k.params.size(); ++i) {
+    if (i) os << ", ";
+    if (static_cast<int>(i) == k.num_inputs) os << "-> ";
+    os << print_buffer(k.params[i]);
+  }
+  os << ") {\n";
+  for (const auto& st : k.stages) {
+    os << "  " << st.name << ":" << dtype_name(st.dtype) << "[";
+    for (size_t i = 0; i < st.axes.size(); ++i) {
+      if (i) os << ", ";
+      os << st.axes[i] << " < " << print_expr(st.shape[i]);
+    }
+    os << "]";
+    if (!st.reduce_axes.empty() || st.combiner != Combiner::kNone) {
+      os << " " << combiner_name(st.combiner) << "[";
+      for (size_t i = 0; i < st.reduce_axes.size(); ++i) {
+        if (i) os << ", ";
+        os << st.reduce_axes[i] << " < " << print_expr(st.reduce_extents[i]);
+      }
+      os << "]";
+      if (st.init.defined()) os << " init " << print_expr(st.init);
+    }
+    os << " = " << (st.body.defined() ? print_expr(st.body) : std::string("<undefined>"));
+    if (st.finalize.defined()) os << " finalize " << print_expr(st.finalize);
+    os << "\n";
+  }
+  os << "}\n";
+  return os.str();
+}
+
+}  // namespace kiln::tir

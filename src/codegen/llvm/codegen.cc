@@ -1,1 +1,1167 @@
-// (being written)
+// Loop IR (tir::PrimFunc) to LLVM IR.
+//
+// Values live in SSA registers: loop variables are phis, symbols are loaded
+// once at function entry. Buffers are row-major; a load or store flattens its
+// indices with the buffer's shape (i64, nsw). Every parameter buffer with a
+// distinct name gets its own alias scope, so LLVM knows stores to one do not
+// clobber loads from another (the equivalent of noalias parameters, but also
+// valid inside outlined parallel bodies). Bools are i1 in registers, i8 in memory.
+//
+// Float transcendental functions (exp, log, tanh, erf, sigmoid, pow, sin, cos)
+// of f32 are expanded inline into range reduction + polynomials so that the
+// loop vectorizer can widen them; f64 versions call scalar libm.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "codegen/llvm/codegen_internal.h"
+#include "support/thread_pool.h"
+
+#include <llvm/IR/BasicBlock.h>
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DerivedTypes.h>
+#include <llvm/IR/Function.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Instructions.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/MDBuilder.h>
+#include <llvm/IR/Metadata.h>
+#include <llvm/IR/Module.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Support/raw_ostream.h>
+
+namespace kiln::codegen::detail {
+
+namespace {
+
+// True when evaluating `e` may fault or be undefined if its guard is false:
+// loads (index out of bounds) and integer division by a non-constant.
+bool may_trap(const Expr& e) {
+  switch (e.kind()) {
+    case ExprKind::kLoad:
+      return true;
+    case ExprKind::kDiv:
+    case ExprKind::kFloorDiv:
+    case ExprKind::kMod:
+      if (!dtype_is_float(e.dtype())) {
+        for (size_t i = 1; i < e->args.size(); ++i) {
+          auto c = e->args[i].as_const();
+          if (!c || *c == 0) return true;
+        }
+      }
+      break;
+    default:
+      break;
+  }
+  for (const Expr& a : e->args)
+    if (may_trap(a)) return true;
+  return false;
+}
+
+bool is_signed_int(DType t) { return dtype_is_int(t) && dtype_is_signed(t); }
+
+// Widest element (bits) loaded or stored in a statement; 0 if none.
+int widest_access_bits(const Expr& e) {
+  int bits = 0;
+  if (e.kind() == ExprKind::kLoad) bits = static_cast<int>(dtype_size(e.dtype())) * 8;
+  for (const Expr& a : e->args) bits = std::max(bits, widest_access_bits(a));
+  return bits;
+}
+
+int widest_access_bits(const tir::Stmt& s) {
+  if (!s) return 0;
+  int bits = 0;
+  switch (s->kind) {
+    case tir::StmtKind::kStore:
+      bits = std::max(static_cast<int>(dtype_size(s->value.dtype())) * 8,
+                      widest_access_bits(s->value));
+      break;
+    case tir::StmtKind::kIfThenElse:
+      bits = std::max({widest_access_bits(s->cond), widest_access_bits(s->then_case),
+                       widest_access_bits(s->else_case)});
+      break;
+    case tir::StmtKind::kFor:
+    case tir::StmtKind::kAllocate:
+      bits = widest_access_bits(s->body);
+      break;
+    case tir::StmtKind::kSeq:
+      for (const tir::Stmt& c : s->seq) bits = std::max(bits, widest_access_bits(c));
+      break;
+  }
+  return bits;
+}
+
+// A buffer visible to the code being emitted.
+struct BufferRef {
+  llvm::Value* ptr = nullptr;
+  const tir::Buffer* buffer = nullptr;
+  llvm::MDNode* alias_scope = nullptr;  // !alias.scope of its accesses (params only)
+  llvm::MDNode* noalias = nullptr;      // !noalias of its accesses (params only)
+};
+
+// State of the LLVM function being emitted (the kernel or an outlined parallel body).
+struct Frame {
+  llvm::Function* fn = nullptr;
+  llvm::BasicBlock* entry = nullptr;
+  std::vector<BufferRef> params;
+  std::map<std::string, llvm::Value*> vars;     // loop variables and symbols (i64)
+  std::map<std::string, BufferRef> scratch;     // Allocate buffers in scope
+  bool in_parallel = false;
+};
+
+class Emitter {
+ public:
+  Emitter(llvm::Module& m, const TargetInfo& target)
+      : m_(m), ctx_(m.getContext()), b_(ctx_), target_(target) {
+    llvm::FastMathFlags fmf;
+    fmf.setAllowContract(true);
+    b_.setFastMathFlags(fmf);
+  }
+
+  Status emit_func(const tir::PrimFunc& f);
+
+ private:
+  // ---- types and constants ----
+  llvm::Type* reg_type(DType t) {
+    switch (t) {
+      case DType::kBool: return b_.getInt1Ty();
+      case DType::kInt8: case DType::kUInt8: return b_.getInt8Ty();
+      case DType::kInt16: case DType::kUInt16: return b_.getInt16Ty();
+      case DType::kInt32: case DType::kUInt32: return b_.getInt32Ty();
+      case DType::kInt64: case DType::kUInt64: return b_.getInt64Ty();
+      case DType::kFloat32: return b_.getFloatTy();
+      case DType::kFloat64: return b_.getDoubleTy();
+      default: return nullptr;
+    }
+  }
+  llvm::Type* mem_type(DType t) { return t == DType::kBool ? b_.getInt8Ty() : reg_type(t); }
+  llvm::Type* checked_reg_type(DType t, const char* what) {
+    llvm::Type* ty = reg_type(t);
+    if (!ty) {
+      fail(std::string("dtype ") + dtype_name(t) + " is not compilable (" + what + ")");
+      return b_.getInt64Ty();
+    }
+    return ty;
+  }
+  llvm::Value* fc(llvm::Type* t, double v) { return llvm::ConstantFP::get(t, v); }
+  llvm::Value* ic(llvm::Type* t, int64_t v) {
+    return llvm::ConstantInt::get(t, static_cast<uint64_t>(v), true);
+  }
+  llvm::Value* i64(int64_t v) { return ic(b_.getInt64Ty(), v); }
+
+  llvm::Value* fail(const std::string& msg) {
+    if (error_.is_ok()) error_ = internal_error() << "codegen of " << func_->name << ": " << msg;
+    return nullptr;
+  }
+  llvm::Value* poison(llvm::Type* t) { return llvm::PoisonValue::get(t); }
+
+  // ---- expressions ----
+  llvm::Value* emit(const Expr& e);
+  llvm::Value* emit_as(const Expr& e, DType t) { return convert(emit(e), e.dtype(), t); }
+  llvm::Value* convert(llvm::Value* v, DType from, DType to);
+  llvm::Value* emit_binary(ExprKind k, DType t, llvm::Value* a, llvm::Value* b, bool reduction);
+  llvm::Value* emit_compare(ExprKind k, DType t, llvm::Value* a, llvm::Value* b);
+  llvm::Value* emit_select(const Expr& e);
+  llvm::Value* emit_logical(const Expr& e);
+  llvm::Value* emit_load(const Expr& e);
+  llvm::Value* emit_call(const Expr& e);
+  BufferRef* find_buffer(const std::string& name, int index);
+  llvm::Value* flat_offset(const tir::Buffer& buf, const std::vector<Expr>& indices);
+  void set_alias_md(llvm::Instruction* inst, const BufferRef& ref);
+
+  // ---- f32 math expansions ----
+  llvm::Value* fmuladd(llvm::Value* a, llvm::Value* b, llvm::Value* c) {
+    return b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {a->getType()}, {a, b, c});
+  }
+  llvm::Value* horner(llvm::Value* x, std::initializer_list<double> coeffs_high_first);
+  llvm::Value* unary(llvm::Intrinsic::ID id, llvm::Value* x) {
+    return b_.CreateUnaryIntrinsic(id, x);
+  }
+  llvm::Value* isnan(llvm::Value* x) { return b_.CreateFCmpUNO(x, x); }
+  llvm::Value* exp_f32(llvm::Value* x);
+  llvm::Value* log_f32(llvm::Value* x);
+  llvm::Value* tanh_f32(llvm::Value* x);
+  llvm::Value* sigmoid_f32(llvm::Value* x);
+  llvm::Value* erf_f32(llvm::Value* x);
+  llvm::Value* pow_f32(llvm::Value* x, llvm::Value* y);
+  llvm::Value* sincos_f32(llvm::Value* x, bool cosine);
+  llvm::Value* log_abs_f32_as_f64(llvm::Value* ax);
+  llvm::Value* exp_f64_to_f32(llvm::Value* t);
+  llvm::Value* libm_call(const char* name, llvm::Value* x);
+  llvm::Value* libm_call2(const char* name, llvm::Value* x, llvm::Value* y);
+
+  // ---- statements ----
+  void emit_stmt(const tir::Stmt& s);
+  void emit_store(const tir::Stmt& s);
+  void emit_for(const tir::Stmt& s);
+  void emit_parallel_for(const tir::Stmt& s);
+  void emit_loop(const std::string& var, llvm::Value* begin, llvm::Value* end,
+                 llvm::MDNode* (Emitter::*md)(const tir::Stmt&), const tir::Stmt& loop);
+  llvm::MDNode* loop_md(const tir::Stmt& loop);
+  llvm::MDNode* no_loop_md(const tir::Stmt&) { return nullptr; }
+  void emit_allocate(const tir::Stmt& s);
+  void emit_if(const tir::Stmt& s);
+  llvm::AllocaInst* entry_alloca(llvm::Type* t, llvm::Value* count, const char* name);
+  void setup_function_attrs(llvm::Function* fn);
+  llvm::Value* assume_aligned(llvm::Value* ptr);
+
+  llvm::Module& m_;
+  llvm::LLVMContext& ctx_;
+  llvm::IRBuilder<> b_;
+  const TargetInfo& target_;
+  Status error_;
+  const tir::PrimFunc* func_ = nullptr;
+  Frame* frame_ = nullptr;
+  const ExprNode* reduction_root_ = nullptr;
+  int parallel_count_ = 0;
+};
+
+// ============================== expressions ==============================
+
+llvm::Value* Emitter::emit(const Expr& e) {
+  llvm::Type* ty = checked_reg_type(e.dtype(), "expression");
+  if (!error_.is_ok()) return poison(ty);
+  const ExprNode& n = *e.get();
+  switch (n.kind) {
+    case ExprKind::kIntImm:
+      if (dtype_is_float(n.dtype)) return fc(ty, static_cast<double>(n.int_value));
+      if (n.dtype == DType::kBool) return b_.getInt1(n.int_value != 0);
+      return ic(ty, n.int_value);
+    case ExprKind::kFloatImm:
+      if (!dtype_is_float(n.dtype)) {
+        return n.dtype == DType::kBool ? b_.getInt1(n.float_value != 0.0)
+                                       : ic(ty, static_cast<int64_t>(n.float_value));
+      }
+      return fc(ty, n.float_value);
+    case ExprKind::kVar: {
+      auto it = frame_->vars.find(n.name);
+      if (it == frame_->vars.end()) {
+        fail("unbound variable '" + n.name + "'");
+        return poison(ty);
+      }
+      return convert(it->second, DType::kInt64, n.dtype);
+    }
+    case ExprKind::kAdd: case ExprKind::kSub: case ExprKind::kMul: case ExprKind::kDiv:
+    case ExprKind::kFloorDiv: case ExprKind::kMod: case ExprKind::kMin: case ExprKind::kMax: {
+      if (n.args.size() < 2) {
+        fail("arithmetic node with fewer than two operands: " + e.to_string());
+        return poison(ty);
+      }
+      bool reduction = e.get() == reduction_root_;
+      llvm::Value* acc = emit_as(n.args[0], n.dtype);
+      for (size_t i = 1; i < n.args.size(); ++i)
+        acc = emit_binary(n.kind, n.dtype, acc, emit_as(n.args[i], n.dtype), reduction);
+      return acc;
+    }
+    case ExprKind::kLT: case ExprKind::kLE: case ExprKind::kEQ: case ExprKind::kNE: {
+      DType t = n.args[0].dtype();
+      llvm::Value* a = emit_as(n.args[0], t);
+      llvm::Value* c = emit_as(n.args[1], t);
+      return emit_compare(n.kind, t, a, c);
+    }
+    case ExprKind::kAnd: case ExprKind::kOr:
+      return emit_logical(e);
+    case ExprKind::kNot:
+      return b_.CreateNot(emit_as(n.args[0], DType::kBool));
+    case ExprKind::kSelect:
+      return emit_select(e);
+    case ExprKind::kCast:
+      return convert(emit(n.args[0]), n.args[0].dtype(), n.dtype);
+    case ExprKind::kLoad:
+      return emit_load(e);
+    case ExprKind::kCall:
+      return emit_call(e);
+  }
+  fail("unknown expression kind");
+  return poison(ty);
+}
+
+llvm::Value* Emitter::convert(llvm::Value* v, DType from, DType to) {
+  if (!error_.is_ok()) {
+    llvm::Type* t = reg_type(to);
+    return t ? poison(t) : v;
+  }
+  if (from == to) return v;
+  llvm::Type* t = checked_reg_type(to, "cast");
+  if (!reg_type(from)) {
+    fail(std::string("cast from non-compilable dtype ") + dtype_name(from));
+    return poison(t);
+  }
+  bool ff = dtype_is_float(from), tf = dtype_is_float(to);
+  if (to == DType::kBool) {
+    if (ff) return b_.CreateFCmpUNE(v, fc(v->getType(), 0.0));
+    return b_.CreateICmpNE(v, ic(v->getType(), 0));
+  }
+  if (from == DType::kBool) return tf ? b_.CreateUIToFP(v, t) : b_.CreateZExt(v, t);
+  if (!ff && !tf) return b_.CreateIntCast(v, t, is_signed_int(from));
+  if (!ff && tf) return is_signed_int(from) ? b_.CreateSIToFP(v, t) : b_.CreateUIToFP(v, t);
+  if (ff && !tf) {
+    // Saturating conversions: out-of-range values clamp and NaN becomes 0 instead of poison.
+    auto id = is_signed_int(to) ? llvm::Intrinsic::fptosi_sat : llvm::Intrinsic::fptoui_sat;
+    return b_.CreateIntrinsic(id, {t, v->getType()}, {v});
+  }
+  return b_.CreateFPCast(v, t);
+}
+
+llvm::Value* Emitter::emit_binary(ExprKind k, DType t, llvm::Value* a, llvm::Value* c,
+                                  bool reduction) {
+  if (dtype_is_float(t)) {
+    llvm::IRBuilderBase::FastMathFlagGuard guard(b_);
+    if (reduction) {
+      llvm::FastMathFlags fmf;
+      fmf.setAllowContract(true);
+      fmf.setAllowReassoc(true);
+      b_.setFastMathFlags(fmf);
+    }
+    switch (k) {
+      case ExprKind::kAdd: return b_.CreateFAdd(a, c);
+      case ExprKind::kSub: return b_.CreateFSub(a, c);
+      case ExprKind::kMul: return b_.CreateFMul(a, c);
+      case ExprKind::kDiv: return b_.CreateFDiv(a, c);
+      case ExprKind::kFloorDiv: return unary(llvm::Intrinsic::floor, b_.CreateFDiv(a, c));
+      case ExprKind::kMod: return b_.CreateFRem(a, c);
+      case ExprKind::kMin: return b_.CreateMinimum(a, c);  // NaN-propagating, like ONNX Min
+      case ExprKind::kMax: return b_.CreateMaximum(a, c);
+      default: break;
+    }
+    fail("bad float binary op");
+    return poison(a->getType());
+  }
+  bool s = is_signed_int(t);
+  // Index arithmetic is i64 and never wraps; narrower and unsigned ints wrap like C.
+  bool nsw = t == DType::kInt64;
+  llvm::Type* ty = a->getType();
+  switch (k) {
+    case ExprKind::kAdd: return b_.CreateAdd(a, c, "", false, nsw);
+    case ExprKind::kSub: return b_.CreateSub(a, c, "", false, nsw);
+    case ExprKind::kMul: return b_.CreateMul(a, c, "", false, nsw);
+    case ExprKind::kDiv: return s ? b_.CreateSDiv(a, c) : b_.CreateUDiv(a, c);
+    case ExprKind::kFloorDiv: {
+      if (!s) return b_.CreateUDiv(a, c);
+      llvm::Value* q = b_.CreateSDiv(a, c);
+      llvm::Value* r = b_.CreateSRem(a, c);
+      llvm::Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, ic(ty, 0)),
+                                         b_.CreateICmpSLT(b_.CreateXor(r, c), ic(ty, 0)));
+      return b_.CreateSub(q, b_.CreateZExt(adjust, ty));
+    }
+    case ExprKind::kMod: {
+      if (!s) return b_.CreateURem(a, c);
+      llvm::Value* r = b_.CreateSRem(a, c);
+      llvm::Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, ic(ty, 0)),
+                                         b_.CreateICmpSLT(b_.CreateXor(r, c), ic(ty, 0)));
+      return b_.CreateAdd(r, b_.CreateSelect(adjust, c, ic(ty, 0)));
+    }
+    case ExprKind::kMin:
+      return b_.CreateBinaryIntrinsic(s ? llvm::Intrinsic::smin : llvm::Intrinsic::umin, a, c);
+    case ExprKind::kMax:
+      return b_.CreateBinaryIntrinsic(s ? llvm::Intrinsic::smax : llvm::Intrinsic::umax, a, c);
+    default: break;
+  }
+  fail("bad integer binary op");
+  return poison(ty);
+}
+
+llvm::Value* Emitter::emit_compare(ExprKind k, DType t, llvm::Value* a, llvm::Value* c) {
+  if (dtype_is_float(t)) {
+    switch (k) {
+      case ExprKind::kLT: return b_.CreateFCmpOLT(a, c);
+      case ExprKind::kLE: return b_.CreateFCmpOLE(a, c);
+      case ExprKind::kEQ: return b_.CreateFCmpOEQ(a, c);
+      default: return b_.CreateFCmpUNE(a, c);  // the negation of ==: NaN != x
+    }
+  }
+  bool s = is_signed_int(t);
+  switch (k) {
+    case ExprKind::kLT: return s ? b_.CreateICmpSLT(a, c) : b_.CreateICmpULT(a, c);
+    case ExprKind::kLE: return s ? b_.CreateICmpSLE(a, c) : b_.CreateICmpULE(a, c);
+    case ExprKind::kEQ: return b_.CreateICmpEQ(a, c);
+    default: return b_.CreateICmpNE(a, c);
+  }
+}
+
+llvm::Value* Emitter::emit_logical(const Expr& e) {
+  bool is_and = e.kind() == ExprKind::kAnd;
+  llvm::Value* lhs = emit_as(e->args[0], DType::kBool);
+  if (!may_trap(e->args[1])) {
+    llvm::Value* rhs = emit_as(e->args[1], DType::kBool);
+    return is_and ? b_.CreateAnd(lhs, rhs) : b_.CreateOr(lhs, rhs);
+  }
+  // Short-circuit: the right operand may only be valid when the left one allows it.
+  llvm::BasicBlock* from = b_.GetInsertBlock();
+  llvm::BasicBlock* rhs_bb = llvm::BasicBlock::Create(ctx_, "sc.rhs", frame_->fn);
+  llvm::BasicBlock* done = llvm::BasicBlock::Create(ctx_, "sc.done", frame_->fn);
+  if (is_and) b_.CreateCondBr(lhs, rhs_bb, done);
+  else b_.CreateCondBr(lhs, done, rhs_bb);
+  b_.SetInsertPoint(rhs_bb);
+  llvm::Value* rhs = emit_as(e->args[1], DType::kBool);
+  llvm::BasicBlock* rhs_end = b_.GetInsertBlock();
+  b_.CreateBr(done);
+  b_.SetInsertPoint(done);
+  llvm::PHINode* phi = b_.CreatePHI(b_.getInt1Ty(), 2);
+  phi->addIncoming(b_.getInt1(!is_and), from);
+  phi->addIncoming(rhs, rhs_end);
+  return phi;
+}
+
+llvm::Value* Emitter::emit_select(const Expr& e) {
+  llvm::Value* cond = emit_as(e->args[0], DType::kBool);
+  DType t = e.dtype();
+  if (!may_trap(e->args[1]) && !may_trap(e->args[2]))
+    return b_.CreateSelect(cond, emit_as(e->args[1], t), emit_as(e->args[2], t));
+  // An arm with a load is only evaluated when chosen (it may be out of bounds otherwise).
+  llvm::BasicBlock* then_bb = llvm::BasicBlock::Create(ctx_, "sel.then", frame_->fn);
+  llvm::BasicBlock* else_bb = llvm::BasicBlock::Create(ctx_, "sel.else", frame_->fn);
+  llvm::BasicBlock* done = llvm::BasicBlock::Create(ctx_, "sel.done", frame_->fn);
+  b_.CreateCondBr(cond, then_bb, else_bb);
+  b_.SetInsertPoint(then_bb);
+  llvm::Value* tv = emit_as(e->args[1], t);
+  llvm::BasicBlock* then_end = b_.GetInsertBlock();
+  b_.CreateBr(done);
+  b_.SetInsertPoint(else_bb);
+  llvm::Value* ev = emit_as(e->args[2], t);
+  llvm::BasicBlock* else_end = b_.GetInsertBlock();
+  b_.CreateBr(done);
+  b_.SetInsertPoint(done);
+  llvm::PHINode* phi = b_.CreatePHI(tv->getType(), 2);
+  phi->addIncoming(tv, then_end);
+  phi->addIncoming(ev, else_end);
+  return phi;
+}
+
+BufferRef* Emitter::find_buffer(const std::string& name, int index) {
+  if (index >= 0) {
+    if (index >= static_cast<int>(frame_->params.size())) {
+      fail("buffer index " + std::to_string(index) + " of '" + name + "' out of range");
+      return nullptr;
+    }
+    return &frame_->params[index];
+  }
+  auto it = frame_->scratch.find(name);
+  if (it == frame_->scratch.end()) {
+    fail("buffer '" + name + "' is neither a parameter nor allocated in scope");
+    return nullptr;
+  }
+  return &it->second;
+}
+
+llvm::Value* Emitter::flat_offset(const tir::Buffer& buf, const std::vector<Expr>& indices) {
+  if (indices.empty()) return i64(0);
+  if (indices.size() != buf.shape.size() && indices.size() != 1) {
+    fail("buffer '" + buf.name + "' has rank " + std::to_string(buf.shape.size()) +
+         " but is indexed with " + std::to_string(indices.size()) + " indices");
+    return i64(0);
+  }
+  llvm::Value* off = emit_as(indices[0], DType::kInt64);
+  for (size_t d = 1; d < indices.size(); ++d) {
+    llvm::Value* extent = emit_as(buf.shape[d], DType::kInt64);
+    off = b_.CreateMul(off, extent, "", false, true);
+    off = b_.CreateAdd(off, emit_as(indices[d], DType::kInt64), "", false, true);
+  }
+  return off;
+}
+
+void Emitter::set_alias_md(llvm::Instruction* inst, const BufferRef& ref) {
+  if (ref.alias_scope) inst->setMetadata(llvm::LLVMContext::MD_alias_scope, ref.alias_scope);
+  if (ref.noalias) inst->setMetadata(llvm::LLVMContext::MD_noalias, ref.noalias);
+}
+
+llvm::Value* Emitter::emit_load(const Expr& e) {
+  llvm::Type* ty = checked_reg_type(e.dtype(), "load");
+  BufferRef* ref = find_buffer(e->name, static_cast<int>(e->int_value));
+  if (!ref) return poison(ty);
+  DType bt = ref->buffer->dtype;
+  llvm::Type* mt = mem_type(bt);
+  if (!mt) {
+    fail("buffer '" + ref->buffer->name + "' has non-compilable dtype");
+    return poison(ty);
+  }
+  llvm::Value* off = flat_offset(*ref->buffer, e->args);
+  llvm::Value* ptr = b_.CreateInBoundsGEP(mt, ref->ptr, off);
+  llvm::LoadInst* ld = b_.CreateAlignedLoad(mt, ptr, llvm::Align(dtype_size(bt)));
+  set_alias_md(ld, *ref);
+  llvm::Value* v = ld;
+  if (bt == DType::kBool) v = b_.CreateICmpNE(v, b_.getInt8(0));
+  return convert(v, bt, e.dtype());
+}
+
+// ---- math ----
+
+llvm::Value* Emitter::horner(llvm::Value* x, std::initializer_list<double> coeffs) {
+  llvm::Type* t = x->getType();
+  auto it = coeffs.begin();
+  llvm::Value* p = fc(t, *it++);
+  for (; it != coeffs.end(); ++it) p = fmuladd(p, x, fc(t, *it));
+  return p;
+}
+
+// exp(x), f32: n = round(x / ln2), r = x - n ln2 (two-part ln2), exp(r) by the
+// Cephes minimax polynomial, times 2^n built in two halves so that results in
+// the subnormal range round only once. Max error about 1 ulp.
+llvm::Value* Emitter::exp_f32(llvm::Value* x) {
+  llvm::Type* f = x->getType();
+  llvm::Type* i32 = b_.getInt32Ty();
+  llvm::Value* xc = b_.CreateMinNum(b_.CreateMaxNum(x, fc(f, -104.0)), fc(f, 89.0));
+  llvm::Value* n = unary(llvm::Intrinsic::roundeven, b_.CreateFMul(xc, fc(f, 1.44269504088896341)));
+  llvm::Value* r = fmuladd(n, fc(f, -0.693359375), xc);
+  r = fmuladd(n, fc(f, 2.12194440e-4), r);
+  llvm::Value* z = b_.CreateFMul(r, r);
+  llvm::Value* p = horner(r, {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3, 4.1665795894E-2,
+                              1.6666665459E-1, 5.0000001201E-1});
+  llvm::Value* y = b_.CreateFAdd(fmuladd(p, z, r), fc(f, 1.0));
+  llvm::Value* ni = b_.CreateFPToSI(n, i32);
+  llvm::Value* h = b_.CreateAShr(ni, 1);
+  auto pow2 = [&](llvm::Value* k) {
+    return b_.CreateBitCast(b_.CreateShl(b_.CreateAdd(k, ic(i32, 127)), 23), f);
+  };
+  llvm::Value* res = b_.CreateFMul(b_.CreateFMul(y, pow2(h)), pow2(b_.CreateSub(ni, h)));
+  return b_.CreateSelect(isnan(x), x, res);
+}
+
+// log(x), f32: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by the Cephes
+// polynomial in (m - 1), plus e ln2 in two parts. Subnormals are pre-scaled.
+llvm::Value* Emitter::log_f32(llvm::Value* x) {
+  llvm::Type* f = x->getType();
+  llvm::Type* i32 = b_.getInt32Ty();
+  llvm::Value* sub = b_.CreateFCmpOLT(x, fc(f, 1.17549435e-38));
+  llvm::Value* xs = b_.CreateSelect(sub, b_.CreateFMul(x, fc(f, 8388608.0)), x);
+  llvm::Value* bits = b_.CreateBitCast(xs, i32);
+  llvm::Value* e = b_.CreateSub(b_.CreateAnd(b_.CreateLShr(bits, 23), ic(i32, 0xff)), ic(i32, 126));
+  e = b_.CreateSub(e, b_.CreateSelect(sub, ic(i32, 23), ic(i32, 0)));
+  llvm::Value* m = b_.CreateBitCast(
+      b_.CreateOr(b_.CreateAnd(bits, ic(i32, 0x807fffff)), ic(i32, 0x3f000000)), f);  // [0.5, 1)
+  llvm::Value* small = b_.CreateFCmpOLT(m, fc(f, 0.707106781186547524));
+  e = b_.CreateSub(e, b_.CreateZExt(small, i32));
+  llvm::Value* t = b_.CreateFSub(b_.CreateSelect(small, b_.CreateFAdd(m, m), m), fc(f, 1.0));
+  llvm::Value* z = b_.CreateFMul(t, t);
+  llvm::Value* p = horner(t, {7.0376836292E-2, -1.1514610310E-1, 1.1676998740E-1,
+                              -1.2420140846E-1, 1.4249322787E-1, -1.6668057665E-1,
+                              2.0000714765E-1, -2.4999993993E-1, 3.3333331174E-1});
+  llvm::Value* y = b_.CreateFMul(b_.CreateFMul(p, t), z);
+  llvm::Value* fe = b_.CreateSIToFP(e, f);
+  y = fmuladd(fe, fc(f, -2.12194440e-4), y);
+  y = fmuladd(z, fc(f, -0.5), y);
+  llvm::Value* res = b_.CreateFAdd(t, y);
+  res = fmuladd(fe, fc(f, 0.693359375), res);
+  llvm::Value* inf = fc(f, INFINITY);
+  res = b_.CreateSelect(b_.CreateFCmpOEQ(x, inf), inf, res);
+  res = b_.CreateSelect(b_.CreateFCmpOEQ(x, fc(f, 0.0)), fc(f, -INFINITY), res);
+  llvm::Value* bad = b_.CreateFCmpULT(x, fc(f, 0.0));  // negative or NaN
+  return b_.CreateSelect(bad, fc(f, NAN), res);
+}
+
+// tanh(x), f32: odd polynomial for |x| < 0.625 (Cephes), else
+// sign(x) (1 - 2 / (exp(2|x|) + 1)).
+llvm::Value* Emitter::tanh_f32(llvm::Value* x) {
+  llvm::Type* f = x->getType();
+  llvm::Value* ax = unary(llvm::Intrinsic::fabs, x);
+  llvm::Value* z = b_.CreateFMul(x, x);
+  llvm::Value* p = horner(z, {-5.70498872745E-3, 2.06390887954E-2, -5.37397155531E-2,
+                              1.33314422036E-1, -3.33332819422E-1});
+  llvm::Value* small = fmuladd(b_.CreateFMul(p, z), x, x);
+  llvm::Value* e = exp_f32(b_.CreateFAdd(ax, ax));
+  llvm::Value* big = b_.CreateFSub(fc(f, 1.0), b_.CreateFDiv(fc(f, 2.0), b_.CreateFAdd(e, fc(f, 1.0))));
+  big = b_.CreateBinaryIntrinsic(llvm::Intrinsic::copysign, big, x);
+  return b_.CreateSelect(b_.CreateFCmpOGE(ax, fc(f, 0.625)), big, small);
+}
+
+// sigmoid(x) = 1 / (1 + exp(-x)), computed from e = exp(-|x|) so that large
+// negative inputs give e / (1 + e) without overflow.
+llvm::Value* Emitter::sigmoid_f32(llvm::Value* x) {
+  llvm::Type* f = x->getType();
+  llvm::Value* e = exp_f32(b_.CreateFNeg(unary(llvm::Intrinsic::fabs, x)));
+  llvm::Value* d = b_.CreateFAdd(fc(f, 1.0), e);
+  llvm::Value* pos = b_.CreateFDiv(fc(f, 1.0), d);
+  llvm::Value* neg = b_.CreateFDiv(e, d);
+  return b_.CreateSelect(b_.CreateFCmpOLT(x, fc(f, 0.0)), neg, pos);
+}
+
+// erf(x), f32: x P(x^2) / Q(x^2) on x clamped to [-4, 4] (the rational
+// approximation used by Eigen and XLA); max absolute error about 5e-7.
+llvm::Value* Emitter::erf_f32(llvm::Value* x) {
+  llvm::Type* f = x->getType();
+  llvm::Value* xc = b_.CreateMinNum(b_.CreateMaxNum(x, fc(f, -4.0)), fc(f, 4.0));
+  llvm::Value* x2 = b_.CreateFMul(xc, xc);
+  llvm::Value* p = horner(x2, {-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+                               -5.69250639462346e-05, -7.34990630326855e-04,
+                               -2.95459980854025e-03, -1.60960333262415e-02});
+  llvm::Value* q = horner(x2, {-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+                               -7.37332916720468e-03, -1.42647390514189e-02});
+  // x (p / q), not (x p) / q: x p would underflow for tiny x.
+  llvm::Value* res = b_.CreateFMul(xc, b_.CreateFDiv(p, q));
+  return b_.CreateSelect(isnan(x), x, res);
+}
+
+// log(ax) in double for a non-negative f32 ax: m in [1, sqrt 2) ... via
+// 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, series to s^17 (error < 1e-16).
+llvm::Value* Emitter::log_abs_f32_as_f64(llvm::Value* ax) {
+  llvm::Type* f = ax->getType();
+  llvm::Type* d = b_.getDoubleTy();
+  llvm::Type* i32 = b_.getInt32Ty();
+  llvm::Value* sub = b_.CreateFCmpOLT(ax, fc(f, 1.17549435e-38));
+  llvm::Value* xs = b_.CreateSelect(sub, b_.CreateFMul(ax, fc(f, 8388608.0)), ax);
+  llvm::Value* bits = b_.CreateBitCast(xs, i32);
+  llvm::Value* e = b_.CreateSub(b_.CreateAnd(b_.CreateLShr(bits, 23), ic(i32, 0xff)), ic(i32, 127));
+  e = b_.CreateSub(e, b_.CreateSelect(sub, ic(i32, 23), ic(i32, 0)));
+  llvm::Value* m = b_.CreateBitCast(
+      b_.CreateOr(b_.CreateAnd(bits, ic(i32, 0x007fffff)), ic(i32, 0x3f800000)), f);  // [1, 2)
+  llvm::Value* big = b_.CreateFCmpOGT(m, fc(f, 1.41421356));
+  m = b_.CreateSelect(big, b_.CreateFMul(m, fc(f, 0.5)), m);
+  e = b_.CreateAdd(e, b_.CreateZExt(big, i32));
+  llvm::Value* md = b_.CreateFPExt(m, d);
+  llvm::Value* s = b_.CreateFDiv(b_.CreateFSub(md, fc(d, 1.0)), b_.CreateFAdd(md, fc(d, 1.0)));
+  llvm::Value* s2 = b_.CreateFMul(s, s);
+  llvm::Value* p = horner(s2, {1.0 / 17, 1.0 / 15, 1.0 / 13, 1.0 / 11, 1.0 / 9, 1.0 / 7, 1.0 / 5,
+                               1.0 / 3, 1.0});
+  llvm::Value* logm = b_.CreateFMul(b_.CreateFMul(s, p), fc(d, 2.0));
+  llvm::Value* res = fmuladd(b_.CreateSIToFP(e, d), fc(d, 0.693147180559945309417), logm);
+  res = b_.CreateSelect(b_.CreateFCmpOEQ(ax, fc(f, 0.0)), fc(d, -INFINITY), res);
+  res = b_.CreateSelect(b_.CreateFCmpOEQ(ax, fc(f, INFINITY)), fc(d, INFINITY), res);
+  return b_.CreateSelect(isnan(ax), fc(d, NAN), res);
+}
+
+// exp(t) for a double t, rounded to f32: Taylor series to degree 12 after
+// reduction by ln2 (|r| < 0.35, error < 1e-14 before the final rounding).
+llvm::Value* Emitter::exp_f64_to_f32(llvm::Value* t) {
+  llvm::Type* d = t->getType();
+  llvm::Type* i64t = b_.getInt64Ty();
+  llvm::Value* tc = b_.CreateMinNum(b_.CreateMaxNum(t, fc(d, -200.0)), fc(d, 200.0));
+  llvm::Value* n = unary(llvm::Intrinsic::roundeven, b_.CreateFMul(tc, fc(d, 1.44269504088896340736)));
+  llvm::Value* r = fmuladd(n, fc(d, -6.93147180369123816490e-01), tc);
+  r = fmuladd(n, fc(d, -1.90821492927058770002e-10), r);
+  llvm::Value* p = horner(r, {1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880,
+                              1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6,
+                              0.5, 1.0, 1.0});
+  llvm::Value* ni = b_.CreateFPToSI(n, i64t);
+  llvm::Value* scale = b_.CreateBitCast(b_.CreateShl(b_.CreateAdd(ni, ic(i64t, 1023)), 52), d);
+  llvm::Value* res = b_.CreateFPTrunc(b_.CreateFMul(p, scale), b_.getFloatTy());
+  return b_.CreateSelect(isnan(t), fc(b_.getFloatTy(), NAN), res);
+}
+
+// pow(x, y), f32, with C pow's special cases: exp(y log|x|) in double, the
+// sign from odd integer y, NaN for negative finite x and non-integer y.
+llvm::Value* Emitter::pow_f32(llvm::Value* x, llvm::Value* y) {
+  llvm::Type* f = x->getType();
+  llvm::Value* ax = unary(llvm::Intrinsic::fabs, x);
+  llvm::Value* t = b_.CreateFMul(b_.CreateFPExt(y, b_.getDoubleTy()), log_abs_f32_as_f64(ax));
+  llvm::Value* r = exp_f64_to_f32(t);
+  llvm::Value* y_int = b_.CreateFCmpOEQ(unary(llvm::Intrinsic::floor, y), y);
+  llvm::Value* half = b_.CreateFMul(y, fc(f, 0.5));
+  llvm::Value* y_odd = b_.CreateAnd(y_int, b_.CreateFCmpUNE(unary(llvm::Intrinsic::floor, half), half));
+  llvm::Value* x_neg = b_.CreateICmpSLT(b_.CreateBitCast(x, b_.getInt32Ty()), b_.getInt32(0));
+  r = b_.CreateSelect(b_.CreateAnd(x_neg, y_odd), b_.CreateFNeg(r), r);
+  llvm::Value* nan_case = b_.CreateAnd(
+      b_.CreateAnd(b_.CreateFCmpOLT(x, fc(f, 0.0)), b_.CreateFCmpONE(x, fc(f, -INFINITY))),
+      b_.CreateNot(y_int));
+  r = b_.CreateSelect(nan_case, fc(f, NAN), r);
+  llvm::Value* one_case = b_.CreateOr(
+      b_.CreateAnd(b_.CreateFCmpOEQ(ax, fc(f, 1.0)),
+                   b_.CreateFCmpOEQ(unary(llvm::Intrinsic::fabs, y), fc(f, INFINITY))),
+      b_.CreateOr(b_.CreateFCmpOEQ(y, fc(f, 0.0)), b_.CreateFCmpOEQ(x, fc(f, 1.0))));
+  return b_.CreateSelect(one_case, fc(f, 1.0), r);
+}
+
+// sin(x) / cos(x), f32: reduction by pi/2 in double with a three-part pi/2
+// (accurate for |x| up to about 1e6; larger inputs lose accuracy), Cephes
+// polynomials on [-pi/4, pi/4], quadrant selection.
+llvm::Value* Emitter::sincos_f32(llvm::Value* x, bool cosine) {
+  llvm::Type* f = x->getType();
+  llvm::Type* d = b_.getDoubleTy();
+  llvm::Type* i32 = b_.getInt32Ty();
+  llvm::Value* finite = b_.CreateFCmpOLT(unary(llvm::Intrinsic::fabs, x), fc(f, INFINITY));
+  llvm::Value* xd = b_.CreateFPExt(b_.CreateSelect(finite, x, fc(f, 0.0)), d);
+  llvm::Value* n = unary(llvm::Intrinsic::roundeven, b_.CreateFMul(xd, fc(d, 6.36619772367581382433e-01)));
+  llvm::Value* r = fmuladd(n, fc(d, -1.57079632673412561417e+00), xd);
+  r = fmuladd(n, fc(d, -6.07710050630396597660e-11), r);
+  r = fmuladd(n, fc(d, -2.02226624879595063154e-21), r);
+  llvm::Value* n4 = b_.CreateFSub(n, b_.CreateFMul(unary(llvm::Intrinsic::floor,
+                                                         b_.CreateFMul(n, fc(d, 0.25))),
+                                                   fc(d, 4.0)));
+  llvm::Value* q = b_.CreateFPToSI(n4, i32);
+  if (cosine) q = b_.CreateAdd(q, ic(i32, 1));
+  llvm::Value* rf = b_.CreateFPTrunc(r, f);
+  llvm::Value* z = b_.CreateFMul(rf, rf);
+  llvm::Value* ps = horner(z, {-1.9515295891E-4, 8.3321608736E-3, -1.6666654611E-1});
+  llvm::Value* sin_r = fmuladd(b_.CreateFMul(ps, z), rf, rf);
+  llvm::Value* pc = horner(z, {2.443315711809948E-005, -1.388731625493765E-003,
+                               4.166664568298827E-002});
+  llvm::Value* cos_r = b_.CreateFAdd(fmuladd(z, fc(f, -0.5), b_.CreateFMul(b_.CreateFMul(pc, z), z)),
+                                     fc(f, 1.0));
+  llvm::Value* odd = b_.CreateICmpNE(b_.CreateAnd(q, ic(i32, 1)), ic(i32, 0));
+  llvm::Value* neg = b_.CreateICmpNE(b_.CreateAnd(q, ic(i32, 2)), ic(i32, 0));
+  llvm::Value* res = b_.CreateSelect(odd, cos_r, sin_r);
+  res = b_.CreateSelect(neg, b_.CreateFNeg(res), res);
+  return b_.CreateSelect(finite, res, fc(f, NAN));
+}
+
+llvm::Value* Emitter::libm_call(const char* name, llvm::Value* x) {
+  llvm::Type* t = x->getType();
+  llvm::FunctionCallee fn = m_.getOrInsertFunction(name, llvm::FunctionType::get(t, {t}, false));
+  return b_.CreateCall(fn, {x});
+}
+
+llvm::Value* Emitter::libm_call2(const char* name, llvm::Value* x, llvm::Value* y) {
+  llvm::Type* t = x->getType();
+  llvm::FunctionCallee fn = m_.getOrInsertFunction(name, llvm::FunctionType::get(t, {t, t}, false));
+  return b_.CreateCall(fn, {x, y});
+}
+
+llvm::Value* Emitter::emit_call(const Expr& e) {
+  const std::string& name = e->name;
+  DType t = e.dtype();
+  llvm::Type* ty = checked_reg_type(t, "call");
+  if (!error_.is_ok()) return poison(ty);
+  size_t want = (name == "pow" || name == "bitand" || name == "bitor" || name == "bitxor" ||
+                 name == "shl" || name == "shr") ? 2 : 1;
+  if (e->args.size() != want) {
+    fail("intrinsic " + name + " takes " + std::to_string(want) + " argument(s): " + e.to_string());
+    return poison(ty);
+  }
+  bool is_float = dtype_is_float(t);
+  if (name == "isnan" || name == "isinf") {
+    DType at = e->args[0].dtype();
+    llvm::Value* a = emit(e->args[0]);
+    llvm::Value* r = b_.getFalse();
+    if (dtype_is_float(at)) {
+      r = name == "isnan" ? isnan(a)
+                          : b_.CreateFCmpOEQ(unary(llvm::Intrinsic::fabs, a), fc(a->getType(), INFINITY));
+    }
+    return convert(r, DType::kBool, t);
+  }
+  llvm::Value* a = emit_as(e->args[0], t);
+  if (name == "neg") return is_float ? b_.CreateFNeg(a) : b_.CreateNeg(a);
+  if (name == "abs") {
+    if (is_float) return unary(llvm::Intrinsic::fabs, a);
+    if (!is_signed_int(t)) return a;
+    return b_.CreateBinaryIntrinsic(llvm::Intrinsic::abs, a, b_.getFalse());
+  }
+  if (name == "floor" || name == "ceil" || name == "round") {
+    if (!is_float) return a;
+    auto id = name == "floor" ? llvm::Intrinsic::floor
+              : name == "ceil" ? llvm::Intrinsic::ceil : llvm::Intrinsic::roundeven;
+    return unary(id, a);
+  }
+  if (name == "bitand" || name == "bitor" || name == "bitxor" || name == "shl" || name == "shr") {
+    if (!dtype_is_int(t)) {
+      fail("intrinsic " + name + " needs integer operands: " + e.to_string());
+      return poison(ty);
+    }
+    llvm::Value* c = emit_as(e->args[1], t);
+    if (name == "bitand") return b_.CreateAnd(a, c);
+    if (name == "bitor") return b_.CreateOr(a, c);
+    if (name == "bitxor") return b_.CreateXor(a, c);
+    // Shifts by the bit width or more give 0 (ONNX BitShift), not poison.
+    unsigned bits = ty->getIntegerBitWidth();
+    llvm::Value* in_range = b_.CreateICmpULT(c, ic(ty, bits));
+    llvm::Value* safe = b_.CreateSelect(in_range, c, ic(ty, 0));
+    llvm::Value* sh = name == "shl" ? b_.CreateShl(a, safe)
+                      : is_signed_int(t) ? b_.CreateAShr(a, safe) : b_.CreateLShr(a, safe);
+    llvm::Value* overflow = (name == "shr" && is_signed_int(t))
+                                ? b_.CreateAShr(a, ic(ty, bits - 1)) : ic(ty, 0);
+    return b_.CreateSelect(in_range, sh, overflow);
+  }
+  if (!is_float) {
+    fail("intrinsic " + name + " needs a float dtype: " + e.to_string());
+    return poison(ty);
+  }
+  if (name == "sqrt") return unary(llvm::Intrinsic::sqrt, a);
+  bool f32 = t == DType::kFloat32;
+  if (name == "exp") return f32 ? exp_f32(a) : libm_call("exp", a);
+  if (name == "log") return f32 ? log_f32(a) : libm_call("log", a);
+  if (name == "tanh") return f32 ? tanh_f32(a) : libm_call("tanh", a);
+  if (name == "erf") return f32 ? erf_f32(a) : libm_call("erf", a);
+  if (name == "sin") return f32 ? sincos_f32(a, false) : libm_call("sin", a);
+  if (name == "cos") return f32 ? sincos_f32(a, true) : libm_call("cos", a);
+  if (name == "pow") {
+    llvm::Value* c = emit_as(e->args[1], t);
+    return f32 ? pow_f32(a, c) : libm_call2("pow", a, c);
+  }
+  if (name == "sigmoid") {
+    if (f32) return sigmoid_f32(a);
+    llvm::Value* ex = libm_call("exp", b_.CreateFNeg(unary(llvm::Intrinsic::fabs, a)));
+    llvm::Value* den = b_.CreateFAdd(fc(ty, 1.0), ex);
+    return b_.CreateSelect(b_.CreateFCmpOLT(a, fc(ty, 0.0)), b_.CreateFDiv(ex, den),
+                           b_.CreateFDiv(fc(ty, 1.0), den));
+  }
+  fail("unknown intrinsic '" + name + "'");
+  return poison(ty);
+}
+
+// ============================== statements ==============================
+
+void Emitter::emit_stmt(const tir::Stmt& s) {
+  if (!s || !error_.is_ok()) return;
+  switch (s->kind) {
+    case tir::StmtKind::kStore: emit_store(s); return;
+    case tir::StmtKind::kFor: emit_for(s); return;
+    case tir::StmtKind::kAllocate: emit_allocate(s); return;
+    case tir::StmtKind::kIfThenElse: emit_if(s); return;
+    case tir::StmtKind::kSeq:
+      for (const tir::Stmt& c : s->seq) emit_stmt(c);
+      return;
+  }
+}
+
+// A store `buf[idx] = buf[idx] op v` with op in {+, *, min, max} on floats is
+// a reduction update: its combining op may be reassociated so that LLVM can
+// vectorize the reduction loop. Nothing else gets reassociation.
+static bool is_reduction_update(const tir::Stmt& s) {
+  const Expr& v = s->value;
+  if (!v.defined() || !dtype_is_float(v.dtype())) return false;
+  ExprKind k = v.kind();
+  if (k != ExprKind::kAdd && k != ExprKind::kMul && k != ExprKind::kMin && k != ExprKind::kMax)
+    return false;
+  for (const Expr& a : v->args) {
+    if (a.kind() != ExprKind::kLoad || a->name != s->buffer.name ||
+        a->int_value != s->buffer_index || a->args.size() != s->indices.size())
+      continue;
+    bool same = true;
+    for (size_t i = 0; i < s->indices.size(); ++i) same = same && a->args[i] == s->indices[i];
+    if (same) return true;
+  }
+  return false;
+}
+
+void Emitter::emit_store(const tir::Stmt& s) {
+  BufferRef* ref = find_buffer(s->buffer.name, s->buffer_index);
+  if (!ref) return;
+  DType bt = ref->buffer->dtype;
+  llvm::Type* mt = mem_type(bt);
+  if (!mt) {
+    fail("buffer '" + ref->buffer->name + "' has non-compilable dtype");
+    return;
+  }
+  reduction_root_ = is_reduction_update(s) ? s->value.get() : nullptr;
+  llvm::Value* v = emit_as(s->value, bt);
+  reduction_root_ = nullptr;
+  if (!error_.is_ok()) return;
+  if (bt == DType::kBool) v = b_.CreateZExt(v, mt);
+  llvm::Value* off = flat_offset(*ref->buffer, s->indices);
+  llvm::Value* ptr = b_.CreateInBoundsGEP(mt, ref->ptr, off);
+  llvm::StoreInst* st = b_.CreateAlignedStore(v, ptr, llvm::Align(dtype_size(bt)));
+  set_alias_md(st, *ref);
+}
+
+llvm::MDNode* Emitter::loop_md(const tir::Stmt& loop) {
+  std::vector<llvm::Metadata*> ops;
+  ops.push_back(nullptr);  // self reference, filled below
+  ops.push_back(llvm::MDNode::get(ctx_, {llvm::MDString::get(ctx_, "llvm.loop.mustprogress")}));
+  if (loop->for_kind == tir::ForKind::kVectorized) {
+    int bits = widest_access_bits(loop->body);
+    if (bits <= 0) bits = 32;
+    int width = std::max(2, target_.vector_bits / bits);
+    ops.push_back(llvm::MDNode::get(
+        ctx_, {llvm::MDString::get(ctx_, "llvm.loop.vectorize.enable"),
+               llvm::ConstantAsMetadata::get(b_.getTrue())}));
+    ops.push_back(llvm::MDNode::get(
+        ctx_, {llvm::MDString::get(ctx_, "llvm.loop.vectorize.width"),
+               llvm::ConstantAsMetadata::get(b_.getInt32(width))}));
+  } else if (loop->for_kind == tir::ForKind::kUnrolled) {
+    ops.push_back(llvm::MDNode::get(ctx_, {llvm::MDString::get(ctx_, "llvm.loop.unroll.full")}));
+  }
+  llvm::MDNode* md = llvm::MDNode::getDistinct(ctx_, ops);
+  md->replaceOperandWith(0, md);
+  return md;
+}
+
+// for (var = begin; var < end; ++var) loop->body, in the current function.
+void Emitter::emit_loop(const std::string& var, llvm::Value* begin, llvm::Value* end,
+                        llvm::MDNode* (Emitter::*md)(const tir::Stmt&), const tir::Stmt& loop) {
+  llvm::BasicBlock* pre = b_.GetInsertBlock();
+  llvm::BasicBlock* header = llvm::BasicBlock::Create(ctx_, "for." + var, frame_->fn);
+  llvm::BasicBlock* body = llvm::BasicBlock::Create(ctx_, "for." + var + ".body", frame_->fn);
+  llvm::BasicBlock* latch = llvm::BasicBlock::Create(ctx_, "for." + var + ".latch", frame_->fn);
+  llvm::BasicBlock* exit = llvm::BasicBlock::Create(ctx_, "for." + var + ".end", frame_->fn);
+  b_.CreateBr(header);
+  b_.SetInsertPoint(header);
+  llvm::PHINode* iv = b_.CreatePHI(b_.getInt64Ty(), 2, var);
+  iv->addIncoming(begin, pre);
+  b_.CreateCondBr(b_.CreateICmpSLT(iv, end), body, exit);
+  b_.SetInsertPoint(body);
+  std::optional<llvm::Value*> saved;
+  if (auto it = frame_->vars.find(var); it != frame_->vars.end()) saved = it->second;
+  frame_->vars[var] = iv;
+  emit_stmt(loop->body);
+  if (saved) frame_->vars[var] = *saved;
+  else frame_->vars.erase(var);
+  b_.CreateBr(latch);
+  b_.SetInsertPoint(latch);
+  llvm::Value* next = b_.CreateAdd(iv, i64(1), var + ".next", true, true);
+  iv->addIncoming(next, latch);
+  llvm::BranchInst* back = b_.CreateBr(header);
+  if (llvm::MDNode* node = (this->*md)(loop)) back->setMetadata(llvm::LLVMContext::MD_loop, node);
+  b_.SetInsertPoint(exit);
+}
+
+void Emitter::emit_for(const tir::Stmt& s) {
+  if (s->for_kind == tir::ForKind::kParallel && !frame_->in_parallel) {
+    emit_parallel_for(s);
+    return;
+  }
+  llvm::Value* extent = emit_as(s->extent, DType::kInt64);
+  emit_loop(s->var, i64(0), extent, &Emitter::loop_md, s);
+}
+
+// The loop body becomes `void body(int64_t begin, int64_t end, void* env)`;
+// env holds every value in scope (parameter and scratch buffer pointers, loop
+// variables and symbols). Parallel loops inside it run serially.
+void Emitter::emit_parallel_for(const tir::Stmt& s) {
+  llvm::Value* extent = emit_as(s->extent, DType::kInt64);
+  llvm::Type* ptr_t = b_.getPtrTy();
+  llvm::Type* i64_t = b_.getInt64Ty();
+
+  std::vector<llvm::Type*> fields;
+  for (size_t i = 0; i < frame_->params.size(); ++i) fields.push_back(ptr_t);
+  std::vector<std::string> scratch_names, var_names;
+  for (auto& [name, ref] : frame_->scratch) {
+    scratch_names.push_back(name);
+    fields.push_back(ptr_t);
+  }
+  for (auto& [name, v] : frame_->vars) {
+    var_names.push_back(name);
+    fields.push_back(i64_t);
+  }
+  if (fields.empty()) fields.push_back(i64_t);
+  llvm::StructType* env_t = llvm::StructType::get(ctx_, fields);
+
+  // Fill the environment in the caller.
+  llvm::AllocaInst* env = entry_alloca(env_t, nullptr, "env");
+  unsigned field = 0;
+  auto store_field = [&](llvm::Value* v) { b_.CreateStore(v, b_.CreateStructGEP(env_t, env, field++)); };
+  for (BufferRef& p : frame_->params) store_field(p.ptr);
+  for (auto& name : scratch_names) store_field(frame_->scratch[name].ptr);
+  for (auto& name : var_names) store_field(frame_->vars[name]);
+
+  llvm::FunctionType* body_t = llvm::FunctionType::get(b_.getVoidTy(), {i64_t, i64_t, ptr_t}, false);
+  llvm::Function* body_fn =
+      llvm::Function::Create(body_t, llvm::Function::InternalLinkage,
+                             func_->name + ".par" + std::to_string(parallel_count_++), m_);
+  setup_function_attrs(body_fn);
+  body_fn->addParamAttr(2, llvm::Attribute::NoAlias);
+
+  llvm::FunctionCallee pfor = m_.getOrInsertFunction(
+      "kiln_parallel_for", llvm::FunctionType::get(b_.getVoidTy(), {i64_t, ptr_t, ptr_t}, false));
+  b_.CreateCall(pfor, {extent, body_fn, env});
+  llvm::BasicBlock* resume = b_.GetInsertBlock();
+
+  // Emit the outlined body with its own frame.
+  Frame inner;
+  inner.fn = body_fn;
+  inner.in_parallel = true;
+  inner.entry = llvm::BasicBlock::Create(ctx_, "entry", body_fn);
+  b_.SetInsertPoint(inner.entry);
+  llvm::Value* env_arg = body_fn->getArg(2);
+  field = 0;
+  auto load_field = [&](llvm::Type* t) {
+    return b_.CreateLoad(t, b_.CreateStructGEP(env_t, env_arg, field++));
+  };
+  for (BufferRef& p : frame_->params) {
+    BufferRef q = p;
+    q.ptr = assume_aligned(load_field(ptr_t));
+    inner.params.push_back(q);
+  }
+  for (auto& name : scratch_names) {
+    BufferRef q = frame_->scratch[name];
+    q.ptr = load_field(ptr_t);
+    inner.scratch[name] = q;
+  }
+  for (auto& name : var_names) inner.vars[name] = load_field(i64_t);
+  Frame* outer = frame_;
+  frame_ = &inner;
+  emit_loop(s->var, body_fn->getArg(0), body_fn->getArg(1), &Emitter::no_loop_md, s);
+  b_.CreateRetVoid();
+  frame_ = outer;
+  b_.SetInsertPoint(resume);
+}
+
+llvm::AllocaInst* Emitter::entry_alloca(llvm::Type* t, llvm::Value* count, const char* name) {
+  llvm::IRBuilder<> ab(frame_->entry, frame_->entry->begin());
+  llvm::AllocaInst* a = ab.CreateAlloca(t, count, name);
+  a->setAlignment(llvm::Align(64));
+  return a;
+}
+
+void Emitter::emit_allocate(const tir::Stmt& s) {
+  const tir::Buffer& buf = s->buffer;
+  llvm::Type* mt = mem_type(buf.dtype);
+  if (!mt) {
+    fail("scratch buffer '" + buf.name + "' has non-compilable dtype");
+    return;
+  }
+  int64_t elem = dtype_size(buf.dtype);
+  bool is_const = true;
+  int64_t const_elems = 1;
+  for (const Expr& d : buf.shape) {
+    auto c = d.as_const();
+    if (!c || *c < 0 || const_elems > (int64_t{1} << 40)) is_const = false;
+    else const_elems *= *c;
+  }
+  BufferRef ref;
+  ref.buffer = &buf;
+  llvm::Value* heap = nullptr;
+  if (is_const && const_elems * elem <= 64 * 1024) {
+    ref.ptr = entry_alloca(mt, i64(std::max<int64_t>(const_elems, 1)), buf.name.c_str());
+  } else {
+    llvm::Value* bytes = i64(elem);
+    for (const Expr& d : buf.shape)
+      bytes = b_.CreateMul(bytes, emit_as(d, DType::kInt64), "", false, true);
+    // aligned_alloc wants a size that is a multiple of the alignment.
+    bytes = b_.CreateAnd(b_.CreateAdd(bytes, i64(63)), i64(~int64_t{63}));
+    bytes = b_.CreateBinaryIntrinsic(llvm::Intrinsic::smax, bytes, i64(64));
+    llvm::FunctionCallee alloc = m_.getOrInsertFunction(
+        "aligned_alloc", llvm::FunctionType::get(b_.getPtrTy(), {b_.getInt64Ty(), b_.getInt64Ty()}, false));
+    heap = b_.CreateCall(alloc, {i64(64), bytes}, buf.name);
+    ref.ptr = heap;
+  }
+  std::optional<BufferRef> saved;
+  if (auto it = frame_->scratch.find(buf.name); it != frame_->scratch.end()) saved = it->second;
+  frame_->scratch[buf.name] = ref;
+  emit_stmt(s->body);
+  if (saved) frame_->scratch[buf.name] = *saved;
+  else frame_->scratch.erase(buf.name);
+  if (heap) {
+    llvm::FunctionCallee free_fn = m_.getOrInsertFunction(
+        "free", llvm::FunctionType::get(b_.getVoidTy(), {b_.getPtrTy()}, false));
+    b_.CreateCall(free_fn, {heap});
+  }
+}
+
+void Emitter::emit_if(const tir::Stmt& s) {
+  llvm::Value* cond = emit_as(s->cond, DType::kBool);
+  llvm::BasicBlock* then_bb = llvm::BasicBlock::Create(ctx_, "if.then", frame_->fn);
+  llvm::BasicBlock* else_bb = s->else_case ? llvm::BasicBlock::Create(ctx_, "if.else", frame_->fn) : nullptr;
+  llvm::BasicBlock* done = llvm::BasicBlock::Create(ctx_, "if.end", frame_->fn);
+  b_.CreateCondBr(cond, then_bb, else_bb ? else_bb : done);
+  b_.SetInsertPoint(then_bb);
+  emit_stmt(s->then_case);
+  b_.CreateBr(done);
+  if (else_bb) {
+    b_.SetInsertPoint(else_bb);
+    emit_stmt(s->else_case);
+    b_.CreateBr(done);
+  }
+  b_.SetInsertPoint(done);
+}
+
+void Emitter::setup_function_attrs(llvm::Function* fn) {
+  fn->addFnAttr(llvm::Attribute::NoUnwind);
+  if (!target_.cpu.empty()) fn->addFnAttr("target-cpu", target_.cpu);
+  if (!target_.features.empty()) fn->addFnAttr("target-features", target_.features);
+  fn->addFnAttr("prefer-vector-width", std::to_string(target_.vector_bits));
+  fn->addFnAttr("min-legal-vector-width", "0");
+}
+
+// Tells LLVM a parameter buffer's base is 64-byte aligned (the runtime guarantees it).
+llvm::Value* Emitter::assume_aligned(llvm::Value* ptr) {
+  b_.CreateAlignmentAssumption(m_.getDataLayout(), ptr, 64);
+  return ptr;
+}
+
+Status Emitter::emit_func(const tir::PrimFunc& f) {
+  func_ = &f;
+  error_ = Status::ok();
+  if (m_.getFunction(f.name)) return internal_error() << "duplicate kernel name '" << f.name << "'";
+  llvm::Type* ptr_t = b_.getPtrTy();
+  llvm::FunctionType* ft = llvm::FunctionType::get(b_.getVoidTy(), {ptr_t, ptr_t}, false);
+  llvm::Function* fn = llvm::Function::Create(ft, llvm::Function::ExternalLinkage, f.name, m_);
+  setup_function_attrs(fn);
+  fn->getArg(0)->setName("buffers");
+  fn->getArg(1)->setName("syms");
+  for (unsigned i = 0; i < 2; ++i) {
+    fn->addParamAttr(i, llvm::Attribute::NoCapture);
+    fn->addParamAttr(i, llvm::Attribute::ReadOnly);
+  }
+
+  Frame frame;
+  frame.fn = fn;
+  frame.entry = llvm::BasicBlock::Create(ctx_, "entry", fn);
+  frame_ = &frame;
+  b_.SetInsertPoint(frame.entry);
+
+  // One alias scope per parameter whose name no other parameter has.
+  std::map<std::string, int> name_count;
+  for (const tir::Buffer& p : f.params) ++name_count[p.name];
+  llvm::MDBuilder mdb(ctx_);
+  llvm::MDNode* domain = mdb.createAnonymousAliasScopeDomain(f.name);
+  std::vector<llvm::MDNode*> scopes(f.params.size(), nullptr);
+  for (size_t i = 0; i < f.params.size(); ++i)
+    if (name_count[f.params[i].name] == 1)
+      scopes[i] = mdb.createAnonymousAliasScope(domain, f.params[i].name);
+
+  for (size_t i = 0; i < f.params.size(); ++i) {
+    BufferRef ref;
+    ref.buffer = &f.params[i];
+    llvm::Value* slot = b_.CreateConstInBoundsGEP1_64(ptr_t, fn->getArg(0), i);
+    llvm::LoadInst* p = b_.CreateAlignedLoad(ptr_t, slot, llvm::Align(8), f.params[i].name);
+    ref.ptr = assume_aligned(p);
+    if (scopes[i]) {
+      ref.alias_scope = llvm::MDNode::get(ctx_, {scopes[i]});
+      std::vector<llvm::Metadata*> others;
+      for (size_t j = 0; j < scopes.size(); ++j)
+        if (j != i && scopes[j]) others.push_back(scopes[j]);
+      if (!others.empty()) ref.noalias = llvm::MDNode::get(ctx_, others);
+    }
+    frame.params.push_back(ref);
+  }
+  for (size_t j = 0; j < f.sym_names.size(); ++j) {
+    llvm::Value* slot = b_.CreateConstInBoundsGEP1_64(b_.getInt64Ty(), fn->getArg(1), j);
+    llvm::LoadInst* v = b_.CreateAlignedLoad(b_.getInt64Ty(), slot, llvm::Align(8), f.sym_names[j]);
+    frame.vars[f.sym_names[j]] = v;
+  }
+
+  emit_stmt(f.body);
+  b_.CreateRetVoid();
+  frame_ = nullptr;
+  if (!error_.is_ok()) return error_;
+  std::string msg;
+  llvm::raw_string_ostream os(msg);
+  if (llvm::verifyFunction(*fn, &os)) {
+    return internal_error() << "codegen of " << f.name << " produced invalid LLVM IR: " << os.str();
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status emit_module(const std::vector<tir::PrimFunc>& funcs, const TargetInfo& target,
+                   llvm::Module& module) {
+  Emitter emitter(module, target);
+  for (const tir::PrimFunc& f : funcs) KILN_RETURN_IF_ERROR(emitter.emit_func(f));
+  std::string msg;
+  llvm::raw_string_ostream os(msg);
+  if (llvm::verifyModule(module, &os))
+    return internal_error() << "codegen produced an invalid LLVM module: " << os.str();
+  return Status::ok();
+}
+
+std::vector<RuntimeSymbol> runtime_symbols() {
+  using D1 = double (*)(double);
+  using D2 = double (*)(double, double);
+  using F2 = float (*)(float, float);
+  return {
+      {"kiln_parallel_for", reinterpret_cast<void*>(&kiln_parallel_for)},
+      {"aligned_alloc", reinterpret_cast<void*>(&::aligned_alloc)},
+      {"free", reinterpret_cast<void*>(&::free)},
+      {"memset", reinterpret_cast<void*>(&::memset)},
+      {"memcpy", reinterpret_cast<void*>(&::memcpy)},
+      {"memmove", reinterpret_cast<void*>(&::memmove)},
+      {"exp", reinterpret_cast<void*>(static_cast<D1>(&::exp))},
+      {"log", reinterpret_cast<void*>(static_cast<D1>(&::log))},
+      {"tanh", reinterpret_cast<void*>(static_cast<D1>(&::tanh))},
+      {"erf", reinterpret_cast<void*>(static_cast<D1>(&::erf))},
+      {"sin", reinterpret_cast<void*>(static_cast<D1>(&::sin))},
+      {"cos", reinterpret_cast<void*>(static_cast<D1>(&::cos))},
+      {"pow", reinterpret_cast<void*>(static_cast<D2>(&::pow))},
+      {"fmod", reinterpret_cast<void*>(static_cast<D2>(&::fmod))},
+      {"fmodf", reinterpret_cast<void*>(static_cast<F2>(&::fmodf))},
+  };
+}
+
+}  // namespace kiln::codegen::detail

@@ -1,0 +1,126 @@
+// Private helpers shared by the op family files (src/ops/*.cc). Not part of
+// the registry's interface: nothing outside src/ops includes this header.
+//
+// Conventions for an op's lower():
+// - Every stage that defines a node output is named ctx.outputs[k].name and
+//   has that buffer's dtype and shape. Intermediate stages get names from
+//   ctx.fresh(...) so that several fused nodes never collide.
+// - Axis names (spatial and reduce) come from ctx.fresh("i") / ctx.fresh("k").
+// - Inputs are read with ctx.load_input(i, indices); an earlier stage of the
+//   same op with stage_load(stage, indices).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+#include "ops/registry.h"
+#include "shape/expr.h"
+#include "support/status.h"
+#include "tir/tir.h"
+
+namespace kiln::ops {
+
+// One registration function per op family; register_all_ops() (registry.cc)
+// calls each once.
+void register_elementwise_ops();  // elementwise.cc
+void register_reduce_ops();       // reduce.cc
+void register_norm_ops();         // norm.cc
+void register_conv_ops();         // conv.cc
+void register_pool_ops();         // pool.cc
+void register_matmul_ops();       // matmul.cc
+void register_shape_ops();        // shape_ops.cc
+void register_indexing_ops();     // indexing.cc
+
+// ---- Errors ---------------------------------------------------------------
+
+// Error builders whose message starts with the node ("Conv 'conv1': ").
+StatusBuilder node_unsupported(const Node& n);
+StatusBuilder node_invalid(const Node& n);
+
+// ---- Inference helpers ----------------------------------------------------
+
+// The ai.onnx opset of the graph being inferred; 0 when unknown (treat as latest).
+int64_t onnx_opset(const InferContext& ctx);
+
+// True when optional input i is present (not omitted, not an empty name).
+bool has_input(const Node& n, size_t i);
+
+// The type of input i; error naming the node when the input is missing or
+// its type has no dtype.
+Result<TensorType> input_type(const Node& n, size_t i);
+// Like input_type, but also requires a known rank.
+Result<Shape> input_shape(const Node& n, size_t i);
+
+// Sets output i's type (shape dims are simplified with ctx.bounds).
+void set_output(Node& n, size_t i, DType dtype, Shape shape, const InferContext& ctx);
+void set_output_unknown_rank(Node& n, size_t i, DType dtype);
+
+// Normalizes a possibly negative axis into [0, rank); error naming the node
+// when out of range.
+Result<int64_t> normalize_axis(const Node& n, int64_t axis, int64_t rank);
+
+// Integer values of input i when known at compile time: from its constant
+// tensor, or from its sym_value when every element is a constant.
+std::optional<std::vector<int64_t>> const_ints(const Node& n, size_t i);
+// Element values of input i as Exprs: its sym_value, or its constant's values
+// for a small integer constant. nullopt otherwise.
+std::optional<std::vector<Expr>> sym_values(const Node& n, size_t i);
+// A constant numeric scalar (or one-element tensor) input's value.
+std::optional<double> const_scalar(const Node& n, size_t i);
+
+// Multidirectional broadcast over several shapes (Sum, Max, Where, ...).
+Result<Shape> broadcast_all(const Node& n, const std::vector<Shape>& shapes, const SymbolBounds& bounds);
+
+// ---- Lowering helpers -----------------------------------------------------
+
+// `rank` fresh axis names with the given prefix, and their variables.
+std::vector<std::string> fresh_axes(LowerContext& ctx, size_t rank, const std::string& prefix = "i");
+std::vector<Expr> axis_vars(const std::vector<std::string>& names);
+
+// A stage without reduction: name[axes] = body.
+tir::ComputeDef make_stage(std::string name, DType dtype, std::vector<std::string> axes, std::vector<Expr> shape,
+                           Expr body);
+// A reduction stage: name[axes] = finalize(combine over reduce axes of body).
+tir::ComputeDef make_reduce_stage(std::string name, DType dtype, std::vector<std::string> axes,
+                                  std::vector<Expr> shape, std::vector<std::string> reduce_axes,
+                                  std::vector<Expr> reduce_extents, tir::Combiner combiner, Expr init, Expr body,
+                                  Expr finalize = Expr());
+
+// Reads an earlier stage of the same kernel (buffer_index -1).
+Expr stage_load(const tir::ComputeDef& stage, std::vector<Expr> indices);
+
+// A constant of the given dtype: float_imm for floats, int_imm for integers,
+// bool_imm for bool (v != 0).
+Expr const_of(DType dtype, double v);
+// The smallest / largest finite-or-infinite value of a dtype: -inf/+inf for
+// floats, numeric limits for integers, false/true for bool. Identities of max / min.
+Expr lowest_of(DType dtype);
+Expr highest_of(DType dtype);
+// cast(dtype, e), or e itself when it already has that dtype.
+Expr cast_if_needed(DType dtype, Expr e);
+
+// Loads input i at the index `out_idx` of a broadcast result of shape
+// `out_shape` (numpy rules: leading dims dropped, dims of constant size 1 read
+// at 0, dims provably equal to the output dim read at the output index, and a
+// symbolic dim that may be either 1 or the output dim read at `idx mod dim`).
+Expr load_broadcast(const LowerContext& ctx, size_t i, const std::vector<Expr>& out_idx,
+                    const std::vector<Expr>& out_shape);
+
+// A reduction over the dims of `in_shape` marked in `reduced`. The stage's
+// shape is in_shape without the reduced dims (keep_dims false) or with them
+// as 1 (keep_dims true). `body` gets the full index into in_shape (reduced
+// dims bound to reduce axes) and returns the value to combine; `finalize`
+// may use var("acc", body dtype) and the stage's own axes (passed to it).
+tir::ComputeDef reduce_over_dims(LowerContext& ctx, std::string name, DType dtype, const std::vector<Expr>& in_shape,
+                                 const std::vector<bool>& reduced, bool keep_dims, tir::Combiner combiner, Expr init,
+                                 const std::function<Expr(const std::vector<Expr>& full_idx)>& body,
+                                 const std::function<Expr(const Expr& acc, const std::vector<Expr>& out_idx)>&
+                                     finalize = nullptr);
+// The index into a reduce_over_dims stage for a full index into in_shape.
+std::vector<Expr> reduced_index(const std::vector<Expr>& full_idx, const std::vector<bool>& reduced, bool keep_dims);
+
+}  // namespace kiln::ops

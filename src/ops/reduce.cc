@@ -1,0 +1,270 @@
+// Reductions: ReduceSum/Mean/Max/Min/Prod/L1/L2/LogSumExp/SumSquare/LogSum
+// and ArgMax/ArgMin.
+//
+// Axes come from the `axes` attribute (before opset 13 for ReduceSum, before
+// 18 for the others) or from the optional second input, which must then be
+// known at compile time (a constant, or a sym_value of constants).
+//
+// ReduceLogSumExp is two stages (max, then log(sum(exp(x - max))) + max).
+// ArgMax/ArgMin are two stages: the max (min) over the axis, then the
+// smallest (select_last_index: largest) index whose element equals it, as a
+// min (max) reduction over select(x == m, k, sentinel).
+#include "ops/common.h"
+
+namespace kiln::ops {
+
+namespace {
+
+enum class ReduceKind { kSum, kMean, kMax, kMin, kProd, kL1, kL2, kLogSumExp, kSumSquare, kLogSum };
+
+struct ReduceAxes {
+  std::vector<bool> reduced;  // per input dim
+  bool noop = false;          // empty axes with noop_with_empty_axes: identity
+};
+
+Result<ReduceAxes> reduce_axes(const Node& n, int64_t rank) {
+  std::vector<int64_t> axes;
+  if (n.has_attr("axes")) {
+    axes = n.attr_ints("axes");
+  } else if (has_input(n, 1)) {
+    auto c = const_ints(n, 1);
+    if (!c) return node_unsupported(n) << "axes that are not known at compile time";
+    axes = *c;
+  }
+  ReduceAxes r;
+  r.reduced.assign(static_cast<size_t>(rank), axes.empty());
+  if (axes.empty() && n.attr_int("noop_with_empty_axes", 0) != 0) {
+    r.noop = true;
+    r.reduced.assign(static_cast<size_t>(rank), false);
+    return r;
+  }
+  for (int64_t a : axes) {
+    KILN_ASSIGN_OR_RETURN(int64_t ax, normalize_axis(n, a, rank));
+    r.reduced[static_cast<size_t>(ax)] = true;
+  }
+  return r;
+}
+
+Shape reduced_shape(const Shape& in, const std::vector<bool>& reduced, bool keep_dims) {
+  Shape out;
+  for (size_t d = 0; d < in.size(); ++d) {
+    if (!reduced[d]) {
+      out.push_back(in[d]);
+    } else if (keep_dims) {
+      out.push_back(Expr(1));
+    }
+  }
+  return out;
+}
+
+Status infer_reduce(ReduceKind kind, Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 0));
+  if (!t.has_shape()) {
+    set_output_unknown_rank(n, 0, t.dtype);
+    return Status::ok();
+  }
+  KILN_ASSIGN_OR_RETURN(ReduceAxes ax, reduce_axes(n, t.rank()));
+  bool keep = n.attr_int("keepdims", 1) != 0;
+  set_output(n, 0, t.dtype, reduced_shape(*t.shape, ax.reduced, keep || ax.noop), ctx);
+  // Shape arithmetic: a full reduction of a rank-1 sym_value (e.g. ReduceProd(Shape(x))).
+  auto vals = sym_values(n, 0);
+  bool all = true;
+  for (bool r : ax.reduced) all = all && r;
+  if (vals && t.rank() == 1 && all && !vals->empty() && !ax.noop) {
+    Expr acc = (*vals)[0];
+    for (size_t i = 1; i < vals->size(); ++i) {
+      const Expr& v = (*vals)[i];
+      switch (kind) {
+        case ReduceKind::kSum: acc = add(acc, v); break;
+        case ReduceKind::kProd: acc = mul(acc, v); break;
+        case ReduceKind::kMax: acc = max(acc, v); break;
+        case ReduceKind::kMin: acc = min(acc, v); break;
+        default: return Status::ok();
+      }
+    }
+    if (kind != ReduceKind::kSum && kind != ReduceKind::kProd && kind != ReduceKind::kMax &&
+        kind != ReduceKind::kMin) {
+      return Status::ok();
+    }
+    n.output(0)->set_sym_value(std::vector<Expr>{simplify(acc, ctx.bounds)});
+  }
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_reduce(ReduceKind kind, const Node& n, LowerContext& ctx) {
+  const tir::Buffer& in = ctx.inputs[0];
+  const tir::Buffer& out = ctx.outputs[0];
+  if (!dtype_is_compilable(in.dtype)) return node_unsupported(n) << "dtype " << dtype_name(in.dtype);
+  KILN_ASSIGN_OR_RETURN(ReduceAxes ax, reduce_axes(n, static_cast<int64_t>(in.shape.size())));
+  bool keep = n.attr_int("keepdims", 1) != 0 || ax.noop;
+  DType dt = in.dtype;
+  bool is_float = dtype_is_float(dt);
+  if (dt == DType::kBool) return node_unsupported(n) << "reduction of bool";
+  std::vector<tir::ComputeDef> stages;
+  auto x_at = [&](const std::vector<Expr>& idx) { return ctx.load_input(0, idx); };
+
+  if (ax.noop) {
+    std::vector<std::string> axes = fresh_axes(ctx, out.shape.size());
+    stages.push_back(make_stage(out.name, dt, axes, out.shape, x_at(axis_vars(axes))));
+    return stages;
+  }
+  Expr count = Expr(1);
+  for (size_t d = 0; d < in.shape.size(); ++d) {
+    if (ax.reduced[d]) count = mul(count, in.shape[d]);
+  }
+  count = simplify(count);
+  auto to_float = [&](const Expr& e, const char* fn) {
+    // sqrt/log of an integer accumulator is computed in f64 and converted back.
+    if (is_float) return call(fn, dt, {e});
+    return cast(dt, call(fn, DType::kFloat64, {cast(DType::kFloat64, e)}));
+  };
+
+  using tir::Combiner;
+  switch (kind) {
+    case ReduceKind::kSum:
+    case ReduceKind::kSumSquare:
+    case ReduceKind::kL1:
+    case ReduceKind::kL2:
+    case ReduceKind::kLogSum:
+    case ReduceKind::kMean: {
+      auto body = [&](const std::vector<Expr>& idx) -> Expr {
+        Expr x = x_at(idx);
+        if (kind == ReduceKind::kSumSquare || kind == ReduceKind::kL2) return mul(x, x);
+        if (kind == ReduceKind::kL1) {
+          if (is_float) return call("abs", dt, {x});
+          if (!dtype_is_signed(dt)) return x;
+          return select(lt(x, const_of(dt, 0)), sub(const_of(dt, 0), x), x);
+        }
+        return x;
+      };
+      std::function<Expr(const Expr&, const std::vector<Expr>&)> fin;
+      if (kind == ReduceKind::kL2) fin = [&](const Expr& acc, const std::vector<Expr>&) { return to_float(acc, "sqrt"); };
+      if (kind == ReduceKind::kLogSum) fin = [&](const Expr& acc, const std::vector<Expr>&) { return to_float(acc, "log"); };
+      if (kind == ReduceKind::kMean) {
+        fin = [&](const Expr& acc, const std::vector<Expr>&) -> Expr {
+          if (is_float) return div(acc, cast(dt, count));
+          // Integer mean truncates toward zero (as C division).
+          Expr c = cast_if_needed(dt, count);
+          Expr zero = const_of(dt, 0);
+          return select(lt(acc, zero), sub(zero, floordiv(sub(zero, acc), c)), floordiv(acc, c));
+        };
+      }
+      stages.push_back(reduce_over_dims(ctx, out.name, dt, in.shape, ax.reduced, keep, Combiner::kSum,
+                                        const_of(dt, 0), body, fin));
+      return stages;
+    }
+    case ReduceKind::kProd:
+      stages.push_back(reduce_over_dims(ctx, out.name, dt, in.shape, ax.reduced, keep, Combiner::kProd,
+                                        const_of(dt, 1), x_at));
+      return stages;
+    case ReduceKind::kMax:
+      stages.push_back(reduce_over_dims(ctx, out.name, dt, in.shape, ax.reduced, keep, Combiner::kMax,
+                                        lowest_of(dt), x_at));
+      return stages;
+    case ReduceKind::kMin:
+      stages.push_back(reduce_over_dims(ctx, out.name, dt, in.shape, ax.reduced, keep, Combiner::kMin,
+                                        highest_of(dt), x_at));
+      return stages;
+    case ReduceKind::kLogSumExp: {
+      if (!is_float) return node_unsupported(n) << "ReduceLogSumExp of " << dtype_name(dt);
+      tir::ComputeDef m = reduce_over_dims(ctx, ctx.fresh(out.name + "_max"), dt, in.shape, ax.reduced, keep,
+                                           Combiner::kMax, lowest_of(dt), x_at);
+      auto body = [&](const std::vector<Expr>& idx) {
+        Expr mx = stage_load(m, reduced_index(idx, ax.reduced, keep));
+        // An all -inf slice has max -inf: subtract 0 instead to keep exp(-inf) = 0.
+        Expr safe = select(call("isinf", DType::kBool, {mx}), const_of(dt, 0), mx);
+        return call("exp", dt, {sub(x_at(idx), safe)});
+      };
+      auto fin = [&](const Expr& acc, const std::vector<Expr>& out_idx) {
+        Expr mx = stage_load(m, out_idx);
+        Expr safe = select(call("isinf", DType::kBool, {mx}), const_of(dt, 0), mx);
+        return add(call("log", dt, {acc}), safe);
+      };
+      stages.push_back(m);
+      stages.push_back(reduce_over_dims(ctx, out.name, dt, in.shape, ax.reduced, keep, Combiner::kSum,
+                                        const_of(dt, 0), body, fin));
+      return stages;
+    }
+  }
+  return internal_error() << n.describe() << ": unknown reduction";
+}
+
+void register_reduce(const char* name, ReduceKind kind) {
+  OpDef def;
+  def.name = name;
+  def.infer = [kind](Node& n, InferContext& ctx) { return infer_reduce(kind, n, ctx); };
+  def.lower = [kind](const Node& n, LowerContext& ctx) { return lower_reduce(kind, n, ctx); };
+  register_op(std::move(def));
+}
+
+// ---- ArgMax / ArgMin -------------------------------------------------------------
+
+Status infer_arg(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 0));
+  if (!t.has_shape()) {
+    set_output_unknown_rank(n, 0, DType::kInt64);
+    return Status::ok();
+  }
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n, n.attr_int("axis", 0), t.rank()));
+  std::vector<bool> reduced(static_cast<size_t>(t.rank()), false);
+  reduced[static_cast<size_t>(axis)] = true;
+  set_output(n, 0, DType::kInt64, reduced_shape(*t.shape, reduced, n.attr_int("keepdims", 1) != 0), ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_arg(bool is_max, const Node& n, LowerContext& ctx) {
+  const tir::Buffer& in = ctx.inputs[0];
+  const tir::Buffer& out = ctx.outputs[0];
+  DType dt = in.dtype;
+  if (!dtype_is_compilable(dt) || dt == DType::kBool) return node_unsupported(n) << "dtype " << dtype_name(dt);
+  int64_t rank = static_cast<int64_t>(in.shape.size());
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n, n.attr_int("axis", 0), rank));
+  bool keep = n.attr_int("keepdims", 1) != 0;
+  bool last = n.attr_int("select_last_index", 0) != 0;
+  std::vector<bool> reduced(static_cast<size_t>(rank), false);
+  reduced[static_cast<size_t>(axis)] = true;
+  auto x_at = [&](const std::vector<Expr>& idx) { return ctx.load_input(0, idx); };
+
+  tir::ComputeDef m =
+      reduce_over_dims(ctx, ctx.fresh(out.name + (is_max ? "_max" : "_min")), dt, in.shape, reduced, keep,
+                       is_max ? tir::Combiner::kMax : tir::Combiner::kMin, is_max ? lowest_of(dt) : highest_of(dt),
+                       x_at);
+  Expr extent = in.shape[static_cast<size_t>(axis)];
+  auto body = [&](const std::vector<Expr>& idx) {
+    Expr hit = eq(x_at(idx), stage_load(m, reduced_index(idx, reduced, keep)));
+    Expr k = idx[static_cast<size_t>(axis)];
+    return select(hit, k, last ? Expr(-1) : extent);
+  };
+  std::vector<tir::ComputeDef> stages{m};
+  stages.push_back(reduce_over_dims(ctx, out.name, DType::kInt64, in.shape, reduced, keep,
+                                    last ? tir::Combiner::kMax : tir::Combiner::kMin,
+                                    last ? Expr(-1) : highest_of(DType::kInt64), body));
+  return stages;
+}
+
+void register_arg(const char* name, bool is_max) {
+  OpDef def;
+  def.name = name;
+  def.infer = infer_arg;
+  def.lower = [is_max](const Node& n, LowerContext& ctx) { return lower_arg(is_max, n, ctx); };
+  register_op(std::move(def));
+}
+
+}  // namespace
+
+void register_reduce_ops() {
+  register_reduce("ReduceSum", ReduceKind::kSum);
+  register_reduce("ReduceMean", ReduceKind::kMean);
+  register_reduce("ReduceMax", ReduceKind::kMax);
+  register_reduce("ReduceMin", ReduceKind::kMin);
+  register_reduce("ReduceProd", ReduceKind::kProd);
+  register_reduce("ReduceL1", ReduceKind::kL1);
+  register_reduce("ReduceL2", ReduceKind::kL2);
+  register_reduce("ReduceLogSumExp", ReduceKind::kLogSumExp);
+  register_reduce("ReduceSumSquare", ReduceKind::kSumSquare);
+  register_reduce("ReduceLogSum", ReduceKind::kLogSum);
+  register_arg("ArgMax", true);
+  register_arg("ArgMin", false);
+}
+
+}  // namespace kiln::ops
