@@ -4,6 +4,18 @@
 //
 // The graph is edited only through Graph methods, which keep producer and use
 // lists valid. Nodes are kept in a topological order (Graph::topo_sort()).
+//
+// Nested graphs and outer-scope references. A subgraph (the body of an If,
+// Loop or Scan, held in a kGraph/kGraphs attribute) may read values of the
+// graphs around it, as ONNX allows. It does so through captures: a capture is
+// a Value of the subgraph (no producer, not an input) whose name is the name of
+// the outer value it stands for. The reference is by name, resolved in the
+// graph that holds the node carrying the subgraph; when the value lives further
+// out, each graph in between captures it as well, so every capture resolves one
+// level up. The node carrying the subgraph thus reads its captured values
+// implicitly: Graph::implicit_inputs() lists them, and topo_sort(), verify(),
+// remove_dead_values() and replace_all_uses() take them into account (they are
+// not in the outer values' use lists, which only hold explicit inputs).
 #pragma once
 
 #include <cstdint>
@@ -135,22 +147,45 @@ class Graph {
   std::map<std::string, int64_t> opsets;
   // Where it came from, for error messages ("model.onnx").
   std::string source;
+  // Bounds of the shape symbols of this graph. The ONNX importer records every
+  // symbol it creates here, in the top-level graph: named dims (dim_param) get
+  // [1, inf), dims with neither value nor name ("_u<N>") get [0, inf).
+  SymbolBounds bounds;
 
-  // Values. Names are unique within a graph; make_value() renames on clash.
+  // Tensors that parse_graph() could not recreate because the text held only a
+  // summary (see print_graph): zero-filled placeholders of the right type, with
+  // the hash that was printed for the original data. The printer prints the
+  // recorded hash for them, so print_graph(parse_graph(text)) == text. Keyed by
+  // identity of the tensor's storage (the Tensor here keeps it alive).
+  struct ElidedTensor {
+    Tensor tensor;
+    std::string hash;
+  };
+  std::vector<ElidedTensor> elided_tensors;
+
+  // Values. Names are unique within a graph; add_value() renames on clash.
   Value* add_value(const std::string& name, TensorType type);
   Value* add_input(const std::string& name, TensorType type);
   Value* add_constant(const std::string& name, Tensor t);
+  // A value standing for the outer value of the same name (see the file comment).
+  Value* add_capture(const std::string& name, TensorType type);
   Value* find_value(const std::string& name) const;
   std::string unique_name(const std::string& base) const;
+  // Renames a value (the new name must be free). Subgraph captures of the old
+  // name (in subgraphs of this graph's nodes) are renamed with it.
+  void rename_value(Value* v, const std::string& new_name);
 
   const std::vector<Value*>& inputs() const { return inputs_; }
   const std::vector<Value*>& outputs() const { return outputs_; }
+  const std::vector<Value*>& captures() const { return captures_; }
   void set_outputs(std::vector<Value*> outs) { outputs_ = std::move(outs); }
-  // All values (inputs, constants, node outputs) in creation order.
+  // All values (inputs, captures, constants, node outputs) in creation order.
   std::vector<Value*> values() const;
   std::vector<Value*> constants() const;
 
-  // Nodes in order. Appends a node whose outputs are new values with the given names.
+  // Nodes in order. Appends a node whose outputs are new values with the given
+  // names (renamed on clash; an empty name, an omitted optional output, gets a
+  // fresh "_unused..." name).
   Node* add_node(const std::string& op_type, const std::vector<Value*>& inputs,
                  const std::vector<std::string>& output_names, const std::string& domain = "",
                  const std::string& node_name = "");
@@ -158,15 +193,21 @@ class Graph {
   Node* insert_node_before(Node* pos, const std::string& op_type, const std::vector<Value*>& inputs,
                            const std::vector<std::string>& output_names, const std::string& domain = "");
   void set_input(Node* n, size_t i, Value* v);
-  // Removes a node whose outputs have no uses and are not graph outputs.
+  // Removes a node whose outputs have no uses and are not graph outputs. Its
+  // output Values are destroyed with it.
   void remove_node(Node* n);
-  // Redirects all uses of `from` (and graph outputs) to `to`.
+  // Redirects all uses of `from` (and graph outputs) to `to`. Subgraph captures
+  // of `from` are renamed to capture `to`.
   void replace_all_uses(Value* from, Value* to);
-  // Removes values with no producer, no uses that are not inputs/outputs.
+  // Removes values with no producer and no uses that are not inputs, outputs,
+  // captures, or read by a subgraph (unused constants, stray values).
   void remove_dead_values();
 
   std::vector<Node*> nodes() const;
   size_t num_nodes() const { return nodes_.size(); }
+  // Values of this graph read by the subgraphs of `n` through captures, sorted
+  // by name (each once). Empty for a node without graph attributes.
+  std::vector<Value*> implicit_inputs(const Node* n) const;
 
   // Reorders nodes topologically. Error (naming a node on the cycle) if the graph has a cycle.
   Status topo_sort();
@@ -177,16 +218,49 @@ class Graph {
  private:
   std::vector<std::unique_ptr<Value>> values_;
   std::map<std::string, Value*, std::less<>> by_name_;
-  std::vector<Value*> inputs_, outputs_;
+  std::vector<Value*> inputs_, outputs_, captures_;
   std::list<std::unique_ptr<Node>> nodes_;
 };
 
-// Deterministic text form, e.g.
-//   graph main(%x: f32[n, 3], %w: f32[3, 4] = const<...>) -> (%y) {
-//     %y: f32[n, 4] = MatMul(%x, %w) {}
+// Deterministic text form and its parser. Example:
+//
+//   graph main(%x: f32[n, 3]) -> (%y, %s) {
+//     opset "" 17
+//     source "model.onnx"
+//     bound n [1, inf]
+//     %w: f32[3, 2] = const<f32[3,2] [1, 2, 3, 4, 5, 6]>
+//     %big: f32[64, 3, 7, 7] = const<f32[64,3,7,7] fnv:1f0c2e4d5a6b7c8d>
+//     %y: f32[n, 2] = MatMul(%x, %w) name "mm"
+//     %s: i64[2] sym [n, 2] = Shape(%y)
+//     %p: f32[n, 2], %q: f32[n, 2] = com.example::Split2(%y, _) {axis = 1, ratio = 0.5}
 //   }
-// and its parser (round trip exact).
-std::string print_graph(const Graph& g);
+//
+// Lines in order: opsets, source, symbol bounds (inf for a missing side),
+// captures ("capture %c: f32[3]"), constants, then nodes in graph order. A value
+// name prints as %name when it is made of [A-Za-z0-9_.$/-] and as %"..."
+// otherwise; `_` is an omitted optional input; a domain prints as domain::Op;
+// "sym [...]" is a value's sym_value. Attributes are sorted by name: ints as
+// 1, floats always with '.', 'e', inf or nan (a float that is not exactly an
+// f32 gets a 'd' suffix: 0.1d), strings quoted with C escapes, tensors as
+// const<...>, graphs as nested `graph` blocks, lists in brackets (empty lists
+// name their kind: ints[], floats[], strings[], tensors[], graphs[]).
+//
+// Tensors print as const<dtype[shape] data>. Data is printed in full (decimal
+// for ints and bool, shortest round-trip decimal for f32/f64, quoted for
+// strings, hex:<bytes> for f16, bf16, float8, 4-bit and complex types) when the
+// tensor has at most PrintOptions::max_constant_elements elements. A larger
+// tensor prints as a summary, fnv:<16 hex digits> (FNV-1a 64 of its bytes; of
+// the strings' lengths and bytes for kString). The parser cannot invert that: it
+// creates a zero-filled tensor of the printed type and records the hash in
+// Graph::elided_tensors, so a reprint is identical but the data is gone. Set
+// max_constant_elements to -1 to print every tensor in full (exact round trip
+// of the data too).
+//
+// NaN payloads and the sign of NaN are not preserved.
+struct PrintOptions {
+  int64_t max_constant_elements = 16;  // -1: no limit
+};
+std::string print_graph(const Graph& g, const PrintOptions& options = {});
 Result<std::unique_ptr<Graph>> parse_graph(std::string_view text);
 
 }  // namespace kiln
