@@ -10,7 +10,7 @@ if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 
 PKGS=(
   build-essential cmake ninja-build ccache
-  llvm-19-dev libzstd-dev zlib1g-dev libedit-dev libffi-dev libxml2-dev
+  llvm-19-dev llvm-19-tools libzstd-dev zlib1g-dev libedit-dev libffi-dev libxml2-dev
   libonnx-dev libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev pybind11-dev
   python3 python3-dev python3-venv python3-numpy
