@@ -1,1 +1,591 @@
-int main() { return 0; }
+// The `kiln` command line: inspect, run and benchmark ONNX models.
+//
+//   kiln info MODEL
+//   kiln run MODEL [--input NAME=FILE.npy ...] [--dim NAME=VALUE ...] [--test-data DIR]
+//                  [--threads N] [--atol A] [--rtol R] [--naive] [--output-dir DIR]
+//   kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE ...] [--json]
+//
+// Exit codes: 0 success, 1 outputs differ from --test-data, 2 any error (message on stderr).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "compare.h"
+#include "kiln/kiln.h"
+#include "npy.h"
+#include "test_data.h"
+
+namespace kiln::cli {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitMismatch = 1;
+constexpr int kExitError = 2;
+// Random inputs larger than this are refused (a typo in --dim must not exhaust memory).
+constexpr int64_t kMaxRandomInputBytes = int64_t{4} << 30;
+
+const char kUsage[] =
+    "usage:\n"
+    "  kiln info MODEL\n"
+    "      print inputs, outputs, op histogram and the inferred type of every value\n"
+    "  kiln run MODEL [options]\n"
+    "      --input NAME=FILE.npy   value of one input (repeatable); others are random\n"
+    "      --dim NAME=VALUE        bind a symbolic input dimension for random inputs (default 1)\n"
+    "      --test-data DIR         compare with an ONNX test_data_set (input_N.pb, output_N.pb)\n"
+    "                              or a directory of test_data_set_* directories\n"
+    "      --atol A --rtol R       pass iff |actual - expected| <= A + R*|expected|\n"
+    "                              (defaults 1e-4 and 1e-3)\n"
+    "      --threads N             worker threads (0: all hardware threads)\n"
+    "      --naive                 reference schedules (no fusion of loops, serial)\n"
+    "      --output-dir DIR        write every output as DIR/NAME.npy\n"
+    "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--json]\n"
+    "      compile, warm up, time repeated runs; print median, p10/p90, min\n"
+    "exit codes: 0 ok, 1 outputs differ from --test-data, 2 error\n";
+
+// ---------------------------------------------------------------------------
+// Command-line parsing.
+
+struct OptionSpec {
+  std::set<std::string> with_value;  // --name VALUE or --name=VALUE
+  std::set<std::string> flags;       // --name
+  std::set<std::string> repeatable;  // subset of with_value
+};
+
+struct ParsedArgs {
+  std::vector<std::string> positional;
+  std::map<std::string, std::vector<std::string>> values;
+  std::set<std::string> flags;
+
+  std::optional<std::string> get(const std::string& name) const {
+    auto it = values.find(name);
+    if (it == values.end() || it->second.empty()) return std::nullopt;
+    return it->second.back();
+  }
+  std::vector<std::string> get_all(const std::string& name) const {
+    auto it = values.find(name);
+    return it == values.end() ? std::vector<std::string>{} : it->second;
+  }
+  bool has(const std::string& flag) const { return flags.count(flag) > 0; }
+};
+
+Result<ParsedArgs> parse_args(const std::vector<std::string>& args, const OptionSpec& spec) {
+  ParsedArgs out;
+  bool only_positional = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (only_positional || a.size() < 2 || a.rfind("--", 0) != 0) {
+      if (!only_positional && a.size() > 1 && a[0] == '-') {
+        return invalid_argument() << "unknown option '" << a << "'";
+      }
+      out.positional.push_back(a);
+      continue;
+    }
+    if (a == "--") {
+      only_positional = true;
+      continue;
+    }
+    std::string name = a.substr(2);
+    std::optional<std::string> value;
+    size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    if (spec.flags.count(name)) {
+      if (value) return invalid_argument() << "option '--" << name << "' takes no value";
+      out.flags.insert(name);
+      continue;
+    }
+    if (!spec.with_value.count(name)) return invalid_argument() << "unknown option '--" << name << "'";
+    if (!value) {
+      if (i + 1 >= args.size()) return invalid_argument() << "option '--" << name << "' needs a value";
+      value = args[++i];
+    }
+    auto& slot = out.values[name];
+    if (!slot.empty() && !spec.repeatable.count(name)) {
+      return invalid_argument() << "option '--" << name << "' given more than once";
+    }
+    slot.push_back(*value);
+  }
+  return out;
+}
+
+Result<int64_t> parse_int(const std::string& text, const std::string& what, int64_t lo, int64_t hi) {
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || v < lo || v > hi) {
+    return invalid_argument() << what << " must be an integer in [" << lo << ", " << hi
+                              << "], got '" << text << "'";
+  }
+  return static_cast<int64_t>(v);
+}
+
+Result<double> parse_tolerance(const std::string& text, const std::string& what) {
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v) ||
+      v < 0) {
+    return invalid_argument() << what << " must be a finite non-negative number, got '" << text
+                              << "'";
+  }
+  return v;
+}
+
+Result<std::pair<std::string, std::string>> split_assignment(const std::string& text,
+                                                              const std::string& option) {
+  size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size()) {
+    return invalid_argument() << "--" << option << " expects NAME=VALUE, got '" << text << "'";
+  }
+  return std::make_pair(text.substr(0, eq), text.substr(eq + 1));
+}
+
+Result<std::string> single_model_argument(const ParsedArgs& args, const std::string& command) {
+  if (args.positional.size() != 1) {
+    return invalid_argument() << "'kiln " << command << "' takes exactly one MODEL argument, got "
+                              << args.positional.size();
+  }
+  return args.positional[0];
+}
+
+Result<CompileOptions> compile_options(const ParsedArgs& args) {
+  CompileOptions options;
+  if (auto t = args.get("threads")) {
+    KILN_ASSIGN_OR_RETURN(int64_t threads, parse_int(*t, "--threads", 0, 4096));
+    options.threads = static_cast<int>(threads);
+  }
+  options.naive = args.has("naive");
+  return options;
+}
+
+Result<std::map<std::string, int64_t>> parse_dims(const ParsedArgs& args) {
+  std::map<std::string, int64_t> dims;
+  for (const std::string& text : args.get_all("dim")) {
+    KILN_ASSIGN_OR_RETURN(auto kv, split_assignment(text, "dim"));
+    KILN_ASSIGN_OR_RETURN(int64_t v, parse_int(kv.second, "--dim " + kv.first, 0,
+                                               int64_t{1} << 40));
+    dims[kv.first] = v;
+  }
+  return dims;
+}
+
+// ---------------------------------------------------------------------------
+// Inputs and outputs.
+
+bool is_identifier(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+Result<std::vector<int64_t>> bind_dims(const TensorInfo& info,
+                                       const std::map<std::string, int64_t>& dims,
+                                       std::set<std::string>* used) {
+  std::vector<int64_t> shape;
+  for (const std::string& d : info.dims) {
+    if (!d.empty() && std::all_of(d.begin(), d.end(), ::isdigit)) {
+      KILN_ASSIGN_OR_RETURN(int64_t v, parse_int(d, "dimension of input '" + info.name + "'", 0,
+                                                 std::numeric_limits<int64_t>::max()));
+      shape.push_back(v);
+    } else if (is_identifier(d)) {
+      auto it = dims.find(d);
+      shape.push_back(it == dims.end() ? 1 : it->second);
+      used->insert(d);
+    } else {
+      return invalid_argument() << "input '" << info.name << "' has dimension '" << d
+                                << "', which a random input cannot bind; pass --input "
+                                << info.name << "=FILE.npy";
+    }
+  }
+  return shape;
+}
+
+Result<Tensor> random_tensor(const TensorInfo& info, const std::vector<int64_t>& shape,
+                             std::mt19937_64& rng) {
+  int64_t size = dtype_size(info.dtype);
+  int64_t bytes = size;
+  for (int64_t d : shape) {
+    if (d != 0 && bytes > kMaxRandomInputBytes / d) {
+      bytes = kMaxRandomInputBytes + 1;
+      break;
+    }
+    bytes *= d;
+  }
+  if (bytes > kMaxRandomInputBytes) {
+    return invalid_argument() << "random input '" << info.name << "' of shape "
+                              << shape_to_string(shape) << " would need more than "
+                              << (kMaxRandomInputBytes >> 30)
+                              << " GiB; bind smaller symbolic dims with --dim or pass --input";
+  }
+  bool numeric = dtype_is_float(info.dtype) || dtype_is_int(info.dtype) || info.dtype == DType::kBool;
+  if (!numeric || !dtype_is_compilable(info.dtype)) {
+    return unsupported() << "cannot generate a random " << dtype_name(info.dtype) << " value for input '"
+                         << info.name << "'; pass --input " << info.name << "=FILE.npy";
+  }
+  Tensor t(info.dtype, shape);
+  std::uniform_real_distribution<double> real(-1.0, 1.0);
+  std::uniform_int_distribution<int> small_int(0, 9);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (dtype_is_float(info.dtype)) {
+      t.set_f64(i, real(rng));
+    } else if (info.dtype == DType::kBool) {
+      t.set_f64(i, small_int(rng) % 2);
+    } else {
+      t.set_f64(i, small_int(rng));
+    }
+  }
+  return t;
+}
+
+// Inputs from --input files; the others random (fixed seed).
+Result<std::map<std::string, Tensor>> build_inputs(const Model& model, const ParsedArgs& args) {
+  std::map<std::string, Tensor> inputs;
+  std::set<std::string> names;
+  for (const TensorInfo& info : model.inputs()) names.insert(info.name);
+  for (const std::string& text : args.get_all("input")) {
+    KILN_ASSIGN_OR_RETURN(auto kv, split_assignment(text, "input"));
+    if (!names.count(kv.first)) {
+      std::string known;
+      for (const TensorInfo& info : model.inputs()) known += (known.empty() ? "" : ", ") + info.name;
+      return invalid_argument() << "the model has no input '" << kv.first << "' (inputs: " << known
+                                << ")";
+    }
+    if (inputs.count(kv.first)) return invalid_argument() << "input '" << kv.first << "' given twice";
+    KILN_ASSIGN_OR_RETURN(Tensor t, read_npy(kv.second));
+    inputs[kv.first] = std::move(t);
+  }
+  KILN_ASSIGN_OR_RETURN(auto dims, parse_dims(args));
+  std::set<std::string> used;
+  std::mt19937_64 rng(20240229);
+  for (const TensorInfo& info : model.inputs()) {
+    if (inputs.count(info.name)) continue;
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, bind_dims(info, dims, &used));
+    KILN_ASSIGN_OR_RETURN(Tensor t, random_tensor(info, shape, rng));
+    inputs[info.name] = std::move(t);
+  }
+  for (const auto& [name, value] : dims) {
+    if (!used.count(name)) {
+      std::cerr << "kiln: warning: --dim " << name
+                << " matches no symbolic dimension of a randomly generated input\n";
+    }
+  }
+  return inputs;
+}
+
+std::string format_number(double v) {
+  std::ostringstream os;
+  os << std::setprecision(6) << v;
+  return os.str();
+}
+
+void print_summary(const Model& model, const std::map<std::string, Tensor>& outputs) {
+  for (const TensorInfo& info : model.outputs()) {
+    auto it = outputs.find(info.name);
+    if (it == outputs.end()) {
+      std::cout << info.name << ": (missing)\n";
+      continue;
+    }
+    const Tensor& t = it->second;
+    std::cout << info.name << ": " << t.describe();
+    bool numeric = dtype_is_float(t.dtype()) || dtype_is_int(t.dtype()) || t.dtype() == DType::kBool;
+    if (numeric && t.defined()) {
+      double sum = 0;
+      for (int64_t i = 0; i < t.numel(); ++i) sum += t.get_f64(i);
+      std::cout << "  mean " << format_number(t.numel() ? sum / t.numel() : 0.0) << "  first [";
+      int64_t shown = std::min<int64_t>(t.numel(), 8);
+      for (int64_t i = 0; i < shown; ++i) std::cout << (i ? ", " : "") << format_number(t.get_f64(i));
+      std::cout << (t.numel() > shown ? ", ...]" : "]");
+    }
+    std::cout << "\n";
+  }
+}
+
+std::string file_name_for(const std::string& output_name) {
+  std::string s = output_name;
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  }
+  if (s.empty() || s[0] == '.') s = "_" + s;
+  return s + ".npy";
+}
+
+Status write_outputs(const std::string& dir, const std::map<std::string, Tensor>& outputs) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return io_error() << "cannot create output directory '" << dir << "': " << ec.message();
+  for (const auto& [name, tensor] : outputs) {
+    std::string path = (std::filesystem::path(dir) / file_name_for(name)).string();
+    KILN_RETURN_IF_ERROR(write_npy(path, tensor).with_context("output '" + name + "'"));
+    std::cout << "wrote " << path << "\n";
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------
+// Subcommands. Each returns an exit code or an error Status (exit code 2).
+
+Result<int> cmd_info(const std::vector<std::string>& argv) {
+  KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, OptionSpec{}));
+  KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "info"));
+  KILN_ASSIGN_OR_RETURN(std::string text, describe_model_file(path));
+  std::cout << text;
+  if (!text.empty() && text.back() != '\n') std::cout << "\n";
+  return kExitOk;
+}
+
+// Maps a test data set's tensors onto model names: by TensorProto name when it is one
+// of `names`, else by position.
+Result<std::vector<std::string>> match_names(const std::vector<NamedTensor>& tensors,
+                                             const std::vector<TensorInfo>& infos,
+                                             const std::string& kind, const std::string& dir) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string& n = tensors[i].name;
+    bool known = std::any_of(infos.begin(), infos.end(), [&](const TensorInfo& t) { return t.name == n; });
+    if (!n.empty() && known) {
+      names.push_back(n);
+    } else if (i < infos.size()) {
+      names.push_back(infos[i].name);
+    } else {
+      return invalid_argument() << dir << ": " << tensors[i].path << " is " << kind << " #" << i
+                                << " but the model has only " << infos.size() << " " << kind
+                                << "s";
+    }
+  }
+  return names;
+}
+
+Result<int> run_test_data(Model& model, const std::string& dir, double atol, double rtol) {
+  KILN_ASSIGN_OR_RETURN(std::vector<TestDataSet> sets, load_test_data(dir));
+  int failures = 0;
+  for (const TestDataSet& set : sets) {
+    KILN_ASSIGN_OR_RETURN(auto in_names, match_names(set.inputs, model.inputs(), "input", set.dir));
+    KILN_ASSIGN_OR_RETURN(auto out_names, match_names(set.outputs, model.outputs(), "output", set.dir));
+    std::map<std::string, Tensor> inputs;
+    for (size_t i = 0; i < set.inputs.size(); ++i) inputs[in_names[i]] = set.inputs[i].tensor;
+    KILN_ASSIGN_OR_RETURN(auto outputs, model.run(inputs));
+    std::cout << set.dir << ":\n";
+    for (size_t i = 0; i < set.outputs.size(); ++i) {
+      const Tensor& expected = set.outputs[i].tensor;
+      std::cout << "  " << out_names[i] << "  " << expected.describe();
+      auto it = outputs.find(out_names[i]);
+      if (it == outputs.end()) {
+        std::cout << "  FAIL: the model produced no output '" << out_names[i] << "'\n";
+        ++failures;
+        continue;
+      }
+      Comparison c = compare_tensors(it->second, expected, atol, rtol);
+      if (!c.problem.empty()) {
+        std::cout << "  FAIL: " << c.problem << "\n";
+        ++failures;
+        continue;
+      }
+      std::cout << "  max_abs_err " << format_number(c.max_abs_error) << "  max_rel_err "
+                << format_number(c.max_rel_error);
+      if (c.pass) {
+        std::cout << "  PASS\n";
+      } else {
+        ++failures;
+        std::cout << "  FAIL: " << c.mismatches << " of " << expected.numel()
+                  << " elements outside atol " << atol << " + rtol " << rtol << " (first at "
+                  << c.first_mismatch << ": got " << format_number(it->second.get_f64(c.first_mismatch))
+                  << ", expected " << format_number(expected.get_f64(c.first_mismatch)) << ")\n";
+      }
+    }
+  }
+  std::cout << (failures ? "FAIL" : "PASS") << " (" << sets.size() << " data set"
+            << (sets.size() == 1 ? "" : "s") << ", " << failures << " mismatching output"
+            << (failures == 1 ? "" : "s") << ")\n";
+  return failures ? kExitMismatch : kExitOk;
+}
+
+Result<int> cmd_run(const std::vector<std::string>& argv) {
+  OptionSpec spec;
+  spec.with_value = {"input", "dim", "test-data", "threads", "atol", "rtol", "output-dir"};
+  spec.repeatable = {"input", "dim"};
+  spec.flags = {"naive"};
+  KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
+  KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "run"));
+  KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
+  double atol = 1e-4, rtol = 1e-3;
+  if (auto a = args.get("atol")) {
+    KILN_ASSIGN_OR_RETURN(atol, parse_tolerance(*a, "--atol"));
+  }
+  if (auto r = args.get("rtol")) {
+    KILN_ASSIGN_OR_RETURN(rtol, parse_tolerance(*r, "--rtol"));
+  }
+  auto test_data = args.get("test-data");
+  if (test_data && (!args.get_all("input").empty() || !args.get_all("dim").empty())) {
+    return invalid_argument() << "--test-data provides the inputs; do not combine it with --input or --dim";
+  }
+  if (test_data && args.get("output-dir")) {
+    return invalid_argument() << "--output-dir does not apply with --test-data";
+  }
+  if (!test_data && (args.get("atol") || args.get("rtol"))) {
+    return invalid_argument() << "--atol and --rtol only apply with --test-data";
+  }
+
+  KILN_ASSIGN_OR_RETURN(Model model, Model::compile_file(path, options));
+  if (test_data) {
+    KILN_ASSIGN_OR_RETURN(int code, run_test_data(model, *test_data, atol, rtol));
+    return code;
+  }
+  KILN_ASSIGN_OR_RETURN(auto inputs, build_inputs(model, args));
+  KILN_ASSIGN_OR_RETURN(auto outputs, model.run(inputs));
+  print_summary(model, outputs);
+  if (auto dir = args.get("output-dir")) KILN_RETURN_IF_ERROR(write_outputs(*dir, outputs));
+  return kExitOk;
+}
+
+double percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.size() == 1) return sorted[0];
+  double pos = p * static_cast<double>(sorted.size() - 1);
+  size_t lo = static_cast<size_t>(std::floor(pos));
+  size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
+}
+
+std::string json_string(const std::string& s) {
+  std::ostringstream os;
+  os << '"';
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      os << '\\' << c;
+    } else if (c < 0x20) {
+      os << "\\u" << std::hex << std::setw(4) << std::setfill('0') << static_cast<int>(c)
+         << std::dec << std::setfill(' ');
+    } else {
+      os << c;
+    }
+  }
+  os << '"';
+  return os.str();
+}
+
+Result<int> cmd_bench(const std::vector<std::string>& argv) {
+  OptionSpec spec;
+  spec.with_value = {"threads", "runs", "warmup", "dim", "input"};
+  spec.repeatable = {"dim", "input"};
+  spec.flags = {"json", "naive"};
+  KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
+  KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "bench"));
+  KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
+  int64_t runs = 20, warmup = 3;
+  if (auto r = args.get("runs")) {
+    KILN_ASSIGN_OR_RETURN(runs, parse_int(*r, "--runs", 1, 1000000));
+  }
+  if (auto w = args.get("warmup")) {
+    KILN_ASSIGN_OR_RETURN(warmup, parse_int(*w, "--warmup", 0, 1000000));
+  }
+  bool json = args.has("json");
+
+  using Clock = std::chrono::steady_clock;
+  auto t0 = Clock::now();
+  KILN_ASSIGN_OR_RETURN(Model model, Model::compile_file(path, options));
+  double compile_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  KILN_ASSIGN_OR_RETURN(auto inputs, build_inputs(model, args));
+
+  for (int64_t i = 0; i < warmup; ++i) {
+    auto out = model.run(inputs);
+    if (!out) return out.status();
+  }
+  std::vector<double> ms;
+  ms.reserve(static_cast<size_t>(runs));
+  for (int64_t i = 0; i < runs; ++i) {
+    auto start = Clock::now();
+    auto out = model.run(inputs);
+    double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (!out) return out.status();
+    ms.push_back(elapsed);
+  }
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  double median = percentile(sorted, 0.5), p10 = percentile(sorted, 0.1),
+         p90 = percentile(sorted, 0.9), min = sorted.front(), max = sorted.back();
+  double mean = 0;
+  for (double v : ms) mean += v / static_cast<double>(ms.size());
+  int threads = options.threads > 0 ? options.threads
+                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const CompileStats& stats = model.stats();
+  if (json) {
+    std::cout << std::setprecision(9) << "{\"model\": " << json_string(path)
+              << ", \"threads\": " << threads << ", \"runs\": " << runs << ", \"warmup\": " << warmup
+              << ", \"naive\": " << (options.naive ? "true" : "false")
+              << ", \"compile_s\": " << compile_s << ", \"median_ms\": " << median
+              << ", \"p10_ms\": " << p10 << ", \"p90_ms\": " << p90 << ", \"min_ms\": " << min
+              << ", \"max_ms\": " << max << ", \"mean_ms\": " << mean
+              << ", \"num_kernels\": " << stats.num_kernels
+              << ", \"num_runtime_kernels\": " << stats.num_runtime_kernels
+              << ", \"arena_bytes\": " << stats.arena_bytes << "}\n";
+  } else {
+    std::cout << std::fixed << std::setprecision(3);
+    std::cout << "model      " << path << "\n"
+              << "threads    " << threads << "\n"
+              << "compile    " << compile_s << " s (" << stats.num_kernels << " kernels, "
+              << stats.num_runtime_kernels << " runtime kernel calls)\n"
+              << "runs       " << runs << " after " << warmup << " warm-up\n"
+              << "median     " << median << " ms\n"
+              << "p10 / p90  " << p10 << " / " << p90 << " ms (spread "
+              << (median > 0 ? 100.0 * (p90 - p10) / median : 0.0) << "%)\n"
+              << "min / max  " << min << " / " << max << " ms\n";
+  }
+  return kExitOk;
+}
+
+int main_impl(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::cerr << kUsage;
+    return kExitError;
+  }
+  std::string command = args[0];
+  args.erase(args.begin());
+  if (command == "help" || command == "--help" || command == "-h") {
+    std::cout << kUsage;
+    return kExitOk;
+  }
+  using Command = Result<int> (*)(const std::vector<std::string>&);
+  const std::map<std::string, Command> commands = {
+      {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}};
+  auto it = commands.find(command);
+  if (it == commands.end()) {
+    std::cerr << "kiln: error: unknown command '" << command << "'\n" << kUsage;
+    return kExitError;
+  }
+  Result<int> result = it->second(args);
+  if (!result) {
+    std::cerr << "kiln: error: " << result.status().to_string() << "\n";
+    return kExitError;
+  }
+  return *result;
+}
+
+}  // namespace
+}  // namespace kiln::cli
+
+int main(int argc, char** argv) {
+  try {
+    return kiln::cli::main_impl(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "kiln: error: " << e.what() << "\n";
+  } catch (...) {
+    std::cerr << "kiln: error: unexpected failure\n";
+  }
+  return 2;
+}

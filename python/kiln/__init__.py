@@ -1,0 +1,38 @@
+"""Kiln: compile an ONNX model and run it on numpy arrays.
+
+    import kiln
+    model = kiln.compile("resnet18.onnx", threads=2)
+    outputs = model.run({"input": x})        # dict name -> numpy array
+    model.inputs, model.outputs              # names, dtypes, dims (symbolic dims as text)
+    print(model.graph_text())
+
+Every error Kiln reports (bad or unsupported model, wrong input at run time) raises
+kiln.KilnError, a RuntimeError whose message names the file, node, op or input.
+"""
+
+import os
+
+from ._kiln import CompiledModel, KilnError, TensorInfo  # noqa: F401
+from . import _kiln
+
+__all__ = ["compile", "describe_model_file", "CompiledModel", "KilnError", "TensorInfo"]
+
+
+def compile(model, threads=0, naive=False):  # noqa: A001 (the API's name)
+    """Compiles an ONNX model given as a path (str or os.PathLike) or as serialized bytes.
+
+    threads: worker threads, 0 for all hardware threads. naive: reference schedules.
+    """
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise TypeError(f"threads must be an int, got {type(threads).__name__}")
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return _kiln.compile_bytes(bytes(model), threads=threads, naive=bool(naive))
+    if isinstance(model, (str, os.PathLike)):
+        return _kiln.compile_file(os.fspath(model), threads=threads, naive=bool(naive))
+    raise TypeError("kiln.compile expects a path or the model's bytes, got "
+                    f"{type(model).__name__}")
+
+
+def describe_model_file(path):
+    """Text report on a model file: inputs, outputs, op histogram, inferred types."""
+    return _kiln.describe_model_file(os.fspath(path))

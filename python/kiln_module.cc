@@ -1,0 +1,310 @@
+// The `kiln._kiln` extension module: kiln::Model for Python. The pure-Python
+// package (python/kiln/__init__.py) wraps it; this file only converts between numpy
+// arrays and kiln::Tensor and turns a kiln Status into kiln.KilnError.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+
+namespace py = pybind11;
+
+namespace {
+
+py::handle g_kiln_error;
+
+[[noreturn]] void raise_kiln_error(const std::string& message) {
+  PyErr_SetString(g_kiln_error.ptr(), message.c_str());
+  throw py::error_already_set();
+}
+
+[[noreturn]] void raise_status(const kiln::Status& status) { raise_kiln_error(status.to_string()); }
+
+// numpy dtype name for a kiln dtype; nullptr when numpy has no equivalent.
+const char* numpy_name(kiln::DType t) {
+  using kiln::DType;
+  switch (t) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kFloat16: return "float16";
+    case DType::kInt8: return "int8";
+    case DType::kInt16: return "int16";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kUInt8: return "uint8";
+    case DType::kUInt16: return "uint16";
+    case DType::kUInt32: return "uint32";
+    case DType::kUInt64: return "uint64";
+    case DType::kBool: return "bool";
+    case DType::kComplex64: return "complex64";
+    case DType::kComplex128: return "complex128";
+    case DType::kString: return "object";
+    // Kiln unpacks 4-bit integers to one element per byte.
+    case DType::kInt4: return "int8";
+    case DType::kUInt4: return "uint8";
+    default: return nullptr;
+  }
+}
+
+kiln::DType dtype_from_numpy(const py::dtype& dt) {
+  using kiln::DType;
+  char kind = dt.kind();
+  auto size = dt.itemsize();
+  switch (kind) {
+    case 'f':
+      if (size == 2) return DType::kFloat16;
+      if (size == 4) return DType::kFloat32;
+      if (size == 8) return DType::kFloat64;
+      break;
+    case 'i':
+      if (size == 1) return DType::kInt8;
+      if (size == 2) return DType::kInt16;
+      if (size == 4) return DType::kInt32;
+      if (size == 8) return DType::kInt64;
+      break;
+    case 'u':
+      if (size == 1) return DType::kUInt8;
+      if (size == 2) return DType::kUInt16;
+      if (size == 4) return DType::kUInt32;
+      if (size == 8) return DType::kUInt64;
+      break;
+    case 'b':
+      if (size == 1) return DType::kBool;
+      break;
+    case 'c':
+      if (size == 8) return DType::kComplex64;
+      if (size == 16) return DType::kComplex128;
+      break;
+    case 'U':
+    case 'S':
+    case 'O':
+      return DType::kString;
+    default:
+      break;
+  }
+  return DType::kUndefined;
+}
+
+std::string dtype_label(kiln::DType t) {
+  const char* n = numpy_name(t);
+  return n ? n : kiln::dtype_name(t);
+}
+
+struct TensorInfoView {
+  std::string name;
+  std::string dtype;  // numpy name ("float32"), or kiln's name when numpy has none ("bf16")
+  std::vector<std::string> dims;
+};
+
+std::vector<TensorInfoView> info_views(const std::vector<kiln::TensorInfo>& infos) {
+  std::vector<TensorInfoView> out;
+  for (const auto& i : infos) out.push_back({i.name, dtype_label(i.dtype), i.dims});
+  return out;
+}
+
+// A numpy array converted to a kiln Tensor. Numeric arrays are borrowed (the array is
+// kept alive in `owner`); string arrays are copied.
+struct InputTensor {
+  py::array owner;
+  kiln::Tensor tensor;
+};
+
+InputTensor to_tensor(const std::string& name, const py::handle& value) {
+  py::module_ np = py::module_::import("numpy");
+  py::array arr = np.attr("asarray")(value);
+  kiln::DType dtype = dtype_from_numpy(arr.dtype());
+  if (dtype == kiln::DType::kUndefined) {
+    raise_kiln_error("input '" + name + "': unsupported numpy dtype " +
+                     py::str(arr.dtype()).cast<std::string>());
+  }
+  std::vector<int64_t> shape(arr.shape(), arr.shape() + arr.ndim());
+  InputTensor in;
+  if (dtype == kiln::DType::kString) {
+    kiln::Tensor t(dtype, shape);
+    py::list flat = arr.attr("ravel")().attr("tolist")();
+    auto* out = t.data_as<std::string>();
+    for (size_t i = 0; i < flat.size(); ++i) {
+      py::handle item = flat[i];
+      if (py::isinstance<py::str>(item)) {
+        out[i] = item.cast<std::string>();
+      } else if (py::isinstance<py::bytes>(item)) {
+        out[i] = item.cast<std::string>();
+      } else {
+        raise_kiln_error("input '" + name + "': element " + std::to_string(i) +
+                         " of an object array is not a str or bytes");
+      }
+    }
+    in.owner = arr;
+    in.tensor = std::move(t);
+    return in;
+  }
+  // Contiguous, aligned, native byte order; copies only when needed.
+  if (!arr.dtype().attr("isnative").cast<bool>()) {
+    arr = arr.attr("astype")(arr.dtype().attr("newbyteorder")("="));
+  }
+  arr = np.attr("ascontiguousarray")(arr);
+  if (!(arr.flags() & py::array::c_style)) raise_kiln_error("input '" + name + "': not contiguous");
+  in.owner = arr;
+  // Kiln never writes to its inputs, so read-only arrays are borrowed as well.
+  in.tensor = kiln::Tensor::borrow(dtype, shape, const_cast<void*>(arr.data()));
+  return in;
+}
+
+py::object to_numpy(const std::string& name, const kiln::Tensor& t) {
+  const char* np_name = numpy_name(t.dtype());
+  if (np_name == nullptr) {
+    raise_kiln_error("output '" + name + "' has dtype " + kiln::dtype_name(t.dtype()) +
+                     ", which numpy cannot represent");
+  }
+  std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
+  if (t.dtype() == kiln::DType::kString) {
+    py::list items;
+    const auto* s = t.data_as<std::string>();
+    for (int64_t i = 0; i < t.numel(); ++i) items.append(py::str(s[i]));
+    py::module_ np = py::module_::import("numpy");
+    py::array arr = np.attr("array")(items, py::arg("dtype") = "object");
+    return arr.attr("reshape")(py::tuple(py::cast(shape)));
+  }
+  // Copied: an output may live in memory the model reuses on its next run.
+  py::array arr(py::dtype(np_name), shape);
+  if (t.nbytes() > 0) std::memcpy(arr.mutable_data(), t.data(), static_cast<size_t>(t.nbytes()));
+  return arr;
+}
+
+class CompiledModel {
+ public:
+  explicit CompiledModel(kiln::Model model) : model_(std::move(model)) {}
+
+  py::dict run(const py::dict& feeds) {
+    std::vector<InputTensor> held;
+    std::map<std::string, kiln::Tensor> inputs;
+    for (auto item : feeds) {
+      if (!py::isinstance<py::str>(item.first)) {
+        throw py::type_error("input names must be str, got " +
+                             py::str(py::type::of(item.first)).cast<std::string>());
+      }
+      std::string name = item.first.cast<std::string>();
+      bool known = false;
+      std::string names;
+      for (const auto& info : model_.inputs()) {
+        known = known || info.name == name;
+        names += (names.empty() ? "" : ", ") + info.name;
+      }
+      if (!known) raise_kiln_error("the model has no input '" + name + "' (inputs: " + names + ")");
+      held.push_back(to_tensor(name, item.second));
+      inputs[name] = held.back().tensor;
+    }
+    auto result = run_without_gil(inputs);
+    if (!result) raise_status(result.status());
+    py::dict out;
+    for (const auto& info : model_.outputs()) {
+      auto it = result->find(info.name);
+      if (it == result->end()) raise_kiln_error("the model produced no value for output '" + info.name + "'");
+      out[py::str(info.name)] = to_numpy(info.name, it->second);
+    }
+    return out;
+  }
+
+  std::vector<TensorInfoView> inputs() const { return info_views(model_.inputs()); }
+  std::vector<TensorInfoView> outputs() const { return info_views(model_.outputs()); }
+  std::string graph_text() const { return model_.graph_text(); }
+  py::dict stats() const {
+    const auto& s = model_.stats();
+    py::dict d;
+    d["compile_seconds"] = s.compile_seconds;
+    d["num_kernels"] = s.num_kernels;
+    d["num_runtime_kernels"] = s.num_runtime_kernels;
+    d["arena_bytes"] = s.arena_bytes;
+    return d;
+  }
+
+ private:
+  kiln::Result<std::map<std::string, kiln::Tensor>> run_without_gil(
+      const std::map<std::string, kiln::Tensor>& inputs) {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return model_.run(inputs);
+  }
+
+  kiln::Model model_;
+  std::mutex mutex_;  // one run at a time per model
+};
+
+kiln::CompileOptions make_options(int threads, bool naive) {
+  if (threads < 0) throw py::value_error("threads must be >= 0 (0: all hardware threads)");
+  kiln::CompileOptions options;
+  options.threads = threads;
+  options.naive = naive;
+  return options;
+}
+
+std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads, bool naive) {
+  kiln::CompileOptions options = make_options(threads, naive);
+  std::optional<kiln::Result<kiln::Model>> model;
+  {
+    py::gil_scoped_release release;
+    model.emplace(kiln::Model::compile_file(path, options));
+  }
+  if (!*model) raise_status(model->status());
+  return std::make_unique<CompiledModel>(std::move(*model).value());
+}
+
+std::unique_ptr<CompiledModel> compile_bytes(const py::bytes& data, int threads, bool naive,
+                                             const std::string& source_name) {
+  kiln::CompileOptions options = make_options(threads, naive);
+  std::string bytes = data;
+  std::optional<kiln::Result<kiln::Model>> model;
+  {
+    py::gil_scoped_release release;
+    model.emplace(kiln::Model::compile_bytes(bytes, options, source_name));
+  }
+  if (!*model) raise_status(model->status());
+  return std::make_unique<CompiledModel>(std::move(*model).value());
+}
+
+std::string describe_model_file(const std::string& path) {
+  auto text = kiln::describe_model_file(path);
+  if (!text) raise_status(text.status());
+  return *text;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_kiln, m) {
+  m.doc() = "Kiln: compile and run ONNX models (extension module; use the `kiln` package)";
+
+  static py::exception<std::runtime_error> kiln_error(m, "KilnError", PyExc_RuntimeError);
+  g_kiln_error = kiln_error;
+
+  py::class_<TensorInfoView>(m, "TensorInfo")
+      .def_readonly("name", &TensorInfoView::name)
+      .def_readonly("dtype", &TensorInfoView::dtype)
+      .def_readonly("dims", &TensorInfoView::dims)
+      .def("__repr__", [](const TensorInfoView& t) {
+        std::string dims;
+        for (const auto& d : t.dims) dims += (dims.empty() ? "" : ", ") + d;
+        return "TensorInfo(name='" + t.name + "', dtype=" + t.dtype + ", dims=[" + dims + "])";
+      });
+
+  py::class_<CompiledModel>(m, "CompiledModel")
+      .def("run", &CompiledModel::run, py::arg("inputs"),
+           "Runs the model on a dict name -> numpy array; returns a dict name -> numpy array.")
+      .def_property_readonly("inputs", &CompiledModel::inputs)
+      .def_property_readonly("outputs", &CompiledModel::outputs)
+      .def_property_readonly("stats", &CompiledModel::stats)
+      .def("graph_text", &CompiledModel::graph_text);
+
+  m.def("compile_file", &compile_file, py::arg("path"), py::arg("threads") = 0,
+        py::arg("naive") = false);
+  m.def("compile_bytes", &compile_bytes, py::arg("data"), py::arg("threads") = 0,
+        py::arg("naive") = false, py::arg("source_name") = "<bytes>");
+  m.def("describe_model_file", &describe_model_file, py::arg("path"));
+}

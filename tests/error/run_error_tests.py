@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""Malformed and adversarial models must give a clear error, never a crash.
+
+Each case is run through the CLI (`kiln run` / `kiln info`: exit code 2, no signal, the
+message names the file, node, op or input) and through the Python module (kiln.KilnError
+with such a message). Python cases run in a child process, so a crash is reported as a
+failure of that case instead of killing the runner.
+
+    run_error_tests.py --kiln BUILD/bin/kiln [--work DIR] [-k REGEX] [--cli-only|--python-only]
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=17, extra_opsets=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in extra_opsets]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def _relu_model(shape=(2, 3)):
+    return _model([helper.make_node("Relu", ["x"], ["y"], name="relu0")],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))])
+
+
+def _write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+class Case:
+    """One model file. `expect`: groups of alternatives; every group must have one
+    alternative in the message (case-insensitive). `{file}` is the model's base name.
+    `when`: "compile" (compiling/describing fails) or "run" (the given feeds fail)."""
+
+    def __init__(self, name, make, expect, when="compile", feeds=None, cli_args=(), info=True):
+        self.name, self.make, self.expect, self.when = name, make, expect, when
+        self.feeds = feeds or {}
+        self.cli_args = list(cli_args)
+        self.info = info
+
+
+def _ext_model(work, location, offset=None, length=None, create_file=True):
+    values = np.arange(6, dtype=np.float32)
+    t = numpy_helper.from_array(values, "w")
+    t.ClearField("raw_data")
+    t.data_location = TensorProto.EXTERNAL
+    entries = {"location": location}
+    if offset is not None:
+        entries["offset"] = str(offset)
+    if length is not None:
+        entries["length"] = str(length)
+    for k, v in entries.items():
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    if create_file:
+        _write(os.path.join(work, "weights.bin"), values.tobytes())
+    return _model([helper.make_node("Add", ["x", "w"], ["y"], name="add_w")],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])], [t])
+
+
+def cases(work):
+    rng = np.random.default_rng(7)
+    valid = _relu_model().SerializeToString()
+    big_valid = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])],
+        [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w")],
+    ).SerializeToString()
+
+    def unsupported():
+        return _model(
+            [helper.make_node("Frobnicate", ["x"], ["t"], name="frob0", domain="kiln.test"),
+             helper.make_node("Relu", ["t"], ["u"], name="relu0"),
+             helper.make_node("Defrobnicate", ["u"], ["y"], name="defrob0", domain="kiln.test")],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+            extra_opsets=["kiln.test"])
+
+    def cycle():
+        return _model(
+            [helper.make_node("Add", ["x", "b"], ["a"], name="cycle_add"),
+             helper.make_node("Relu", ["a"], ["b"], name="cycle_relu")],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])])
+
+    def dangling():
+        return _model(
+            [helper.make_node("Add", ["x", "nonexistent_value"], ["y"], name="add_dangling")],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+
+    def huge_input():
+        return _model([helper.make_node("Relu", ["huge"], ["y"], name="relu_huge")],
+                      [helper.make_tensor_value_info("huge", TensorProto.FLOAT, [10**12, 10**12])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10**12, 10**12])])
+
+    def huge_initializer():
+        # Claims 1e24 elements but carries one float: built by hand, the helper checks sizes.
+        t = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[10**12, 10**12])
+        t.float_data.append(1.0)
+        return _model([helper.make_node("Add", ["x", "w"], ["y"], name="add_huge")],
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10**12, 10**12])], [t])
+
+    f32 = np.ones((2, 3), np.float32)
+    return [
+        Case("truncated", lambda: big_valid[: len(big_valid) // 2], [["{file}"]]),
+        Case("random_bytes", lambda: rng.bytes(4096), [["{file}"]]),
+        Case("empty_file", lambda: b"", [["{file}"]]),
+        Case("missing_file", None, [["{file}"]]),
+        Case("unsupported_ops", lambda: unsupported().SerializeToString(),
+             [["Frobnicate"], ["Defrobnicate"]], info=False),
+        Case("cycle", lambda: cycle().SerializeToString(),
+             [["{file}"], ["cycle_add", "cycle_relu"]]),
+        Case("dangling_input", lambda: dangling().SerializeToString(),
+             [["{file}"], ["nonexistent_value"]]),
+        Case("huge_dims_input", lambda: huge_input().SerializeToString(), [["huge"]],
+             when="compile_or_run", feeds={"huge": f32}, info=False),
+        Case("huge_dims_initializer", lambda: huge_initializer().SerializeToString(),
+             [["{file}"], ["w"]]),
+        Case("bad_external_data_missing",
+             lambda: _ext_model(work, "missing.bin", create_file=False).SerializeToString(),
+             [["{file}"], ["missing.bin"]]),
+        Case("bad_external_data_escape",
+             lambda: _ext_model(work, "../../../../etc/passwd").SerializeToString(),
+             [["{file}"], ["passwd", ".."]]),
+        Case("bad_external_data_range",
+             lambda: _ext_model(work, "weights.bin", offset=16, length=24).SerializeToString(),
+             [["{file}"], ["weights.bin"]]),
+        Case("wrong_input_dtype", lambda: valid, [["x"]], when="run",
+             feeds={"x": np.ones((2, 3), np.int64)}, cli_args=["x=int64"]),
+        Case("wrong_input_shape", lambda: valid, [["x"]], when="run",
+             feeds={"x": np.ones((3, 2), np.float32)}, cli_args=["x=shape32"]),
+        Case("wrong_input_rank", lambda: valid, [["x"]], when="run",
+             feeds={"x": np.ones((6,), np.float32)}, cli_args=["x=rank1"]),
+        Case("missing_input", lambda: valid, [["x"]], when="run", feeds={}),
+        Case("unknown_input", lambda: valid, [["nope"]], when="run",
+             feeds={"x": f32, "nope": f32}),
+    ]
+
+
+def _materialize(case, work):
+    path = os.path.join(work, case.name + ".onnx")
+    if case.make is None:
+        return path  # the missing-file case: never created
+    _write(path, case.make())
+    return path
+
+
+def _message_ok(message, case, path):
+    low = message.lower()
+    missing = []
+    for group in case.expect:
+        alts = [a.replace("{file}", os.path.basename(path)).lower() for a in group]
+        if not any(a in low for a in alts):
+            missing.append(" or ".join(alts))
+    return missing
+
+
+def _npy_for(spec, work):
+    arrays = {"int64": np.ones((2, 3), np.int64), "shape32": np.ones((3, 2), np.float32),
+              "rank1": np.ones((6,), np.float32)}
+    path = os.path.join(work, spec + ".npy")
+    np.save(path, arrays[spec])
+    return path
+
+
+def run_cli(kiln, case, path, work):
+    """Returns a list of problems (empty: pass)."""
+    commands = []
+    if case.when == "run":
+        if case.cli_args:
+            name, spec = case.cli_args[0].split("=")
+            commands.append([kiln, "run", path, "--input", f"{name}={_npy_for(spec, work)}"])
+        else:
+            return []  # missing/unknown input names are Python-API cases
+    else:
+        commands.append([kiln, "run", path])
+        if case.info:
+            commands.append([kiln, "info", path])
+    problems = []
+    for cmd in commands:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            problems.append(f"`{' '.join(cmd[1:2])}` timed out")
+            continue
+        what = f"kiln {cmd[1]}"
+        if proc.returncode < 0:
+            problems.append(f"{what}: killed by signal {signal.Signals(-proc.returncode).name}")
+        elif proc.returncode != 2:
+            problems.append(f"{what}: exit code {proc.returncode}, expected 2")
+        missing = _message_ok(proc.stderr, case, path)
+        if missing:
+            problems.append(f"{what}: message lacks {missing}: {proc.stderr.strip()[:300]!r}")
+    return problems
+
+
+def cli_argument_cases(work):
+    """(label, argv after `kiln`, substrings the message must contain): misuse of the CLI."""
+    valid = _write(os.path.join(work, "valid.onnx"), _relu_model().SerializeToString())
+    junk = _write(os.path.join(work, "junk.npy"), np.random.default_rng(3).bytes(200))
+    f16 = os.path.join(work, "half.npy")
+    np.save(f16, np.ones((2, 3), np.float16))
+    return [
+        ("no arguments", [], ["usage"]),
+        ("unknown command", ["frobnicate"], ["frobnicate"]),
+        ("run without model", ["run"], ["model"]),
+        ("two models", ["run", valid, valid], ["model"]),
+        ("unknown flag", ["run", valid, "--bogus"], ["--bogus"]),
+        ("flag without value", ["run", valid, "--threads"], ["--threads"]),
+        ("bad thread count", ["run", valid, "--threads", "abc"], ["--threads"]),
+        ("negative runs", ["bench", valid, "--runs", "0"], ["--runs"]),
+        ("bad tolerance", ["run", valid, "--test-data", work, "--atol", "-1"], ["--atol"]),
+        ("junk npy", ["run", valid, "--input", f"x={junk}"], ["junk.npy"]),
+        ("float16 npy", ["run", valid, "--input", f"x={f16}"], ["half.npy", "f2"]),
+        ("missing npy", ["run", valid, "--input", "x=" + os.path.join(work, "nope.npy")],
+         ["nope.npy"]),
+        ("unknown input", ["run", valid, "--input", f"zz={junk}"], ["zz"]),
+        ("malformed --input", ["run", valid, "--input", "x"], ["--input"]),
+        ("missing test data", ["run", valid, "--test-data", os.path.join(work, "nodir")],
+         ["nodir"]),
+        ("info on missing file", ["info", os.path.join(work, "absent.onnx")], ["absent.onnx"]),
+    ]
+
+
+def run_cli_arguments(kiln, work, pattern):
+    failures = 0
+    selected = [c for c in cli_argument_cases(work) if not pattern or re.search(pattern, c[0])]
+    for label, argv, expect in selected:
+        proc = subprocess.run([kiln] + argv, capture_output=True, text=True, timeout=60)
+        problems = []
+        if proc.returncode != 2:
+            problems.append(f"exit code {proc.returncode}, expected 2")
+        low = proc.stderr.lower()
+        lacking = [e for e in expect if e.lower() not in low]
+        if lacking:
+            problems.append(f"message lacks {lacking}: {proc.stderr.strip()[:300]!r}")
+        print(("ok   " if not problems else "FAIL ") + f"cli: {label}" +
+              "".join(f"\n       {p}" for p in problems), flush=True)
+        failures += bool(problems)
+    return len(selected), failures
+
+
+def python_case(name, work):
+    """Child-process body: exit 0 when Kiln raised a proper KilnError."""
+    import kiln
+    case = next(c for c in cases(work) if c.name == name)
+    path = os.path.join(work, name + ".onnx")
+    try:
+        model = kiln.compile(path, threads=1)
+        if case.when == "compile":
+            print("compiled without error")
+            return 1
+        model.run(case.feeds)
+        print("ran without error")
+        return 1
+    except kiln.KilnError as exc:
+        message = str(exc)
+    except Exception as exc:  # noqa: BLE001
+        print(f"raised {type(exc).__name__}, not KilnError: {exc}")
+        return 1
+    if not isinstance(kiln.KilnError("x"), RuntimeError):
+        print("KilnError is not a RuntimeError")
+        return 1
+    missing = _message_ok(message, case, path)
+    if missing:
+        print(f"message lacks {missing}: {message[:300]!r}")
+        return 1
+    print(message)
+    return 0
+
+
+def run_python(case, work):
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--python-case", case.name,
+                           "--work", work], capture_output=True, text=True, timeout=300)
+    if proc.returncode < 0:
+        return [f"python: killed by signal {signal.Signals(-proc.returncode).name}"]
+    if proc.returncode != 0:
+        detail = (proc.stdout.strip() or proc.stderr.strip()[-400:])
+        return [f"python: {detail}"]
+    return []
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kiln", default=None, help="path of the kiln CLI")
+    parser.add_argument("--work", default=None, help="directory for the generated models")
+    parser.add_argument("-k", dest="pattern", default=None)
+    parser.add_argument("--cli-only", action="store_true")
+    parser.add_argument("--python-only", action="store_true")
+    parser.add_argument("--python-case", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.python_case:
+        return python_case(args.python_case, args.work)
+
+    work = args.work or tempfile.mkdtemp(prefix="kiln-error-tests-")
+    os.makedirs(work, exist_ok=True)
+    selected = [c for c in cases(work) if not args.pattern or re.search(args.pattern, c.name)]
+    if not args.python_only and not (args.kiln and os.access(args.kiln, os.X_OK)):
+        print(f"kiln CLI not found: {args.kiln} (pass --kiln or --python-only)", file=sys.stderr)
+        return 2
+    failures = 0
+    for case in selected:
+        path = _materialize(case, work)
+        problems = []
+        if not args.python_only:
+            problems += run_cli(args.kiln, case, path, work)
+        if not args.cli_only:
+            problems += run_python(case, work)
+        status = "ok  " if not problems else "FAIL"
+        print(f"{status} {case.name}" + "".join(f"\n       {p}" for p in problems), flush=True)
+        failures += bool(problems)
+    total = len(selected)
+    if not args.python_only:
+        n, f = run_cli_arguments(args.kiln, work, args.pattern)
+        total += n
+        failures += f
+    print(f"\n{total - failures}/{total} error cases behave")
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""Runs the ONNX backend node tests shipped with the pinned onnx package through Kiln.
+
+Each case onnx/backend/test/data/node/<name>/ (model.onnx + test_data_set_*/) is compiled
+with the Python module and every data set is compared as onnx.backend.test does:
+numpy.testing.assert_allclose with the case's rtol/atol (1e-3 / 1e-7 unless its
+data.json says otherwise), equal dtypes, exact equality for non-numeric outputs.
+
+Cases that fail must be listed in filter.txt (`test_name  # reason`); the run fails only
+on UNEXPECTED failures. A listed case that passes is reported, not an error.
+
+Every case runs in a worker process, so a crash (a Kiln bug that aborts) or a hang is
+recorded against that case and the run continues.
+
+    run_backend_tests.py [-k REGEX] [-j N] [--filter FILE] [--write-filter FILE]
+                         [--timeout S] [--backend kiln|ort] [-v]
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_FILTER = os.path.join(HERE, "filter.txt")
+
+
+def node_test_dir():
+    import onnx
+    return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "node")
+
+
+def list_cases(pattern=None):
+    root = node_test_dir()
+    names = sorted(d for d in os.listdir(root)
+                   if os.path.isfile(os.path.join(root, d, "model.onnx")))
+    if pattern:
+        rx = re.compile(pattern)
+        names = [n for n in names if rx.search(n)]
+    return names
+
+
+def read_filter(path):
+    """{test_name: reason} from lines `test_name  # reason`."""
+    entries = {}
+    if not os.path.exists(path):
+        return entries
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            name, _, reason = text.partition("#")
+            name = name.strip()
+            if not name or " " in name:
+                raise SystemExit(f"{path}:{lineno}: malformed line: {line.rstrip()}")
+            entries[name] = reason.strip()
+    return entries
+
+
+# ---------------------------------------------------------------------------
+# The worker: runs cases named on stdin, one JSON result line per case on stdout.
+
+
+def _load_value(path, type_proto):
+    import onnx
+    from onnx import numpy_helper
+    with open(path, "rb") as f:
+        content = f.read()
+    if type_proto.HasField("tensor_type"):
+        t = onnx.TensorProto()
+        t.ParseFromString(content)
+        return numpy_helper.to_array(t)
+    kind = type_proto.WhichOneof("value")
+    raise NotImplementedError(f"{kind} values are not supported by the Kiln API "
+                              f"({os.path.basename(path)})")
+
+
+def _compare(name, ref, out, rtol, atol):
+    import numpy as np
+    if not np.issubdtype(ref.dtype, np.number):
+        if ref.dtype == np.bool_ and out.dtype != np.bool_:
+            raise AssertionError(f"output {name}: dtype {out.dtype}, expected bool")
+        if ref.tolist() != np.asarray(out).tolist():
+            raise AssertionError(f"output {name}: {out!r} != {ref!r}")
+        return
+    if out.dtype != ref.dtype:
+        raise AssertionError(f"output {name}: dtype {out.dtype}, expected {ref.dtype}")
+    if ref.dtype == object:
+        np.testing.assert_array_equal(out, ref, err_msg=f"output {name}")
+    else:
+        np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol, err_msg=f"output {name}")
+
+
+def _run_case(name, backend, threads):
+    import onnx
+    case_dir = os.path.join(node_test_dir(), name)
+    rtol, atol = 1e-3, 1e-7
+    data_json = os.path.join(case_dir, "data.json")
+    if os.path.exists(data_json):
+        with open(data_json) as f:
+            data = json.load(f)
+        rtol, atol = data.get("rtol", rtol), data.get("atol", atol)
+    model_path = os.path.join(case_dir, "model.onnx")
+    model = onnx.load(model_path, load_external_data=False)
+    graph_inputs = [i for i in model.graph.input]
+    graph_outputs = [o for o in model.graph.output]
+
+    if backend == "kiln":
+        import kiln
+        compiled = kiln.compile(model_path, threads=threads)
+
+        def run(feeds):
+            return compiled.run(feeds)
+    else:
+        import onnxruntime as ort
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = max(threads, 1)
+        so.inter_op_num_threads = 1
+        sess = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+
+        def run(feeds):
+            names = [o.name for o in sess.get_outputs()]
+            return dict(zip(names, sess.run(names, feeds)))
+
+    sets = sorted(glob.glob(os.path.join(case_dir, "test_data_set*")))
+    if not sets:
+        raise AssertionError("no test_data_set directories")
+    for data_dir in sets:
+        feeds = {}
+        n_in = len(glob.glob(os.path.join(data_dir, "input_*.pb")))
+        for i in range(n_in):
+            feeds[graph_inputs[i].name] = _load_value(os.path.join(data_dir, f"input_{i}.pb"),
+                                                      graph_inputs[i].type)
+        n_out = len(glob.glob(os.path.join(data_dir, "output_*.pb")))
+        refs = [_load_value(os.path.join(data_dir, f"output_{i}.pb"), graph_outputs[i].type)
+                for i in range(n_out)]
+        outputs = run(feeds)
+        if len(outputs) != len(refs):
+            raise AssertionError(f"{len(outputs)} outputs, expected {len(refs)}")
+        for i, ref in enumerate(refs):
+            out_name = graph_outputs[i].name
+            if out_name not in outputs:
+                raise AssertionError(f"missing output {out_name}")
+            _compare(out_name, ref, outputs[out_name], rtol, atol)
+
+
+def _classify(exc):
+    kind = "fail" if isinstance(exc, AssertionError) else "error"
+    name = type(exc).__name__
+    return kind, f"{name}: {exc}"
+
+
+def worker_main(backend, threads):
+    out = sys.stdout
+    sys.stdout = sys.stderr  # anything the cases print must not corrupt the protocol
+    for line in sys.stdin:
+        name = line.strip()
+        if not name:
+            continue
+        start = time.time()
+        try:
+            _run_case(name, backend, threads)
+            result = {"name": name, "status": "pass", "message": ""}
+        except BaseException as exc:  # noqa: BLE001: every failure is a result
+            kind, message = _classify(exc)
+            if kind == "error" and not type(exc).__name__ == "KilnError":
+                message += "\n" + traceback.format_exc(limit=3)
+            result = {"name": name, "status": kind, "message": message}
+        result["seconds"] = round(time.time() - start, 3)
+        out.write(json.dumps(result) + "\n")
+        out.flush()
+
+
+# ---------------------------------------------------------------------------
+# The parent: feeds cases to N workers, restarting a worker that crashed or hung.
+
+
+class Pool:
+    def __init__(self, cases, jobs, timeout, backend, threads, verbose):
+        self.pending = list(cases)
+        self.lock = threading.Lock()
+        self.results = {}
+        self.timeout = timeout
+        self.cmd = [sys.executable, os.path.abspath(__file__), "--worker",
+                    "--backend", backend, "--threads", str(threads)]
+        self.verbose = verbose
+        self.jobs = jobs
+        self.done = 0
+        self.total = len(cases)
+
+    def _next(self):
+        with self.lock:
+            return self.pending.pop(0) if self.pending else None
+
+    def _record(self, result):
+        with self.lock:
+            self.results[result["name"]] = result
+            self.done += 1
+            if self.verbose or result["status"] != "pass":
+                first = result["message"].splitlines()[0][:160] if result["message"] else ""
+                print(f"[{self.done}/{self.total}] {result['status'].upper():7s} "
+                      f"{result['name']} {first}", flush=True)
+            elif self.done % 100 == 0:
+                print(f"[{self.done}/{self.total}] ...", flush=True)
+
+    def _spawn(self):
+        return subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, bufsize=1)
+
+    def _serve(self):
+        proc = None
+        while True:
+            name = self._next()
+            if name is None:
+                break
+            if proc is None:
+                proc = self._spawn()
+            proc.stdin.write(name + "\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], self.timeout)
+            line = proc.stdout.readline() if ready else ""
+            if line:
+                self._record(json.loads(line))
+                continue
+            if not ready:
+                proc.kill()
+                proc.wait()
+                self._record({"name": name, "status": "timeout", "seconds": self.timeout,
+                              "message": f"no result after {self.timeout} s"})
+            else:
+                code = proc.wait()
+                how = (f"killed by signal {signal.Signals(-code).name}" if code < 0
+                       else f"worker exited with code {code}")
+                self._record({"name": name, "status": "crash", "seconds": 0, "message": how})
+            proc = None
+        if proc is not None:
+            proc.stdin.close()
+            proc.wait()
+
+    def run(self):
+        threads = [threading.Thread(target=self._serve) for _ in range(self.jobs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return self.results
+
+
+def write_filter(path, results, old):
+    lines = ["# ONNX backend node tests that Kiln is known to fail, one per line:",
+             "#   test_name  # reason",
+             "# Generated by run_backend_tests.py --write-filter; edit the reasons freely."]
+    for name in sorted(results):
+        r = results[name]
+        if r["status"] == "pass":
+            continue
+        first = (r["message"].splitlines() or [""])[0]
+        first = first.replace(os.path.join(node_test_dir(), name) + os.sep, "")
+        reason = old.get(name) or (r["status"] + ": " + first)
+        reason = " ".join(reason.split())[:200]
+        lines.append(f"{name}  # {reason}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-k", dest="pattern", default=None, help="regex selecting case names")
+    parser.add_argument("-j", "--jobs", type=int, default=2)
+    parser.add_argument("--filter", default=DEFAULT_FILTER)
+    parser.add_argument("--write-filter", default=None,
+                        help="write every failing case (with its reason) to this file")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case")
+    parser.add_argument("--threads", type=int, default=1, help="threads per compiled model")
+    parser.add_argument("--backend", choices=["kiln", "ort"], default="kiln",
+                        help="ort checks this harness against onnxruntime")
+    parser.add_argument("--json", default=None, help="write all results to this file")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        worker_main(args.backend, args.threads)
+        return 0
+
+    cases = list_cases(args.pattern)
+    if not cases:
+        print("no test cases selected", file=sys.stderr)
+        return 2
+    expected_failures = read_filter(args.filter) if args.backend == "kiln" else {}
+    start = time.time()
+    results = Pool(cases, max(1, args.jobs), args.timeout, args.backend, args.threads,
+                   args.verbose).run()
+    elapsed = time.time() - start
+
+    passed = [n for n in cases if results[n]["status"] == "pass"]
+    failed = [n for n in cases if results[n]["status"] != "pass"]
+    unexpected = [n for n in failed if n not in expected_failures]
+    fixed = [n for n in passed if n in expected_failures]
+    stale = sorted(n for n in expected_failures if n not in results and not args.pattern)
+
+    by_status = {}
+    for n in failed:
+        by_status.setdefault(results[n]["status"], []).append(n)
+    print()
+    print(f"ONNX backend node tests ({args.backend}): {len(passed)}/{len(cases)} passed "
+          f"({100.0 * len(passed) / len(cases):.1f}%) in {elapsed:.0f} s; " +
+          ", ".join(f"{len(v)} {k}" for k, v in sorted(by_status.items())))
+    if failed:
+        print(f"\nfailing cases ({len(failed)}):")
+        for n in failed:
+            first = (results[n]["message"].splitlines() or [""])[0][:160]
+            mark = "" if n in expected_failures else "  <-- UNEXPECTED"
+            print(f"  {n}: {results[n]['status']}: {first}{mark}")
+    if fixed:
+        print(f"\nlisted in {os.path.basename(args.filter)} but now passing "
+              f"(remove them): {' '.join(fixed)}")
+    if stale:
+        print(f"\nlisted in {os.path.basename(args.filter)} but not a test case: {' '.join(stale)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, sort_keys=True)
+    if args.write_filter:
+        write_filter(args.write_filter, results, expected_failures)
+        print(f"\nwrote {args.write_filter} ({len(failed)} cases)")
+    if unexpected:
+        shown = " ".join(unexpected[:20]) + (" ..." if len(unexpected) > 20 else "")
+        print(f"\n{len(unexpected)} UNEXPECTED failure(s) (marked above): {shown}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

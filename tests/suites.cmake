@@ -1,0 +1,35 @@
+# Python-driven test suites, included from tests/CMakeLists.txt. Each runs with
+# PYTHONPATH=<build>/python so `import kiln` finds the freshly built module.
+#   onnx    ONNX backend node tests through the Python module (filter: tests/onnx/filter.txt)
+#   models  one test per zoo model: Kiln vs onnxruntime at 1 and 2 threads
+#   error   malformed and adversarial models through the CLI and the Python module
+set(KILN_TEST_ENV "PYTHONPATH=${CMAKE_BINARY_DIR}/python")
+set(KILN_MODEL_CACHE_DIR ${CMAKE_BINARY_DIR}/models CACHE PATH
+    "Export cache of the zoo models (tests/models/export_models.py)")
+
+if(KILN_BUILD_PYTHON)
+  add_test(NAME onnx_backend_node
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/onnx/run_backend_tests.py -j 2
+            --filter ${CMAKE_CURRENT_SOURCE_DIR}/onnx/filter.txt
+            --json ${CMAKE_CURRENT_BINARY_DIR}/onnx_backend_results.json)
+  set_tests_properties(onnx_backend_node PROPERTIES
+    LABELS onnx ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 3600)
+
+  set(KILN_ZOO_MODELS resnet18 resnet50 mobilenet_v2 mobilenet_v3_small efficientnet_b0
+      squeezenet1_1 densenet121 inception_v3 convnext_tiny vit_b_16 bert gpt2)
+  foreach(model ${KILN_ZOO_MODELS})
+    add_test(NAME model_${model}
+      COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/models/run_model_test.py ${model}
+              --cache-dir ${KILN_MODEL_CACHE_DIR})
+    # Exports share the cache directory: run the model tests one at a time.
+    set_tests_properties(model_${model} PROPERTIES
+      LABELS models ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 3600
+      RESOURCE_LOCK kiln_model_cache)
+  endforeach()
+
+  add_test(NAME error_models
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/error/run_error_tests.py
+            --kiln $<TARGET_FILE:kiln>)
+  set_tests_properties(error_models PROPERTIES
+    LABELS error ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 900)
+endif()
