@@ -35,6 +35,23 @@ bool has_complete_sym_value(const Value* v) {
   return n == static_cast<int64_t>(v->sym_value()->size());
 }
 
+// An output whose rank is unknown or whose dims use a symbol not yet bound
+// (by the graph inputs or by an earlier runtime kernel's outputs) is
+// data-dependent: only a runtime kernel, which allocates its outputs once the
+// values are known, can produce it.
+bool has_data_dependent_output(const Node* n, const std::set<std::string>& bound) {
+  for (const Value* out : n->outputs()) {
+    if (!out) continue;
+    if (!out->type().shape) return true;
+    for (const Expr& d : *out->type().shape)
+      for (const std::string& v : free_vars(d))
+        if (!bound.count(v)) return true;
+  }
+  // CumSum lowers only with a constant axis.
+  if (n->op_type() == "CumSum" && n->input(1) && !n->input(1)->is_constant()) return true;
+  return false;
+}
+
 // Walks a graph and its nested graphs.
 void for_each_node(const Graph& g, const std::function<void(const Node*)>& f) {
   for (const Node* n : g.nodes()) {
@@ -47,12 +64,6 @@ void for_each_node(const Graph& g, const std::function<void(const Node*)>& f) {
   }
 }
 
-std::string dims_text(const TensorType& t) {
-  if (!t.shape) return "?";
-  std::ostringstream os;
-  for (size_t i = 0; i < t.shape->size(); ++i) os << (i ? "," : "") << print_expr((*t.shape)[i]);
-  return os.str();
-}
 
 TensorInfo make_info(const Value* v) {
   TensorInfo info;
@@ -68,6 +79,10 @@ class ProgramBuilder {
   ProgramBuilder(Graph& g, const CompileOptions& opts) : g_(g), opts_(opts) {}
 
   Result<CompiledProgram> build(SymbolBounds bounds);
+  // Stops before code generation; kernels_text() then describes every kernel.
+  void set_lower_only(bool v) { lower_only_ = v; }
+  const std::string& kernels_text() const { return kernels_text_; }
+  std::string groups_text();
 
  private:
   int reg(const Value* v);
@@ -89,6 +104,10 @@ class ProgramBuilder {
   std::map<uint64_t, int> kernel_by_hash_;
   std::vector<int> pending_kernel_;  // instr index -> funcs_ index, patched after codegen
   int num_host_calls_ = 0;
+  bool lower_only_ = false;
+  SymbolBounds bounds_;
+  std::map<const Node*, std::set<std::string>> bound_before_;
+  std::string kernels_text_;
 };
 
 int ProgramBuilder::reg(const Value* v) {
@@ -112,6 +131,22 @@ Status ProgramBuilder::classify() {
   // Values needed by the outputs (dead nodes are skipped).
   std::set<const Value*> needed(g_.outputs().begin(), g_.outputs().end());
   std::vector<Node*> nodes = g_.nodes();
+  // Symbols bound before each node runs: graph input dims, then the outputs
+  // of every node in order.
+  std::set<std::string> bound;
+  std::set<const Node*> data_dependent;
+  for (const Value* in : g_.inputs())
+    if (in->type().shape)
+      for (const Expr& d : *in->type().shape)
+        for (const std::string& v : free_vars(d)) bound.insert(v);
+  for (const Node* n : nodes) {
+    bound_before_[n] = bound;
+    if (has_data_dependent_output(n, bound)) data_dependent.insert(n);
+    for (const Value* out : n->outputs())
+      if (out && out->type().shape)
+        for (const Expr& d : *out->type().shape)
+          for (const std::string& v : free_vars(d)) bound.insert(v);
+  }
   for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
     Node* n = *it;
     bool live = false;
@@ -132,7 +167,9 @@ Status ProgramBuilder::classify() {
       if (in) needed.insert(in);
     const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
     KILN_CHECK(def != nullptr) << "unchecked op " << describe(n);
-    if (def->is_view && n->num_outputs() >= 1)
+    if (def->kernel && data_dependent.count(n))
+      mode_[n] = Mode::kHost;
+    else if (def->is_view && n->num_outputs() >= 1)
       mode_[n] = Mode::kView;
     else if (def->lower)
       mode_[n] = Mode::kCompiled;
@@ -190,6 +227,8 @@ Result<tir::KernelDef> ProgramBuilder::make_kernel_def(const passes::FusedGroup&
     ctx.name_counter = &counter;
     auto it = g_.opsets.find("");
     ctx.opset = it == g_.opsets.end() ? 0 : it->second;
+    ctx.bounds = bounds_;
+    ctx.bound_symbols = bound_before_[n];
     for (const Value* v : n->inputs()) {
       if (v == nullptr) {
         ctx.inputs.push_back(tir::Buffer{});
@@ -236,6 +275,10 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
       return func.status().with_context(describe(group.nodes.back()) + ": lowering");
     func->name = "kiln_k" + std::to_string(funcs_.size()) + "_" + kdef->name;
     func_index = static_cast<int>(funcs_.size());
+    if (lower_only_)
+      kernels_text_ += "// kernel " + func->name + " for " + describe(group.nodes.back()) + "\n" +
+                       tir::print_kernel_def(*kdef) + "// schedule\n" + sched.to_string() + "\n" +
+                       tir::print_func(*func) + "\n";
     if (opts_.dump_ir) std::fprintf(stderr, "%s\n", tir::print_func(*func).c_str());
     funcs_.push_back(std::move(*func));
     kernel_by_hash_[h] = func_index;
@@ -381,6 +424,7 @@ void ProgramBuilder::plan_memory() {
 
 Result<CompiledProgram> ProgramBuilder::build(SymbolBounds bounds) {
   auto t0 = std::chrono::steady_clock::now();
+  bounds_ = bounds;
   CompiledProgram out;
   for (const Value* v : g_.outputs()) graph_outputs_.insert(v);
   KILN_RETURN_IF_ERROR(classify());
@@ -430,6 +474,7 @@ Result<CompiledProgram> ProgramBuilder::build(SymbolBounds bounds) {
   plan_memory();
   prog_->bounds = std::move(bounds);
 
+  if (lower_only_) return out;
   // Code generation for all kernels at once.
   codegen::CodegenOptions copts;
   copts.dump_ir = opts_.dump_ir;
@@ -458,7 +503,33 @@ Result<CompiledProgram> ProgramBuilder::build(SymbolBounds bounds) {
   return out;
 }
 
+std::string ProgramBuilder::groups_text() {
+  if (Status st = classify(); !st.is_ok()) return "error: " + st.to_string() + "\n";
+  std::set<const Node*> compiled;
+  for (const auto& [n, m] : mode_)
+    if (m == Mode::kCompiled) compiled.insert(n);
+  std::ostringstream os;
+  for (const auto& grp : passes::fuse_elementwise(g_, compiled, opts_.fuse_elementwise && !opts_.naive)) {
+    os << "group %" << grp.nodes.back()->output(0)->name() << ":";
+    for (const Node* n : grp.nodes) os << " " << n->op_type();
+    os << "\n";
+  }
+  return os.str();
+}
+
 }  // namespace
+
+Result<std::string> lowered_kernels_text(Graph& g, const CompileOptions& options) {
+  ProgramBuilder builder(g, options);
+  builder.set_lower_only(true);
+  KILN_RETURN_IF_ERROR(builder.build(g.bounds).status());
+  return builder.kernels_text();
+}
+
+Result<std::string> fused_groups_text(Graph& g, const CompileOptions& options) {
+  ProgramBuilder builder(g, options);
+  return builder.groups_text();
+}
 
 Status check_supported(const Graph& g) {
   std::map<std::string, std::vector<std::string>> missing;  // op -> node names

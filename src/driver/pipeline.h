@@ -31,4 +31,13 @@ Status check_supported(const Graph& g);
 // Runs the pipeline on an imported graph.
 Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOptions& options);
 
+// The pipeline up to loop IR, without code generation: for every kernel (in
+// program order) its compute definition, its schedule and the lowered loops,
+// as text. Used by `kiln opt --lower` and the ir tests. `g` must be inferred.
+Result<std::string> lowered_kernels_text(Graph& g, const CompileOptions& options);
+
+// The fused groups of an inferred graph, one line per group:
+//   "group <root value>: <op> <op> ..." (used by `kiln opt --fuse-elementwise`).
+Result<std::string> fused_groups_text(Graph& g, const CompileOptions& options);
+
 }  // namespace kiln::driver

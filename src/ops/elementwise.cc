@@ -542,13 +542,14 @@ std::vector<Elementwise> elementwise_ops() {
       }
       return in[0];
     };
+    auto cast_body_fn = c.body;
     add_op(std::move(c));
     Elementwise like;
     like.name = "CastLike";
     like.min_inputs = like.max_inputs = 2;
     like.broadcast_inputs = 1;
     like.type = [](const Node&, const std::vector<DType>& in) -> Result<DType> { return in[1]; };
-    like.body = c.body;
+    like.body = cast_body_fn;
     like.sym = [](const Node&, const std::vector<Expr>& in, const SymbolBounds&) -> std::optional<Expr> {
       return in[0];
     };

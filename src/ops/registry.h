@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,12 @@ struct LowerContext {
   // it (Softmax, LogSoftmax, Hardmax before 13). 0: unknown; those ops then fail
   // to lower when the semantics would differ.
   int64_t opset = 0;
+  // Bounds of the graph's symbols (signs of symbolic slice bounds, ...).
+  SymbolBounds bounds;
+  // Symbols whose values are known at run time before this node runs (graph
+  // input dims, dims of earlier runtime kernels' outputs). An output dim over
+  // other symbols is data-dependent and cannot be lowered.
+  std::set<std::string> bound_symbols;
 
   Expr load_input(size_t i, std::vector<Expr> indices) const;
   std::string fresh(const std::string& prefix);  // "i3", "k7", ...

@@ -27,6 +27,7 @@
 #include "compare.h"
 #include "kiln/kiln.h"
 #include "npy.h"
+#include "opt.h"
 #include "test_data.h"
 
 namespace kiln::cli {
@@ -54,7 +55,11 @@ const char kUsage[] =
     "      --output-dir DIR        write every output as DIR/NAME.npy\n"
     "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--json]\n"
     "      compile, warm up, time repeated runs; print median, p10/p90, min\n"
-    "exit codes: 0 ok, 1 outputs differ from --test-data, 2 error\n";
+    "  kiln opt FILE [--infer-shapes] [--fuse-elementwise] [--lower] [--naive] [--print-after-all]\n"
+    "           [--check-equiv] [--dim NAME=VALUE]\n"
+    "      run compiler steps on a graph (.kir text or .onnx) and print the result;\n"
+    "      --check-equiv compares default against naive schedules on random inputs\n"
+    "exit codes: 0 ok, 1 outputs differ from --test-data (or --check-equiv), 2 error\n";
 
 // ---------------------------------------------------------------------------
 // Command-line parsing.
@@ -562,7 +567,7 @@ int main_impl(int argc, char** argv) {
   }
   using Command = Result<int> (*)(const std::vector<std::string>&);
   const std::map<std::string, Command> commands = {
-      {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}};
+      {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}, {"opt", cmd_opt}};
   auto it = commands.find(command);
   if (it == commands.end()) {
     std::cerr << "kiln: error: unknown command '" << command << "'\n" << kUsage;

@@ -1,0 +1,300 @@
+// Convolutions: Conv (1-D/2-D/3-D, groups, dilations, strides, pads,
+// auto_pad, optional bias) and ConvTranspose (any spatial rank, groups,
+// output_padding, output_shape).
+//
+// Both lower to one reduction stage over (input channel of the group, kernel
+// positions). Padding is handled inside the body: an input index outside the
+// tensor contributes 0 (a select on the bounds), and the load index itself is
+// clamped into the tensor so that no out-of-bounds load happens even when the
+// select evaluates both sides.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+
+namespace {
+
+// Geometry of a convolution window along the spatial dims.
+struct ConvGeometry {
+  std::vector<Expr> in;         // input spatial extents
+  std::vector<Expr> kernel;     // kernel extents
+  std::vector<Expr> out;        // output spatial extents
+  std::vector<Expr> pad_begin;  // padding before each spatial dim (may be symbolic with auto_pad)
+  std::vector<int64_t> stride, dilation;
+  bool may_pad = false;  // some padding may be non-zero: bodies need bound checks
+};
+
+Result<std::vector<int64_t>> spatial_attr(const Node& n, const std::string& name, size_t rank, int64_t def) {
+  std::vector<int64_t> v = n.attr_ints(name, std::vector<int64_t>(rank, def));
+  if (v.size() != rank) {
+    return node_invalid(n) << "attribute '" << name << "' has " << v.size() << " values, expected " << rank;
+  }
+  for (int64_t x : v) {
+    if (x <= 0) return node_invalid(n) << "attribute '" << name << "' must be positive";
+  }
+  return v;
+}
+
+// Output extents and padding of Conv: explicit pads or auto_pad.
+Result<ConvGeometry> conv_geometry(const Node& n, const Shape& x, const std::vector<Expr>& kernel,
+                                   const SymbolBounds& bounds) {
+  size_t rank = kernel.size();
+  ConvGeometry g;
+  g.kernel = kernel;
+  g.in.assign(x.begin() + 2, x.end());
+  KILN_ASSIGN_OR_RETURN(g.stride, spatial_attr(n, "strides", rank, 1));
+  KILN_ASSIGN_OR_RETURN(g.dilation, spatial_attr(n, "dilations", rank, 1));
+  std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
+  std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(2 * rank, 0));
+  if (pads.size() != 2 * rank) return node_invalid(n) << "attribute 'pads' needs " << 2 * rank << " values";
+  for (size_t d = 0; d < rank; ++d) {
+    Expr span = Expr(g.dilation[d]) * (kernel[d] - 1) + 1;  // receptive field
+    Expr s = Expr(g.stride[d]);
+    if (auto_pad == "NOTSET") {
+      g.pad_begin.push_back(Expr(pads[d]));
+      g.out.push_back(simplify(floordiv(g.in[d] + pads[d] + pads[d + rank] - span, s) + 1, bounds));
+      if (pads[d] != 0 || pads[d + rank] != 0) g.may_pad = true;
+    } else if (auto_pad == "VALID") {
+      g.pad_begin.push_back(Expr(0));
+      g.out.push_back(simplify(floordiv(g.in[d] - span, s) + 1, bounds));
+    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      Expr out = simplify(floordiv(g.in[d] + (g.stride[d] - 1), s), bounds);
+      Expr total = simplify(max(Expr(0), (out - 1) * s + span - g.in[d]), bounds);
+      Expr half = floordiv(total, 2);
+      g.pad_begin.push_back(simplify(auto_pad == "SAME_UPPER" ? half : total - half, bounds));
+      g.out.push_back(out);
+      g.may_pad = true;
+    } else {
+      return node_invalid(n) << "unknown auto_pad '" << auto_pad << "'";
+    }
+  }
+  return g;
+}
+
+// An index into an input dim of extent `extent`, clamped into range.
+Expr clamp_index(const Expr& i, const Expr& extent) { return max(min(i, extent - 1), Expr(0)); }
+
+Status infer_conv(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape w, input_shape(n, 1));
+  if (x.size() < 3) return node_invalid(n) << "input rank " << x.size() << " < 3";
+  if (w.size() != x.size()) return node_invalid(n) << "weight rank " << w.size() << " != input rank " << x.size();
+  int64_t group = n.attr_int("group", 1);
+  if (group <= 0) return node_invalid(n) << "group must be positive";
+  std::vector<Expr> kernel(w.begin() + 2, w.end());
+  std::vector<int64_t> ks = n.attr_ints("kernel_shape");
+  if (!ks.empty()) {
+    if (ks.size() != kernel.size()) return node_invalid(n) << "kernel_shape has the wrong rank";
+    for (size_t d = 0; d < ks.size(); ++d) kernel[d] = Expr(ks[d]);
+  }
+  // Channels: C == group * W[1] (checked when both are constants).
+  auto c = simplify(x[1], ctx.bounds).as_const();
+  auto wc = simplify(w[1], ctx.bounds).as_const();
+  if (c && wc && *c != group * *wc) {
+    return node_invalid(n) << "input has " << *c << " channels, weight expects " << group * *wc << " (group "
+                           << group << ")";
+  }
+  KILN_ASSIGN_OR_RETURN(ConvGeometry g, conv_geometry(n, x, kernel, ctx.bounds));
+  Shape out = {x[0], w[0]};
+  out.insert(out.end(), g.out.begin(), g.out.end());
+  set_output(n, 0, xt.dtype, std::move(out), ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& x = ctx.inputs[0];
+  const tir::Buffer& w = ctx.inputs[1];
+  const tir::Buffer& y = ctx.outputs[0];
+  size_t rank = x.shape.size() - 2;
+  std::vector<Expr> kernel(w.shape.begin() + 2, w.shape.end());
+  Shape xs(x.shape.begin(), x.shape.end());
+  KILN_ASSIGN_OR_RETURN(ConvGeometry g, conv_geometry(n, xs, kernel, {}));
+  int64_t group = n.attr_int("group", 1);
+
+  std::vector<std::string> axes = fresh_axes(ctx, rank + 2, "i");
+  std::vector<Expr> iv = axis_vars(axes);
+  std::vector<std::string> raxes = fresh_axes(ctx, rank + 1, "k");
+  std::vector<Expr> rv = axis_vars(raxes);
+  std::vector<Expr> rext = {w.shape[1]};
+  rext.insert(rext.end(), kernel.begin(), kernel.end());
+
+  // Input channel: the group of output channel m, then the channel within it.
+  Expr ci = rv[0];
+  if (group != 1) ci = floordiv(iv[1], floordiv(w.shape[0], group)) * w.shape[1] + rv[0];
+  std::vector<Expr> x_idx = {iv[0], ci};
+  std::vector<Expr> w_idx = {iv[1], rv[0]};
+  std::vector<tir::ComputeDef> stages;
+  for (size_t d = 0; d < rank; ++d) {
+    Expr pos = iv[d + 2] * g.stride[d] + rv[d + 1] * g.dilation[d];
+    x_idx.push_back(g.may_pad ? pos : pos - g.pad_begin[d]);
+    w_idx.push_back(rv[d + 1]);
+  }
+  Expr x_value;
+  if (g.may_pad) {
+    // A zero-padded copy of the input, just large enough for every window:
+    // the reduction then reads it without bound checks (contiguous windows).
+    std::vector<std::string> paxes = fresh_axes(ctx, rank + 2, "p");
+    std::vector<Expr> pv = axis_vars(paxes);
+    std::vector<Expr> pshape = {x.shape[0], x.shape[1]};
+    std::vector<Expr> src = {pv[0], pv[1]};
+    Expr valid;
+    for (size_t d = 0; d < rank; ++d) {
+      pshape.push_back(simplify((g.out[d] - 1) * g.stride[d] + (kernel[d] - 1) * g.dilation[d] + 1));
+      Expr pos = pv[d + 2] - g.pad_begin[d];
+      Expr ok = logical_and(le(Expr(0), pos), lt(pos, g.in[d]));
+      valid = valid.defined() ? logical_and(valid, ok) : ok;
+      src.push_back(clamp_index(pos, g.in[d]));
+    }
+    stages.push_back(make_stage(y.name + ".pad", y.dtype, paxes, pshape,
+                                select(valid, ctx.load_input(0, src), const_of(y.dtype, 0))));
+    x_value = stage_load(stages.back(), x_idx);
+  } else {
+    x_value = ctx.load_input(0, x_idx);
+  }
+  Expr body = x_value * ctx.load_input(1, w_idx);
+  Expr finalize;
+  if (has_input(n, 2)) finalize = var("acc", y.dtype) + ctx.load_input(2, {iv[1]});
+  stages.push_back(make_reduce_stage(y.name, y.dtype, axes, y.shape, raxes, rext, tir::Combiner::kSum,
+                                     const_of(y.dtype, 0), body, finalize));
+  return stages;
+}
+
+// ---- ConvTranspose --------------------------------------------------------------
+
+struct ConvTransposeGeometry {
+  std::vector<Expr> in, kernel, out, pad_begin;
+  std::vector<int64_t> stride, dilation;
+};
+
+Result<ConvTransposeGeometry> conv_transpose_geometry(const Node& n, const Shape& x, const std::vector<Expr>& kernel,
+                                                      const SymbolBounds& bounds) {
+  size_t rank = kernel.size();
+  ConvTransposeGeometry g;
+  g.kernel = kernel;
+  g.in.assign(x.begin() + 2, x.end());
+  KILN_ASSIGN_OR_RETURN(g.stride, spatial_attr(n, "strides", rank, 1));
+  KILN_ASSIGN_OR_RETURN(g.dilation, spatial_attr(n, "dilations", rank, 1));
+  std::vector<int64_t> out_pad = n.attr_ints("output_padding", std::vector<int64_t>(rank, 0));
+  std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(2 * rank, 0));
+  std::vector<int64_t> out_shape = n.attr_ints("output_shape");
+  std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
+  if (out_pad.size() != rank) return node_invalid(n) << "output_padding needs " << rank << " values";
+  if (pads.size() != 2 * rank) return node_invalid(n) << "pads needs " << 2 * rank << " values";
+  if (!out_shape.empty() && out_shape.size() != rank) {
+    // output_shape may include N and C; keep the spatial tail.
+    if (out_shape.size() != rank + 2) return node_invalid(n) << "output_shape needs " << rank << " values";
+    out_shape.erase(out_shape.begin(), out_shape.begin() + 2);
+  }
+  for (size_t d = 0; d < rank; ++d) {
+    Expr span = Expr(g.dilation[d]) * (kernel[d] - 1) + 1;
+    Expr full = Expr(g.stride[d]) * (g.in[d] - 1) + out_pad[d] + span;  // output size without padding
+    Expr target;
+    if (!out_shape.empty()) {
+      target = Expr(out_shape[d]);
+    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      target = g.in[d] * g.stride[d];
+    }
+    if (target.defined()) {
+      Expr total = simplify(full - target, bounds);
+      Expr half = floordiv(total, 2);
+      // The spec: SAME_UPPER puts the smaller half first, anything else the larger half.
+      g.pad_begin.push_back(simplify(auto_pad == "SAME_UPPER" ? half : total - half, bounds));
+      g.out.push_back(simplify(target, bounds));
+    } else if (auto_pad == "NOTSET" || auto_pad == "VALID") {
+      int64_t pb = auto_pad == "VALID" ? 0 : pads[d];
+      int64_t pe = auto_pad == "VALID" ? 0 : pads[d + rank];
+      g.pad_begin.push_back(Expr(pb));
+      g.out.push_back(simplify(full - pb - pe, bounds));
+    } else {
+      return node_invalid(n) << "unknown auto_pad '" << auto_pad << "'";
+    }
+  }
+  return g;
+}
+
+Status infer_conv_transpose(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape w, input_shape(n, 1));
+  if (x.size() < 3) return node_invalid(n) << "input rank " << x.size() << " < 3";
+  if (w.size() != x.size()) return node_invalid(n) << "weight rank " << w.size() << " != input rank " << x.size();
+  int64_t group = n.attr_int("group", 1);
+  if (group <= 0) return node_invalid(n) << "group must be positive";
+  std::vector<Expr> kernel(w.begin() + 2, w.end());
+  KILN_ASSIGN_OR_RETURN(ConvTransposeGeometry g, conv_transpose_geometry(n, x, kernel, ctx.bounds));
+  Shape out = {x[0], w[1] * group};
+  out.insert(out.end(), g.out.begin(), g.out.end());
+  set_output(n, 0, xt.dtype, std::move(out), ctx);
+  return Status::ok();
+}
+
+// y[n, m, o] = sum over input channels c of m's group and kernel positions r of
+//   x[n, c, (o + pad - r*dil) / stride] * w[c, m within group, r]
+// where the division must be exact and land inside the input.
+Result<std::vector<tir::ComputeDef>> lower_conv_transpose(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& x = ctx.inputs[0];
+  const tir::Buffer& w = ctx.inputs[1];
+  const tir::Buffer& y = ctx.outputs[0];
+  size_t rank = x.shape.size() - 2;
+  std::vector<Expr> kernel(w.shape.begin() + 2, w.shape.end());
+  Shape xs(x.shape.begin(), x.shape.end());
+  KILN_ASSIGN_OR_RETURN(ConvTransposeGeometry g, conv_transpose_geometry(n, xs, kernel, {}));
+  int64_t group = n.attr_int("group", 1);
+  Expr c_per_group = group == 1 ? x.shape[1] : floordiv(x.shape[1], group);
+  Expr m_per_group = w.shape[1];
+
+  std::vector<std::string> axes = fresh_axes(ctx, rank + 2, "i");
+  std::vector<Expr> iv = axis_vars(axes);
+  std::vector<std::string> raxes = fresh_axes(ctx, rank + 1, "k");
+  std::vector<Expr> rv = axis_vars(raxes);
+  std::vector<Expr> rext = {c_per_group};
+  rext.insert(rext.end(), kernel.begin(), kernel.end());
+
+  Expr ci = rv[0];
+  Expr mi = iv[1];
+  if (group != 1) {
+    ci = floordiv(iv[1], m_per_group) * c_per_group + rv[0];
+    mi = mod(iv[1], m_per_group);
+  }
+  std::vector<Expr> x_idx = {iv[0], ci};
+  std::vector<Expr> w_idx = {ci, mi};
+  Expr valid;
+  for (size_t d = 0; d < rank; ++d) {
+    Expr num = iv[d + 2] + g.pad_begin[d] - rv[d + 1] * g.dilation[d];
+    Expr pos = g.stride[d] == 1 ? num : floordiv(num, Expr(g.stride[d]));
+    Expr ok = logical_and(le(Expr(0), num), lt(pos, g.in[d]));
+    if (g.stride[d] != 1) ok = logical_and(ok, eq(mod(num, Expr(g.stride[d])), Expr(0)));
+    valid = valid.defined() ? logical_and(valid, ok) : ok;
+    x_idx.push_back(clamp_index(pos, g.in[d]));
+    w_idx.push_back(rv[d + 1]);
+  }
+  Expr body = select(valid, ctx.load_input(0, x_idx) * ctx.load_input(1, w_idx), const_of(y.dtype, 0));
+  Expr finalize;
+  if (has_input(n, 2)) finalize = var("acc", y.dtype) + ctx.load_input(2, {iv[1]});
+  std::vector<tir::ComputeDef> stages;
+  stages.push_back(make_reduce_stage(y.name, y.dtype, axes, y.shape, raxes, rext, tir::Combiner::kSum,
+                                     const_of(y.dtype, 0), body, finalize));
+  return stages;
+}
+
+}  // namespace
+
+void register_conv_ops() {
+  OpDef conv;
+  conv.name = "Conv";
+  conv.infer = infer_conv;
+  conv.lower = lower_conv;
+  register_op(std::move(conv));
+
+  OpDef convt;
+  convt.name = "ConvTranspose";
+  convt.infer = infer_conv_transpose;
+  convt.lower = lower_conv_transpose;
+  register_op(std::move(convt));
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,325 @@
+// Matrix products: MatMul (numpy semantics: batch dims broadcast, 1-D
+// operands promoted and their unit dim removed), Gemm (transA, transB, alpha,
+// beta, optional C broadcast to [M, N]) and Einsum (explicit or implicit
+// output, ellipsis with broadcasting, repeated labels as diagonals). Each
+// lowers to one sum reduction; Gemm's scaling and bias are the stage's finalize.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+
+namespace {
+
+// Index into a batch dim `d` of an operand for output batch index `i` whose
+// extent is `out_d`: 0 for a unit dim, `i` when equal, `i mod d` when it may be either.
+Expr batch_index(const Expr& i, const Expr& d, const Expr& out_d) {
+  auto c = d.as_const();
+  if (c && *c == 1) return Expr(0);
+  if (c || prove_equal(d, out_d)) return i;
+  return mod(i, d);
+}
+
+Status infer_matmul(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType at, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape a, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape b, input_shape(n, 1));
+  if (a.empty() || b.empty()) return node_invalid(n) << "operands must have rank >= 1";
+  bool a_vec = a.size() == 1, b_vec = b.size() == 1;
+  if (a_vec) a.insert(a.begin(), Expr(1));
+  if (b_vec) b.push_back(Expr(1));
+  Expr ka = a[a.size() - 1], kb = b[b.size() - 2];
+  auto ca = simplify(ka, ctx.bounds).as_const(), cb = simplify(kb, ctx.bounds).as_const();
+  if (ca && cb && *ca != *cb) {
+    return node_invalid(n) << "inner dims differ: " << shape_to_string(*n.input(0)->type().shape) << " x "
+                           << shape_to_string(*n.input(1)->type().shape);
+  }
+  Shape a_batch(a.begin(), a.end() - 2), b_batch(b.begin(), b.end() - 2);
+  KILN_ASSIGN_OR_RETURN(Shape out, broadcast_all(n, {a_batch, b_batch}, ctx.bounds));
+  if (!a_vec) out.push_back(a[a.size() - 2]);
+  if (!b_vec) out.push_back(b[b.size() - 1]);
+  set_output(n, 0, at.dtype, std::move(out), ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_matmul(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& a = ctx.inputs[0];
+  const tir::Buffer& b = ctx.inputs[1];
+  const tir::Buffer& y = ctx.outputs[0];
+  bool a_vec = a.shape.size() == 1, b_vec = b.shape.size() == 1;
+  size_t out_rank = y.shape.size();
+  size_t batch_rank = out_rank - (a_vec ? 0 : 1) - (b_vec ? 0 : 1);
+  std::vector<std::string> axes = fresh_axes(ctx, out_rank, "i");
+  std::vector<Expr> iv = axis_vars(axes);
+  std::string k = ctx.fresh("k");
+  Expr kv = var(k);
+  Expr m = a_vec ? Expr() : iv[batch_rank];
+  Expr nn = b_vec ? Expr() : iv[out_rank - 1];
+
+  std::vector<Expr> a_idx, b_idx;
+  size_t a_batch = a_vec ? 0 : a.shape.size() - 2;
+  size_t b_batch = b_vec ? 0 : b.shape.size() - 2;
+  for (size_t d = 0; d < a_batch; ++d) {
+    size_t o = batch_rank - a_batch + d;
+    a_idx.push_back(batch_index(iv[o], a.shape[d], y.shape[o]));
+  }
+  for (size_t d = 0; d < b_batch; ++d) {
+    size_t o = batch_rank - b_batch + d;
+    b_idx.push_back(batch_index(iv[o], b.shape[d], y.shape[o]));
+  }
+  if (!a_vec) a_idx.push_back(m);
+  a_idx.push_back(kv);
+  b_idx.push_back(kv);
+  if (!b_vec) b_idx.push_back(nn);
+  Expr kext = a.shape.back();
+  Expr body = ctx.load_input(0, a_idx) * ctx.load_input(1, b_idx);
+  std::vector<tir::ComputeDef> stages;
+  stages.push_back(make_reduce_stage(y.name, y.dtype, axes, y.shape, {k}, {kext}, tir::Combiner::kSum,
+                                     const_of(y.dtype, 0), body));
+  return stages;
+}
+
+// ---- Gemm ----------------------------------------------------------------------------
+
+Status infer_gemm(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType at, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape a, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape b, input_shape(n, 1));
+  if (a.size() != 2 || b.size() != 2) return node_invalid(n) << "A and B must be 2-D";
+  bool ta = n.attr_int("transA", 0) != 0, tb = n.attr_int("transB", 0) != 0;
+  Expr m = ta ? a[1] : a[0];
+  Expr ka = ta ? a[0] : a[1];
+  Expr kb = tb ? b[1] : b[0];
+  Expr nn = tb ? b[0] : b[1];
+  auto ca = simplify(ka, ctx.bounds).as_const(), cb = simplify(kb, ctx.bounds).as_const();
+  if (ca && cb && *ca != *cb) return node_invalid(n) << "inner dims differ: " << *ca << " vs " << *cb;
+  Shape out = {m, nn};
+  if (has_input(n, 2)) {
+    KILN_ASSIGN_OR_RETURN(Shape c, input_shape(n, 2));
+    if (c.size() > 2) return node_invalid(n) << "C has rank " << c.size() << " > 2";
+    KILN_ASSIGN_OR_RETURN(Shape bc, broadcast_all(n, {out, c}, ctx.bounds));
+    (void)bc;  // C broadcasts to [M, N] (checked); the output keeps [M, N].
+  }
+  set_output(n, 0, at.dtype, std::move(out), ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_gemm(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& a = ctx.inputs[0];
+  const tir::Buffer& y = ctx.outputs[0];
+  DType dt = y.dtype;
+  bool ta = n.attr_int("transA", 0) != 0, tb = n.attr_int("transB", 0) != 0;
+  double alpha = n.attr_float("alpha", 1.0), beta = n.attr_float("beta", 1.0);
+  std::vector<std::string> axes = fresh_axes(ctx, 2, "i");
+  std::vector<Expr> iv = axis_vars(axes);
+  std::string k = ctx.fresh("k");
+  Expr kv = var(k);
+  Expr av = ta ? ctx.load_input(0, {kv, iv[0]}) : ctx.load_input(0, {iv[0], kv});
+  Expr bv = tb ? ctx.load_input(1, {iv[1], kv}) : ctx.load_input(1, {kv, iv[1]});
+  Expr kext = ta ? a.shape[0] : a.shape[1];
+  Expr acc = var("acc", dt);
+  Expr finalize;
+  if (alpha != 1.0) finalize = const_of(dt, alpha) * acc;
+  if (has_input(n, 2) && beta != 0.0) {
+    Expr c = load_broadcast(ctx, 2, iv, y.shape);
+    if (beta != 1.0) c = const_of(dt, beta) * c;
+    finalize = (finalize.defined() ? finalize : acc) + c;
+  }
+  std::vector<tir::ComputeDef> stages;
+  stages.push_back(make_reduce_stage(y.name, dt, axes, y.shape, {k}, {kext}, tir::Combiner::kSum, const_of(dt, 0),
+                                     av * bv, finalize));
+  return stages;
+}
+
+
+// ---- Einsum ----------------------------------------------------------------------------
+
+// Labels: letters by their character code; the dims covered by an ellipsis
+// get labels kEllipsisLabel + j, right-aligned across inputs (numpy broadcasting).
+constexpr int kEllipsisLabel = 256;
+
+struct EinsumSpec {
+  std::vector<std::vector<int>> inputs;  // labels per input dim
+  std::vector<int> output;               // labels per output dim
+  std::vector<int> reduced;              // labels summed over, in order of first appearance
+  std::map<int, Expr> dims;              // extent per label
+};
+
+Result<EinsumSpec> parse_einsum(const Node& n, const std::vector<Shape>& shapes, const SymbolBounds& bounds) {
+  std::string eq;
+  for (char c : n.attr_string("equation", "")) {
+    if (c != ' ') eq.push_back(c);
+  }
+  size_t arrow = eq.find("->");
+  std::string lhs = eq.substr(0, arrow);
+  std::vector<std::string> terms;
+  size_t start = 0;
+  while (true) {
+    size_t comma = lhs.find(',', start);
+    terms.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (terms.size() != shapes.size()) {
+    return node_invalid(n) << "equation '" << eq << "' has " << terms.size() << " terms for " << shapes.size()
+                           << " inputs";
+  }
+  auto is_label = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  // Ellipsis rank per input, and the broadcast ellipsis rank.
+  std::vector<int64_t> ell(terms.size(), 0);
+  int64_t ell_rank = 0;
+  bool any_ellipsis = false;
+  for (size_t k = 0; k < terms.size(); ++k) {
+    int64_t letters = 0;
+    for (char c : terms[k]) letters += is_label(c) ? 1 : 0;
+    bool has_ell = terms[k].find("...") != std::string::npos;
+    int64_t rank = static_cast<int64_t>(shapes[k].size());
+    if (has_ell) {
+      any_ellipsis = true;
+      ell[k] = rank - letters;
+      if (ell[k] < 0) return node_invalid(n) << "term '" << terms[k] << "' does not fit rank " << rank;
+    } else if (letters != rank) {
+      return node_invalid(n) << "term '" << terms[k] << "' does not fit rank " << rank;
+    }
+    ell_rank = std::max(ell_rank, ell[k]);
+  }
+  EinsumSpec spec;
+  std::map<int, int> count;
+  std::vector<int> order;
+  auto expand_term = [&](const std::string& t, int64_t e_rank) -> Result<std::vector<int>> {
+    std::vector<int> labels;
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (t.compare(i, 3, "...") == 0) {
+        for (int64_t j = 0; j < e_rank; ++j) labels.push_back(kEllipsisLabel + static_cast<int>(ell_rank - e_rank + j));
+        i += 2;
+      } else if (is_label(t[i])) {
+        labels.push_back(static_cast<int>(static_cast<unsigned char>(t[i])));
+      } else {
+        return node_invalid(n) << "bad character '" << t[i] << "' in equation '" << eq << "'";
+      }
+    }
+    return labels;
+  };
+  for (size_t k = 0; k < terms.size(); ++k) {
+    KILN_ASSIGN_OR_RETURN(std::vector<int> labels, expand_term(terms[k], ell[k]));
+    for (size_t d = 0; d < labels.size(); ++d) {
+      int l = labels[d];
+      if (count[l]++ == 0) order.push_back(l);
+      Expr dim = simplify(shapes[k][d], bounds);
+      auto c = dim.as_const();
+      auto it = spec.dims.find(l);
+      if (it == spec.dims.end()) {
+        spec.dims[l] = dim;
+      } else if (!(c && *c == 1)) {
+        auto prev = it->second.as_const();
+        if (prev && *prev == 1) {
+          it->second = dim;
+        } else if (c && prev && *c != *prev) {
+          return node_invalid(n) << "label dims differ (" << *prev << " vs " << *c << ") in '" << eq << "'";
+        }
+      }
+    }
+    spec.inputs.push_back(std::move(labels));
+  }
+  if (arrow != std::string::npos) {
+    KILN_ASSIGN_OR_RETURN(spec.output, expand_term(eq.substr(arrow + 2), ell_rank));
+  } else {
+    if (any_ellipsis) {
+      for (int64_t j = 0; j < ell_rank; ++j) spec.output.push_back(kEllipsisLabel + static_cast<int>(j));
+    }
+    std::vector<int> once;
+    for (const auto& [l, c] : count) {
+      if (c == 1 && l < kEllipsisLabel) once.push_back(l);
+    }
+    std::sort(once.begin(), once.end());
+    spec.output.insert(spec.output.end(), once.begin(), once.end());
+  }
+  for (size_t i = 0; i < spec.output.size(); ++i) {
+    if (!spec.dims.count(spec.output[i])) return node_invalid(n) << "output label not in any input: '" << eq << "'";
+    for (size_t j = 0; j < i; ++j) {
+      if (spec.output[j] == spec.output[i]) return node_invalid(n) << "repeated output label in '" << eq << "'";
+    }
+  }
+  for (int l : order) {
+    if (std::find(spec.output.begin(), spec.output.end(), l) == spec.output.end()) spec.reduced.push_back(l);
+  }
+  return spec;
+}
+
+Status infer_einsum(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType t0, input_type(n, 0));
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    KILN_ASSIGN_OR_RETURN(Shape s, input_shape(n, i));
+    shapes.push_back(std::move(s));
+  }
+  KILN_ASSIGN_OR_RETURN(EinsumSpec spec, parse_einsum(n, shapes, ctx.bounds));
+  Shape out;
+  for (int l : spec.output) out.push_back(spec.dims[l]);
+  set_output(n, 0, t0.dtype, std::move(out), ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_einsum(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& y = ctx.outputs[0];
+  std::vector<Shape> shapes;
+  for (const tir::Buffer& b : ctx.inputs) shapes.emplace_back(b.shape.begin(), b.shape.end());
+  KILN_ASSIGN_OR_RETURN(EinsumSpec spec, parse_einsum(n, shapes, {}));
+  std::map<int, Expr> index;
+  std::vector<std::string> axes = fresh_axes(ctx, spec.output.size(), "i");
+  for (size_t k = 0; k < axes.size(); ++k) index[spec.output[k]] = var(axes[k]);
+  std::vector<std::string> raxes = fresh_axes(ctx, spec.reduced.size(), "k");
+  std::vector<Expr> rext;
+  for (size_t k = 0; k < raxes.size(); ++k) {
+    index[spec.reduced[k]] = var(raxes[k]);
+    rext.push_back(spec.dims[spec.reduced[k]]);
+  }
+  Expr body;
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    std::vector<Expr> idx;
+    for (size_t d = 0; d < spec.inputs[i].size(); ++d) {
+      int l = spec.inputs[i][d];
+      auto c = simplify(shapes[i][d]).as_const();
+      auto full = simplify(spec.dims[l]).as_const();
+      bool broadcast = c && *c == 1 && !(full && *full == 1);
+      idx.push_back(broadcast ? Expr(0) : index[l]);
+    }
+    Expr v = cast_if_needed(y.dtype, ctx.load_input(i, idx));
+    body = body.defined() ? body * v : v;
+  }
+  std::vector<tir::ComputeDef> stages;
+  if (raxes.empty()) {
+    stages.push_back(make_stage(y.name, y.dtype, axes, y.shape, body));
+  } else {
+    stages.push_back(make_reduce_stage(y.name, y.dtype, axes, y.shape, raxes, rext, tir::Combiner::kSum,
+                                       const_of(y.dtype, 0), body));
+  }
+  return stages;
+}
+}  // namespace
+
+void register_matmul_ops() {
+  OpDef matmul;
+  matmul.name = "MatMul";
+  matmul.infer = infer_matmul;
+  matmul.lower = lower_matmul;
+  register_op(std::move(matmul));
+
+  OpDef gemm;
+  gemm.name = "Gemm";
+  gemm.infer = infer_gemm;
+  gemm.lower = lower_gemm;
+  register_op(std::move(gemm));
+
+  OpDef einsum;
+  einsum.name = "Einsum";
+  einsum.infer = infer_einsum;
+  einsum.lower = lower_einsum;
+  register_op(std::move(einsum));
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,294 @@
+// Pooling: MaxPool (with the optional Indices output), AveragePool, LpPool and
+// their global forms. Each lowers to a reduction over the window; padded or
+// out-of-range positions are excluded with a select on the bounds and their
+// load index is clamped into the tensor.
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+
+namespace {
+
+enum class PoolKind { kMax, kAverage, kLp };
+
+struct PoolGeometry {
+  std::vector<Expr> in, out, pad_begin;
+  std::vector<int64_t> kernel, stride, dilation;
+  bool needs_bounds = false;  // some window may reach outside the input
+};
+
+Result<std::vector<int64_t>> positive_ints(const Node& n, const std::string& name, size_t rank, int64_t def) {
+  std::vector<int64_t> v = n.attr_ints(name, std::vector<int64_t>(rank, def));
+  if (v.size() != rank) {
+    return node_invalid(n) << "attribute '" << name << "' has " << v.size() << " values, expected " << rank;
+  }
+  for (int64_t x : v) {
+    if (x <= 0) return node_invalid(n) << "attribute '" << name << "' must be positive";
+  }
+  return v;
+}
+
+// Output extents per the ONNX formulas. With ceil_mode, a window that would
+// start in the end padding is dropped (as PyTorch and ONNX Runtime do).
+Result<PoolGeometry> pool_geometry(const Node& n, const Shape& x, const SymbolBounds& bounds) {
+  if (x.size() < 3) return node_invalid(n) << "input rank " << x.size() << " < 3";
+  size_t rank = x.size() - 2;
+  PoolGeometry g;
+  g.in.assign(x.begin() + 2, x.end());
+  g.kernel = n.attr_ints("kernel_shape");
+  if (g.kernel.size() != rank) return node_invalid(n) << "kernel_shape needs " << rank << " values";
+  KILN_ASSIGN_OR_RETURN(g.stride, positive_ints(n, "strides", rank, 1));
+  KILN_ASSIGN_OR_RETURN(g.dilation, positive_ints(n, "dilations", rank, 1));
+  bool ceil_mode = n.attr_int("ceil_mode", 0) != 0;
+  std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
+  std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(2 * rank, 0));
+  if (pads.size() != 2 * rank) return node_invalid(n) << "attribute 'pads' needs " << 2 * rank << " values";
+  g.needs_bounds = ceil_mode;
+  for (size_t d = 0; d < rank; ++d) {
+    int64_t span = g.dilation[d] * (g.kernel[d] - 1) + 1;
+    int64_t s = g.stride[d];
+    if (auto_pad == "NOTSET" || auto_pad == "VALID") {
+      int64_t pb = auto_pad == "VALID" ? 0 : pads[d];
+      int64_t pe = auto_pad == "VALID" ? 0 : pads[d + rank];
+      if (pb != 0 || pe != 0) g.needs_bounds = true;
+      g.pad_begin.push_back(Expr(pb));
+      Expr extent = g.in[d] + (pb + pe - span);
+      if (ceil_mode) {
+        Expr out = floordiv(extent + (s - 1), Expr(s)) + 1;
+        Expr last_start = floordiv(g.in[d] + (pb - 1), Expr(s)) + 1;
+        g.out.push_back(simplify(min(out, last_start), bounds));
+      } else {
+        g.out.push_back(simplify(floordiv(extent, Expr(s)) + 1, bounds));
+      }
+    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      Expr out = simplify(floordiv(g.in[d] + (s - 1), Expr(s)), bounds);
+      Expr total = simplify(max(Expr(0), (out - 1) * s + span - g.in[d]), bounds);
+      Expr half = floordiv(total, 2);
+      Expr pb = simplify(auto_pad == "SAME_UPPER" ? half : total - half, bounds);
+      g.pad_begin.push_back(pb);
+      g.out.push_back(out);
+      g.needs_bounds = true;
+    } else {
+      return node_invalid(n) << "unknown auto_pad '" << auto_pad << "'";
+    }
+  }
+  return g;
+}
+
+Expr clamp_index(const Expr& i, const Expr& extent) { return max(min(i, extent - 1), Expr(0)); }
+
+Expr ceildiv(const Expr& a, int64_t d) { return d == 1 ? a : floordiv(a + (d - 1), Expr(d)); }
+
+// Number of kernel taps r in [0, k) with lo <= start + r*dil < hi.
+Expr tap_count(const Expr& start, int64_t k, int64_t dil, const Expr& lo, const Expr& hi) {
+  Expr r_lo = max(Expr(0), ceildiv(lo - start, dil));
+  Expr r_hi = min(Expr(k), ceildiv(hi - start, dil));
+  return max(Expr(0), r_hi - r_lo);
+}
+
+Status infer_pool(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(PoolGeometry g, pool_geometry(n, x, ctx.bounds));
+  Shape out = {x[0], x[1]};
+  out.insert(out.end(), g.out.begin(), g.out.end());
+  if (n.num_outputs() > 1 && n.output(1) != nullptr && !n.output(1)->name().empty()) {
+    if (n.op_type() != "MaxPool") return node_invalid(n) << "has more than one output";
+    set_output(n, 1, DType::kInt64, out, ctx);
+  }
+  set_output(n, 0, xt.dtype, std::move(out), ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_pool(const Node& n, LowerContext& ctx, PoolKind kind) {
+  const tir::Buffer& x = ctx.inputs[0];
+  const tir::Buffer& y = ctx.outputs[0];
+  DType dt = y.dtype;
+  Shape xs(x.shape.begin(), x.shape.end());
+  KILN_ASSIGN_OR_RETURN(PoolGeometry g, pool_geometry(n, xs, {}));
+  size_t rank = g.kernel.size();
+  if (kind != PoolKind::kMax && !dtype_is_float(dt)) {
+    return node_unsupported(n) << "needs a floating-point input, got " << dtype_name(dt);
+  }
+
+  std::vector<std::string> axes = fresh_axes(ctx, rank + 2, "i");
+  std::vector<Expr> iv = axis_vars(axes);
+  std::vector<std::string> raxes = fresh_axes(ctx, rank, "k");
+  std::vector<Expr> rv = axis_vars(raxes);
+  std::vector<Expr> rext(g.kernel.begin(), g.kernel.end());
+
+  std::vector<Expr> x_idx = {iv[0], iv[1]};
+  std::vector<Expr> pos(rank);
+  Expr valid;
+  for (size_t d = 0; d < rank; ++d) {
+    pos[d] = iv[d + 2] * g.stride[d] - g.pad_begin[d] + rv[d] * g.dilation[d];
+    if (g.needs_bounds) {
+      Expr ok = logical_and(le(Expr(0), pos[d]), lt(pos[d], g.in[d]));
+      valid = valid.defined() ? logical_and(valid, ok) : ok;
+      x_idx.push_back(clamp_index(pos[d], g.in[d]));
+    } else {
+      x_idx.push_back(pos[d]);
+    }
+  }
+  Expr xv = ctx.load_input(0, x_idx);
+  std::vector<tir::ComputeDef> stages;
+
+  if (kind == PoolKind::kMax) {
+    Expr body = valid.defined() ? select(valid, xv, lowest_of(dt)) : xv;
+    stages.push_back(make_reduce_stage(y.name, dt, axes, y.shape, raxes, rext, tir::Combiner::kMax, lowest_of(dt),
+                                       body));
+    if (ctx.outputs.size() > 1 && !ctx.outputs[1].name.empty()) {
+      // Indices: the smallest flat index (row-major over the whole input, or
+      // column-major within each plane for storage_order 1) holding the max.
+      const tir::Buffer& ind = ctx.outputs[1];
+      std::vector<std::string> axes2 = fresh_axes(ctx, rank + 2, "i");
+      std::vector<Expr> iv2 = axis_vars(axes2);
+      std::vector<std::string> raxes2 = fresh_axes(ctx, rank, "k");
+      std::vector<Expr> rv2 = axis_vars(raxes2);
+      std::map<std::string, Expr, std::less<>> repl;
+      for (size_t k = 0; k < axes.size(); ++k) repl[axes[k]] = iv2[k];
+      for (size_t k = 0; k < raxes.size(); ++k) repl[raxes[k]] = rv2[k];
+      Expr flat = iv2[0] * x.shape[1] + iv2[1];
+      bool col_major = n.attr_int("storage_order", 0) != 0;
+      for (size_t k = 0; k < rank; ++k) {
+        size_t d = col_major ? rank - 1 - k : k;
+        flat = flat * g.in[d] + substitute(pos[d], repl);
+      }
+      Expr is_max = eq(substitute(xv, repl), stage_load(stages[0], iv2));
+      if (valid.defined()) is_max = logical_and(substitute(valid, repl), is_max);
+      Expr none = int_imm(std::numeric_limits<int64_t>::max());
+      stages.push_back(make_reduce_stage(ind.name, DType::kInt64, axes2, ind.shape, raxes2, rext, tir::Combiner::kMin,
+                                         none, select(is_max, flat, none)));
+    }
+    return stages;
+  }
+
+  Expr zero = const_of(dt, 0);
+  Expr acc = var("acc", dt);
+  if (kind == PoolKind::kAverage) {
+    Expr body = valid.defined() ? select(valid, xv, zero) : xv;
+    // count_include_pad counts every tap of the window, including those that
+    // ceil_mode pushes past the end padding (as the ONNX reference does);
+    // otherwise only the taps inside the input.
+    bool include_pad = n.attr_int("count_include_pad", 0) != 0;
+    Expr count;
+    if (!g.needs_bounds || include_pad) {
+      int64_t c = 1;
+      for (int64_t k : g.kernel) c *= k;
+      count = Expr(c);
+    } else {
+      for (size_t d = 0; d < rank; ++d) {
+        Expr start = iv[d + 2] * g.stride[d] - g.pad_begin[d];
+        Expr c = tap_count(start, g.kernel[d], g.dilation[d], Expr(0), g.in[d]);
+        count = count.defined() ? count * c : c;
+      }
+      // An all-padding window divides by 1 instead of 0.
+      count = max(count, Expr(1));
+    }
+    Expr finalize = div(acc, cast(dt, simplify(count)));
+    stages.push_back(make_reduce_stage(y.name, dt, axes, y.shape, raxes, rext, tir::Combiner::kSum, zero, body,
+                                       finalize));
+    return stages;
+  }
+
+  double p = static_cast<double>(n.attr_int("p", 2));
+  Expr term, finalize;
+  if (p == 1) {
+    term = call("abs", dt, {xv});
+  } else if (p == 2) {
+    term = xv * xv;
+    finalize = call("sqrt", dt, {acc});
+  } else {
+    term = call("pow", dt, {call("abs", dt, {xv}), const_of(dt, p)});
+    finalize = call("pow", dt, {acc, const_of(dt, 1.0 / p)});
+  }
+  Expr body = valid.defined() ? select(valid, term, zero) : term;
+  stages.push_back(make_reduce_stage(y.name, dt, axes, y.shape, raxes, rext, tir::Combiner::kSum, zero, body,
+                                     finalize));
+  return stages;
+}
+
+// ---- Global pools -----------------------------------------------------------------
+
+Status infer_global_pool(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
+  if (x.size() < 3) return node_invalid(n) << "input rank " << x.size() << " < 3";
+  Shape out = {x[0], x[1]};
+  out.resize(x.size(), Expr(1));
+  set_output(n, 0, xt.dtype, std::move(out), ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_global_pool(const Node& n, LowerContext& ctx, PoolKind kind) {
+  const tir::Buffer& x = ctx.inputs[0];
+  const tir::Buffer& y = ctx.outputs[0];
+  DType dt = y.dtype;
+  if (kind != PoolKind::kMax && !dtype_is_float(dt)) {
+    return node_unsupported(n) << "needs a floating-point input, got " << dtype_name(dt);
+  }
+  size_t rank = x.shape.size() - 2;
+  std::vector<std::string> axes = fresh_axes(ctx, rank + 2, "i");
+  std::vector<Expr> iv = axis_vars(axes);
+  std::vector<std::string> raxes = fresh_axes(ctx, rank, "k");
+  std::vector<Expr> rv = axis_vars(raxes);
+  std::vector<Expr> rext(x.shape.begin() + 2, x.shape.end());
+  std::vector<Expr> x_idx = {iv[0], iv[1]};
+  x_idx.insert(x_idx.end(), rv.begin(), rv.end());
+  Expr xv = ctx.load_input(0, x_idx);
+  Expr acc = var("acc", dt);
+  std::vector<tir::ComputeDef> stages;
+  if (kind == PoolKind::kMax) {
+    stages.push_back(
+        make_reduce_stage(y.name, dt, axes, y.shape, raxes, rext, tir::Combiner::kMax, lowest_of(dt), xv));
+  } else if (kind == PoolKind::kAverage) {
+    Expr count = Expr(1);
+    for (const Expr& e : rext) count = count * e;
+    stages.push_back(make_reduce_stage(y.name, dt, axes, y.shape, raxes, rext, tir::Combiner::kSum, const_of(dt, 0),
+                                       xv, div(acc, cast(dt, simplify(count)))));
+  } else {
+    double p = static_cast<double>(n.attr_int("p", 2));
+    Expr term = call("pow", dt, {call("abs", dt, {xv}), const_of(dt, p)});
+    Expr finalize = call("pow", dt, {acc, const_of(dt, 1.0 / p)});
+    if (p == 2) {
+      term = xv * xv;
+      finalize = call("sqrt", dt, {acc});
+    }
+    stages.push_back(make_reduce_stage(y.name, dt, axes, y.shape, raxes, rext, tir::Combiner::kSum, const_of(dt, 0),
+                                       term, finalize));
+  }
+  return stages;
+}
+
+void register_pool(const std::string& name, PoolKind kind) {
+  OpDef def;
+  def.name = name;
+  def.infer = infer_pool;
+  def.lower = [kind](const Node& n, LowerContext& ctx) { return lower_pool(n, ctx, kind); };
+  register_op(std::move(def));
+}
+
+void register_global_pool(const std::string& name, PoolKind kind) {
+  OpDef def;
+  def.name = name;
+  def.infer = infer_global_pool;
+  def.lower = [kind](const Node& n, LowerContext& ctx) { return lower_global_pool(n, ctx, kind); };
+  register_op(std::move(def));
+}
+
+}  // namespace
+
+void register_pool_ops() {
+  register_pool("MaxPool", PoolKind::kMax);
+  register_pool("AveragePool", PoolKind::kAverage);
+  register_pool("LpPool", PoolKind::kLp);
+  register_global_pool("GlobalMaxPool", PoolKind::kMax);
+  register_global_pool("GlobalAveragePool", PoolKind::kAverage);
+  register_global_pool("GlobalLpPool", PoolKind::kLp);
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,174 @@
+// kiln opt FILE [--infer-shapes] [--fuse-elementwise] [--lower] [--naive]
+//               [--print-after-all] [--check-equiv] [--dim NAME=VALUE ...]
+//
+// FILE is a graph in Kiln's text form (.kir, see src/graph/graph.h) or an ONNX
+// model. Steps run in the pipeline's order, whatever the flag order:
+//   --infer-shapes      symbolic type inference; prints the graph
+//   --fuse-elementwise  prints the fused groups ("group %root: Add Relu ...")
+//   --lower             prints every kernel: compute definition, schedule, loop IR
+//                       (default schedules; --naive for the reference ones)
+//   --check-equiv       compiles the graph with naive and with default schedules,
+//                       runs both on the same random inputs and compares; exit 1
+//                       when they differ beyond 1e-5 + 1e-4*|ref|
+// With no step flag the graph is printed as parsed. --print-after-all prints
+// the graph after every step.
+#include "opt.h"
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "driver/pipeline.h"
+#include "frontend/onnx/import.h"
+#include "graph/graph.h"
+#include "ops/registry.h"
+#include "runtime/vm.h"
+
+namespace kiln::cli {
+namespace {
+
+Result<std::unique_ptr<Graph>> load_graph(const std::string& path) {
+  if (path.size() > 5 && path.substr(path.size() - 5) == ".onnx") return import_onnx_file(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found() << "cannot open '" << path << "'";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto g = parse_graph(ss.str());
+  if (!g.is_ok()) return g.status().with_context(path);
+  if ((*g)->source.empty()) (*g)->source = path;
+  return g;
+}
+
+Tensor random_input(DType dtype, const std::vector<int64_t>& shape, std::mt19937& rng) {
+  Tensor t(dtype, shape);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_int_distribution<int> small(0, 4);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (dtype_is_float(dtype))
+      t.set_f64(i, normal(rng));
+    else
+      t.set_f64(i, small(rng));
+  }
+  return t;
+}
+
+// Compiles the graph twice (naive, default) and compares outputs on random inputs.
+Result<int> check_equiv(const std::string& path, const std::map<std::string, int64_t, std::less<>>& dims) {
+  std::vector<std::vector<Tensor>> results;
+  std::vector<std::string> names;
+  for (bool naive : {true, false}) {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, load_graph(path));
+    CompileOptions opts;
+    opts.naive = naive;
+    opts.threads = 2;
+    KILN_ASSIGN_OR_RETURN(driver::CompiledProgram prog, driver::compile_graph(std::move(g), opts));
+    std::mt19937 rng(1234);
+    std::vector<Tensor> inputs;
+    for (const TensorInfo& info : prog.inputs) {
+      std::vector<int64_t> shape;
+      for (const std::string& d : info.dims) {
+        auto e = parse_expr(d);
+        if (!e.is_ok()) return e.status();
+        std::map<std::string, int64_t, std::less<>> env(dims.begin(), dims.end());
+        for (const std::string& v : free_vars(*e))
+          if (!env.count(v)) env[v] = 3;
+        KILN_ASSIGN_OR_RETURN(int64_t value, evaluate(*e, env));
+        shape.push_back(value);
+      }
+      inputs.push_back(random_input(info.dtype, shape, rng));
+    }
+    runtime::VM vm(prog.program, 2);
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, vm.run(inputs));
+    results.push_back(std::move(outs));
+    names.clear();
+    for (const TensorInfo& info : prog.outputs) names.push_back(info.name);
+  }
+  bool ok = true;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const Tensor& ref = results[0][i];
+    const Tensor& got = results[1][i];
+    if (ref.shape() != got.shape() || ref.dtype() != got.dtype()) {
+      std::cout << "output " << names[i] << ": " << got.describe() << " vs reference " << ref.describe() << "\n";
+      ok = false;
+      continue;
+    }
+    double max_err = 0;
+    bool within = true;
+    for (int64_t k = 0; k < ref.numel(); ++k) {
+      double r = ref.get_f64(k), a = got.get_f64(k);
+      if (std::isnan(r) && std::isnan(a)) continue;
+      double err = std::fabs(a - r);
+      max_err = std::max(max_err, err);
+      if (!(err <= 1e-5 + 1e-4 * std::fabs(r))) within = false;
+    }
+    std::cout << "output " << names[i] << " " << got.describe() << ": max abs err " << max_err
+              << (within ? " equivalent" : " DIFFERENT") << "\n";
+    ok &= within;
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+Result<int> cmd_opt(const std::vector<std::string>& argv) {
+  std::string path;
+  bool infer = false, fuse = false, lower = false, naive = false, all = false, equiv = false;
+  std::map<std::string, int64_t, std::less<>> dims;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--infer-shapes") infer = true;
+    else if (a == "--fuse-elementwise") fuse = true;
+    else if (a == "--lower") lower = true;
+    else if (a == "--naive") naive = true;
+    else if (a == "--print-after-all") all = true;
+    else if (a == "--check-equiv") equiv = true;
+    else if (a == "--dim" && i + 1 < argv.size()) {
+      std::string kv = argv[++i];
+      size_t eq = kv.find('=');
+      if (eq == std::string::npos) return invalid_argument() << "--dim expects NAME=VALUE, got '" << kv << "'";
+      try {
+        dims[kv.substr(0, eq)] = std::stoll(kv.substr(eq + 1));
+      } catch (...) {
+        return invalid_argument() << "--dim expects an integer value, got '" << kv << "'";
+      }
+    } else if (!a.empty() && a[0] == '-') {
+      return invalid_argument() << "unknown option '" << a << "' for opt";
+    } else if (path.empty()) {
+      path = a;
+    } else {
+      return invalid_argument() << "opt takes one file, got '" << path << "' and '" << a << "'";
+    }
+  }
+  if (path.empty()) return invalid_argument() << "usage: kiln opt FILE [--infer-shapes] [--fuse-elementwise] "
+                                                 "[--lower] [--naive] [--print-after-all] [--check-equiv]";
+  if (equiv) return check_equiv(path, dims);
+
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, load_graph(path));
+  KILN_RETURN_IF_ERROR(g->verify().with_context(path));
+  if (fuse || lower) infer = true;
+  CompileOptions opts;
+  opts.naive = naive;
+  if (infer) {
+    KILN_RETURN_IF_ERROR(driver::check_supported(*g));
+    ops::InferContext ctx;
+    ctx.graph = g.get();
+    ctx.bounds = g->bounds;
+    KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ctx));
+    if (all || (!fuse && !lower)) std::cout << "// after infer-shapes\n" << print_graph(*g);
+  } else {
+    std::cout << print_graph(*g);
+  }
+  if (fuse) {
+    KILN_ASSIGN_OR_RETURN(std::string text, driver::fused_groups_text(*g, opts));
+    std::cout << "// after fuse-elementwise\n" << text;
+  }
+  if (lower) {
+    KILN_ASSIGN_OR_RETURN(std::string text, driver::lowered_kernels_text(*g, opts));
+    std::cout << "// after lower\n" << text;
+  }
+  return 0;
+}
+
+}  // namespace kiln::cli
