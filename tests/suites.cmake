@@ -33,3 +33,19 @@ if(KILN_BUILD_PYTHON)
   set_tests_properties(error_models PROPERTIES
     LABELS error ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 900)
 endif()
+
+# ir: textual before/after tests of compiler steps (tests/ir/*.kir, RUN lines
+# checked with LLVM's FileCheck) plus numeric equivalence (kiln opt --check-equiv).
+find_program(KILN_FILECHECK FileCheck PATHS ${LLVM_TOOLS_BINARY_DIR} /usr/lib/llvm-19/bin NO_DEFAULT_PATH)
+if(KILN_FILECHECK)
+  file(GLOB KILN_IR_TESTS CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/ir/*.kir)
+  foreach(kir ${KILN_IR_TESTS})
+    get_filename_component(name ${kir} NAME_WE)
+    add_test(NAME ir_${name}
+      COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ir/run_ir_test.py ${kir}
+              --kiln $<TARGET_FILE:kiln> --filecheck ${KILN_FILECHECK})
+    set_tests_properties(ir_${name} PROPERTIES LABELS ir TIMEOUT 300)
+  endforeach()
+else()
+  message(WARNING "FileCheck not found (llvm-19-tools): the ir tests are not registered")
+endif()
