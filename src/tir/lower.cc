@@ -236,8 +236,8 @@ struct Lowerer {
       plan.inlined = true;
       return Status::ok();
     }
-    if (p.kind == "split") {
-      if (p.axes.size() != 1) return invalid_argument() << "schedule: split takes one axis";
+    if (p.kind == "split" || p.kind == "split_overlap") {
+      if (p.axes.size() != 1) return invalid_argument() << "schedule: " << p.kind << " takes one axis";
       if (p.factor < 1) {
         return invalid_argument() << "schedule: split(" << p.stage << ", " << p.axes[0]
                                   << "): factor " << p.factor << " < 1";
@@ -261,6 +261,29 @@ struct Lowerer {
         }
       }
       Expr f = int_imm(p.factor);
+      if (p.kind == "split_overlap") {
+        // Tiles of `factor` whose last one is shifted back to end at the
+        // extent: no guard, some points are computed twice (same value).
+        auto c = old.extent.as_const();
+        if (where.first) {
+          return invalid_argument() << "schedule: split_overlap(" << p.stage << ", " << old.var
+                                    << ") of a reduce axis";
+        }
+        if (!c || *c < p.factor) {
+          return invalid_argument() << "schedule: split_overlap(" << p.stage << ", " << old.var
+                                    << ", " << p.factor << ") needs a constant extent >= the factor";
+        }
+        Expr start = *c % p.factor == 0 ? var(outer) * f
+                                        : min(var(outer) * f, int_imm(*c - p.factor));
+        Expr value = simplify(start + var(inner));
+        loops[where.second] = {outer, int_imm((*c + p.factor - 1) / p.factor)};
+        loops.insert(loops.begin() + static_cast<long>(where.second) + 1, Loop{inner, f});
+        ExprMap repl{{old.var, value}};
+        for (auto& [axis, v] : plan.axis_value) v = simplify(substitute(v, repl));
+        for (auto& g : plan.guards) g = simplify(substitute(g, repl));
+        plan.touched = true;
+        return Status::ok();
+      }
       Expr outer_extent;
       bool divisible;
       if (auto c = old.extent.as_const()) {

@@ -27,6 +27,161 @@ Primitive prim(std::string kind, const std::string& stage, std::vector<std::stri
   return p;
 }
 
+// For each load in `e`: the variables of its last index and of all its indices.
+struct LoadVars {
+  std::string name;
+  std::set<std::string> last, all;
+  std::vector<std::set<std::string>> index;  // per index
+};
+
+std::vector<LoadVars> collect_loads(const Expr& e) {
+  std::vector<LoadVars> out;
+  if (!e.defined()) return out;
+  rewrite(e, [&](const Expr& n) -> Expr {
+    if (n.kind() != ExprKind::kLoad || n->args.empty()) return Expr();
+    LoadVars lv;
+    lv.name = n->name;
+    for (const std::string& v : free_vars(n->args.back())) lv.last.insert(v);
+    for (const Expr& a : n->args) {
+      lv.index.emplace_back();
+      for (const std::string& v : free_vars(a)) {
+        lv.all.insert(v);
+        lv.index.back().insert(v);
+      }
+    }
+    out.push_back(std::move(lv));
+    return Expr();
+  });
+  return out;
+}
+
+// Register tiling of a reduction stage whose innermost spatial axis indexes
+// the last (contiguous) dim of some load:
+//   split the innermost axis v by the vector width V and a "row" axis r by R,
+//   move both tile loops innermost, accumulate the R x V tile in a local
+//   buffer (cache_write at the last outer loop, which moves the reduce loops
+//   outside the tile loops), unroll the rows and vectorize v. The row axis is
+//   the innermost other spatial axis that some load depending on v does not
+//   use (output channels of a conv, rows of a matmul), so that each loaded
+//   vector is reused R times from registers; without one, rows of the next
+//   outer axis give independent accumulators. Tiles that do not divide an
+//   extent overlap the previous tile (split_overlap) instead of being guarded.
+// Returns false (and adds nothing) where the pattern does not apply.
+bool tile_reduction(const ComputeDef& st, Schedule& s) {
+  size_t n = st.axes.size();
+  if (n < 2) return false;
+  int64_t elem = static_cast<int64_t>(dtype_size(st.dtype));
+  if (elem <= 0 || elem > 8) return false;
+  const int64_t vec = 64 / elem;
+  std::vector<LoadVars> loads = collect_loads(st.body);
+  const std::string& v = st.axes[n - 1];
+  bool contiguous = false;
+  for (const LoadVars& l : loads) contiguous = contiguous || l.last.count(v);
+  if (!contiguous) return false;
+  auto vext = st.shape[n - 1].as_const();
+  if (vext && *vext < vec / 2) return false;
+
+  auto extent_ok = [&](size_t i) {
+    auto c = st.shape[i].as_const();
+    return !c || *c > 1;
+  };
+  int r = -1;
+  bool reuse = false;
+  for (size_t i = n - 1; i-- > 0 && r < 0;) {
+    if (!extent_ok(i)) continue;
+    for (const LoadVars& l : loads) {
+      if (l.all.count(v) && !l.all.count(st.axes[i])) r = static_cast<int>(i);
+    }
+  }
+  if (r >= 0) {
+    reuse = true;
+  } else if (extent_ok(n - 2)) {
+    r = static_cast<int>(n - 2);
+  }
+
+  // Splits one axis into (outer, tile) names; an extent that fits in one tile is not split.
+  auto tile = [&](size_t i, int64_t factor, std::string& outer, std::string& inner) {
+    const std::string& a = st.axes[i];
+    auto c = st.shape[i].as_const();
+    if (c && *c <= factor) {
+      inner = a;
+      return;
+    }
+    if (c) {
+      s.prims.push_back(prim("split_overlap", st.name, {a}, factor));
+    } else {
+      s.prims.push_back(prim("split", st.name, {a}, factor));
+    }
+    outer = a + ".o";
+    inner = a + ".i";
+  };
+  int64_t vfactor = vext && *vext < vec ? vec / 2 : vec;
+  int64_t rfactor = reuse ? 8 : 4;
+  std::vector<std::string> outer_of(n), inner_of(n);
+  std::string v_outer, v_inner, r_outer, r_inner;
+  tile(n - 1, vfactor, v_outer, v_inner);
+  if (r >= 0) tile(static_cast<size_t>(r), rfactor, r_outer, r_inner);
+
+  std::vector<std::string> order;
+  for (size_t i = 0; i < n; ++i) {
+    if (i == n - 1) {
+      if (!v_outer.empty()) order.push_back(v_outer);
+    } else if (static_cast<int>(i) == r) {
+      if (!r_outer.empty()) order.push_back(r_outer);
+    } else {
+      order.push_back(st.axes[i]);
+    }
+  }
+  if (order.empty()) return false;
+  std::vector<std::string> full = order;
+  if (r >= 0) full.push_back(r_inner);
+  full.push_back(v_inner);
+  s.prims.push_back(prim("reorder", st.name, full));
+  s.prims.push_back(prim("cache_write", st.name, {order.back()}));
+  if (r >= 0) s.prims.push_back(prim("unroll", st.name, {r_inner}));
+  s.prims.push_back(prim("vectorize", st.name, {v_inner}));
+  for (size_t i = 0; i < order.size(); ++i) {
+    bool big = true;  // split outer loops have at least two iterations
+    for (size_t a = 0; a < n; ++a) {
+      if (st.axes[a] == order[i]) {
+        auto c = st.shape[a].as_const();
+        big = !c || *c > 1;
+      }
+    }
+    if (big) {
+      s.prims.push_back(prim("parallel", st.name, {order[i]}));
+      break;
+    }
+  }
+  return true;
+}
+
+// True when a reduction stage after `s` reads stage s through a sliding
+// window (an index combining a spatial and a reduce axis, as in a padded
+// convolution input): each element is read many times, so it is worth
+// materializing instead of inlining (which would recompute it, with its
+// bound checks, in the reduction's innermost loop).
+bool read_by_window(const KernelDef& k, size_t s) {
+  for (size_t c = s + 1; c < k.stages.size(); ++c) {
+    const ComputeDef& st = k.stages[c];
+    if (!is_reduction(st)) continue;
+    std::set<std::string> spatial(st.axes.begin(), st.axes.end());
+    std::set<std::string> reduce(st.reduce_axes.begin(), st.reduce_axes.end());
+    for (const LoadVars& l : collect_loads(st.body)) {
+      if (l.name != k.stages[s].name) continue;
+      for (const auto& idx : l.index) {
+        bool has_s = false, has_r = false;
+        for (const std::string& v : idx) {
+          has_s = has_s || spatial.count(v);
+          has_r = has_r || reduce.count(v);
+        }
+        if (has_s && has_r) return true;
+      }
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string Schedule::to_string() const {
@@ -34,7 +189,7 @@ std::string Schedule::to_string() const {
   for (const Primitive& p : prims) {
     out += p.kind + "(" + p.stage;
     for (const auto& a : p.axes) out += ", " + a;
-    if (p.kind == "split") out += ", " + std::to_string(p.factor);
+    if (p.kind == "split" || p.kind == "split_overlap") out += ", " + std::to_string(p.factor);
     out += ")\n";
   }
   return out;
@@ -68,7 +223,7 @@ Result<Schedule> parse_schedule(std::string_view text) {
       rest = rest.substr(comma + 1);
     }
     static const std::map<std::string, std::pair<size_t, size_t>, std::less<>> kArity = {
-        {"inline", {1, 1}},   {"split", {3, 3}},     {"reorder", {2, 1000}}, {"parallel", {2, 2}},
+        {"inline", {1, 1}},   {"split", {3, 3}}, {"split_overlap", {3, 3}},     {"reorder", {2, 1000}}, {"parallel", {2, 2}},
         {"vectorize", {2, 2}}, {"unroll", {2, 2}}, {"cache_write", {2, 2}}};
     auto ar = kArity.find(p.kind);
     if (ar == kArity.end()) {
@@ -80,7 +235,7 @@ Result<Schedule> parse_schedule(std::string_view text) {
                                 << line;
     }
     p.stage = args[0];
-    if (p.kind == "split") {
+    if (p.kind == "split" || p.kind == "split_overlap") {
       const std::string& f = args[2];
       bool digits = !f.empty() && f.find_first_not_of("0123456789") == std::string::npos;
       if (!digits || f.size() > 18) {
@@ -103,8 +258,9 @@ Schedule default_schedule(const KernelDef& k) {
   Schedule s;
   std::set<std::string> params;
   for (const auto& b : k.params) params.insert(b.name);
-  for (const ComputeDef& st : k.stages) {
-    if (!params.count(st.name) && !is_reduction(st)) {
+  for (size_t si = 0; si < k.stages.size(); ++si) {
+    const ComputeDef& st = k.stages[si];
+    if (!params.count(st.name) && !is_reduction(st) && !read_by_window(k, si)) {
       s.prims.push_back(prim("inline", st.name));
       continue;
     }
@@ -113,6 +269,7 @@ Schedule default_schedule(const KernelDef& k) {
     const std::string& innermost = st.axes[n - 1];
     auto inner_extent = st.shape[n - 1].as_const();
     if (is_reduction(st)) {
+      if (tile_reduction(st, s)) continue;
       if (n >= 2 && (!inner_extent || *inner_extent >= 8)) {
         s.prims.push_back(prim("cache_write", st.name, {st.axes[n - 2]}));
         s.prims.push_back(prim("vectorize", st.name, {innermost}));
@@ -122,7 +279,13 @@ Schedule default_schedule(const KernelDef& k) {
       if (!inner_extent || *inner_extent > 1) {
         s.prims.push_back(prim("vectorize", st.name, {innermost}));
       }
-      if (n >= 2) s.prims.push_back(prim("parallel", st.name, {st.axes[0]}));
+      for (size_t a = 0; a + 1 < n; ++a) {
+        auto c = st.shape[a].as_const();
+        if (!c || *c > 1) {
+          s.prims.push_back(prim("parallel", st.name, {st.axes[a]}));
+          break;
+        }
+      }
     }
   }
   return s;

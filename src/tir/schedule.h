@@ -4,6 +4,11 @@
 // Text form, one primitive per line:
 //   inline(stage)
 //   split(stage, axis, factor)        -> axes axis.o and axis.i
+//   split_overlap(stage, axis, factor) -> like split, for a spatial axis with a
+//                                        constant extent >= factor: the last tile
+//                                        is shifted back to end at the extent
+//                                        (overlapping the previous one) instead
+//                                        of being guarded
 //   reorder(stage, a, b, c)           -> loops in this order (outermost first)
 //   parallel(stage, axis)
 //   vectorize(stage, axis)
@@ -37,8 +42,11 @@ Result<Schedule> parse_schedule(std::string_view text);
 
 // The reference: every stage materialized (no inlining), serial loops, no tricks.
 Schedule naive_schedule(const KernelDef& k);
-// Intermediate elementwise stages inlined, outermost loop parallel, innermost
-// spatial loop vectorized where legal.
+// Intermediate elementwise stages inlined (except those a reduction reads
+// through a sliding window, like a padded conv input: materialized), outermost
+// non-trivial loop parallel, innermost spatial loop vectorized where legal.
+// Reductions whose innermost axis indexes a contiguous dim are register tiled
+// (rows x 16 vector lanes accumulated in a local tile, reduce loops outside it).
 Schedule default_schedule(const KernelDef& k);
 
 // Lowers a kernel under a schedule. Errors for a schedule that names unknown

@@ -402,21 +402,30 @@ TEST(TirLower, MatmulSchedules) {
   auto ref = [](const HostData& r) { return matmul_ref(r, 7, 19, 5); };
   expect_matches(k, naive_schedule(k), {}, ref);
   Schedule d = default_schedule(k);
-  EXPECT_EQ(d.to_string(), "cache_write(C, i)\nvectorize(C, j)\nparallel(C, i)\n");
+  // Register tiled: all 7 rows x 16 columns (the last column tile overlaps the first).
+  EXPECT_EQ(d.to_string(),
+            "split_overlap(C, j, 16)\nreorder(C, j.o, i, j.i)\ncache_write(C, j.o)\nunroll(C, i)\n"
+            "vectorize(C, j.i)\nparallel(C, j.o)\n");
   expect_matches(k, d, {}, ref);
-  // The default schedule keeps the reduce loop outside the vectorized j loop.
+  // The default schedule keeps the reduce loop outside the tile loops.
   auto f = lower(k, d);
   ASSERT_TRUE(f.is_ok()) << f.status().to_string();
   std::string text = print_func(*f);
   size_t kpos = text.find("for k in 0..5 {");
   ASSERT_NE(kpos, std::string::npos) << text;
-  EXPECT_NE(text.find("for j in 0..19 vectorized", kpos), std::string::npos) << text;
+  size_t ipos = text.find("for i in 0..7 unrolled", kpos);
+  ASSERT_NE(ipos, std::string::npos) << text;
+  EXPECT_NE(text.find("for j.i in 0..16 vectorized", ipos), std::string::npos) << text;
+  EXPECT_EQ(text.find("if ("), std::string::npos) << "overlapping tiles need no guard\n" << text;
   for (const char* hand : {
            "split(C, k, 2)\nunroll(C, k.i)\n",
            "split(C, i, 4)\nsplit(C, j, 8)\nreorder(C, i.o, j.o, i.i, j.i)\ncache_write(C, j.o)\n"
            "vectorize(C, j.i)\nparallel(C, i.o)\n",
            "reorder(C, j, i)\ncache_write(C, j)\nvectorize(C, i)\n",
            "split(C, j, 5)\ncache_write(C, i)\nvectorize(C, j.i)\nunroll(C, j.o)\n",
+           "split_overlap(C, j, 4)\nsplit_overlap(C, i, 3)\nreorder(C, i.o, j.o, i.i, j.i)\n"
+           "cache_write(C, j.o)\nunroll(C, i.i)\nvectorize(C, j.i)\nparallel(C, i.o)\n",
+           "split_overlap(C, j, 19)\nsplit(C, j.i, 6)\ncache_write(C, j.i.o)\n",
        }) {
     auto s = parse_schedule(hand);
     ASSERT_TRUE(s.is_ok()) << s.status().to_string();
@@ -571,6 +580,8 @@ TEST(TirSchedule, IllegalSchedulesAreErrors) {
   fails(mm, "inline(C)\n");
   fails(mm, "split(C, q, 2)\n");
   fails(mm, "split(C, i, 0)\n");
+  fails(mm, "split_overlap(C, k, 2)\n");   // a reduce axis
+  fails(mm, "split_overlap(C, i, 8)\n");   // extent 4 < factor
   fails(mm, "split(D, i, 2)\n");
   fails(mm, "reorder(C, i, k)\n");
   fails(mm, "reorder(C, i, i)\n");

@@ -59,6 +59,8 @@ const char kUsage[] =
     "           [--check-equiv] [--dim NAME=VALUE]\n"
     "      run compiler steps on a graph (.kir text or .onnx) and print the result;\n"
     "      --check-equiv compares default against naive schedules on random inputs\n"
+    "  kiln ops\n"
+    "      list the supported ONNX ops and how each runs (compiled, runtime kernel, view)\n"
     "exit codes: 0 ok, 1 outputs differ from --test-data (or --check-equiv), 2 error\n";
 
 // ---------------------------------------------------------------------------
@@ -567,7 +569,7 @@ int main_impl(int argc, char** argv) {
   }
   using Command = Result<int> (*)(const std::vector<std::string>&);
   const std::map<std::string, Command> commands = {
-      {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}, {"opt", cmd_opt}};
+      {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}};
   auto it = commands.find(command);
   if (it == commands.end()) {
     std::cerr << "kiln: error: unknown command '" << command << "'\n" << kUsage;

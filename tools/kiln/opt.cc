@@ -171,4 +171,22 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
   return 0;
 }
 
+Result<int> cmd_ops(const std::vector<std::string>& argv) {
+  if (!argv.empty()) return invalid_argument() << "ops takes no arguments";
+  for (const std::string& full : ops::registered_op_names()) {
+    size_t colon = full.rfind(':');
+    std::string domain = colon == std::string::npos ? "" : full.substr(0, colon);
+    std::string name = colon == std::string::npos ? full : full.substr(colon + 1);
+    const ops::OpDef* def = ops::find_op(domain, name);
+    if (def == nullptr) continue;
+    std::string how;
+    if (def->lower) how += "compiled";
+    if (def->kernel) how += std::string(how.empty() ? "" : ", ") + "runtime kernel";
+    if (def->is_view) how += std::string(how.empty() ? "" : ", ") + "view";
+    if (def->is_elementwise) how += ", fusable";
+    std::cout << full << "\t" << how << "\n";
+  }
+  return 0;
+}
+
 }  // namespace kiln::cli

@@ -10,5 +10,7 @@
 namespace kiln::cli {
 
 Result<int> cmd_opt(const std::vector<std::string>& argv);
+// `kiln ops`: every supported op, with how it runs (compiled, runtime kernel, view).
+Result<int> cmd_ops(const std::vector<std::string>& argv);
 
 }  // namespace kiln::cli

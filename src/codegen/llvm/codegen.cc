@@ -99,6 +99,26 @@ int widest_access_bits(const tir::Stmt& s) {
   return bits;
 }
 
+// True when `s` contains a loop the schedule marked vectorized.
+bool contains_vectorized_loop(const tir::Stmt& s) {
+  if (!s) return false;
+  switch (s->kind) {
+    case tir::StmtKind::kFor:
+      return s->for_kind == tir::ForKind::kVectorized || contains_vectorized_loop(s->body);
+    case tir::StmtKind::kAllocate:
+      return contains_vectorized_loop(s->body);
+    case tir::StmtKind::kIfThenElse:
+      return contains_vectorized_loop(s->then_case) || contains_vectorized_loop(s->else_case);
+    case tir::StmtKind::kSeq:
+      for (const tir::Stmt& c : s->seq)
+        if (contains_vectorized_loop(c)) return true;
+      return false;
+    case tir::StmtKind::kStore:
+      return false;
+  }
+  return false;
+}
+
 // A buffer visible to the code being emitted.
 struct BufferRef {
   llvm::Value* ptr = nullptr;
@@ -865,6 +885,13 @@ llvm::MDNode* Emitter::loop_md(const tir::Stmt& loop) {
                llvm::ConstantAsMetadata::get(b_.getInt32(width))}));
   } else if (loop->for_kind == tir::ForKind::kUnrolled) {
     ops.push_back(llvm::MDNode::get(ctx_, {llvm::MDString::get(ctx_, "llvm.loop.unroll.full")}));
+  } else if (contains_vectorized_loop(loop->body)) {
+    // The schedule vectorizes an inner loop (once LLVM has fully unrolled
+    // small tile loops, the SLP vectorizer widens them); widening this outer
+    // loop instead would turn the tile's contiguous accesses into gathers.
+    ops.push_back(llvm::MDNode::get(
+        ctx_, {llvm::MDString::get(ctx_, "llvm.loop.vectorize.enable"),
+               llvm::ConstantAsMetadata::get(b_.getFalse())}));
   }
   llvm::MDNode* md = llvm::MDNode::getDistinct(ctx_, ops);
   md->replaceOperandWith(0, md);

@@ -1,0 +1,175 @@
+// The default schedules (register-tiled reductions, materialized padding,
+// overlapping tail tiles) against the naive reference schedule, through the
+// whole pipeline, on convolution and matmul shapes with awkward sizes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "driver/pipeline.h"
+#include "runtime/vm.h"
+#include "tir/schedule.h"
+
+namespace kiln::driver {
+namespace {
+
+Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed) {
+  Tensor t(DType::kFloat32, std::move(shape));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = dist(rng);
+  return t;
+}
+
+Attribute ints_attr(std::vector<int64_t> v) {
+  Attribute a;
+  a.kind = Attribute::Kind::kInts;
+  a.ints = std::move(v);
+  return a;
+}
+
+Attribute int_attr(int64_t v) {
+  Attribute a;
+  a.kind = Attribute::Kind::kInt;
+  a.i = v;
+  return a;
+}
+
+struct ConvCase {
+  int64_t n, cin, cout, h, w, kh, kw, stride, group, dilation;
+  std::vector<int64_t> pads;  // begin h, begin w, end h, end w
+  bool bias;
+};
+
+std::unique_ptr<Graph> conv_graph(const ConvCase& c, const Tensor& w, const Tensor& b) {
+  auto g = std::make_unique<Graph>();
+  g->source = "conv";
+  g->opsets[""] = 17;
+  Value* x = g->add_input("x", TensorType{DType::kFloat32, Shape{c.n, c.cin, c.h, c.w}});
+  std::vector<Value*> ins = {x, g->add_constant("w", w)};
+  if (c.bias) ins.push_back(g->add_constant("b", b));
+  Node* conv = g->add_node("Conv", ins, {"y"});
+  conv->set_attr("kernel_shape", ints_attr({c.kh, c.kw}));
+  conv->set_attr("strides", ints_attr({c.stride, c.stride}));
+  conv->set_attr("dilations", ints_attr({c.dilation, c.dilation}));
+  conv->set_attr("pads", ints_attr(c.pads));
+  conv->set_attr("group", int_attr(c.group));
+  g->set_outputs({conv->output(0)});
+  return g;
+}
+
+std::unique_ptr<Graph> matmul_graph(std::vector<int64_t> a_shape, const Tensor& b) {
+  auto g = std::make_unique<Graph>();
+  g->source = "matmul";
+  g->opsets[""] = 17;
+  Shape s(a_shape.begin(), a_shape.end());
+  Value* a = g->add_input("a", TensorType{DType::kFloat32, s});
+  Node* mm = g->add_node("MatMul", {a, g->add_constant("b", b)}, {"y"});
+  g->set_outputs({mm->output(0)});
+  return g;
+}
+
+Tensor run(std::unique_ptr<Graph> g, bool naive, int threads, const Tensor& x) {
+  CompileOptions opts;
+  opts.naive = naive;
+  opts.threads = threads;
+  auto compiled = compile_graph(std::move(g), opts);
+  EXPECT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+  if (!compiled.is_ok()) return Tensor();
+  runtime::VM vm(compiled->program, threads);
+  auto out = vm.run({x});
+  EXPECT_TRUE(out.is_ok()) << out.status().to_string();
+  if (!out.is_ok()) return Tensor();
+  return (*out)[0];
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    float g = got.data_as<float>()[i], w = want.data_as<float>()[i];
+    ASSERT_NEAR(g, w, 1e-4 + 1e-4 * std::fabs(w)) << what << ", element " << i;
+  }
+}
+
+TEST(DefaultSchedules, ConvMatchesNaive) {
+  const std::vector<ConvCase> cases = {
+      {1, 3, 17, 33, 33, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true},
+      {2, 4, 8, 17, 9, 3, 3, 2, 1, 1, {1, 1, 1, 1}, false},
+      {1, 8, 8, 13, 31, 3, 3, 1, 8, 1, {1, 1, 1, 1}, true},   // depthwise
+      {1, 6, 9, 20, 17, 3, 3, 1, 3, 2, {2, 2, 2, 2}, true},   // groups, dilation
+      {1, 5, 7, 1, 1, 1, 1, 1, 1, 1, {0, 0, 0, 0}, true},     // 1x1 on 1x1
+      {1, 16, 33, 7, 7, 1, 1, 1, 1, 1, {0, 0, 0, 0}, false},  // pointwise, small plane
+      {1, 3, 16, 19, 40, 5, 5, 2, 1, 1, {2, 2, 2, 2}, true},  // stride 2, pad 2
+      {1, 4, 5, 18, 35, 3, 2, 1, 1, 1, {0, 1, 2, 0}, true},   // asymmetric pads
+      {1, 32, 32, 15, 15, 3, 3, 2, 32, 1, {1, 1, 1, 1}, true},  // depthwise, stride 2
+      {1, 7, 3, 9, 64, 3, 3, 1, 1, 1, {0, 0, 0, 0}, false},   // no padding, divisible width
+  };
+  uint32_t seed = 10;
+  for (const ConvCase& c : cases) {
+    std::string what = "conv cin " + std::to_string(c.cin) + " cout " + std::to_string(c.cout) + " " +
+                       std::to_string(c.h) + "x" + std::to_string(c.w) + " stride " + std::to_string(c.stride) +
+                       " group " + std::to_string(c.group);
+    Tensor w = random_tensor({c.cout, c.cin / c.group, c.kh, c.kw}, seed++);
+    Tensor b = random_tensor({c.cout}, seed++);
+    Tensor x = random_tensor({c.n, c.cin, c.h, c.w}, seed++);
+    Tensor want = run(conv_graph(c, w, b), true, 1, x);
+    for (int threads : {1, 2}) {
+      Tensor got = run(conv_graph(c, w, b), false, threads, x);
+      expect_close(got, want, what + " threads " + std::to_string(threads));
+    }
+  }
+}
+
+TEST(DefaultSchedules, MatMulMatchesNaive) {
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> cases = {
+      {{1, 1}, {1, 1}},      {{3, 17}, {17, 33}},   {{17, 33}, {33, 3}},     {{33, 64}, {64, 100}},
+      {{128, 96}, {96, 50}}, {{9, 5}, {5, 16}},     {{2, 5, 17}, {17, 33}},  {{1, 40}, {40, 47}},
+      {{8, 3}, {3, 8}},      {{20, 20}, {20, 31}},
+  };
+  uint32_t seed = 100;
+  for (const auto& [as, bs] : cases) {
+    std::string what = "matmul a " + std::to_string(as.front()) + "x" + std::to_string(as.back()) + " b " +
+                       std::to_string(bs.front()) + "x" + std::to_string(bs.back());
+    Tensor b = random_tensor(bs, seed++);
+    Tensor a = random_tensor(as, seed++);
+    Tensor want = run(matmul_graph(as, b), true, 1, a);
+    for (int threads : {1, 2}) {
+      Tensor got = run(matmul_graph(as, b), false, threads, a);
+      expect_close(got, want, what + " threads " + std::to_string(threads));
+    }
+  }
+}
+
+// The default schedule of a matmul is register tiled: an 8 x 16 accumulator
+// tile with overlapping tail tiles, the rows unrolled and the columns vectorized.
+TEST(DefaultSchedules, MatMulIsRegisterTiled) {
+  tir::KernelDef k;
+  k.name = "mm";
+  k.params = {{"A", DType::kFloat32, {Expr(20), Expr(9)}},
+              {"B", DType::kFloat32, {Expr(9), Expr(40)}},
+              {"C", DType::kFloat32, {Expr(20), Expr(40)}}};
+  k.num_inputs = 2;
+  tir::ComputeDef c;
+  c.name = "C";
+  c.axes = {"i", "j"};
+  c.shape = {Expr(20), Expr(40)};
+  c.reduce_axes = {"k"};
+  c.reduce_extents = {Expr(9)};
+  c.combiner = tir::Combiner::kSum;
+  c.body = load("A", 0, DType::kFloat32, {var("i"), var("k")}) *
+           load("B", 1, DType::kFloat32, {var("k"), var("j")});
+  k.stages.push_back(c);
+  std::string s = tir::default_schedule(k).to_string();
+  EXPECT_NE(s.find("split_overlap(C, i, 8)"), std::string::npos) << s;
+  EXPECT_NE(s.find("split_overlap(C, j, 16)"), std::string::npos) << s;
+  EXPECT_NE(s.find("cache_write(C, j.o)"), std::string::npos) << s;
+  EXPECT_NE(s.find("unroll(C, i.i)"), std::string::npos) << s;
+  EXPECT_NE(s.find("vectorize(C, j.i)"), std::string::npos) << s;
+  auto reparsed = tir::parse_schedule(s);
+  ASSERT_TRUE(reparsed.is_ok()) << reparsed.status().to_string();
+  EXPECT_TRUE(tir::lower(k, *reparsed).is_ok());
+}
+
+}  // namespace
+}  // namespace kiln::driver
