@@ -57,6 +57,10 @@ class Model {
   // Text of the optimized graph (graph IR printer).
   std::string graph_text() const;
 
+  // Runs the model `runs` times with per-instruction timing and returns a
+  // report: instructions by total time (kernel, node, calls, ms, share).
+  Result<std::string> profile(const std::map<std::string, Tensor>& inputs, int runs);
+
  private:
   struct Impl;
   explicit Model(std::unique_ptr<Impl> impl);

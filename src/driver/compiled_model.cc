@@ -1,4 +1,5 @@
 // kiln::Model (include/kiln/kiln.h): import, compile, run.
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -80,6 +81,60 @@ Result<std::map<std::string, Tensor>> Model::run(const std::map<std::string, Ten
   std::map<std::string, Tensor> result;
   for (size_t i = 0; i < outs.size(); ++i) result[impl_->compiled.outputs[i].name] = std::move(outs[i]);
   return result;
+}
+
+Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, int runs) {
+  // Warm up once without timing.
+  KILN_RETURN_IF_ERROR(run(inputs).status());
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->vm->set_profiling(true);
+  }
+  for (int i = 0; i < runs; ++i) {
+    auto r = run(inputs);
+    if (!r.is_ok()) {
+      impl_->vm->set_profiling(false);
+      return r.status();
+    }
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const runtime::Program& prog = impl_->vm->program();
+  std::vector<runtime::VM::InstrProfile> prof = impl_->vm->profile();
+  impl_->vm->set_profiling(false);
+  std::vector<size_t> order(prof.size());
+  double total = 0;
+  for (size_t i = 0; i < prof.size(); ++i) {
+    order[i] = i;
+    total += prof[i].seconds;
+  }
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prof[a].seconds > prof[b].seconds; });
+  std::ostringstream os;
+  os << std::fixed;
+  os.precision(3);
+  os << "total " << total * 1e3 / std::max(runs, 1) << " ms per run over " << runs << " runs, "
+     << prog.instrs.size() << " instructions\n";
+  os << "  ms/run   share  instruction\n";
+  for (size_t i : order) {
+    if (prof[i].calls == 0) continue;
+    const runtime::Instr& in = prog.instrs[i];
+    std::string what;
+    switch (in.op) {
+      case runtime::OpCode::kCall: what = prog.kernels[in.callee].name; break;
+      case runtime::OpCode::kCallHost: what = "host kernel"; break;
+      case runtime::OpCode::kView: what = "view"; break;
+      case runtime::OpCode::kShapeOf: what = "shape"; break;
+      case runtime::OpCode::kCopy: what = "copy"; break;
+      default: what = "control"; break;
+    }
+    double ms = prof[i].seconds * 1e3 / std::max(runs, 1);
+    os.width(8);
+    os << ms << "  ";
+    os.width(5);
+    os.precision(1);
+    os << (total > 0 ? 100.0 * prof[i].seconds / total : 0.0) << "%  " << what << "  (" << in.where << ")\n";
+    os.precision(3);
+  }
+  return os.str();
 }
 
 Result<std::string> describe_model_file(const std::string& path) {

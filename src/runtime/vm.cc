@@ -1,5 +1,6 @@
 #include "runtime/vm.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -125,6 +126,8 @@ struct VM::Impl {
   ThreadPool* pool = nullptr;
   std::shared_ptr<void> arena;
   BufferPool buffers;
+  bool profiling = false;
+  std::vector<VM::InstrProfile> profile;
 
   Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs);
 };
@@ -143,6 +146,13 @@ VM::VM(std::shared_ptr<const Program> program, int num_threads) : impl_(std::mak
 VM::~VM() = default;
 
 Result<std::vector<Tensor>> VM::run(const std::vector<Tensor>& inputs) { return impl_->run(inputs); }
+
+void VM::set_profiling(bool enabled) {
+  impl_->profiling = enabled;
+  impl_->profile.assign(impl_->prog->instrs.size(), InstrProfile{});
+}
+const std::vector<VM::InstrProfile>& VM::profile() const { return impl_->profile; }
+const Program& VM::program() const { return *impl_->prog; }
 
 Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
   const Program& p = *prog;
@@ -195,6 +205,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
   while (pc < p.instrs.size()) {
     const Instr& in = p.instrs[pc];
     size_t next = pc + 1;
+    auto started = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     switch (in.op) {
       case OpCode::kCall: {
         const CompiledKernel& k = p.kernels[in.callee];
@@ -287,6 +298,10 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         break;
     }
     for (int r : in.release) regs[r] = Tensor();
+    if (profiling) {
+      profile[pc].calls += 1;
+      profile[pc].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    }
     pc = next;
   }
 

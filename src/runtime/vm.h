@@ -90,6 +90,15 @@ class VM {
   // in errors. Returns the outputs by position of Program::output_registers.
   Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs);
 
+  // Per-instruction timing, accumulated over runs while enabled (for `kiln profile`).
+  struct InstrProfile {
+    int64_t calls = 0;
+    double seconds = 0;
+  };
+  void set_profiling(bool enabled);
+  const std::vector<InstrProfile>& profile() const;
+  const Program& program() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -270,11 +270,22 @@ Schedule default_schedule(const KernelDef& k) {
     auto inner_extent = st.shape[n - 1].as_const();
     if (is_reduction(st)) {
       if (tile_reduction(st, s)) continue;
+      size_t limit = n;
       if (n >= 2 && (!inner_extent || *inner_extent >= 8)) {
         s.prims.push_back(prim("cache_write", st.name, {st.axes[n - 2]}));
         s.prims.push_back(prim("vectorize", st.name, {innermost}));
+        limit = n - 1;
       }
-      s.prims.push_back(prim("parallel", st.name, {st.axes[0]}));
+      // Parallel over the first axis with more than one iteration (a batch of 1 is not).
+      size_t par = 0;
+      for (size_t a = 0; a < limit; ++a) {
+        auto c = st.shape[a].as_const();
+        if (!c || *c > 1) {
+          par = a;
+          break;
+        }
+      }
+      s.prims.push_back(prim("parallel", st.name, {st.axes[par]}));
     } else {
       if (!inner_extent || *inner_extent > 1) {
         s.prims.push_back(prim("vectorize", st.name, {innermost}));

@@ -59,6 +59,8 @@ const char kUsage[] =
     "           [--check-equiv] [--dim NAME=VALUE]\n"
     "      run compiler steps on a graph (.kir text or .onnx) and print the result;\n"
     "      --check-equiv compares default against naive schedules on random inputs\n"
+    "  kiln profile MODEL [--threads N] [--runs N] [--top N] [--dim NAME=VALUE] [--input NAME=FILE.npy]\n"
+    "      time every instruction (kernel) over N runs; print the most expensive first\n"
     "  kiln ops\n"
     "      list the supported ONNX ops and how each runs (compiled, runtime kernel, view)\n"
     "exit codes: 0 ok, 1 outputs differ from --test-data (or --check-equiv), 2 error\n";
@@ -555,6 +557,30 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
   return kExitOk;
 }
 
+Result<int> cmd_profile(const std::vector<std::string>& argv) {
+  OptionSpec spec;
+  spec.with_value = {"threads", "runs", "dim", "input", "top"};
+  spec.repeatable = {"dim", "input"};
+  spec.flags = {"naive"};
+  KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
+  KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "profile"));
+  KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
+  int64_t runs = 10, top = 25;
+  if (auto r = args.get("runs")) {
+    KILN_ASSIGN_OR_RETURN(runs, parse_int(*r, "--runs", 1, 100000));
+  }
+  if (auto t = args.get("top")) {
+    KILN_ASSIGN_OR_RETURN(top, parse_int(*t, "--top", 1, 1000000));
+  }
+  KILN_ASSIGN_OR_RETURN(Model model, Model::compile_file(path, options));
+  KILN_ASSIGN_OR_RETURN(auto inputs, build_inputs(model, args));
+  KILN_ASSIGN_OR_RETURN(std::string report, model.profile(inputs, static_cast<int>(runs)));
+  std::istringstream lines(report);
+  std::string line;
+  for (int64_t i = 0; std::getline(lines, line) && i < top + 2; ++i) std::cout << line << "\n";
+  return kExitOk;
+}
+
 int main_impl(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
@@ -569,7 +595,7 @@ int main_impl(int argc, char** argv) {
   }
   using Command = Result<int> (*)(const std::vector<std::string>&);
   const std::map<std::string, Command> commands = {
-      {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}};
+      {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}, {"profile", cmd_profile}};
   auto it = commands.find(command);
   if (it == commands.end()) {
     std::cerr << "kiln: error: unknown command '" << command << "'\n" << kUsage;
