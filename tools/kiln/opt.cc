@@ -3,6 +3,7 @@
 //
 // FILE is a graph in Kiln's text form (.kir, see src/graph/graph.h) or an ONNX
 // model. Steps run in the pipeline's order, whatever the flag order:
+//   --fold-transposed-weights  transposes of constant weights done at compile time
 //   --infer-shapes      symbolic type inference; prints the graph
 //   --fuse-elementwise  prints the fused groups ("group %root: Add Relu ...")
 //   --lower             prints every kernel: compute definition, schedule, loop IR
@@ -24,6 +25,7 @@
 #include "frontend/onnx/import.h"
 #include "graph/graph.h"
 #include "ops/registry.h"
+#include "passes/fold_transposed_weights.h"
 #include "runtime/vm.h"
 
 namespace kiln::cli {
@@ -114,11 +116,13 @@ Result<int> check_equiv(const std::string& path, const std::map<std::string, int
 
 Result<int> cmd_opt(const std::vector<std::string>& argv) {
   std::string path;
+  bool fold = false;
   bool infer = false, fuse = false, lower = false, naive = false, all = false, equiv = false;
   std::map<std::string, int64_t, std::less<>> dims;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     if (a == "--infer-shapes") infer = true;
+    else if (a == "--fold-transposed-weights") fold = true;
     else if (a == "--fuse-elementwise") fuse = true;
     else if (a == "--lower") lower = true;
     else if (a == "--naive") naive = true;
@@ -148,6 +152,11 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, load_graph(path));
   KILN_RETURN_IF_ERROR(g->verify().with_context(path));
   if (fuse || lower) infer = true;
+  if (fold) {
+    KILN_ASSIGN_OR_RETURN(int rewrites, passes::fold_transposed_weights(*g));
+    if (all || !infer)
+      std::cout << "// after fold-transposed-weights (" << rewrites << " rewrites)\n" << print_graph(*g);
+  }
   CompileOptions opts;
   opts.naive = naive;
   if (infer) {
