@@ -133,6 +133,11 @@ bool tile_reduction(const ComputeDef& st, Schedule& s) {
     }
   }
   if (order.empty()) return false;
+  // Matmul-like ([..., rows, cols] with the row axis next to the vector axis):
+  // walk column panels outermost, so one panel of the right operand (K x 16)
+  // stays in cache while every row tile uses it.
+  if (r == static_cast<int>(n) - 2 && !r_outer.empty() && !v_outer.empty() && order.size() >= 2)
+    std::swap(order[order.size() - 2], order[order.size() - 1]);
   std::vector<std::string> full = order;
   if (r >= 0) full.push_back(r_inner);
   full.push_back(v_inner);
