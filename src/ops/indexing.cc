@@ -69,6 +69,9 @@ Status infer_gather(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(Shape q, input_shape(n, 1));
   KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n, n.attr_int("axis", 0), static_cast<int64_t>(d.size())));
   if (d.empty()) return node_invalid(n) << "data must have rank >= 1";
+  KILN_ASSIGN_OR_RETURN(TensorType it, input_type(n, 1));
+  if (it.dtype != DType::kInt64 && it.dtype != DType::kInt32)
+    return node_invalid(n) << "indices must be int32 or int64, not " << dtype_name(it.dtype);
   Shape out(d.begin(), d.begin() + axis);
   out.insert(out.end(), q.begin(), q.end());
   out.insert(out.end(), d.begin() + axis + 1, d.end());

@@ -214,9 +214,17 @@ Status infer_batch_norm(Node& n, InferContext& ctx) {
       return node_unsupported(n) << "running statistics outputs (training only)";
     }
   }
-  for (size_t i = 1; i < 5; ++i) KILN_RETURN_IF_ERROR(input_type(n, i).status());
   KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 0));
   if (t.has_shape() && t.rank() < 2) return node_invalid(n) << "input of rank " << t.rank() << " (>= 2 expected)";
+  // scale, B, mean and var are [C]: anything else would be read out of bounds.
+  static const char* kNames[] = {"", "scale", "B", "input_mean", "input_var"};
+  for (size_t i = 1; i < 5; ++i) {
+    KILN_ASSIGN_OR_RETURN(TensorType p, input_type(n, i));
+    if (!t.has_shape()) continue;
+    if (!p.has_shape() || p.rank() != 1 || !prove_equal((*p.shape)[0], (*t.shape)[1], ctx.bounds))
+      return node_invalid(n) << kNames[i] << " has type " << p.to_string() << ", expected ["
+                             << print_expr((*t.shape)[1]) << "] (one value per channel)";
+  }
   return infer_same_shape(n, ctx);
 }
 

@@ -522,6 +522,17 @@ Result<std::vector<Expr>> split_sizes(const Node& n, const Expr& dim, size_t num
     if (split->size() != num_outputs) {
       return node_invalid(n) << "split has " << split->size() << " entries for " << num_outputs << " outputs";
     }
+    // The parts must tile the axis exactly: a larger sum would read out of bounds.
+    Expr total = 0;
+    for (const Expr& e : *split) {
+      auto c = simplify(e, bounds).as_const();
+      if (c && *c < 0) return node_invalid(n) << "negative split size " << *c;
+      total = total + e;
+    }
+    if (!prove_equal(total, dim, bounds)) {
+      return node_invalid(n) << "split sizes sum to " << print_expr(simplify(total, bounds)) << ", the axis has "
+                             << print_expr(simplify(dim, bounds));
+    }
     return *split;
   }
   int64_t parts = n.attr_int("num_outputs", static_cast<int64_t>(num_outputs));

@@ -118,8 +118,38 @@ def cases(work):
                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10**12, 10**12])], [t])
 
+    def inconsistent(op, inputs, outputs, inits=(), **attrs):
+        # Shapes that would make a kernel read out of bounds if not rejected.
+        return lambda: _model([helper.make_node(op, [i[0] for i in inputs] + [t.name for t in inits],
+                                                [o for o in outputs], name="bad_" + op.lower(), **attrs)],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT if t is None else t, s)
+                               for n, s, t in inputs],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+                              list(inits)).SerializeToString()
+
     f32 = np.ones((2, 3), np.float32)
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
     return [
+        Case("batchnorm_param_shape",
+             inconsistent("BatchNormalization",
+                          [("x", [1, 3, 4, 4], None), ("s", [2], None), ("b", [3], None),
+                           ("m", [3], None), ("v", [3], None)], ["y"]),
+             [["{file}"], ["bad_batchnormalization"], ["scale"]], info=False),
+        Case("split_sizes_exceed_axis",
+             inconsistent("Split", [("x", [3], None)], ["y", "z"], [ints("sizes", [1, 5])], axis=0),
+             [["{file}"], ["bad_split"], ["sum"]], info=False),
+        Case("gather_float_indices",
+             inconsistent("Gather", [("x", [3, 4], None), ("i", [2], TensorProto.FLOAT)], ["y"]),
+             [["{file}"], ["bad_gather"], ["indices"]], info=False),
+        Case("conv_channel_mismatch",
+             inconsistent("Conv", [("x", [1, 3, 8, 8], None), ("w", [4, 5, 3, 3], None)], ["y"]),
+             [["{file}"], ["bad_conv"], ["channels"]], info=False),
+        Case("matmul_inner_mismatch",
+             inconsistent("MatMul", [("a", [3, 4], None), ("b", [5, 6], None)], ["y"]),
+             [["{file}"], ["bad_matmul"]], info=False),
+        Case("mixed_dtypes",
+             inconsistent("Add", [("a", [3], None), ("b", [3], TensorProto.INT64)], ["y"]),
+             [["{file}"], ["bad_add"], ["dtype"]], info=False),
         Case("truncated", lambda: big_valid[: len(big_valid) // 2], [["{file}"]]),
         Case("random_bytes", lambda: rng.bytes(4096), [["{file}"]]),
         Case("empty_file", lambda: b"", [["{file}"]]),
