@@ -50,6 +50,10 @@ const char* numpy_name(kiln::DType t) {
     // Kiln unpacks 4-bit integers to one element per byte.
     case DType::kInt4: return "int8";
     case DType::kUInt4: return "uint8";
+    // Bit patterns, as onnx.numpy_helper represents them.
+    case DType::kBFloat16: return "uint16";
+    case DType::kFloat8E4M3FN: case DType::kFloat8E4M3FNUZ: case DType::kFloat8E5M2:
+    case DType::kFloat8E5M2FNUZ: return "uint8";
     default: return nullptr;
   }
 }
@@ -94,6 +98,7 @@ kiln::DType dtype_from_numpy(const py::dtype& dt) {
 }
 
 std::string dtype_label(kiln::DType t) {
+  if (kiln::dtype_is_narrow_float(t) && t != kiln::DType::kFloat16) return kiln::dtype_name(t);
   const char* n = numpy_name(t);
   return n ? n : kiln::dtype_name(t);
 }
@@ -117,10 +122,19 @@ struct InputTensor {
   kiln::Tensor tensor;
 };
 
-InputTensor to_tensor(const std::string& name, const py::handle& value) {
+// numpy has no bfloat16 or float8 types: ONNX passes their bits as uint16 /
+// uint8 arrays (numpy_helper.to_array), and so does this module.
+bool is_bits_of(kiln::DType narrow, kiln::DType given) {
+  using kiln::DType;
+  if (narrow == DType::kBFloat16) return given == DType::kUInt16;
+  return kiln::dtype_is_narrow_float(narrow) && narrow != DType::kFloat16 && given == DType::kUInt8;
+}
+
+InputTensor to_tensor(const std::string& name, const py::handle& value, kiln::DType expected) {
   py::module_ np = py::module_::import("numpy");
   py::array arr = np.attr("asarray")(value);
   kiln::DType dtype = dtype_from_numpy(arr.dtype());
+  if (is_bits_of(expected, dtype)) dtype = expected;
   if (dtype == kiln::DType::kUndefined) {
     raise_kiln_error("input '" + name + "': unsupported numpy dtype " +
                      py::str(arr.dtype()).cast<std::string>());
@@ -193,13 +207,15 @@ class CompiledModel {
       }
       std::string name = item.first.cast<std::string>();
       bool known = false;
+      kiln::DType expected = kiln::DType::kUndefined;
       std::string names;
       for (const auto& info : model_.inputs()) {
+        if (info.name == name) expected = info.dtype;
         known = known || info.name == name;
         names += (names.empty() ? "" : ", ") + info.name;
       }
       if (!known) raise_kiln_error("the model has no input '" + name + "' (inputs: " + names + ")");
-      held.push_back(to_tensor(name, item.second));
+      held.push_back(to_tensor(name, item.second, expected));
       inputs[name] = held.back().tensor;
     }
     auto result = run_without_gil(inputs);

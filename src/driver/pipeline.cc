@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "ops/registry.h"
+#include "passes/fold_transposed_weights.h"
 #include "passes/fuse_elementwise.h"
 #include "runtime/memory_plan.h"
 #include "tir/schedule.h"
@@ -15,7 +16,12 @@ namespace kiln::driver {
 
 namespace {
 
-enum class Mode { kSkip, kCompiled, kView, kHost, kShape };
+enum class Mode { kSkip, kCompiled, kView, kHost, kShape, kControl };
+
+// If / Loop / Scan: each subgraph becomes a sub-program run by the VM.
+bool is_control_flow(const Node* n) {
+  return n->domain().empty() && (n->op_type() == "If" || n->op_type() == "Loop" || n->op_type() == "Scan");
+}
 
 std::string describe(const Node* n) { return n->describe(); }
 
@@ -74,14 +80,31 @@ TensorInfo make_info(const Value* v) {
   return info;
 }
 
+// State shared by the builder of the top-level graph and the builders of its
+// subgraphs: all kernels go to one code-generation module, and every program
+// gets the whole kernel table.
+struct BuildState {
+  std::vector<tir::PrimFunc> funcs;
+  std::map<uint64_t, int> kernel_by_hash;
+  std::vector<std::shared_ptr<runtime::Program>> programs;
+  std::string kernels_text;
+  int num_host_calls = 0;
+  bool lower_only = false;
+};
+
 class ProgramBuilder {
  public:
-  ProgramBuilder(Graph& g, const CompileOptions& opts) : g_(g), opts_(opts) {}
+  ProgramBuilder(Graph& g, const CompileOptions& opts, std::shared_ptr<BuildState> state = nullptr)
+      : g_(g), opts_(opts), state_(state ? std::move(state) : std::make_shared<BuildState>()) {
+    state_->programs.push_back(prog_);
+  }
 
   Result<CompiledProgram> build(SymbolBounds bounds);
+  // The program of this graph without code generation (subgraphs use it).
+  Status build_program(SymbolBounds bounds);
   // Stops before code generation; kernels_text() then describes every kernel.
-  void set_lower_only(bool v) { lower_only_ = v; }
-  const std::string& kernels_text() const { return kernels_text_; }
+  void set_lower_only(bool v) { state_->lower_only = v; }
+  const std::string& kernels_text() const { return state_->kernels_text; }
   std::string groups_text();
 
  private:
@@ -91,23 +114,22 @@ class ProgramBuilder {
                                           std::vector<int>& out_regs);
   Status emit_group(const passes::FusedGroup& group);
   Status emit_node(const Node* n, Mode mode);
+  Status emit_control(const Node* n);
   void plan_memory();
 
   Graph& g_;
   const CompileOptions& opts_;
   std::shared_ptr<runtime::Program> prog_ = std::make_shared<runtime::Program>();
+  std::shared_ptr<BuildState> state_;
   std::map<const Value*, int> regs_;
   std::map<const Node*, Mode> mode_;
   std::set<const Value*> graph_outputs_;
-  // Compiled kernels: lowered functions, by structural hash for reuse.
-  std::vector<tir::PrimFunc> funcs_;
-  std::map<uint64_t, int> kernel_by_hash_;
-  std::vector<int> pending_kernel_;  // instr index -> funcs_ index, patched after codegen
-  int num_host_calls_ = 0;
-  bool lower_only_ = false;
   SymbolBounds bounds_;
   std::map<const Node*, std::set<std::string>> bound_before_;
-  std::string kernels_text_;
+  // Captured outer values that are inputs of this (sub)program, after the graph inputs.
+  std::vector<const Value*> capture_inputs_;
+  // Values of this graph read by subgraphs (implicit inputs of control-flow nodes).
+  std::set<const Value*> captured_;
 };
 
 int ProgramBuilder::reg(const Value* v) {
@@ -135,7 +157,9 @@ Status ProgramBuilder::classify() {
   // of every node in order.
   std::set<std::string> bound;
   std::set<const Node*> data_dependent;
-  for (const Value* in : g_.inputs())
+  std::vector<const Value*> entry(g_.inputs().begin(), g_.inputs().end());
+  entry.insert(entry.end(), g_.captures().begin(), g_.captures().end());
+  for (const Value* in : entry)
     if (in->type().shape)
       for (const Expr& d : *in->type().shape)
         for (const std::string& v : free_vars(d)) bound.insert(v);
@@ -165,6 +189,14 @@ Status ProgramBuilder::classify() {
     }
     for (const Value* in : n->inputs())
       if (in) needed.insert(in);
+    for (const Value* in : g_.implicit_inputs(n)) {
+      needed.insert(in);
+      captured_.insert(in);
+    }
+    if (is_control_flow(n)) {
+      mode_[n] = Mode::kControl;
+      continue;
+    }
     const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
     KILN_CHECK(def != nullptr) << "unchecked op " << describe(n);
     if (def->kernel && data_dependent.count(n))
@@ -190,7 +222,8 @@ Result<tir::KernelDef> ProgramBuilder::make_kernel_def(const passes::FusedGroup&
         ext_inputs.push_back(v);
     for (const Value* o : n->outputs()) {
       if (!o) continue;
-      bool external_use = graph_outputs_.count(o) != 0;
+      // Values read by subgraphs are not in use lists: fused or not, they are materialized.
+      bool external_use = graph_outputs_.count(o) != 0 || captured_.count(o) != 0;
       for (const auto& [user, idx] : o->uses())
         if (!members.count(user)) external_use = true;
       if (external_use || n == group.nodes.back()) outputs.push_back(o);
@@ -265,23 +298,23 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
   if (!kdef.is_ok()) return kdef.status().with_context(describe(group.nodes.back()));
   uint64_t h = tir::structural_hash(*kdef);
   int func_index;
-  auto it = kernel_by_hash_.find(h);
-  if (it != kernel_by_hash_.end()) {
+  auto it = state_->kernel_by_hash.find(h);
+  if (it != state_->kernel_by_hash.end()) {
     func_index = it->second;
   } else {
     tir::Schedule sched = opts_.naive ? tir::naive_schedule(*kdef) : tir::default_schedule(*kdef);
     auto func = tir::lower(*kdef, sched);
     if (!func.is_ok())
       return func.status().with_context(describe(group.nodes.back()) + ": lowering");
-    func->name = "kiln_k" + std::to_string(funcs_.size()) + "_" + kdef->name;
-    func_index = static_cast<int>(funcs_.size());
-    if (lower_only_)
-      kernels_text_ += "// kernel " + func->name + " for " + describe(group.nodes.back()) + "\n" +
+    func->name = "kiln_k" + std::to_string(state_->funcs.size()) + "_" + kdef->name;
+    func_index = static_cast<int>(state_->funcs.size());
+    if (state_->lower_only)
+      state_->kernels_text += "// kernel " + func->name + " for " + describe(group.nodes.back()) + "\n" +
                        tir::print_kernel_def(*kdef) + "// schedule\n" + sched.to_string() + "\n" +
                        tir::print_func(*func) + "\n";
     if (opts_.dump_ir) std::fprintf(stderr, "%s\n", tir::print_func(*func).c_str());
-    funcs_.push_back(std::move(*func));
-    kernel_by_hash_[h] = func_index;
+    state_->funcs.push_back(std::move(*func));
+    state_->kernel_by_hash[h] = func_index;
   }
   runtime::Instr in;
   in.op = runtime::OpCode::kCall;
@@ -353,13 +386,84 @@ Status ProgramBuilder::emit_node(const Node* n, Mode mode) {
         if (!o) return unsupported() << in.where << ": omitted outputs of host kernels";
         in.outputs.push_back(reg(o));
       }
-      ++num_host_calls_;
+      ++state_->num_host_calls;
       prog_->instrs.push_back(std::move(in));
       return Status::ok();
     }
+    case Mode::kControl:
+      return emit_control(n);
     default:
       return Status::ok();
   }
+}
+
+Status ProgramBuilder::emit_control(const Node* n) {
+  runtime::Instr in;
+  in.where = describe(n);
+  std::vector<const char*> names;
+  if (n->op_type() == "If") {
+    in.op = runtime::OpCode::kIf;
+    names = {"then_branch", "else_branch"};
+  } else {
+    in.op = n->op_type() == "Loop" ? runtime::OpCode::kLoop : runtime::OpCode::kScan;
+    names = {"body"};
+  }
+  for (const Value* v : n->inputs()) in.inputs.push_back(v ? reg(v) : -1);
+  for (const Value* o : n->outputs()) {
+    if (!o) return unsupported() << in.where << ": omitted outputs";
+    if (!o->type().shape) return unsupported() << in.where << ": rank of output '" << o->name() << "' is unknown";
+    in.outputs.push_back(reg(o));
+  }
+  if (in.op == runtime::OpCode::kLoop && in.inputs.size() < 2) return invalid_model() << in.where << ": missing M, cond";
+  if (in.op != runtime::OpCode::kLoop)
+    for (int r : in.inputs)
+      if (r < 0) return invalid_model() << in.where << ": omitted input";
+  std::vector<int> captured;
+  for (const char* name : names) {
+    const Attribute* a = n->attr(name);
+    if (!a || !a->g) return invalid_model() << in.where << ": missing subgraph " << name;
+    ProgramBuilder sub(*a->g, opts_, state_);
+    Status st = sub.build_program(bounds_);
+    if (!st.is_ok()) return st.with_context(in.where + " " + name);
+    std::vector<int> caps;
+    for (const Value* c : sub.capture_inputs_) {
+      const Value* outer = g_.find_value(c->name());
+      if (!outer) return internal_error() << in.where << ": capture '" << c->name() << "' does not resolve";
+      caps.push_back(reg(outer));
+    }
+    in.subprograms.push_back(static_cast<int>(prog_->subprograms.size()));
+    prog_->subprograms.push_back(sub.prog_);
+    captured.insert(captured.end(), caps.begin(), caps.end());
+    in.captures.push_back(std::move(caps));
+  }
+  if (in.op == runtime::OpCode::kScan) {
+    int64_t num_scan_in = n->attr_int("num_scan_inputs", 0);
+    size_t num_state = n->num_inputs() - num_scan_in;
+    size_t num_scan_out = n->num_outputs() - num_state;
+    std::vector<int64_t> in_axes = n->attr_ints("scan_input_axes", std::vector<int64_t>(num_scan_in, 0));
+    std::vector<int64_t> in_dirs = n->attr_ints("scan_input_directions", std::vector<int64_t>(num_scan_in, 0));
+    std::vector<int64_t> out_axes = n->attr_ints("scan_output_axes", std::vector<int64_t>(num_scan_out, 0));
+    std::vector<int64_t> out_dirs = n->attr_ints("scan_output_directions", std::vector<int64_t>(num_scan_out, 0));
+    if (in_dirs.size() != static_cast<size_t>(num_scan_in) || out_dirs.size() != num_scan_out ||
+        in_axes.size() != static_cast<size_t>(num_scan_in) || out_axes.size() != num_scan_out)
+      return invalid_model() << in.where << ": scan axes / directions have the wrong length";
+    in.attrs.push_back(num_scan_in);
+    for (int64_t j = 0; j < num_scan_in; ++j) {
+      int64_t rank = n->input(num_state + j)->type().rank();
+      int64_t axis = in_axes[j] < 0 ? in_axes[j] + rank : in_axes[j];
+      in.attrs.push_back(axis);
+      in.attrs.push_back(in_dirs[j]);
+    }
+    for (size_t k = 0; k < num_scan_out; ++k) {
+      int64_t rank = n->output(num_state + k)->type().rank();
+      int64_t axis = out_axes[k] < 0 ? out_axes[k] + rank : out_axes[k];
+      in.attrs.push_back(axis);
+      in.attrs.push_back(out_dirs[k]);
+    }
+  }
+  in.inputs.insert(in.inputs.end(), captured.begin(), captured.end());
+  prog_->instrs.push_back(std::move(in));
+  return Status::ok();
 }
 
 // Lifetimes of registers in instruction order; releases after last use; a
@@ -380,7 +484,9 @@ void ProgramBuilder::plan_memory() {
     for (int r : in.outputs) {
       if (def_at[r] < 0) def_at[r] = static_cast<int>(i);
       if (in.op == runtime::OpCode::kView) alias_of[r] = in.inputs[0];
-      if (in.op == runtime::OpCode::kCallHost) host_owned[r] = true;
+      if (in.op == runtime::OpCode::kCallHost || in.op == runtime::OpCode::kIf || in.op == runtime::OpCode::kLoop ||
+          in.op == runtime::OpCode::kScan)
+        host_owned[r] = true;
     }
   }
   // A view keeps its source alive: extend the root's lifetime.
@@ -422,10 +528,8 @@ void ProgramBuilder::plan_memory() {
   p.arena_bytes = plan.arena_bytes;
 }
 
-Result<CompiledProgram> ProgramBuilder::build(SymbolBounds bounds) {
-  auto t0 = std::chrono::steady_clock::now();
+Status ProgramBuilder::build_program(SymbolBounds bounds) {
   bounds_ = bounds;
-  CompiledProgram out;
   for (const Value* v : g_.outputs()) graph_outputs_.insert(v);
   KILN_RETURN_IF_ERROR(classify());
 
@@ -440,6 +544,12 @@ Result<CompiledProgram> ProgramBuilder::build(SymbolBounds bounds) {
     if (v->is_constant()) continue;
     if (!v->type().shape) return unsupported() << "input '" << v->name() << "' has unknown rank";
     prog_->input_registers.push_back(reg(v));
+  }
+  for (const Value* v : g_.captures()) {
+    if (v->is_constant()) continue;
+    if (!v->type().shape) return unsupported() << "captured value '" << v->name() << "' has unknown rank";
+    prog_->input_registers.push_back(reg(v));
+    capture_inputs_.push_back(v);
   }
   for (const Node* n : g_.nodes()) {
     Mode m = mode_[n];
@@ -473,30 +583,39 @@ Result<CompiledProgram> ProgramBuilder::build(SymbolBounds bounds) {
   }
   plan_memory();
   prog_->bounds = std::move(bounds);
+  return Status::ok();
+}
 
-  if (lower_only_) return out;
-  // Code generation for all kernels at once.
+Result<CompiledProgram> ProgramBuilder::build(SymbolBounds bounds) {
+  auto t0 = std::chrono::steady_clock::now();
+  CompiledProgram out;
+  KILN_RETURN_IF_ERROR(build_program(std::move(bounds)));
+  if (state_->lower_only) return out;
+  // Code generation for all kernels (of this graph and its subgraphs) at once.
   codegen::CodegenOptions copts;
   copts.dump_ir = opts_.dump_ir;
-  if (!funcs_.empty()) {
-    auto module = codegen::compile(funcs_, copts);
+  const std::vector<tir::PrimFunc>& funcs = state_->funcs;
+  if (!funcs.empty()) {
+    auto module = codegen::compile(funcs, copts);
     if (!module.is_ok()) return module.status().with_context("code generation for " + g_.source);
     out.module = std::shared_ptr<codegen::CompiledModule>(std::move(*module));
-    for (const tir::PrimFunc& f : funcs_) {
+    std::vector<runtime::CompiledKernel> kernels;
+    for (const tir::PrimFunc& f : funcs) {
       runtime::CompiledKernel k;
       k.name = f.name;
       k.fn = out.module->lookup(f.name);
       if (k.fn == nullptr) return internal_error() << "kernel " << f.name << " missing after code generation";
       k.sym_names = f.sym_names;
-      prog_->kernels.push_back(std::move(k));
+      kernels.push_back(std::move(k));
     }
+    for (const auto& p : state_->programs) p->kernels = kernels;
   }
 
   for (const Value* v : g_.inputs())
     if (!v->is_constant()) out.inputs.push_back(make_info(v));
   for (const Value* v : g_.outputs()) out.outputs.push_back(make_info(v));
-  out.stats.num_kernels = static_cast<int>(funcs_.size());
-  out.stats.num_runtime_kernels = num_host_calls_;
+  out.stats.num_kernels = static_cast<int>(funcs.size());
+  out.stats.num_runtime_kernels = state_->num_host_calls;
   out.stats.arena_bytes = prog_->static_plan ? prog_->arena_bytes : 0;
   out.stats.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   out.program = prog_;
@@ -535,7 +654,7 @@ Status check_supported(const Graph& g) {
   std::map<std::string, std::vector<std::string>> missing;  // op -> node names
   for_each_node(g, [&](const Node* n) {
     const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
-    bool ok = def != nullptr && (def->lower || def->kernel || def->is_view);
+    bool ok = def != nullptr && (def->lower || def->kernel || def->is_view || is_control_flow(n));
     if (!ok) {
       std::string op = n->domain().empty() ? n->op_type() : n->domain() + ":" + n->op_type();
       missing[op].push_back(n->name().empty() ? "<unnamed>" : n->name());
@@ -558,6 +677,7 @@ Status check_supported(const Graph& g) {
 Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(check_supported(*g));
+  KILN_RETURN_IF_ERROR(passes::fold_transposed_weights(*g).status());
   ops::InferContext ictx;
   ictx.graph = g.get();
   ictx.bounds = g->bounds;

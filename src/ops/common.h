@@ -34,6 +34,11 @@ void register_pool_ops();         // pool.cc
 void register_matmul_ops();       // matmul.cc
 void register_shape_ops();        // shape_ops.cc
 void register_indexing_ops();     // indexing.cc
+void register_control_flow_ops();  // control_flow.cc
+void register_loss_ops();         // loss.cc
+void register_rnn_ops();          // rnn.cc
+void register_quant_ops();        // quant.cc
+void register_misc_ops();         // misc.cc
 
 // ---- Errors ---------------------------------------------------------------
 
@@ -74,6 +79,16 @@ std::optional<double> const_scalar(const Node& n, size_t i);
 
 // Multidirectional broadcast over several shapes (Sum, Max, Where, ...).
 Result<Shape> broadcast_all(const Node& n, const std::vector<Shape>& shapes, const SymbolBounds& bounds);
+
+// Checks that optional input i (when present) has exactly `expected` shape
+// (dims proven equal under `bounds`); a parameter of another shape would be
+// read out of bounds by the kernel. `what` names it in the error.
+Status require_param_shape(const Node& n, size_t i, const Shape& expected, const char* what,
+                           const SymbolBounds& bounds);
+// Checks that optional input i (when present) broadcasts unidirectionally to
+// `target` (right-aligned; each dim equal or 1).
+Status require_broadcastable_to(const Node& n, size_t i, const Shape& target, const char* what,
+                                const SymbolBounds& bounds);
 
 // ---- Lowering helpers -----------------------------------------------------
 

@@ -91,6 +91,7 @@ Status infer_conv(Node& n, InferContext& ctx) {
     if (ks.size() != kernel.size()) return node_invalid(n) << "kernel_shape has the wrong rank";
     for (size_t d = 0; d < ks.size(); ++d) kernel[d] = Expr(ks[d]);
   }
+  KILN_RETURN_IF_ERROR(require_param_shape(n, 2, {w[0]}, "bias", ctx.bounds));
   // Channels: C == group * W[1] (checked when both are constants).
   auto c = simplify(x[1], ctx.bounds).as_const();
   auto wc = simplify(w[1], ctx.bounds).as_const();
@@ -225,6 +226,9 @@ Status infer_conv_transpose(Node& n, InferContext& ctx) {
   int64_t group = n.attr_int("group", 1);
   if (group <= 0) return node_invalid(n) << "group must be positive";
   std::vector<Expr> kernel(w.begin() + 2, w.end());
+  if (!prove_equal(x[1], w[0], ctx.bounds))
+    return node_invalid(n) << "input has " << print_expr(x[1]) << " channels, weight has " << print_expr(w[0]);
+  KILN_RETURN_IF_ERROR(require_param_shape(n, 2, {simplify(w[1] * group, ctx.bounds)}, "bias", ctx.bounds));
   KILN_ASSIGN_OR_RETURN(ConvTransposeGeometry g, conv_transpose_geometry(n, x, kernel, ctx.bounds));
   Shape out = {x[0], w[1] * group};
   out.insert(out.end(), g.out.begin(), g.out.end());

@@ -366,7 +366,12 @@ Result<Expr> cast_body(const Node& n, const Expr& x, DType to) {
     return ne(x, c_of(x, 0));
   }
   if (x.dtype() == DType::kBool) return select(x, const_of(to, 1), const_of(to, 0));
-  (void)n;
+  bool float8 = dtype_is_narrow_float(to) && to != DType::kFloat16 && to != DType::kBFloat16;
+  if (float8 && n.attr_int("saturate", 1) == 0 && x.dtype() != to) {
+    // Non-saturating conversion: out-of-range values become NaN (or infinity for e5m2).
+    Expr f = dtype_is_float(x.dtype()) ? x : cast(DType::kFloat32, x);
+    return call("cast_nosat", to, {f});
+  }
   return cast_if_needed(to, x);
 }
 
@@ -414,6 +419,28 @@ std::vector<Elementwise> elementwise_ops() {
   add_op(unary_float("Sin", [](const Node&, const Expr& x) { return fcall("sin", x); }));
   add_op(unary_float("Cos", [](const Node&, const Expr& x) { return fcall("cos", x); }));
   add_op(unary_float("Tan", [](const Node&, const Expr& x) { return div(fcall("sin", x), fcall("cos", x)); }));
+  add_op(unary_float("Atan", [](const Node&, const Expr& x) { return fcall("atan", x); }));
+  add_op(unary_float("Asin", [](const Node&, const Expr& x) { return fcall("asin", x); }));
+  add_op(unary_float("Acos", [](const Node&, const Expr& x) { return fcall("acos", x); }));
+  add_op(unary_float("Sinh", [](const Node&, const Expr& x) {
+    return mul(sub(fcall("exp", x), fcall("exp", fcall("neg", x))), c_of(x, 0.5));
+  }));
+  add_op(unary_float("Cosh", [](const Node&, const Expr& x) {
+    return mul(add(fcall("exp", x), fcall("exp", fcall("neg", x))), c_of(x, 0.5));
+  }));
+  // asinh(x) = sign(x) log(|x| + sqrt(x^2 + 1)); acosh(x) = log(x + sqrt(x^2 - 1)).
+  add_op(unary_float("Asinh", [](const Node&, const Expr& x) {
+    Expr ax = fcall("abs", x);
+    Expr r = fcall("log", add(ax, fcall("sqrt", add(mul(ax, ax), c_of(x, 1)))));
+    return select(lt(x, c_of(x, 0)), fcall("neg", r), r);
+  }));
+  add_op(unary_float("Acosh", [](const Node&, const Expr& x) {
+    return fcall("log", add(x, fcall("sqrt", sub(mul(x, x), c_of(x, 1)))));
+  }));
+  // atanh(x) = log((1 + x) / (1 - x)) / 2.
+  add_op(unary_float("Atanh", [](const Node&, const Expr& x) {
+    return mul(fcall("log", div(add(c_of(x, 1), x), sub(c_of(x, 1), x))), c_of(x, 0.5));
+  }));
   add_op(unary_float("Reciprocal", [](const Node&, const Expr& x) { return div(c_of(x, 1), x); }));
   add_op(unary_float("Softplus", [](const Node&, const Expr& x) { return softplus(x); }));
   add_op(unary_float("Softsign",

@@ -114,7 +114,18 @@ Status infer_gather_elements(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(Shape d, input_shape(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape q, input_shape(n, 1));
   if (d.size() != q.size()) return node_invalid(n) << "data and indices differ in rank";
-  KILN_RETURN_IF_ERROR(normalize_axis(n, n.attr_int("axis", 0), static_cast<int64_t>(d.size())).status());
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n, n.attr_int("axis", 0), static_cast<int64_t>(d.size())));
+  KILN_ASSIGN_OR_RETURN(TensorType it, input_type(n, 1));
+  if (it.dtype != DType::kInt64 && it.dtype != DType::kInt32)
+    return node_invalid(n) << "indices must be int32 or int64, not " << dtype_name(it.dtype);
+  // Off the axis, indices positions address data directly: they must fit.
+  for (size_t k = 0; k < d.size(); ++k) {
+    if (static_cast<int64_t>(k) == axis) continue;
+    Interval slack = bound_of(simplify(d[k] - q[k], ctx.bounds), ctx.bounds);
+    if (!slack.lo || *slack.lo < 0)
+      return node_invalid(n) << "indices dim " << k << " (" << print_expr(q[k]) << ") may exceed data dim ("
+                             << print_expr(d[k]) << ")";
+  }
   set_output(n, 0, dt.dtype, q, ctx);
   return Status::ok();
 }

@@ -162,6 +162,9 @@ Status infer_layer_norm(Node& n, InferContext& ctx) {
     return Status::ok();
   }
   KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n, n.attr_int("axis", -1), t.rank()));
+  Shape normalized(t.shape->begin() + axis, t.shape->end());
+  KILN_RETURN_IF_ERROR(require_broadcastable_to(n, 1, normalized, "Scale", ctx.bounds));
+  KILN_RETURN_IF_ERROR(require_broadcastable_to(n, 2, normalized, "B", ctx.bounds));
   set_output(n, 0, t.dtype, *t.shape, ctx);
   Shape stat = *t.shape;
   for (int64_t d = axis; d < t.rank(); ++d) stat[static_cast<size_t>(d)] = Expr(1);
@@ -250,6 +253,16 @@ Result<std::vector<tir::ComputeDef>> lower_batch_norm(const Node& n, LowerContex
 }
 
 // ---- InstanceNormalization ----------------------------------------------------------------
+
+Status infer_instance_norm(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 0));
+  if (t.has_shape()) {
+    if (t.rank() < 2) return node_invalid(n) << "input of rank " << t.rank() << " (>= 2 expected)";
+    KILN_RETURN_IF_ERROR(require_param_shape(n, 1, {(*t.shape)[1]}, "scale", ctx.bounds));
+    KILN_RETURN_IF_ERROR(require_param_shape(n, 2, {(*t.shape)[1]}, "B", ctx.bounds));
+  }
+  return infer_same_shape(n, ctx);
+}
 
 Result<std::vector<tir::ComputeDef>> lower_instance_norm(const Node& n, LowerContext& ctx) {
   const tir::Buffer& in = ctx.inputs[0];
@@ -417,7 +430,7 @@ void register_norm_ops() {
                 [](const Node& n, LowerContext& ctx) { return lower_softmax(SoftmaxKind::kHardmax, n, ctx); });
   register_norm("LayerNormalization", infer_layer_norm, lower_layer_norm);
   register_norm("BatchNormalization", infer_batch_norm, lower_batch_norm);
-  register_norm("InstanceNormalization", infer_same_shape, lower_instance_norm);
+  register_norm("InstanceNormalization", infer_instance_norm, lower_instance_norm);
   register_norm("GroupNormalization", infer_group_norm, lower_group_norm);
   register_norm("LpNormalization", infer_same_shape, lower_lp_norm);
   register_norm("MeanVarianceNormalization", infer_mvn, lower_mvn);

@@ -79,6 +79,11 @@ void register_all_ops() {
     register_matmul_ops();
     register_shape_ops();
     register_indexing_ops();
+    register_control_flow_ops();
+    register_loss_ops();
+    register_rnn_ops();
+    register_quant_ops();
+    register_misc_ops();
   });
 }
 
@@ -178,6 +183,42 @@ StatusBuilder node_invalid(const Node& n) {
   StatusBuilder b(StatusCode::kInvalidModel);
   b << n.describe() << ": ";
   return b;
+}
+
+// ---- common.h: parameter shape checks ------------------------------------------------
+
+namespace {
+std::string shape_text(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + print_expr(s[i]);
+  return out + "]";
+}
+}  // namespace
+
+Status require_param_shape(const Node& n, size_t i, const Shape& expected, const char* what,
+                           const SymbolBounds& bounds) {
+  if (!has_input(n, i)) return Status::ok();
+  KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, i));
+  bool ok = t.has_shape() && t.shape->size() == expected.size();
+  for (size_t d = 0; ok && d < expected.size(); ++d) ok = prove_equal((*t.shape)[d], expected[d], bounds);
+  if (!ok) return node_invalid(n) << what << " has type " << t.to_string() << ", expected shape " << shape_text(expected);
+  return Status::ok();
+}
+
+Status require_broadcastable_to(const Node& n, size_t i, const Shape& target, const char* what,
+                                const SymbolBounds& bounds) {
+  if (!has_input(n, i)) return Status::ok();
+  KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, i));
+  bool ok = t.has_shape() && t.shape->size() <= target.size();
+  for (size_t d = 0; ok && d < t.shape->size(); ++d) {
+    const Expr& p = (*t.shape)[t.shape->size() - 1 - d];
+    const Expr& q = target[target.size() - 1 - d];
+    ok = prove_equal(p, 1, bounds) || prove_equal(p, q, bounds);
+  }
+  if (!ok)
+    return node_invalid(n) << what << " has type " << t.to_string() << ", which does not broadcast to "
+                           << shape_text(target);
+  return Status::ok();
 }
 
 // ---- common.h: inference helpers ---------------------------------------------------

@@ -645,9 +645,12 @@ Result<SliceParams> slice_params(const Node& n, int64_t rank) {
   }
   if (p.steps.empty()) p.steps.assign(count, 1);
   if (p.axes.size() != count || p.steps.size() != count) return node_invalid(n) << "axes/steps length mismatch";
+  std::vector<bool> seen(static_cast<size_t>(rank), false);
   for (size_t k = 0; k < count; ++k) {
     KILN_ASSIGN_OR_RETURN(p.axes[k], normalize_axis(n, p.axes[k], rank));
     if (p.steps[k] == 0) return node_invalid(n) << "step 0";
+    if (seen[static_cast<size_t>(p.axes[k])]) return node_invalid(n) << "axis " << p.axes[k] << " repeated";
+    seen[static_cast<size_t>(p.axes[k])] = true;
   }
   return p;
 }

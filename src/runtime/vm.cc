@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "support/thread_pool.h"
@@ -118,6 +119,66 @@ Result<std::vector<int64_t>> reshape_target(const Tensor& src, const Tensor& spe
   return shape;
 }
 
+// Element copy between tensors of the same dtype (strings by assignment).
+void copy_elements(const Tensor& src, int64_t src_off, Tensor& dst, int64_t dst_off, int64_t count) {
+  if (count <= 0) return;
+  if (src.dtype() == DType::kString) {
+    for (int64_t i = 0; i < count; ++i)
+      dst.data_as<std::string>()[dst_off + i] = src.data_as<std::string>()[src_off + i];
+    return;
+  }
+  int64_t es = dtype_size(src.dtype());
+  std::memcpy(static_cast<char*>(dst.data()) + dst_off * es, static_cast<const char*>(src.data()) + src_off * es,
+              static_cast<size_t>(count * es));
+}
+
+// (product of dims before axis, dim at axis, product of dims after axis)
+void split_at(const std::vector<int64_t>& shape, int64_t axis, int64_t& outer, int64_t& len, int64_t& inner) {
+  outer = 1;
+  inner = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= shape[i];
+  len = shape[axis];
+  for (size_t i = axis + 1; i < shape.size(); ++i) inner *= shape[i];
+}
+
+// A fresh tensor: slice `index` of `src` along `axis`, without that axis.
+Tensor take_slice(const Tensor& src, int64_t axis, int64_t index) {
+  int64_t outer, len, inner;
+  split_at(src.shape(), axis, outer, len, inner);
+  std::vector<int64_t> shape = src.shape();
+  shape.erase(shape.begin() + axis);
+  Tensor out(src.dtype(), std::move(shape));
+  for (int64_t o = 0; o < outer; ++o) copy_elements(src, (o * len + index) * inner, out, o * inner, inner);
+  return out;
+}
+
+// Writes `part` (dst's shape without `axis`) into slice `index` of dst along `axis`.
+void put_slice(Tensor& dst, const Tensor& part, int64_t axis, int64_t index) {
+  int64_t outer, len, inner;
+  split_at(dst.shape(), axis, outer, len, inner);
+  for (int64_t o = 0; o < outer; ++o) copy_elements(part, o * inner, dst, (o * len + index) * inner, inner);
+}
+
+// Stacks equally shaped parts along a new `axis` (part i at position order[i]).
+// With no parts, the slice shape is `empty_shape`.
+Result<Tensor> stack(const std::vector<Tensor>& parts, int64_t axis, bool reverse, DType dtype,
+                     const std::vector<int64_t>& empty_shape, const std::string& what) {
+  std::vector<int64_t> shape = parts.empty() ? empty_shape : parts[0].shape();
+  if (axis < 0 || axis > static_cast<int64_t>(shape.size()))
+    return invalid_argument() << what << ": scan output axis " << axis << " out of range for rank " << shape.size();
+  for (const Tensor& t : parts)
+    if (t.shape() != parts[0].shape())
+      return invalid_argument() << what << ": scan output changes shape across iterations ("
+                                << shape_to_string(parts[0].shape()) << " vs " << shape_to_string(t.shape()) << ")";
+  shape.insert(shape.begin() + axis, static_cast<int64_t>(parts.size()));
+  Tensor out(dtype, std::move(shape));
+  int64_t n = static_cast<int64_t>(parts.size());
+  for (int64_t i = 0; i < n; ++i) put_slice(out, parts[i], axis, reverse ? n - 1 - i : i);
+  return out;
+}
+
+bool truth(const Tensor& t) { return t.get_f64(0) != 0.0; }
+
 }  // namespace
 
 struct VM::Impl {
@@ -128,9 +189,147 @@ struct VM::Impl {
   BufferPool buffers;
   bool profiling = false;
   std::vector<VM::InstrProfile> profile;
+  std::vector<std::unique_ptr<VM>> subvms;  // by Program::subprograms index, created on first use
 
   Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs);
+  // Runs sub-program `index` on `inputs` followed by the captured registers.
+  Result<std::vector<Tensor>> run_sub(int index, std::vector<Tensor> inputs, const std::vector<int>& captures,
+                                      const std::vector<Tensor>& regs, const std::string& where);
+  // kIf / kLoop / kScan: the outputs, in the order of Instr::outputs.
+  Result<std::vector<Tensor>> run_if(const Instr& in, const std::vector<Tensor>& regs);
+  Result<std::vector<Tensor>> run_loop(const Instr& in, const std::vector<Tensor>& regs, const Env& env);
+  Result<std::vector<Tensor>> run_scan(const Instr& in, const std::vector<Tensor>& regs, const Env& env);
 };
+
+// The shape of one slice of a stacked output register along `axis`, for a
+// loop that ran zero times: dims known now, 0 for dims not bound yet.
+static std::vector<int64_t> empty_slice_shape(const RegisterInfo& info, size_t axis, const Env& env) {
+  std::vector<int64_t> shape;
+  for (size_t d = 0; d < info.shape.size(); ++d) {
+    if (d == axis) continue;
+    auto v = evaluate(info.shape[d], env);
+    shape.push_back(v.is_ok() ? *v : 0);
+  }
+  return shape;
+}
+
+Result<std::vector<Tensor>> VM::Impl::run_sub(int index, std::vector<Tensor> inputs, const std::vector<int>& captures,
+                                              const std::vector<Tensor>& regs, const std::string& where) {
+  if (subvms.size() < prog->subprograms.size()) subvms.resize(prog->subprograms.size());
+  if (!subvms[index]) subvms[index] = std::make_unique<VM>(prog->subprograms[index], num_threads);
+  for (int r : captures) inputs.push_back(regs[r]);
+  auto out = subvms[index]->run(inputs);
+  if (!out.is_ok()) return out.status().with_context(where);
+  return out;
+}
+
+Result<std::vector<Tensor>> VM::Impl::run_if(const Instr& in, const std::vector<Tensor>& regs) {
+  const Tensor& c = regs[in.inputs[0]];
+  if (c.numel() != 1) return invalid_argument() << in.where << ": condition " << c.describe() << " is not a scalar";
+  int branch = truth(c) ? 0 : 1;
+  return run_sub(in.subprograms[branch], {}, in.captures[branch], regs,
+                 in.where + (branch == 0 ? " then branch" : " else branch"));
+}
+
+Result<std::vector<Tensor>> VM::Impl::run_loop(const Instr& in, const std::vector<Tensor>& regs, const Env& env) {
+  size_t num_operands = in.inputs.size() - in.captures[0].size();
+  size_t num_carried = num_operands - 2;
+  size_t num_scan = in.outputs.size() - num_carried;
+  int64_t max_trip = std::numeric_limits<int64_t>::max();
+  if (in.inputs[0] >= 0) {
+    const Tensor& m = regs[in.inputs[0]];
+    if (m.numel() != 1) return invalid_argument() << in.where << ": M " << m.describe() << " is not a scalar";
+    max_trip = m.get_i64(0);
+  }
+  bool has_cond = in.inputs[1] >= 0;
+  Tensor cond(DType::kBool, {});
+  cond.data_as<bool>()[0] = true;
+  if (has_cond) {
+    const Tensor& c = regs[in.inputs[1]];
+    if (c.numel() != 1) return invalid_argument() << in.where << ": cond " << c.describe() << " is not a scalar";
+    cond.data_as<bool>()[0] = truth(c);
+  }
+  std::vector<Tensor> carried;
+  for (size_t j = 0; j < num_carried; ++j) carried.push_back(regs[in.inputs[2 + j]]);
+  std::vector<std::vector<Tensor>> scans(num_scan);
+  int64_t i = 0;
+  for (; i < max_trip && truth(cond); ++i) {
+    Tensor iter(DType::kInt64, {});
+    iter.data_as<int64_t>()[0] = i;
+    std::vector<Tensor> args = {iter, cond};
+    for (const Tensor& t : carried) args.push_back(t);
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs,
+                          run_sub(in.subprograms[0], std::move(args), in.captures[0], regs,
+                                  in.where + " iteration " + std::to_string(i)));
+    if (outs.size() != 1 + num_carried + num_scan)
+      return internal_error() << in.where << ": body returned " << outs.size() << " outputs";
+    if (has_cond) {
+      if (outs[0].numel() != 1) return invalid_argument() << in.where << ": body condition is not a scalar";
+      cond.data_as<bool>()[0] = truth(outs[0]);
+    }
+    for (size_t j = 0; j < num_carried; ++j) carried[j] = std::move(outs[1 + j]);
+    for (size_t k = 0; k < num_scan; ++k) scans[k].push_back(std::move(outs[1 + num_carried + k]));
+  }
+  std::vector<Tensor> results;
+  // Without an iteration the carried values are the inputs: copy them (they
+  // may live in the arena).
+  for (Tensor& t : carried) results.push_back(i == 0 ? t.clone() : std::move(t));
+  for (size_t k = 0; k < num_scan; ++k) {
+    const RegisterInfo& info = prog->registers[in.outputs[num_carried + k]];
+    KILN_ASSIGN_OR_RETURN(Tensor t, stack(scans[k], 0, false, info.dtype, empty_slice_shape(info, 0, env), in.where));
+    results.push_back(std::move(t));
+  }
+  return results;
+}
+
+Result<std::vector<Tensor>> VM::Impl::run_scan(const Instr& in, const std::vector<Tensor>& regs, const Env& env) {
+  size_t num_operands = in.inputs.size() - in.captures[0].size();
+  size_t num_scan_in = static_cast<size_t>(in.attrs[0]);
+  size_t num_state = num_operands - num_scan_in;
+  size_t num_scan_out = in.outputs.size() - num_state;
+  KILN_CHECK(in.attrs.size() == 1 + 2 * (num_scan_in + num_scan_out)) << "malformed kScan";
+  auto in_axis = [&](size_t j) { return in.attrs[1 + 2 * j]; };
+  auto in_rev = [&](size_t j) { return in.attrs[2 + 2 * j] != 0; };
+  auto out_axis = [&](size_t k) { return in.attrs[1 + 2 * (num_scan_in + k)]; };
+  auto out_rev = [&](size_t k) { return in.attrs[2 + 2 * (num_scan_in + k)] != 0; };
+  int64_t len = -1;
+  for (size_t j = 0; j < num_scan_in; ++j) {
+    const Tensor& x = regs[in.inputs[num_state + j]];
+    if (in_axis(j) >= x.rank())
+      return invalid_argument() << in.where << ": scan axis " << in_axis(j) << " out of range for " << x.describe();
+    int64_t l = x.shape()[in_axis(j)];
+    if (len >= 0 && l != len)
+      return invalid_argument() << in.where << ": scan inputs have different lengths (" << len << " vs " << l << ")";
+    len = l;
+  }
+  if (len < 0) len = 0;
+  std::vector<Tensor> state;
+  for (size_t j = 0; j < num_state; ++j) state.push_back(regs[in.inputs[j]]);
+  std::vector<std::vector<Tensor>> scans(num_scan_out);
+  for (int64_t t = 0; t < len; ++t) {
+    std::vector<Tensor> args = state;
+    for (size_t j = 0; j < num_scan_in; ++j) {
+      const Tensor& x = regs[in.inputs[num_state + j]];
+      args.push_back(take_slice(x, in_axis(j), in_rev(j) ? len - 1 - t : t));
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs,
+                          run_sub(in.subprograms[0], std::move(args), in.captures[0], regs,
+                                  in.where + " iteration " + std::to_string(t)));
+    if (outs.size() != num_state + num_scan_out)
+      return internal_error() << in.where << ": body returned " << outs.size() << " outputs";
+    for (size_t j = 0; j < num_state; ++j) state[j] = std::move(outs[j]);
+    for (size_t k = 0; k < num_scan_out; ++k) scans[k].push_back(std::move(outs[num_state + k]));
+  }
+  std::vector<Tensor> results;
+  for (Tensor& t : state) results.push_back(len == 0 ? t.clone() : std::move(t));
+  for (size_t k = 0; k < num_scan_out; ++k) {
+    const RegisterInfo& info = prog->registers[in.outputs[num_state + k]];
+    KILN_ASSIGN_OR_RETURN(Tensor t, stack(scans[k], out_axis(k), out_rev(k), info.dtype,
+                                          empty_slice_shape(info, static_cast<size_t>(out_axis(k)), env), in.where));
+    results.push_back(std::move(t));
+  }
+  return results;
+}
 
 VM::VM(std::shared_ptr<const Program> program, int num_threads) : impl_(std::make_unique<Impl>()) {
   impl_->prog = std::move(program);
@@ -296,6 +495,29 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
       case OpCode::kRet:
         next = p.instrs.size();
         break;
+      case OpCode::kIf:
+      case OpCode::kLoop:
+      case OpCode::kScan: {
+        Result<std::vector<Tensor>> outs = in.op == OpCode::kIf     ? run_if(in, regs)
+                                           : in.op == OpCode::kLoop ? run_loop(in, regs, env)
+                                                                    : run_scan(in, regs, env);
+        if (!outs.is_ok()) return outs.status();
+        if (outs->size() != in.outputs.size())
+          return internal_error() << in.where << ": produced " << outs->size() << " outputs, expected "
+                                  << in.outputs.size();
+        for (size_t i = 0; i < in.outputs.size(); ++i) {
+          int r = in.outputs[i];
+          const RegisterInfo& info = p.registers[r];
+          Tensor& t = (*outs)[i];
+          if (t.dtype() != info.dtype)
+            return invalid_argument() << in.where << ": produced " << t.describe() << " for "
+                                      << dtype_name(info.dtype) << " output '" << info.name << "'";
+          KILN_RETURN_IF_ERROR(bind_dims(info.shape, t.shape(), env, p.bounds, "output '" + info.name + "'")
+                                   .with_context(in.where));
+          regs[r] = std::move(t);
+        }
+        break;
+      }
     }
     for (int r : in.release) regs[r] = Tensor();
     if (profiling) {

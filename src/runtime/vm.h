@@ -15,6 +15,28 @@
 //   kCopy      output = a fresh copy of the input (graph outputs that alias
 //              inputs or constants)
 //   kJump / kBranch / kRet  control flow (kBranch: jump when a bool scalar is false)
+//   kIf / kLoop / kScan  ONNX control flow: run a sub-program (see below)
+//
+// ONNX control flow. Every subgraph (If branch, Loop or Scan body) is compiled
+// to its own Program, held in Program::subprograms; it is not inlined into the
+// parent's bytecode. A sub-program's inputs are the subgraph's own inputs in
+// order, then the outer values it captures (Instr::captures: parent registers).
+// The VM runs a sub-program on a sub-VM of its own (created on first use, kept
+// across runs; with static shapes it has its own arena). Sub-program outputs are
+// fresh tensors, so they can be handed to the parent's registers, carried to
+// the next iteration or returned to the caller without copies. The outputs of a
+// control-flow instruction are bound like host-kernel outputs: their dims may
+// be data-dependent symbols, bound from the tensors the sub-program produced.
+//   kIf    inputs [cond, captures...]; subprograms {then, else}; captures per branch
+//   kLoop  inputs [M or -1, cond or -1, initial carried..., captures...];
+//          outputs [final carried..., scan outputs...]; body inputs
+//          (iteration_num, cond, carried..., captures...), body outputs
+//          (cond, carried..., scan outputs...); scan outputs are stacked
+//          along a new axis 0
+//   kScan  inputs [initial state..., scan inputs..., captures...]; outputs
+//          [final state..., scan outputs...]; attrs = [num_scan_inputs,
+//          (axis, direction) per scan input, (axis, direction) per scan output],
+//          axes already non-negative
 //
 // Memory: with static shapes every intermediate lives at a fixed offset of one
 // arena planned at compile time (runtime/memory_plan.h); with symbolic shapes
@@ -37,7 +59,7 @@ namespace kiln::runtime {
 using KernelFn = void (*)(void** buffers, const int64_t* syms);
 using HostKernel = std::function<Status(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs)>;
 
-enum class OpCode : uint8_t { kCall, kCallHost, kView, kShapeOf, kCopy, kJump, kBranch, kRet };
+enum class OpCode : uint8_t { kCall, kCallHost, kView, kShapeOf, kCopy, kJump, kBranch, kRet, kIf, kLoop, kScan };
 
 struct Instr {
   OpCode op = OpCode::kRet;
@@ -48,6 +70,12 @@ struct Instr {
   int target = -1;            // kJump / kBranch: instruction index
   std::vector<Expr> values;   // kShapeOf: element values
   std::string where;          // node description for error messages ("Conv 'conv1'")
+  // kIf / kLoop / kScan: indices into Program::subprograms, and per sub-program
+  // the registers passed after its own inputs (captured outer values; they are
+  // also listed in `inputs`, after the explicit operands, for lifetimes).
+  std::vector<int> subprograms;
+  std::vector<std::vector<int>> captures;
+  std::vector<int64_t> attrs;  // kScan: see the file comment
 };
 
 struct RegisterInfo {
@@ -71,6 +99,7 @@ struct Program {
   std::vector<Instr> instrs;
   std::vector<CompiledKernel> kernels;
   std::vector<HostKernel> host_kernels;
+  std::vector<std::shared_ptr<const Program>> subprograms;  // bodies of kIf / kLoop / kScan
   std::vector<int> input_registers;
   std::vector<int> output_registers;
   SymbolBounds bounds;

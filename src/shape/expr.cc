@@ -399,7 +399,7 @@ bool is_known_intrinsic(std::string_view name) {
   static const char* const kNames[] = {
       "exp",  "log",  "tanh",  "erf",   "sigmoid", "sqrt",   "abs",    "neg",    "floor", "ceil",
       "round", "pow", "sin",   "cos",   "isnan",   "isinf",  "bitand", "bitor",  "bitxor", "shl",
-      "shr"};
+      "shr",  "atan", "asin",  "acos",  "cast_nosat"};
   for (const char* n : kNames)
     if (name == n) return true;
   return false;

@@ -61,6 +61,9 @@ enum class ExprKind : uint8_t {
 // ones (exp, log, tanh, erf, sigmoid) into polynomial approximations.
 // exp log tanh erf sigmoid sqrt abs neg floor ceil round pow sin cos
 // isnan isinf bitand bitor bitxor shl shr  (ints)
+// atan asin acos
+// cast_nosat: its argument converted to the call's dtype, a float8 type,
+// without saturation (ONNX Cast saturate=0: overflow gives NaN or infinity).
 bool is_known_intrinsic(std::string_view name);
 
 struct ExprNode;

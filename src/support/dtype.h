@@ -45,7 +45,29 @@ int64_t dtype_size(DType t);
 bool dtype_is_float(DType t);   // f16, bf16, f32, f64 and the float8s
 bool dtype_is_int(DType t);     // signed and unsigned integers (not bool)
 bool dtype_is_signed(DType t);
-// True when the compiler can generate code for this dtype (f32, f64, ints, bool).
+// True when the compiler can generate code for this dtype (f32, f64, ints,
+// bool, and the narrow float storage types: f16, bf16 and the float8s, whose
+// values are f32 in registers).
 bool dtype_is_compilable(DType t);
+// f16, bf16 or one of the float8 types: stored narrow, computed as f32.
+bool dtype_is_narrow_float(DType t);
+
+// Bit conversions between f32 and the narrow float types. f32 -> f16 / bf16
+// round to nearest even (NaN stays NaN). The float8 conversions follow the
+// ONNX reference (onnx.helper.float32_to_float8e4m3 / _e5m2): with `saturate`
+// out-of-range values and infinities become the largest finite value,
+// without it they become NaN (or infinity for e5m2).
+float f16_to_f32(uint16_t bits);
+uint16_t f32_to_f16(float v);
+float bf16_to_f32(uint16_t bits);
+uint16_t f32_to_bf16(float v);
+float f8_to_f32(uint8_t bits, DType t);
+uint8_t f32_to_f8(float v, DType t, bool saturate);
+// One element of narrow float type t at p, as f32; and the store of v
+// (float8: finite values saturate, infinities and NaN do not).
+float narrow_float_load(const void* p, DType t);
+void narrow_float_store(void* p, DType t, float v);
+// v rounded to the nearest value of narrow float type t, as f32.
+float round_to_narrow_float(float v, DType t, bool saturate = true);
 
 }  // namespace kiln

@@ -65,7 +65,9 @@ double Tensor::get_f64(int64_t i) const {
     case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(data_)[i]);
     case DType::kUInt64: return static_cast<double>(static_cast<const uint64_t*>(data_)[i]);
     case DType::kBool: return static_cast<const uint8_t*>(data_)[i] ? 1.0 : 0.0;
-    default: KILN_CHECK(false) << "get_f64 on " << dtype_name(dtype_);
+    default:
+      KILN_CHECK(dtype_is_narrow_float(dtype_)) << "get_f64 on " << dtype_name(dtype_);
+      return narrow_float_load(static_cast<const char*>(data_) + i * dtype_size(dtype_), dtype_);
   }
   return 0;
 }
@@ -92,7 +94,9 @@ void Tensor::set_f64(int64_t i, double v) {
     case DType::kInt64: static_cast<int64_t*>(data_)[i] = static_cast<int64_t>(v); break;
     case DType::kUInt64: static_cast<uint64_t*>(data_)[i] = static_cast<uint64_t>(v); break;
     case DType::kBool: static_cast<uint8_t*>(data_)[i] = v != 0.0; break;
-    default: KILN_CHECK(false) << "set_f64 on " << dtype_name(dtype_);
+    default:
+      KILN_CHECK(dtype_is_narrow_float(dtype_)) << "set_f64 on " << dtype_name(dtype_);
+      narrow_float_store(static_cast<char*>(data_) + i * dtype_size(dtype_), dtype_, static_cast<float>(v));
   }
 }
 

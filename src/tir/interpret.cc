@@ -20,7 +20,8 @@ int bit_width(DType t) { return t == DType::kBool ? 1 : static_cast<int>(dtype_s
 // Wraps an integer to the width and signedness of t; rounds f32 values.
 Value normalize(DType t, Value v) {
   if (dtype_is_float(t)) {
-    if (t == DType::kFloat32) v.f = static_cast<float>(v.f);
+    // Narrow float types compute in f32 (as compiled code does); conversions round.
+    if (t == DType::kFloat32 || dtype_is_narrow_float(t)) v.f = static_cast<float>(v.f);
     return v;
   }
   if (t == DType::kBool) {
@@ -102,7 +103,9 @@ class Interpreter {
       case DType::kUInt32: { uint32_t x; std::memcpy(&x, p, 4); return int_value(x); }
       case DType::kUInt64: { int64_t x; std::memcpy(&x, p, 8); return int_value(x); }
       case DType::kBool: return int_value(*p != 0);
-      default: break;
+      default:
+        if (dtype_is_narrow_float(t)) return float_value(narrow_float_load(p, t));
+        break;
     }
     fail(unsupported() << "interpret: cannot read dtype " << dtype_name(t));
     return {};
@@ -121,7 +124,12 @@ class Interpreter {
       case DType::kInt64:
       case DType::kUInt64: std::memcpy(p, &v.i, 8); return;
       case DType::kBool: *p = v.i != 0; return;
-      default: break;
+      default:
+        if (dtype_is_narrow_float(t)) {
+          narrow_float_store(p, t, static_cast<float>(v.f));
+          return;
+        }
+        break;
     }
     fail(unsupported() << "interpret: cannot write dtype " << dtype_name(t));
   }
@@ -251,6 +259,8 @@ class Interpreter {
 
   Value convert(DType from, DType to, Value v) {
     if (dtype_is_float(from)) {
+      if (dtype_is_narrow_float(to) && from != to)
+        return float_value(round_to_narrow_float(static_cast<float>(v.f), to));
       if (dtype_is_float(to)) return normalize(to, v);
       if (to == DType::kBool) return int_value(v.f != 0.0);
       if (std::isnan(v.f)) return int_value(0);
@@ -269,6 +279,7 @@ class Interpreter {
       double d = dtype_is_signed(from) || from == DType::kBool
                      ? static_cast<double>(v.i)
                      : static_cast<double>(static_cast<uint64_t>(v.i));
+      if (dtype_is_narrow_float(to)) return float_value(round_to_narrow_float(static_cast<float>(d), to));
       return normalize(to, float_value(d));
     }
     return normalize(to, v);
@@ -309,6 +320,17 @@ class Interpreter {
     if (name == "round") return unary_float([](double x) { return std::nearbyint(x); });
     if (name == "sin") return unary_float([](double x) { return std::sin(x); });
     if (name == "cos") return unary_float([](double x) { return std::cos(x); });
+    if (name == "atan") return unary_float([](double x) { return std::atan(x); });
+    if (name == "asin") return unary_float([](double x) { return std::asin(x); });
+    if (name == "acos") return unary_float([](double x) { return std::acos(x); });
+    if (name == "cast_nosat") {
+      if (!need(1)) return Value{};
+      if (!dtype_is_narrow_float(t) || !is_float) {
+        fail(internal_error() << "interpret: cast_nosat to " << dtype_name(t));
+        return Value{};
+      }
+      return float_value(round_to_narrow_float(static_cast<float>(a[0].f), t, false));
+    }
     if (name == "abs" || name == "neg") {
       if (!need(1)) return {};
       bool neg = name == "neg";

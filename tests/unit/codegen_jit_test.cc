@@ -576,6 +576,74 @@ TEST(CodegenJit, HostTargetString) {
 }
 
 // ---------------------------------------------------------------------------
+// Narrow float storage types: loads decode to f32, stores encode (round to
+// nearest even), casts round; compared with the support/dtype.h conversions.
+
+TEST(CodegenJit, NarrowFloatLoadStoreCast) {
+  const DType narrow[] = {DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3FN, DType::kFloat8E4M3FNUZ,
+                          DType::kFloat8E5M2, DType::kFloat8E5M2FNUZ};
+  std::vector<float> xs;
+  for (int k = -3000; k <= 3000; ++k) xs.push_back(k * 0.37f + k * k * 0.011f);
+  for (float v : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-6f, -3e-8f, 65504.0f, 65520.0f, 70000.0f, 448.0f,
+                  464.0f, 465.0f, 57344.0f, 61440.0f, 1e30f, 1.00390625f, 1.005859375f})
+    xs.push_back(v);
+  size_t count = xs.size();
+  Expr n = var("n"), i = var("i");
+  for (DType t : narrow) {
+    SCOPED_TRACE(dtype_name(t));
+    // store: narrow[i] = cast(x[i]); twice: out[i] = f32(narrow[i]) * 2 computed in t,
+    // nosat (float8 only): raw[i] = cast_nosat(x[i]).
+    PrimFunc f;
+    f.name = std::string("narrow_") + dtype_name(t);
+    f.params = {buf("x", {n}), buf("q", {n}, t), buf("back", {n}), buf("twice", {n}, t)};
+    f.sym_names = {"n"};
+    std::vector<tir::Stmt> body = {
+        tir::make_store("q", 1, {i}, cast(t, ld("x", 0, {i}))),
+        tir::make_store("back", 2, {i}, cast(f32, ld("q", 1, {i}, t))),
+        tir::make_store("twice", 3, {i}, ld("q", 1, {i}, t) * float_imm(2.0, t)),
+    };
+    f.body = tir::make_for("i", n, ForKind::kVectorized, tir::make_seq(body));
+    auto mod = compile_ok({f});
+    ASSERT_TRUE(mod);
+    int64_t size = dtype_size(t);
+    Aligned<float> x(count), back(count);
+    // Kernels assume 64-byte aligned buffers (the runtime guarantees it).
+    Aligned<unsigned char> q((count + kPad) * size), twice((count + kPad) * size);
+    std::memcpy(x.data(), xs.data(), count * 4);
+    void* bufs[] = {x.data(), q.data(), back.data(), twice.data()};
+    int64_t syms[] = {static_cast<int64_t>(count)};
+    mod->lookup(f.name)(bufs, syms);
+    for (size_t k = 0; k < count; ++k) {
+      float want = round_to_narrow_float(xs[k], t);
+      unsigned char want_bits[2];
+      narrow_float_store(want_bits, t, want);
+      ASSERT_EQ(std::memcmp(&q[k * size], want_bits, size), 0) << "x=" << xs[k];
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(back[k])) << "x=" << xs[k];
+      } else {
+        ASSERT_EQ(back[k], want) << "x=" << xs[k];
+      }
+      unsigned char twice_bits[2];
+      narrow_float_store(twice_bits, t, want * 2.0f);
+      ASSERT_EQ(std::memcmp(&twice[k * size], twice_bits, size), 0) << "x=" << xs[k];
+    }
+  }
+  // Known encodings: f16 and bf16 round to nearest even, float8 saturates.
+  EXPECT_EQ(f32_to_f16(1.0f), 0x3C00);
+  EXPECT_EQ(f32_to_f16(1.0f + 1.0f / 2048), 0x3C00);      // tie, to even
+  EXPECT_EQ(f32_to_f16(1.0f + 3.0f / 2048), 0x3C02);      // tie, to even (up)
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7C00);                // rounds to infinity
+  EXPECT_EQ(f32_to_f16(5.96046448e-8f), 0x0001);          // smallest subnormal
+  EXPECT_EQ(f32_to_bf16(1.00390625f), 0x3F80);            // tie, to even
+  EXPECT_EQ(f32_to_f8(1000.0f, DType::kFloat8E4M3FN, true), 0x7E);   // 448
+  EXPECT_EQ(f32_to_f8(1000.0f, DType::kFloat8E4M3FN, false), 0x7F);  // NaN
+  EXPECT_EQ(f32_to_f8(1e6f, DType::kFloat8E5M2, false), 0x7C);       // inf
+  EXPECT_EQ(f8_to_f32(0x7E, DType::kFloat8E4M3FN), 448.0f);
+  EXPECT_EQ(f8_to_f32(0x7B, DType::kFloat8E5M2), 57344.0f);
+  EXPECT_EQ(f8_to_f32(0x01, DType::kFloat8E4M3FNUZ), std::ldexp(1.0f, -10));
+}
+
+// ---------------------------------------------------------------------------
 // Accuracy of the f32 polynomial expansions.
 
 // Compiles out[i] = name(x[i]) (vectorized) and applies it to xs.
@@ -653,6 +721,9 @@ TEST(CodegenJitMath, AccuracyF32) {
       {"erf", [](double x) { return std::erf(x); }},
       {"sin", [](double x) { return std::sin(x); }},
       {"cos", [](double x) { return std::cos(x); }},
+      {"atan", [](double x) { return std::atan(x); }},
+      {"asin", [](double x) { return std::asin(x); }},
+      {"acos", [](double x) { return std::acos(x); }},
   };
   for (const Fn& fn : fns) {
     SCOPED_TRACE(fn.name);

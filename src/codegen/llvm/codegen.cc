@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "codegen/llvm/codegen_internal.h"
+#include "support/scratch.h"
 #include "support/thread_pool.h"
 
 #include <llvm/IR/BasicBlock.h>
@@ -159,10 +160,16 @@ class Emitter {
       case DType::kInt64: case DType::kUInt64: return b_.getInt64Ty();
       case DType::kFloat32: return b_.getFloatTy();
       case DType::kFloat64: return b_.getDoubleTy();
-      default: return nullptr;
+      default: return dtype_is_narrow_float(t) ? b_.getFloatTy() : nullptr;
     }
   }
-  llvm::Type* mem_type(DType t) { return t == DType::kBool ? b_.getInt8Ty() : reg_type(t); }
+  llvm::Type* mem_type(DType t) {
+    if (t == DType::kBool) return b_.getInt8Ty();
+    if (t == DType::kFloat16) return b_.getHalfTy();
+    if (t == DType::kBFloat16) return b_.getInt16Ty();
+    if (dtype_is_narrow_float(t)) return b_.getInt8Ty();
+    return reg_type(t);
+  }
   llvm::Type* checked_reg_type(DType t, const char* what) {
     llvm::Type* ty = reg_type(t);
     if (!ty) {
@@ -187,6 +194,12 @@ class Emitter {
   llvm::Value* emit(const Expr& e);
   llvm::Value* emit_as(const Expr& e, DType t) { return convert(emit(e), e.dtype(), t); }
   llvm::Value* convert(llvm::Value* v, DType from, DType to);
+  // Narrow float types (f16, bf16, float8) are f32 in registers: decode after
+  // a load, encode before a store, and round a value converted to them.
+  llvm::Value* decode_narrow(llvm::Value* mem, DType t);
+  llvm::Value* encode_narrow(llvm::Value* v, DType t);
+  llvm::Value* round_narrow(llvm::Value* v, DType t, bool saturate);
+  llvm::Value* call_helper(const char* name, llvm::Type* ret, std::vector<llvm::Value*> args);
   llvm::Value* emit_binary(ExprKind k, DType t, llvm::Value* a, llvm::Value* b, bool reduction);
   llvm::Value* emit_compare(ExprKind k, DType t, llvm::Value* a, llvm::Value* b);
   llvm::Value* emit_select(const Expr& e);
@@ -213,6 +226,10 @@ class Emitter {
   llvm::Value* erf_f32(llvm::Value* x);
   llvm::Value* pow_f32(llvm::Value* x, llvm::Value* y);
   llvm::Value* sincos_f32(llvm::Value* x, bool cosine);
+  llvm::Value* atan_f32(llvm::Value* x);
+  llvm::Value* asin_small_f32(llvm::Value* x);
+  llvm::Value* asin_f32(llvm::Value* x);
+  llvm::Value* acos_f32(llvm::Value* x);
   llvm::Value* log_abs_f32_as_f64(llvm::Value* ax);
   llvm::Value* exp_f64_to_f32(llvm::Value* t);
   llvm::Value* libm_call(const char* name, llvm::Value* x);
@@ -315,6 +332,13 @@ llvm::Value* Emitter::convert(llvm::Value* v, DType from, DType to) {
     fail(std::string("cast from non-compilable dtype ") + dtype_name(from));
     return poison(t);
   }
+  if (dtype_is_narrow_float(from)) from = DType::kFloat32;
+  if (dtype_is_narrow_float(to)) {
+    if (to == DType::kFloat16 && from == DType::kFloat64)  // one rounding, not two
+      return b_.CreateFPExt(b_.CreateFPTrunc(v, b_.getHalfTy()), b_.getFloatTy());
+    return round_narrow(convert(v, from, DType::kFloat32), to, true);
+  }
+  if (from == to) return v;
   bool ff = dtype_is_float(from), tf = dtype_is_float(to);
   if (to == DType::kBool) {
     if (ff) return b_.CreateFCmpUNE(v, fc(v->getType(), 0.0));
@@ -329,6 +353,45 @@ llvm::Value* Emitter::convert(llvm::Value* v, DType from, DType to) {
     return b_.CreateIntrinsic(id, {t, v->getType()}, {v});
   }
   return b_.CreateFPCast(v, t);
+}
+
+llvm::Value* Emitter::call_helper(const char* name, llvm::Type* ret, std::vector<llvm::Value*> args) {
+  std::vector<llvm::Type*> types;
+  for (llvm::Value* a : args) types.push_back(a->getType());
+  llvm::FunctionCallee fn = m_.getOrInsertFunction(name, llvm::FunctionType::get(ret, types, false));
+  llvm::CallInst* c = b_.CreateCall(fn, args);
+  c->setDoesNotAccessMemory();
+  c->setDoesNotThrow();
+  return c;
+}
+
+llvm::Value* Emitter::decode_narrow(llvm::Value* mem, DType t) {
+  if (t == DType::kFloat16) return b_.CreateFPExt(mem, b_.getFloatTy());
+  if (t == DType::kBFloat16)
+    return b_.CreateBitCast(b_.CreateShl(b_.CreateZExt(mem, b_.getInt32Ty()), 16), b_.getFloatTy());
+  return call_helper("kiln_f8_to_f32", b_.getFloatTy(),
+                     {b_.CreateZExt(mem, b_.getInt32Ty()), b_.getInt32(static_cast<int>(t))});
+}
+
+llvm::Value* Emitter::encode_narrow(llvm::Value* v, DType t) {
+  if (t == DType::kFloat16) return b_.CreateFPTrunc(v, b_.getHalfTy());
+  if (t == DType::kBFloat16) {
+    // Round to nearest even on the low 16 bits; NaN stays a (quiet) NaN.
+    llvm::Value* bits = b_.CreateBitCast(v, b_.getInt32Ty());
+    llvm::Value* lsb = b_.CreateAnd(b_.CreateLShr(bits, 16), b_.getInt32(1));
+    llvm::Value* rounded = b_.CreateAdd(b_.CreateAdd(bits, b_.getInt32(0x7FFF)), lsb);
+    llvm::Value* quiet = b_.CreateOr(bits, b_.getInt32(0x400000));
+    llvm::Value* r = b_.CreateSelect(isnan(v), quiet, rounded);
+    return b_.CreateTrunc(b_.CreateLShr(r, 16), b_.getInt16Ty());
+  }
+  llvm::Value* r = call_helper("kiln_f32_to_f8", b_.getInt32Ty(), {v, b_.getInt32(static_cast<int>(t))});
+  return b_.CreateTrunc(r, b_.getInt8Ty());
+}
+
+llvm::Value* Emitter::round_narrow(llvm::Value* v, DType t, bool saturate) {
+  if (t == DType::kFloat16 || t == DType::kBFloat16) return decode_narrow(encode_narrow(v, t), t);
+  return call_helper("kiln_round_f8", b_.getFloatTy(),
+                     {v, b_.getInt32(static_cast<int>(t)), b_.getInt32(saturate ? 1 : 0)});
 }
 
 llvm::Value* Emitter::emit_binary(ExprKind k, DType t, llvm::Value* a, llvm::Value* c,
@@ -509,6 +572,7 @@ llvm::Value* Emitter::emit_load(const Expr& e) {
   set_alias_md(ld, *ref);
   llvm::Value* v = ld;
   if (bt == DType::kBool) v = b_.CreateICmpNE(v, b_.getInt8(0));
+  if (dtype_is_narrow_float(bt)) v = decode_narrow(v, bt);
   return convert(v, bt, e.dtype());
 }
 
@@ -721,6 +785,60 @@ llvm::Value* Emitter::sincos_f32(llvm::Value* x, bool cosine) {
   return b_.CreateSelect(finite, res, fc(f, NAN));
 }
 
+// atan(x), f32 (Cephes atanf): reduction to |x| <= tan(pi/8) with
+// atan(x) = pi/2 - atan(1/x) and pi/4 + atan((x-1)/(x+1)), odd polynomial.
+llvm::Value* Emitter::atan_f32(llvm::Value* x) {
+  llvm::Type* f = x->getType();
+  llvm::Value* ax = unary(llvm::Intrinsic::fabs, x);
+  llvm::Value* big = b_.CreateFCmpOGT(ax, fc(f, 2.414213562373095));
+  llvm::Value* mid = b_.CreateFCmpOGT(ax, fc(f, 0.4142135623730950));
+  llvm::Value* xr = b_.CreateSelect(
+      big, b_.CreateFDiv(fc(f, -1.0), ax),
+      b_.CreateSelect(mid, b_.CreateFDiv(b_.CreateFSub(ax, fc(f, 1.0)), b_.CreateFAdd(ax, fc(f, 1.0))), ax));
+  llvm::Value* y0 = b_.CreateSelect(big, fc(f, M_PI_2), b_.CreateSelect(mid, fc(f, M_PI_4), fc(f, 0.0)));
+  llvm::Value* z = b_.CreateFMul(xr, xr);
+  llvm::Value* p = horner(z, {8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1});
+  llvm::Value* r = b_.CreateFAdd(y0, fmuladd(b_.CreateFMul(p, z), xr, xr));
+  return b_.CreateBinaryIntrinsic(llvm::Intrinsic::copysign, r, x);
+}
+
+// asin(x) for |x| <= 0.5, f32 (Cephes asinf polynomial).
+llvm::Value* Emitter::asin_small_f32(llvm::Value* x) {
+  llvm::Value* z = b_.CreateFMul(x, x);
+  llvm::Value* p = horner(z, {4.2163199048e-2, 2.4181311049e-2, 4.5470025998e-2, 7.4953002686e-2,
+                              1.6666752422e-1});
+  return fmuladd(b_.CreateFMul(p, z), x, x);
+}
+
+// asin(x), f32: for |x| > 0.5, asin(x) = pi/2 - 2 asin(sqrt((1 - |x|) / 2)).
+// NaN outside [-1, 1] (sqrt of a negative number).
+llvm::Value* Emitter::asin_f32(llvm::Value* x) {
+  llvm::Type* f = x->getType();
+  llvm::Value* ax = unary(llvm::Intrinsic::fabs, x);
+  llvm::Value* big = b_.CreateFCmpOGT(ax, fc(f, 0.5));
+  llvm::Value* arg = b_.CreateSelect(
+      big, unary(llvm::Intrinsic::sqrt, b_.CreateFMul(fc(f, 0.5), b_.CreateFSub(fc(f, 1.0), ax))), ax);
+  llvm::Value* s = asin_small_f32(arg);
+  llvm::Value* r = b_.CreateSelect(big, fmuladd(s, fc(f, -2.0), fc(f, M_PI_2)), s);
+  return b_.CreateBinaryIntrinsic(llvm::Intrinsic::copysign, r, x);
+}
+
+// acos(x), f32 (Cephes acosf): 2 asin(sqrt((1 - x) / 2)) near 1,
+// pi - 2 asin(sqrt((1 + x) / 2)) near -1, pi/2 - asin(x) in between.
+llvm::Value* Emitter::acos_f32(llvm::Value* x) {
+  llvm::Type* f = x->getType();
+  llvm::Value* lo = b_.CreateFCmpOLT(x, fc(f, -0.5));
+  llvm::Value* hi = b_.CreateFCmpOGT(x, fc(f, 0.5));
+  llvm::Value* one_minus = b_.CreateFMul(fc(f, 0.5), b_.CreateFSub(fc(f, 1.0), x));
+  llvm::Value* one_plus = b_.CreateFMul(fc(f, 0.5), b_.CreateFAdd(fc(f, 1.0), x));
+  llvm::Value* arg = b_.CreateSelect(lo, unary(llvm::Intrinsic::sqrt, one_plus),
+                                     b_.CreateSelect(hi, unary(llvm::Intrinsic::sqrt, one_minus), x));
+  llvm::Value* s = asin_small_f32(arg);
+  llvm::Value* two_s = b_.CreateFMul(s, fc(f, 2.0));
+  return b_.CreateSelect(lo, b_.CreateFSub(fc(f, M_PI), two_s),
+                         b_.CreateSelect(hi, two_s, b_.CreateFSub(fc(f, M_PI_2), s)));
+}
+
 llvm::Value* Emitter::libm_call(const char* name, llvm::Value* x) {
   llvm::Type* t = x->getType();
   llvm::FunctionCallee fn = m_.getOrInsertFunction(name, llvm::FunctionType::get(t, {t}, false));
@@ -754,6 +872,13 @@ llvm::Value* Emitter::emit_call(const Expr& e) {
                           : b_.CreateFCmpOEQ(unary(llvm::Intrinsic::fabs, a), fc(a->getType(), INFINITY));
     }
     return convert(r, DType::kBool, t);
+  }
+  if (name == "cast_nosat") {
+    if (!dtype_is_narrow_float(t) || !dtype_is_float(e->args[0].dtype())) {
+      fail("cast_nosat needs a float operand and a narrow float result: " + e.to_string());
+      return poison(ty);
+    }
+    return round_narrow(emit_as(e->args[0], DType::kFloat32), t, false);
   }
   llvm::Value* a = emit_as(e->args[0], t);
   if (name == "neg") return is_float ? b_.CreateFNeg(a) : b_.CreateNeg(a);
@@ -792,13 +917,16 @@ llvm::Value* Emitter::emit_call(const Expr& e) {
     return poison(ty);
   }
   if (name == "sqrt") return unary(llvm::Intrinsic::sqrt, a);
-  bool f32 = t == DType::kFloat32;
+  bool f32 = t == DType::kFloat32 || dtype_is_narrow_float(t);
   if (name == "exp") return f32 ? exp_f32(a) : libm_call("exp", a);
   if (name == "log") return f32 ? log_f32(a) : libm_call("log", a);
   if (name == "tanh") return f32 ? tanh_f32(a) : libm_call("tanh", a);
   if (name == "erf") return f32 ? erf_f32(a) : libm_call("erf", a);
   if (name == "sin") return f32 ? sincos_f32(a, false) : libm_call("sin", a);
   if (name == "cos") return f32 ? sincos_f32(a, true) : libm_call("cos", a);
+  if (name == "atan") return f32 ? atan_f32(a) : libm_call("atan", a);
+  if (name == "asin") return f32 ? asin_f32(a) : libm_call("asin", a);
+  if (name == "acos") return f32 ? acos_f32(a) : libm_call("acos", a);
   if (name == "pow") {
     llvm::Value* c = emit_as(e->args[1], t);
     return f32 ? pow_f32(a, c) : libm_call2("pow", a, c);
@@ -863,6 +991,7 @@ void Emitter::emit_store(const tir::Stmt& s) {
   reduction_root_ = nullptr;
   if (!error_.is_ok()) return;
   if (bt == DType::kBool) v = b_.CreateZExt(v, mt);
+  if (dtype_is_narrow_float(bt)) v = encode_narrow(v, bt);
   llvm::Value* off = flat_offset(*ref->buffer, s->indices);
   llvm::Value* ptr = b_.CreateInBoundsGEP(mt, ref->ptr, off);
   llvm::StoreInst* st = b_.CreateAlignedStore(v, ptr, llvm::Align(dtype_size(bt)));
@@ -1033,18 +1162,18 @@ void Emitter::emit_allocate(const tir::Stmt& s) {
   BufferRef ref;
   ref.buffer = &buf;
   llvm::Value* heap = nullptr;
+  llvm::Value* heap_bytes = nullptr;
   if (is_const && const_elems * elem <= 64 * 1024) {
     ref.ptr = entry_alloca(mt, i64(std::max<int64_t>(const_elems, 1)), buf.name.c_str());
   } else {
     llvm::Value* bytes = i64(elem);
     for (const Expr& d : buf.shape)
       bytes = b_.CreateMul(bytes, emit_as(d, DType::kInt64), "", false, true);
-    // aligned_alloc wants a size that is a multiple of the alignment.
-    bytes = b_.CreateAnd(b_.CreateAdd(bytes, i64(63)), i64(~int64_t{63}));
-    bytes = b_.CreateBinaryIntrinsic(llvm::Intrinsic::smax, bytes, i64(64));
+    // Cached per thread by the runtime (support/scratch.h): no malloc once warm.
     llvm::FunctionCallee alloc = m_.getOrInsertFunction(
-        "aligned_alloc", llvm::FunctionType::get(b_.getPtrTy(), {b_.getInt64Ty(), b_.getInt64Ty()}, false));
-    heap = b_.CreateCall(alloc, {i64(64), bytes}, buf.name);
+        "kiln_scratch_alloc", llvm::FunctionType::get(b_.getPtrTy(), {b_.getInt64Ty()}, false));
+    heap = b_.CreateCall(alloc, {bytes}, buf.name);
+    heap_bytes = bytes;
     ref.ptr = heap;
   }
   std::optional<BufferRef> saved;
@@ -1055,8 +1184,8 @@ void Emitter::emit_allocate(const tir::Stmt& s) {
   else frame_->scratch.erase(buf.name);
   if (heap) {
     llvm::FunctionCallee free_fn = m_.getOrInsertFunction(
-        "free", llvm::FunctionType::get(b_.getVoidTy(), {b_.getPtrTy()}, false));
-    b_.CreateCall(free_fn, {heap});
+        "kiln_scratch_free", llvm::FunctionType::get(b_.getVoidTy(), {b_.getPtrTy(), b_.getInt64Ty()}, false));
+    b_.CreateCall(free_fn, {heap, heap_bytes});
   }
 }
 
@@ -1168,14 +1297,29 @@ Status emit_module(const std::vector<tir::PrimFunc>& funcs, const TargetInfo& ta
   return Status::ok();
 }
 
+// Float8 conversions called by generated code (the ONNX reference rounding
+// is bit manipulation with many cases; float8 tensors are rare enough that a
+// scalar call per element is fine).
+static float kiln_f8_to_f32(int32_t bits, int32_t dtype) {
+  return f8_to_f32(static_cast<uint8_t>(bits), static_cast<DType>(dtype));
+}
+static int32_t kiln_f32_to_f8(float v, int32_t dtype) {
+  uint8_t b;
+  narrow_float_store(&b, static_cast<DType>(dtype), v);
+  return b;
+}
+static float kiln_round_f8(float v, int32_t dtype, int32_t saturate) {
+  return round_to_narrow_float(v, static_cast<DType>(dtype), saturate != 0);
+}
+
 std::vector<RuntimeSymbol> runtime_symbols() {
   using D1 = double (*)(double);
   using D2 = double (*)(double, double);
   using F2 = float (*)(float, float);
   return {
       {"kiln_parallel_for", reinterpret_cast<void*>(&kiln_parallel_for)},
-      {"aligned_alloc", reinterpret_cast<void*>(&::aligned_alloc)},
-      {"free", reinterpret_cast<void*>(&::free)},
+      {"kiln_scratch_alloc", reinterpret_cast<void*>(&kiln_scratch_alloc)},
+      {"kiln_scratch_free", reinterpret_cast<void*>(&kiln_scratch_free)},
       {"memset", reinterpret_cast<void*>(&::memset)},
       {"memcpy", reinterpret_cast<void*>(&::memcpy)},
       {"memmove", reinterpret_cast<void*>(&::memmove)},
@@ -1185,6 +1329,12 @@ std::vector<RuntimeSymbol> runtime_symbols() {
       {"erf", reinterpret_cast<void*>(static_cast<D1>(&::erf))},
       {"sin", reinterpret_cast<void*>(static_cast<D1>(&::sin))},
       {"cos", reinterpret_cast<void*>(static_cast<D1>(&::cos))},
+      {"atan", reinterpret_cast<void*>(static_cast<D1>(&::atan))},
+      {"asin", reinterpret_cast<void*>(static_cast<D1>(&::asin))},
+      {"acos", reinterpret_cast<void*>(static_cast<D1>(&::acos))},
+      {"kiln_f8_to_f32", reinterpret_cast<void*>(&kiln_f8_to_f32)},
+      {"kiln_f32_to_f8", reinterpret_cast<void*>(&kiln_f32_to_f8)},
+      {"kiln_round_f8", reinterpret_cast<void*>(&kiln_round_f8)},
       {"pow", reinterpret_cast<void*>(static_cast<D2>(&::pow))},
       {"fmod", reinterpret_cast<void*>(static_cast<D2>(&::fmod))},
       {"fmodf", reinterpret_cast<void*>(static_cast<F2>(&::fmodf))},

@@ -1,0 +1,278 @@
+// Control flow: If, Loop, Scan (opsets 9/11..21). Only shape inference lives
+// here; the driver compiles each subgraph to a sub-program and the VM runs it
+// (kIf / kLoop / kScan, runtime/vm.h). The ops have neither a lowering nor a
+// runtime kernel.
+//
+// Inference of a node infers its subgraphs first. A subgraph's input types come
+// from the node (the ONNX body input types are overridden), its captures take
+// the types, constants and (when expressible) symbolic values of the outer
+// values they stand for. Output dims that the subgraph computes over symbols
+// of the outer graph (dims of the node's inputs and captured values) are kept;
+// any other dim becomes a fresh symbol, bound at run time from the tensors the
+// sub-program returns.
+#include <set>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+
+namespace {
+
+void add_vars(const TensorType& t, std::set<std::string>& out) {
+  if (!t.shape) return;
+  for (const Expr& d : *t.shape)
+    for (const std::string& v : free_vars(d)) out.insert(v);
+}
+
+bool vars_within(const Expr& e, const std::set<std::string>& known) {
+  for (const std::string& v : free_vars(e))
+    if (!known.count(v)) return false;
+  return true;
+}
+
+// Symbols known in the outer graph when `n` runs: dims of its inputs and of
+// the outer values its subgraphs capture.
+std::set<std::string> outer_symbols(const Node& n, const InferContext& ctx) {
+  std::set<std::string> known;
+  for (const Value* v : n.inputs())
+    if (v) add_vars(v->type(), known);
+  if (ctx.graph)
+    for (const Value* v : ctx.graph->implicit_inputs(&n)) add_vars(v->type(), known);
+  return known;
+}
+
+// A dim of a subgraph output as seen from the outer graph.
+Expr outer_dim(const Expr& d, const std::set<std::string>& known, InferContext& ctx) {
+  if (vars_within(d, known)) return d;
+  return ctx.fresh_symbol();
+}
+
+Graph* subgraph(const Node& n, const std::string& name) {
+  const Attribute* a = n.attr(name);
+  return a && a->kind == Attribute::Kind::kGraph ? a->g.get() : nullptr;
+}
+
+// Infers `sub` (a subgraph of `n`) in the scope of ctx.graph, with the
+// shared symbol counter and bounds. The caller has set the input types.
+Status infer_subgraph(const Node& n, Graph& sub, InferContext& ctx) {
+  Graph* outer = ctx.graph;
+  if (outer == nullptr) return node_invalid(n) << "subgraph inference without an outer graph";
+  if (sub.opsets.empty()) sub.opsets = outer->opsets;
+  if (sub.source.empty()) sub.source = outer->source;
+  std::set<std::string> bound;
+  for (const Value* v : sub.inputs()) add_vars(v->type(), bound);
+  for (Value* c : sub.captures()) {
+    const Value* o = outer->find_value(c->name());
+    if (o == nullptr) return node_invalid(n) << "subgraph captures unknown value '" << c->name() << "'";
+    c->set_type(o->type());
+    if (o->is_constant() && !c->is_constant()) c->set_constant(o->constant());
+    add_vars(o->type(), bound);
+  }
+  // A symbolic value is copied only when the sub-program can evaluate it (its
+  // symbols are dims of the sub-program's inputs).
+  for (Value* c : sub.captures()) {
+    const Value* o = outer->find_value(c->name());
+    std::optional<std::vector<Expr>> sv = o->sym_value();
+    if (sv)
+      for (const Expr& e : *sv)
+        if (!vars_within(e, bound)) sv.reset();
+    if (sv || !c->is_constant()) c->set_sym_value(sv);
+  }
+  Status st = infer_shapes(sub, ctx);
+  ctx.graph = outer;
+  if (!st.is_ok()) return Status(st.code(), n.describe() + " subgraph '" + sub.name + "': " + st.message());
+  return Status::ok();
+}
+
+Status check_outputs(const Node& n, const Graph& sub, size_t expected, const char* what) {
+  if (sub.outputs().size() != expected)
+    return node_invalid(n) << what << " has " << sub.outputs().size() << " outputs, expected " << expected;
+  for (const Value* v : sub.outputs())
+    if (v->dtype() == DType::kUndefined)
+      return node_unsupported(n) << what << " output '" << v->name() << "' has no tensor type";
+  return Status::ok();
+}
+
+Status infer_if(Node& n, InferContext& ctx) {
+  Graph* then_g = subgraph(n, "then_branch");
+  Graph* else_g = subgraph(n, "else_branch");
+  if (!then_g || !else_g) return node_invalid(n) << "missing then_branch or else_branch";
+  KILN_ASSIGN_OR_RETURN(TensorType cond, input_type(n, 0));
+  (void)cond;
+  KILN_RETURN_IF_ERROR(infer_subgraph(n, *then_g, ctx));
+  KILN_RETURN_IF_ERROR(infer_subgraph(n, *else_g, ctx));
+  KILN_RETURN_IF_ERROR(check_outputs(n, *then_g, n.num_outputs(), "then_branch"));
+  KILN_RETURN_IF_ERROR(check_outputs(n, *else_g, n.num_outputs(), "else_branch"));
+  std::set<std::string> known = outer_symbols(n, ctx);
+  for (size_t i = 0; i < n.num_outputs(); ++i) {
+    const TensorType& t = then_g->outputs()[i]->type();
+    const TensorType& e = else_g->outputs()[i]->type();
+    if (t.dtype != e.dtype)
+      return node_invalid(n) << "output " << i << " is " << dtype_name(t.dtype) << " in then_branch and "
+                             << dtype_name(e.dtype) << " in else_branch";
+    if (!t.shape || !e.shape || t.shape->size() != e.shape->size()) {
+      set_output_unknown_rank(n, i, t.dtype);
+      continue;
+    }
+    Shape shape;
+    for (size_t k = 0; k < t.shape->size(); ++k) {
+      const Expr& a = (*t.shape)[k];
+      const Expr& b = (*e.shape)[k];
+      shape.push_back(prove_equal(a, b, ctx.bounds) ? outer_dim(a, known, ctx) : ctx.fresh_symbol());
+    }
+    set_output(n, i, t.dtype, std::move(shape), ctx);
+  }
+  return Status::ok();
+}
+
+// Infers a body whose inputs [first, first + state.size()) are loop-carried
+// with the given initial types and whose outputs [out_first, ...) are their
+// next values. Dims that the body does not preserve become fresh symbols on
+// the body input (bound per iteration). Returns the carried types as seen
+// from the outer graph.
+Result<std::vector<TensorType>> infer_carried(Node& n, Graph& body, size_t first, size_t out_first,
+                                              const std::vector<TensorType>& state, size_t num_outputs,
+                                              InferContext& ctx) {
+  std::set<std::string> known = outer_symbols(n, ctx);
+  std::vector<std::vector<bool>> varies(state.size());
+  for (size_t j = 0; j < state.size(); ++j) {
+    if (!state[j].shape) return node_unsupported(n) << "loop-carried input " << j << " has unknown rank";
+    varies[j].assign(state[j].shape->size(), false);
+  }
+  for (int round = 0;; ++round) {
+    KILN_RETURN_IF_ERROR(infer_subgraph(n, body, ctx));
+    KILN_RETURN_IF_ERROR(check_outputs(n, body, num_outputs, "body"));
+    bool changed = false;
+    for (size_t j = 0; j < state.size(); ++j) {
+      Value* in = body.inputs()[first + j];
+      const TensorType& out = body.outputs()[out_first + j]->type();
+      if (out.dtype != state[j].dtype)
+        return node_invalid(n) << "body changes the dtype of loop-carried value " << j << " from "
+                               << dtype_name(state[j].dtype) << " to " << dtype_name(out.dtype);
+      if (!out.shape || out.shape->size() != state[j].shape->size())
+        return node_unsupported(n) << "body changes the rank of loop-carried value " << j;
+      Shape shape = in->type().shape ? *in->type().shape : *state[j].shape;
+      for (size_t k = 0; k < shape.size(); ++k) {
+        if (varies[j][k] || prove_equal(shape[k], (*out.shape)[k], ctx.bounds)) continue;
+        varies[j][k] = true;
+        shape[k] = ctx.fresh_symbol();
+        changed = true;
+      }
+      in->set_type(TensorType{state[j].dtype, std::move(shape)});
+    }
+    if (!changed) break;
+    if (round > 64) return node_unsupported(n) << "loop-carried shapes do not settle";
+  }
+  std::vector<TensorType> out;
+  for (size_t j = 0; j < state.size(); ++j) {
+    Shape shape = *state[j].shape;
+    for (size_t k = 0; k < shape.size(); ++k)
+      shape[k] = varies[j][k] ? ctx.fresh_symbol() : outer_dim(shape[k], known, ctx);
+    out.push_back(TensorType{state[j].dtype, std::move(shape)});
+  }
+  return out;
+}
+
+Status infer_loop(Node& n, InferContext& ctx) {
+  Graph* body = subgraph(n, "body");
+  if (!body) return node_invalid(n) << "missing body";
+  if (n.num_inputs() < 2) return node_invalid(n) << "expects inputs M, cond, loop-carried values";
+  size_t num_carried = n.num_inputs() - 2;
+  if (body->inputs().size() != num_carried + 2)
+    return node_invalid(n) << "body has " << body->inputs().size() << " inputs, expected " << num_carried + 2;
+  if (body->outputs().size() < num_carried + 1)
+    return node_invalid(n) << "body has " << body->outputs().size() << " outputs, expected at least "
+                           << num_carried + 1;
+  size_t num_scan = body->outputs().size() - 1 - num_carried;
+  if (n.num_outputs() != num_carried + num_scan)
+    return node_invalid(n) << "has " << n.num_outputs() << " outputs, body defines " << num_carried + num_scan;
+  std::vector<TensorType> state;
+  for (size_t j = 0; j < num_carried; ++j) {
+    KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 2 + j));
+    state.push_back(t);
+  }
+  body->inputs()[0]->set_type(TensorType{DType::kInt64, Shape{}});
+  body->inputs()[1]->set_type(TensorType{DType::kBool, Shape{}});
+  for (size_t j = 0; j < num_carried; ++j) body->inputs()[2 + j]->set_type(state[j]);
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> carried,
+                        infer_carried(n, *body, 2, 1, state, num_carried + 1 + num_scan, ctx));
+  for (size_t j = 0; j < num_carried; ++j) set_output(n, j, carried[j].dtype, *carried[j].shape, ctx);
+
+  std::set<std::string> known = outer_symbols(n, ctx);
+  // The trip count is M when there is no condition and M is known.
+  Expr trips;
+  if (has_input(n, 0) && !has_input(n, 1)) {
+    auto m = sym_values(n, 0);
+    if (m && m->size() == 1 && vars_within((*m)[0], known)) trips = simplify(max((*m)[0], Expr(0)), ctx.bounds);
+  }
+  for (size_t k = 0; k < num_scan; ++k) {
+    const TensorType& t = body->outputs()[1 + num_carried + k]->type();
+    if (!t.shape) {
+      set_output_unknown_rank(n, num_carried + k, t.dtype);
+      continue;
+    }
+    Shape shape{trips.defined() ? trips : ctx.fresh_symbol()};
+    for (const Expr& d : *t.shape) shape.push_back(outer_dim(d, known, ctx));
+    set_output(n, num_carried + k, t.dtype, std::move(shape), ctx);
+  }
+  return Status::ok();
+}
+
+Status infer_scan(Node& n, InferContext& ctx) {
+  if (onnx_opset(ctx) != 0 && onnx_opset(ctx) < 9)
+    return node_unsupported(n) << "Scan before opset 9 (sequence_lens, batch axis)";
+  Graph* body = subgraph(n, "body");
+  if (!body) return node_invalid(n) << "missing body";
+  int64_t num_scan_in = n.attr_int("num_scan_inputs", -1);
+  if (num_scan_in < 1 || static_cast<size_t>(num_scan_in) > n.num_inputs())
+    return node_invalid(n) << "num_scan_inputs " << num_scan_in << " out of range";
+  size_t num_state = n.num_inputs() - num_scan_in;
+  if (body->inputs().size() != n.num_inputs())
+    return node_invalid(n) << "body has " << body->inputs().size() << " inputs, expected " << n.num_inputs();
+  if (body->outputs().size() < num_state || n.num_outputs() != body->outputs().size())
+    return node_invalid(n) << "body has " << body->outputs().size() << " outputs, node has " << n.num_outputs();
+  size_t num_scan_out = body->outputs().size() - num_state;
+  std::vector<int64_t> in_axes = n.attr_ints("scan_input_axes", std::vector<int64_t>(num_scan_in, 0));
+  std::vector<int64_t> out_axes = n.attr_ints("scan_output_axes", std::vector<int64_t>(num_scan_out, 0));
+  if (in_axes.size() != static_cast<size_t>(num_scan_in) || out_axes.size() != num_scan_out)
+    return node_invalid(n) << "scan_input_axes / scan_output_axes have the wrong length";
+
+  std::vector<TensorType> state;
+  for (size_t j = 0; j < num_state; ++j) {
+    KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, j));
+    state.push_back(t);
+    body->inputs()[j]->set_type(t);
+  }
+  Expr len;
+  for (int64_t j = 0; j < num_scan_in; ++j) {
+    KILN_ASSIGN_OR_RETURN(Shape s, input_shape(n, num_state + j));
+    KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n, in_axes[j], static_cast<int64_t>(s.size())));
+    if (!len.defined()) len = s[axis];
+    s.erase(s.begin() + axis);
+    body->inputs()[num_state + j]->set_type(TensorType{n.input(num_state + j)->dtype(), s});
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> carried,
+                        infer_carried(n, *body, 0, 0, state, body->outputs().size(), ctx));
+  for (size_t j = 0; j < num_state; ++j) set_output(n, j, carried[j].dtype, *carried[j].shape, ctx);
+  std::set<std::string> known = outer_symbols(n, ctx);
+  for (size_t k = 0; k < num_scan_out; ++k) {
+    const TensorType& t = body->outputs()[num_state + k]->type();
+    if (!t.shape) return node_unsupported(n) << "scan output " << k << " has unknown rank";
+    Shape shape;
+    for (const Expr& d : *t.shape) shape.push_back(outer_dim(d, known, ctx));
+    KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n, out_axes[k], static_cast<int64_t>(shape.size()) + 1));
+    shape.insert(shape.begin() + axis, len);
+    set_output(n, num_state + k, t.dtype, std::move(shape), ctx);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_control_flow_ops() {
+  register_op(OpDef{.name = "If", .infer = infer_if});
+  register_op(OpDef{.name = "Loop", .infer = infer_loop});
+  register_op(OpDef{.name = "Scan", .infer = infer_scan});
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,56 @@
+#include "support/scratch.h"
+
+#include <cstdlib>
+#include <map>
+#include <vector>
+
+#include "support/status.h"
+
+namespace {
+
+// Per-thread cache: blocks by size. A few blocks per size cover a kernel's
+// scratch buffers; more are freed.
+constexpr size_t kMaxCachedPerSize = 8;
+
+struct ScratchCache {
+  std::map<int64_t, std::vector<void*>> free_blocks;
+  ~ScratchCache() {
+    for (auto& [size, blocks] : free_blocks)
+      for (void* p : blocks) std::free(p);
+  }
+};
+
+ScratchCache& cache() {
+  thread_local ScratchCache c;
+  return c;
+}
+
+int64_t rounded(int64_t bytes) {
+  int64_t b = bytes < 64 ? 64 : bytes;
+  return (b + 63) / 64 * 64;
+}
+
+}  // namespace
+
+extern "C" void* kiln_scratch_alloc(int64_t bytes) {
+  int64_t size = rounded(bytes);
+  auto& blocks = cache().free_blocks[size];
+  if (!blocks.empty()) {
+    void* p = blocks.back();
+    blocks.pop_back();
+    return p;
+  }
+  void* p = std::aligned_alloc(64, static_cast<size_t>(size));
+  KILN_CHECK(p != nullptr) << "out of memory allocating " << size << " bytes of kernel scratch";
+  return p;
+}
+
+extern "C" void kiln_scratch_free(void* block, int64_t bytes) {
+  if (block == nullptr) return;
+  auto& blocks = cache().free_blocks[rounded(bytes)];
+  if (blocks.size() < kMaxCachedPerSize) {
+    blocks.push_back(block);
+  } else {
+    std::free(block);
+  }
+}

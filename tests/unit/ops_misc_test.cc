@@ -1,0 +1,235 @@
+// Misc ops (src/ops/misc.cc), the inverse trigonometric / hyperbolic
+// elementwise ops and Cast to narrow float types: compiled lowerings run
+// through the tir interpreter, runtime kernels called directly, both against
+// C++ references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ops/registry.h"
+#include "ops_test_harness.h"
+
+namespace kiln::ops {
+namespace {
+
+using testing::expect_close;
+using testing::make_tensor;
+using testing::ramp;
+using testing::run_node;
+using testing::tt;
+
+Attribute int_attr(int64_t v) {
+  Attribute a;
+  a.kind = Attribute::Kind::kInt;
+  a.i = v;
+  return a;
+}
+Attribute string_attr(std::string v) {
+  Attribute a;
+  a.kind = Attribute::Kind::kString;
+  a.s = std::move(v);
+  return a;
+}
+
+std::unique_ptr<Graph> new_graph() {
+  auto g = std::make_unique<Graph>();
+  g->opsets[""] = 21;
+  return g;
+}
+
+// Runs the runtime kernel of node n.
+std::vector<Tensor> run_kernel(const Node& n, const std::vector<Tensor>& inputs) {
+  const OpDef* def = find_op(n.domain(), n.op_type());
+  EXPECT_TRUE(def != nullptr && def->kernel);
+  auto k = def->kernel(n);
+  EXPECT_TRUE(k.is_ok());
+  std::vector<Tensor> out;
+  Status s = (*k)(inputs, out);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  return out;
+}
+
+TEST(MiscOps, DepthToSpaceBothModesAndSpaceToDepthInverse) {
+  const int64_t N = 1, C = 8, H = 2, W = 3, b = 2, Co = C / (b * b);
+  std::vector<double> x = ramp(N * C * H * W, -1, 1);
+  for (double& v : x) v = static_cast<float>(v);
+  for (const char* mode : {"DCR", "CRD"}) {
+    auto g = new_graph();
+    Value* in = g->add_input("x", tt(DType::kFloat32, {N, C, H, W}));
+    Node* n = g->add_node("DepthToSpace", {in}, {"y"});
+    n->set_attr("blocksize", int_attr(b));
+    n->set_attr("mode", string_attr(mode));
+    ASSERT_TRUE(testing::infer(*g).is_ok());
+    EXPECT_EQ(n->output(0)->type().to_string(), "f32[1, 2, 4, 6]");
+    std::vector<double> want;
+    for (int64_t c = 0; c < Co; ++c)
+      for (int64_t h = 0; h < H * b; ++h)
+        for (int64_t w = 0; w < W * b; ++w) {
+          int64_t ci = std::string(mode) == "DCR" ? ((h % b) * b + (w % b)) * Co + c : c * b * b + (h % b) * b + w % b;
+          want.push_back(x[(ci * H + h / b) * W + w / b]);
+        }
+    expect_close(run_node(*g, *n, {make_tensor(DType::kFloat32, {N, C, H, W}, x)}).at(0), want, 0, mode);
+  }
+  // SpaceToDepth(DepthToSpace_DCR(x)) == x.
+  auto g = new_graph();
+  Value* in = g->add_input("x", tt(DType::kFloat32, {N, Co, H * b, W * b}));
+  Node* n = g->add_node("SpaceToDepth", {in}, {"y"});
+  n->set_attr("blocksize", int_attr(b));
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  EXPECT_EQ(n->output(0)->type().to_string(), "f32[1, 8, 2, 3]");
+  std::vector<double> space;
+  for (int64_t c = 0; c < Co; ++c)
+    for (int64_t h = 0; h < H * b; ++h)
+      for (int64_t w = 0; w < W * b; ++w) space.push_back(x[((((h % b) * b + (w % b)) * Co + c) * H + h / b) * W + w / b]);
+  expect_close(run_node(*g, *n, {make_tensor(DType::kFloat32, {N, Co, H * b, W * b}, space)}).at(0), x, 0,
+               "space_to_depth");
+}
+
+TEST(MiscOps, LrnMatchesReference) {
+  const int64_t C = 5, HW = 3, size = 3;
+  const double alpha = 2e-2, beta = 0.75, bias = 1.5;
+  std::vector<double> x = ramp(C * HW, -2, 2);
+  for (double& v : x) v = static_cast<float>(v);
+  auto g = new_graph();
+  Value* in = g->add_input("x", tt(DType::kFloat32, {1, C, HW}));
+  Node* n = g->add_node("LRN", {in}, {"y"});
+  n->set_attr("size", int_attr(size));
+  Attribute a;
+  a.kind = Attribute::Kind::kFloat;
+  a.f = alpha;
+  n->set_attr("alpha", a);
+  a.f = bias;
+  n->set_attr("bias", a);
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  std::vector<double> want;
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t p = 0; p < HW; ++p) {
+      double sq = 0;
+      for (int64_t k = c - (size - 1) / 2; k <= c + size / 2; ++k)
+        if (k >= 0 && k < C) sq += x[k * HW + p] * x[k * HW + p];
+      want.push_back(x[c * HW + p] / std::pow(bias + alpha / size * sq, beta));
+    }
+  expect_close(run_node(*g, *n, {make_tensor(DType::kFloat32, {1, C, HW}, x)}).at(0), want, 1e-6, "lrn");
+}
+
+TEST(MiscOps, EyeLikeWithOffsetAndDtype) {
+  auto g = new_graph();
+  Value* in = g->add_input("x", tt(DType::kFloat32, {3, 4}));
+  Node* n = g->add_node("EyeLike", {in}, {"y"});
+  n->set_attr("k", int_attr(1));
+  n->set_attr("dtype", int_attr(static_cast<int64_t>(DType::kInt32)));
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  EXPECT_EQ(n->output(0)->type().to_string(), "i32[3, 4]");
+  expect_close(run_node(*g, *n, {make_tensor(DType::kFloat32, {3, 4}, std::vector<double>(12, 7))}).at(0),
+               {0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1}, 0, "eye");
+}
+
+TEST(MiscOps, InverseTrigAndHyperbolic) {
+  struct Case {
+    const char* op;
+    double lo, hi;
+    double (*ref)(double);
+  };
+  const Case cases[] = {
+      {"Asin", -0.99, 0.99, [](double v) { return std::asin(v); }},
+      {"Acos", -0.99, 0.99, [](double v) { return std::acos(v); }},
+      {"Atan", -20, 20, [](double v) { return std::atan(v); }},
+      {"Asinh", -20, 20, [](double v) { return std::asinh(v); }},
+      {"Acosh", 1.01, 30, [](double v) { return std::acosh(v); }},
+      {"Atanh", -0.95, 0.95, [](double v) { return std::atanh(v); }},
+      {"Sinh", -5, 5, [](double v) { return std::sinh(v); }},
+      {"Cosh", -5, 5, [](double v) { return std::cosh(v); }},
+  };
+  for (const Case& c : cases) {
+    auto g = new_graph();
+    Value* in = g->add_input("x", tt(DType::kFloat32, {64}));
+    Node* n = g->add_node(c.op, {in}, {"y"});
+    ASSERT_TRUE(testing::infer(*g).is_ok());
+    std::vector<double> x = ramp(64, c.lo, c.hi), want;
+    for (double& v : x) v = static_cast<float>(v);
+    for (double v : x) want.push_back(c.ref(v));
+    Tensor got = run_node(*g, *n, {make_tensor(DType::kFloat32, {64}, x)}).at(0);
+    for (int64_t i = 0; i < 64; ++i)
+      EXPECT_NEAR(got.get_f64(i), want[i], 2e-6 * std::max(1.0, std::fabs(want[i]))) << c.op << "(" << x[i] << ")";
+  }
+}
+
+TEST(MiscOps, CastToNarrowFloatsRoundsAndSaturates) {
+  std::vector<double> x = {1.0, 1.0 + 1.0 / 2048, 1.0 + 3.0 / 2048, 70000.0, -1e9, 0.1};
+  struct Case {
+    DType to;
+    int64_t saturate;
+    std::vector<double> want;
+  };
+  const Case cases[] = {
+      {DType::kFloat16, 1, {1.0, 1.0, 1.0 + 2.0 / 1024, INFINITY, -INFINITY, 0.0999755859375}},
+      {DType::kBFloat16, 1, {1.0, 1.0, 1.0, 70144.0, -998244352.0, 0.10009765625}},
+      {DType::kFloat8E4M3FN, 1, {1.0, 1.0, 1.0, 448.0, -448.0, 0.1015625}},
+      {DType::kFloat8E4M3FN, 0, {1.0, 1.0, 1.0, NAN, NAN, 0.1015625}},
+      {DType::kFloat8E5M2, 0, {1.0, 1.0, 1.0, INFINITY, -INFINITY, 0.09375}},
+  };
+  for (const Case& c : cases) {
+    auto g = new_graph();
+    Value* in = g->add_input("x", tt(DType::kFloat32, {6}));
+    Node* n = g->add_node("Cast", {in}, {"y"});
+    n->set_attr("to", int_attr(static_cast<int64_t>(c.to)));
+    n->set_attr("saturate", int_attr(c.saturate));
+    ASSERT_TRUE(testing::infer(*g).is_ok());
+    Tensor got = run_node(*g, *n, {make_tensor(DType::kFloat32, {6}, x)}).at(0);
+    ASSERT_EQ(got.dtype(), c.to);
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (std::isnan(c.want[i])) {
+        EXPECT_TRUE(std::isnan(got.get_f64(i))) << dtype_name(c.to) << " x=" << x[i];
+      } else {
+        EXPECT_EQ(got.get_f64(i), c.want[i]) << dtype_name(c.to) << " saturate=" << c.saturate << " x=" << x[i];
+      }
+    }
+  }
+}
+
+TEST(MiscOps, UniqueSortedWithInverseAndCounts) {
+  auto g = new_graph();
+  Value* in = g->add_input("x", tt(DType::kFloat32, {6}));
+  Node* n = g->add_node("Unique", {in}, {"y", "idx", "inv", "cnt"});
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  auto out = run_kernel(*n, {make_tensor(DType::kFloat32, {6}, {2, 1, 1, 3, 4, 3})});
+  ASSERT_EQ(out.size(), 4u);
+  expect_close(out[0], {1, 2, 3, 4}, 0, "values");
+  expect_close(out[1], {1, 0, 3, 4}, 0, "first indices");
+  expect_close(out[2], {1, 0, 0, 2, 3, 2}, 0, "inverse");
+  expect_close(out[3], {2, 1, 2, 1}, 0, "counts");
+}
+
+TEST(MiscOps, DetCompressAndNms) {
+  auto g = new_graph();
+  Value* m = g->add_input("m", tt(DType::kFloat32, {2, 3, 3}));
+  Node* det = g->add_node("Det", {m}, {"d"});
+  Value* x = g->add_input("x", tt(DType::kFloat32, {2, 3}));
+  Value* cond = g->add_input("c", tt(DType::kBool, {3}));
+  Node* comp = g->add_node("Compress", {x, cond}, {"z"});
+  comp->set_attr("axis", int_attr(1));
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  auto d = run_kernel(*det, {make_tensor(DType::kFloat32, {2, 3, 3}, {2, 0, 0, 0, 3, 0, 0, 0, 4,  //
+                                                                      0, 1, 0, 1, 0, 0, 0, 0, 5})});
+  expect_close(d.at(0), {24, -5}, 1e-12, "det");
+  auto z = run_kernel(*comp, {make_tensor(DType::kFloat32, {2, 3}, {1, 2, 3, 4, 5, 6}),
+                              make_tensor(DType::kBool, {3}, {1, 0, 1})});
+  ASSERT_EQ(z.at(0).shape(), (std::vector<int64_t>{2, 2}));
+  expect_close(z.at(0), {1, 3, 4, 6}, 0, "compress");
+
+  Value* boxes = g->add_input("boxes", tt(DType::kFloat32, {1, 3, 4}));
+  Value* scores = g->add_input("scores", tt(DType::kFloat32, {1, 1, 3}));
+  Value* max_out = g->add_input("max", tt(DType::kInt64, {1}));
+  Value* iou = g->add_input("iou", tt(DType::kFloat32, {1}));
+  Node* nms = g->add_node("NonMaxSuppression", {boxes, scores, max_out, iou}, {"sel"});
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  // Boxes 0 and 1 overlap (IoU 0.81); box 2 is apart. Scores order: 1, 2, 0.
+  auto sel = run_kernel(*nms, {make_tensor(DType::kFloat32, {1, 3, 4}, {0, 0, 1, 1, 0, 0.1, 1, 1.1, 5, 5, 6, 6}),
+                               make_tensor(DType::kFloat32, {1, 1, 3}, {0.5, 0.9, 0.7}),
+                               make_tensor(DType::kInt64, {1}, {10}), make_tensor(DType::kFloat32, {1}, {0.5})});
+  ASSERT_EQ(sel.at(0).shape(), (std::vector<int64_t>{2, 3}));
+  expect_close(sel.at(0), {0, 0, 1, 0, 0, 2}, 0, "nms");
+}
+
+}  // namespace
+}  // namespace kiln::ops
