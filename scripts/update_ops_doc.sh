@@ -16,5 +16,12 @@ cd "$(dirname "$0")/.."
   echo "| op | how it runs |"
   echo "|---|---|"
   ./build/bin/kiln ops | awk -F'\t' '{ printf "| %s | %s |\n", $1, $2 }'
+  # Hand-written notes per op family (kept in docs/ops_notes.md).
+  if [ -f docs/ops_notes.md ]; then
+    echo
+    echo "# Notes"
+    echo
+    cat docs/ops_notes.md
+  fi
 } > docs/ops.md
 echo "wrote docs/ops.md ($(./build/bin/kiln ops | wc -l) ops)"
