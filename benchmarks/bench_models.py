@@ -2,9 +2,10 @@
 """Kiln and ONNX Runtime side by side on the model zoo (tests/models/model_zoo.py).
 
 For every model and thread count (default 1 and 2): Kiln via `kiln bench --json`
-(compile, warm-up, median of --runs) and ONNX Runtime (ORT_ENABLE_ALL,
-intra_op_num_threads = N, inter_op_num_threads = 1) on the same fixed inputs, median
-of --runs after --warmup runs. Prints a Markdown table with the ratio kiln/ORT per
+(compile, warm-up, median of --runs), ONNX Runtime (ORT_ENABLE_ALL,
+intra_op_num_threads = N, inter_op_num_threads = 1) and PyTorch eager (the torch module
+the ONNX file comes from, torch.set_num_threads(N), inference_mode) on the same fixed
+inputs, median of --runs after --warmup runs. Prints a Markdown table with the ratio kiln/ORT per
 model and the geometric mean of the ratios (below 1: Kiln is faster).
 
     bench_models.py [--kiln BUILD/bin/kiln] [--models a,b] [--threads 1,2]
@@ -55,6 +56,23 @@ def bench_ort(path, feeds, threads, runs, warmup):
             "p90_ms": float(np.percentile(times, 90))}
 
 
+def bench_torch(spec, feeds, threads, runs, warmup):
+    """PyTorch eager (the model the ONNX file was exported from), inference mode."""
+    import torch
+    torch.set_num_threads(threads)
+    model = model_zoo._build_torch_model(spec)
+    args = [torch.from_numpy(v) for v in feeds.values()]
+    with torch.inference_mode():
+        for _ in range(warmup):
+            model(*args)
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            model(*args)
+            times.append((time.perf_counter() - t0) * 1000)
+    return {"median_ms": statistics.median(times), "min_ms": min(times)}
+
+
 def bench_kiln(kiln, path, feeds, threads, runs, warmup, work):
     cmd = [kiln, "bench", path, "--json", "--threads", str(threads), "--runs", str(runs),
            "--warmup", str(warmup)]
@@ -79,6 +97,7 @@ def main():
     parser.add_argument("--gpt2-seq", type=int, default=128, help="GPT-2 sequence length")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--ort-only", action="store_true", help="time ONNX Runtime only")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager column")
     parser.add_argument("--json", default=None, help="also write all results to this file")
     args = parser.parse_args()
 
@@ -108,22 +127,27 @@ def main():
                     kiln_r = bench_kiln(args.kiln, path, feeds, threads, args.runs, args.warmup, work)
                 except (RuntimeError, ValueError) as exc:
                     error = str(exc).splitlines()[-1][:120]
+            torch_r = None if args.no_torch else bench_torch(spec, feeds, threads, args.runs, args.warmup)
             ratio = kiln_r["median_ms"] / ort_r["median_ms"] if kiln_r else None
+            torch_ratio = kiln_r["median_ms"] / torch_r["median_ms"] if kiln_r and torch_r else None
             results.append({"model": name, "threads": threads, "ort": ort_r, "kiln": kiln_r,
-                            "ratio": ratio, "error": error})
+                            "torch": torch_r, "ratio": ratio, "torch_ratio": torch_ratio, "error": error})
             label = name + (f" (seq {seq})" if seq else "")
             kiln_cell = (f"{kiln_r['median_ms']:.2f}" if kiln_r else ("error" if error else "-"))
             compile_cell = f"{kiln_r['compile_s']:.1f}" if kiln_r else "-"
             ratio_cell = f"{ratio:.2f}" if ratio else "-"
+            torch_cell = f"{torch_r['median_ms']:.2f}" if torch_r else "-"
+            torch_ratio_cell = f"{torch_ratio:.2f}" if torch_ratio else "-"
             rows.append(f"| {label} | {threads} | {kiln_cell} | {ort_r['median_ms']:.2f} | "
-                        f"{ratio_cell} | {compile_cell} |" + (f" {error} |" if error else " |"))
+                        f"{ratio_cell} | {torch_cell} | {torch_ratio_cell} | {compile_cell} |"
+                        + (f" {error} |" if error else " |"))
             print(f"{label} threads={threads}: ort {ort_r['median_ms']:.2f} ms, kiln {kiln_cell} ms",
                   file=sys.stderr, flush=True)
 
     print(f"\nmedian of {args.runs} runs after {args.warmup} warm-up; "
           "ORT_ENABLE_ALL, inter_op 1\n")
-    print("| model | threads | kiln ms | ORT ms | kiln/ORT | kiln compile s | note |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | threads | kiln ms | ORT ms | kiln/ORT | torch ms | kiln/torch | kiln compile s | note |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     for threads in threads_list:
         ratios = [r["ratio"] for r in results if r["threads"] == threads and r["ratio"]]
@@ -131,6 +155,10 @@ def main():
             geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
             print(f"\ngeometric mean kiln/ORT at {threads} thread(s): {geo:.3f} "
                   f"over {len(ratios)} model(s)")
+        tratios = [r["torch_ratio"] for r in results if r["threads"] == threads and r["torch_ratio"]]
+        if tratios:
+            geo = math.exp(sum(math.log(r) for r in tratios) / len(tratios))
+            print(f"geometric mean kiln/torch at {threads} thread(s): {geo:.3f} over {len(tratios)} model(s)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
