@@ -92,6 +92,12 @@ Status require_broadcastable_to(const Node& n, size_t i, const Shape& target, co
 
 // ---- Lowering helpers -----------------------------------------------------
 
+// Lowering needs every output dim computable from symbols bound before the
+// node runs (its input shapes, ctx.bound_symbols). A dim that is a fresh
+// symbol of this node (a shape-like input known only at run time) is not:
+// kUnsupported then, and such a node runs as its runtime kernel.
+Status require_dims_from_inputs(const Node& n, const LowerContext& ctx);
+
 // `rank` fresh axis names with the given prefix, and their variables.
 std::vector<std::string> fresh_axes(LowerContext& ctx, size_t rank, const std::string& prefix = "i");
 std::vector<Expr> axis_vars(const std::vector<std::string>& names);

@@ -29,29 +29,6 @@ Expr wrap_index(const Expr& loaded, const Expr& dim) {
   return clamp_index(select(lt(i, Expr(0)), i + dim, i), dim);
 }
 
-// Lowering needs every output dim computable from the kernel's symbols, i.e.
-// from the input shapes. A dim that is a fresh symbol of this node (a shape-like
-// input known only at run time) is not: such a node runs as the runtime kernel.
-Status require_dims_from_inputs(const Node& n, const LowerContext& ctx) {
-  std::set<std::string> known = ctx.bound_symbols;
-  for (const tir::Buffer& b : ctx.inputs) {
-    for (const Expr& d : b.shape) {
-      for (const std::string& v : free_vars(d)) known.insert(v);
-    }
-  }
-  for (const tir::Buffer& b : ctx.outputs) {
-    for (const Expr& d : b.shape) {
-      for (const std::string& v : free_vars(d)) {
-        if (!known.count(v)) {
-          return node_unsupported(n) << "output dim " << print_expr(d)
-                                     << " is data-dependent: the node needs its runtime kernel";
-        }
-      }
-    }
-  }
-  return Status::ok();
-}
-
 OpDef make_def(const std::string& name, std::function<Status(Node&, InferContext&)> infer,
                std::function<Result<std::vector<tir::ComputeDef>>(const Node&, LowerContext&)> lower) {
   OpDef def;

@@ -185,6 +185,28 @@ StatusBuilder node_invalid(const Node& n) {
   return b;
 }
 
+// ---- common.h: lowering preconditions ------------------------------------------------
+
+Status require_dims_from_inputs(const Node& n, const LowerContext& ctx) {
+  std::set<std::string> known = ctx.bound_symbols;
+  for (const tir::Buffer& b : ctx.inputs) {
+    for (const Expr& d : b.shape) {
+      for (const std::string& v : free_vars(d)) known.insert(v);
+    }
+  }
+  for (const tir::Buffer& b : ctx.outputs) {
+    for (const Expr& d : b.shape) {
+      for (const std::string& v : free_vars(d)) {
+        if (!known.count(v)) {
+          return node_unsupported(n) << "output dim " << print_expr(d)
+                                     << " is data-dependent: the node needs its runtime kernel";
+        }
+      }
+    }
+  }
+  return Status::ok();
+}
+
 // ---- common.h: parameter shape checks ------------------------------------------------
 
 namespace {

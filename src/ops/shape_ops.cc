@@ -103,29 +103,6 @@ void set_sym(Node& n, size_t i, std::optional<std::vector<Expr>> v, const InferC
   }
 }
 
-// Lowering needs every output dim computable from the kernel's symbols, i.e.
-// from the input shapes. A dim that is a fresh symbol of this node (a shape-like
-// input known only at run time) is not: such a node runs as the runtime kernel.
-Status require_dims_from_inputs(const Node& n, const LowerContext& ctx) {
-  std::set<std::string> known = ctx.bound_symbols;
-  for (const tir::Buffer& b : ctx.inputs) {
-    for (const Expr& d : b.shape) {
-      for (const std::string& v : free_vars(d)) known.insert(v);
-    }
-  }
-  for (const tir::Buffer& b : ctx.outputs) {
-    for (const Expr& d : b.shape) {
-      for (const std::string& v : free_vars(d)) {
-        if (!known.count(v)) {
-          return node_unsupported(n) << "output dim " << print_expr(d)
-                                     << " is data-dependent: the node needs its runtime kernel";
-        }
-      }
-    }
-  }
-  return Status::ok();
-}
-
 // A copy of input 0 into output 0 with the same elements in the same row-major
 // order: the materialized form of a view op.
 Result<std::vector<tir::ComputeDef>> lower_view_copy(const Node& n, LowerContext& ctx) {
