@@ -10,6 +10,56 @@
 
 namespace kiln {
 
+Attribute Attribute::of_int(int64_t v) {
+  Attribute a;
+  a.kind = Kind::kInt;
+  a.i = v;
+  return a;
+}
+Attribute Attribute::of_float(double v) {
+  Attribute a;
+  a.kind = Kind::kFloat;
+  a.f = v;
+  return a;
+}
+Attribute Attribute::of_string(std::string v) {
+  Attribute a;
+  a.kind = Kind::kString;
+  a.s = std::move(v);
+  return a;
+}
+Attribute Attribute::of_tensor(Tensor v) {
+  Attribute a;
+  a.kind = Kind::kTensor;
+  a.t = std::move(v);
+  return a;
+}
+Attribute Attribute::of_graph(std::shared_ptr<Graph> v) {
+  Attribute a;
+  a.kind = Kind::kGraph;
+  a.g = std::move(v);
+  return a;
+}
+Attribute Attribute::of_ints(std::vector<int64_t> v) {
+  Attribute a;
+  a.kind = Kind::kInts;
+  a.ints = std::move(v);
+  return a;
+}
+Attribute Attribute::of_floats(std::vector<double> v) {
+  Attribute a;
+  a.kind = Kind::kFloats;
+  a.floats = std::move(v);
+  return a;
+}
+Attribute Attribute::of_strings(std::vector<std::string> v) {
+  Attribute a;
+  a.kind = Kind::kStrings;
+  a.strings = std::move(v);
+  return a;
+}
+
+
 std::string shape_to_string(const Shape& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {

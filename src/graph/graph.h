@@ -88,6 +88,16 @@ class Value {
 
 struct Attribute {
   enum class Kind : uint8_t { kFloat, kInt, kString, kTensor, kGraph, kFloats, kInts, kStrings, kTensors, kGraphs };
+
+  static Attribute of_int(int64_t v);
+  static Attribute of_float(double v);
+  static Attribute of_string(std::string v);
+  static Attribute of_tensor(Tensor v);
+  static Attribute of_graph(std::shared_ptr<Graph> v);
+  static Attribute of_ints(std::vector<int64_t> v);
+  static Attribute of_floats(std::vector<double> v);
+  static Attribute of_strings(std::vector<std::string> v);
+
   Kind kind = Kind::kInt;
   double f = 0;
   int64_t i = 0;

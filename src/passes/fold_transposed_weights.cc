@@ -49,10 +49,7 @@ Result<int> fold_transposed_weights(Graph& g) {
         Tensor t = transpose_tensor(v->constant(), {1, 0});
         Value* c = g.add_constant(g.unique_name(v->name() + ".T"), std::move(t));
         g.set_input(n, operand, c);
-        Attribute a;
-        a.kind = Attribute::Kind::kInt;
-        a.i = 0;
-        n->set_attr(flag, a);
+        n->set_attr(flag, Attribute::of_int(0));
         ++rewrites;
       }
     } else if (n->op_type() == "Transpose" && foldable(n->input(0)) && n->output(0) != nullptr) {

@@ -36,27 +36,6 @@ Tensor scalar_bool(bool v) {
   return t;
 }
 
-Attribute graph_attr(std::shared_ptr<Graph> g) {
-  Attribute a;
-  a.kind = Attribute::Kind::kGraph;
-  a.g = std::move(g);
-  return a;
-}
-
-Attribute ints_attr(std::vector<int64_t> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInts;
-  a.ints = std::move(v);
-  return a;
-}
-
-Attribute int_attr(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInt;
-  a.i = v;
-  return a;
-}
-
 std::unique_ptr<Graph> new_graph(const std::string& name) {
   auto g = std::make_unique<Graph>();
   g->name = name;
@@ -102,11 +81,11 @@ std::unique_ptr<Graph> if_graph(bool different_shapes) {
   else_g->name = "else";
   Value* ex = else_g->add_capture("x", f32({4}));
   Node* e = different_shapes ? else_g->add_node("Concat", {ex, ex}, {"e"}) : else_g->add_node("Mul", {ex, ex}, {"e"});
-  if (different_shapes) e->set_attr("axis", int_attr(0));
+  if (different_shapes) e->set_attr("axis", Attribute::of_int(0));
   else_g->set_outputs({e->output(0)});
   Node* n = g->add_node("If", {c}, {"y"});
-  n->set_attr("then_branch", graph_attr(then_g));
-  n->set_attr("else_branch", graph_attr(else_g));
+  n->set_attr("then_branch", Attribute::of_graph(then_g));
+  n->set_attr("else_branch", Attribute::of_graph(else_g));
   (void)x;
   g->set_outputs({n->output(0)});
   return g;
@@ -180,7 +159,7 @@ std::unique_ptr<Graph> loop_graph(int64_t rows, bool with_cond, bool with_m) {
   Value* cond = nullptr;
   if (with_cond) cond = g->add_constant("true", scalar_bool(true));
   Node* n = g->add_node("Loop", {with_m ? m : nullptr, cond, s0}, {"s_final", "sums"});
-  n->set_attr("body", graph_attr(running_sum_body(rows, with_cond)));
+  n->set_attr("body", Attribute::of_graph(running_sum_body(rows, with_cond)));
   g->set_outputs({n->output(0), n->output(1)});
   return g;
 }
@@ -226,11 +205,11 @@ TEST(ControlFlow, LoopCarriedShapeChanges) {
   Value* onev = body->add_constant("one", one);
   Value* vp = body->add_node("Add", {v, onev}, {"vp"})->output(0);
   Node* cat = body->add_node("Concat", {v, vp}, {"v_out"});
-  cat->set_attr("axis", int_attr(0));
+  cat->set_attr("axis", Attribute::of_int(0));
   Value* cout = body->add_node("Identity", {cin}, {"cond_out"})->output(0);
   body->set_outputs({cout, cat->output(0)});
   Node* n = g->add_node("Loop", {m, nullptr, v0}, {"v"});
-  n->set_attr("body", graph_attr(body));
+  n->set_attr("body", Attribute::of_graph(body));
   g->set_outputs({n->output(0)});
   Tensor init(DType::kFloat32, {1});
   init.data_as<float>()[0] = 0.5f;
@@ -259,15 +238,15 @@ TEST(ControlFlow, LoopNestedInIf) {
   Value* ts = then_g->add_capture("s0", f32({3}));
   then_g->add_capture("x", f32({rows, 3}));
   Node* loop = then_g->add_node("Loop", {tm, nullptr, ts}, {"final", "sums"});
-  loop->set_attr("body", graph_attr(running_sum_body(rows, false)));
+  loop->set_attr("body", Attribute::of_graph(running_sum_body(rows, false)));
   then_g->set_outputs({loop->output(0)});
   auto else_g = std::make_shared<Graph>();
   else_g->name = "else";
   Value* es = else_g->add_capture("s0", f32({3}));
   else_g->set_outputs({else_g->add_node("Neg", {es}, {"neg"})->output(0)});
   Node* n = g->add_node("If", {c}, {"y"});
-  n->set_attr("then_branch", graph_attr(then_g));
-  n->set_attr("else_branch", graph_attr(else_g));
+  n->set_attr("then_branch", Attribute::of_graph(then_g));
+  n->set_attr("else_branch", Attribute::of_graph(else_g));
   (void)m;
   (void)s0;
   g->set_outputs({n->output(0)});
@@ -308,12 +287,12 @@ std::unique_ptr<Graph> scan_graph(Expr len, int64_t in_axis, int64_t in_dir, int
   Value* scan = body->add_node("Mul", {sum, sum}, {"scan_out"})->output(0);
   body->set_outputs({sum, scan});
   Node* n = g->add_node("Scan", {init, x}, {"y", "z"});
-  n->set_attr("body", graph_attr(body));
-  n->set_attr("num_scan_inputs", int_attr(1));
-  n->set_attr("scan_input_axes", ints_attr({in_axis}));
-  n->set_attr("scan_input_directions", ints_attr({in_dir}));
-  n->set_attr("scan_output_axes", ints_attr({out_axis}));
-  n->set_attr("scan_output_directions", ints_attr({out_dir}));
+  n->set_attr("body", Attribute::of_graph(body));
+  n->set_attr("num_scan_inputs", Attribute::of_int(1));
+  n->set_attr("scan_input_axes", Attribute::of_ints({in_axis}));
+  n->set_attr("scan_input_directions", Attribute::of_ints({in_dir}));
+  n->set_attr("scan_output_axes", Attribute::of_ints({out_axis}));
+  n->set_attr("scan_output_directions", Attribute::of_ints({out_dir}));
   g->set_outputs({n->output(0), n->output(1)});
   return g;
 }

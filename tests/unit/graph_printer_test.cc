@@ -15,20 +15,6 @@ TensorType ty(DType dt, Shape s) {
   return t;
 }
 
-Attribute int_attr(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInt;
-  a.i = v;
-  return a;
-}
-
-Attribute float_attr(double v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kFloat;
-  a.f = v;
-  return a;
-}
-
 std::string roundtrip_check(const Graph& g, const PrintOptions& opts = {}) {
   std::string text = print_graph(g, opts);
   auto parsed = parse_graph(text);
@@ -89,12 +75,12 @@ std::unique_ptr<Graph> rich_graph() {
   pads.kind = Attribute::Kind::kInts;
   pads.ints = {1, 1, -1, 0};
   conv->set_attr("pads", pads);
-  conv->set_attr("group", int_attr(-3));
-  conv->set_attr("alpha", float_attr(0.5));
-  conv->set_attr("beta", float_attr(0.1));                       // not an f32: prints as 0.1d
-  conv->set_attr("gamma", float_attr(static_cast<float>(0.1)));  // an f32
-  conv->set_attr("delta", float_attr(2.0));
-  conv->set_attr("eps", float_attr(-std::numeric_limits<double>::infinity()));
+  conv->set_attr("group", Attribute::of_int(-3));
+  conv->set_attr("alpha", Attribute::of_float(0.5));
+  conv->set_attr("beta", Attribute::of_float(0.1));                       // not an f32: prints as 0.1d
+  conv->set_attr("gamma", Attribute::of_float(static_cast<float>(0.1)));  // an f32
+  conv->set_attr("delta", Attribute::of_float(2.0));
+  conv->set_attr("eps", Attribute::of_float(-std::numeric_limits<double>::infinity()));
   Attribute str;
   str.kind = Attribute::Kind::kString;
   str.s = "NOTSET\t\"q\"\\";

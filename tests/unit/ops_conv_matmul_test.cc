@@ -14,31 +14,6 @@
 namespace kiln::ops::testing {
 namespace {
 
-Attribute ints(std::vector<int64_t> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInts;
-  a.ints = std::move(v);
-  return a;
-}
-Attribute int1(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInt;
-  a.i = v;
-  return a;
-}
-Attribute flt(double v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kFloat;
-  a.f = v;
-  return a;
-}
-Attribute str(std::string s) {
-  Attribute a;
-  a.kind = Attribute::Kind::kString;
-  a.s = std::move(s);
-  return a;
-}
-
 Shape static_shape(const std::vector<int64_t>& s) {
   Shape out;
   for (int64_t d : s) out.push_back(Expr(d));
@@ -53,8 +28,8 @@ TEST(ConvShape, SymbolicStride2Pad1) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {var("n"), 3, var("h"), var("w")}));
   Value* w = g.add_input("w", tt(DType::kFloat32, {8, 3, 3, 3}));
   Node* c = g.add_node("Conv", {x, w}, {"y"});
-  c->set_attr("strides", ints({2, 2}));
-  c->set_attr("pads", ints({1, 1, 1, 1}));
+  c->set_attr("strides", Attribute::of_ints({2, 2}));
+  c->set_attr("pads", Attribute::of_ints({1, 1, 1, 1}));
   ASSERT_TRUE(infer(g).is_ok());
   const Shape& y = *c->output(0)->type().shape;
   ASSERT_EQ(y.size(), 4u);
@@ -69,9 +44,9 @@ TEST(ConvShape, SameUpperKeepsCeilOfInputOverStride) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {1, 4, 17, var("w")}));
   Value* w = g.add_input("w", tt(DType::kFloat32, {4, 1, 3, 3}));
   Node* c = g.add_node("Conv", {x, w}, {"y"});
-  c->set_attr("strides", ints({2, 1}));
-  c->set_attr("group", int1(4));
-  c->set_attr("auto_pad", str("SAME_UPPER"));
+  c->set_attr("strides", Attribute::of_ints({2, 1}));
+  c->set_attr("group", Attribute::of_int(4));
+  c->set_attr("auto_pad", Attribute::of_string("SAME_UPPER"));
   ASSERT_TRUE(infer(g).is_ok());
   const Shape& y = *c->output(0)->type().shape;
   EXPECT_EQ(y[2].to_string(), "9");
@@ -107,10 +82,10 @@ TEST(PoolShape, CeilModeDropsWindowStartingInPadding) {
   Graph g;
   Value* x = g.add_input("x", tt(DType::kFloat32, {1, 1, 4, 5}));
   Node* p = g.add_node("MaxPool", {x}, {"y"});
-  p->set_attr("kernel_shape", ints({2, 2}));
-  p->set_attr("strides", ints({2, 2}));
-  p->set_attr("pads", ints({1, 1, 1, 1}));
-  p->set_attr("ceil_mode", int1(1));
+  p->set_attr("kernel_shape", Attribute::of_ints({2, 2}));
+  p->set_attr("strides", Attribute::of_ints({2, 2}));
+  p->set_attr("pads", Attribute::of_ints({1, 1, 1, 1}));
+  p->set_attr("ceil_mode", Attribute::of_int(1));
   ASSERT_TRUE(infer(g).is_ok());
   EXPECT_EQ(shape_to_string(*p->output(0)->type().shape), "[1, 1, 3, 3]");
 }
@@ -159,10 +134,10 @@ void run_conv_case(const ConvCase& p) {
   std::vector<Value*> ins = {x, w};
   if (b != nullptr) ins.push_back(b);
   Node* c = g.add_node("Conv", ins, {"y"});
-  c->set_attr("strides", ints(p.strides));
-  c->set_attr("pads", ints(p.pads));
-  c->set_attr("dilations", ints(p.dilations));
-  c->set_attr("group", int1(p.group));
+  c->set_attr("strides", Attribute::of_ints(p.strides));
+  c->set_attr("pads", Attribute::of_ints(p.pads));
+  c->set_attr("dilations", Attribute::of_ints(p.dilations));
+  c->set_attr("group", Attribute::of_int(p.group));
   ASSERT_TRUE(infer(g).is_ok());
   auto ys = c->output(0)->type().static_shape();
   int64_t oh = (p.h + p.pads[0] + p.pads[2] - p.dilations[0] * (p.kh - 1) - 1) / p.strides[0] + 1;
@@ -194,8 +169,8 @@ TEST(ConvNumerics, OneDMatchesTwoDReference) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {1, 2, 10}));
   Value* w = g.add_input("w", tt(DType::kFloat32, {3, 2, 3}));
   Node* c = g.add_node("Conv", {x, w}, {"y"});
-  c->set_attr("strides", ints({2}));
-  c->set_attr("pads", ints({1, 2}));
+  c->set_attr("strides", Attribute::of_ints({2}));
+  c->set_attr("pads", Attribute::of_ints({1, 2}));
   ASSERT_TRUE(infer(g).is_ok());
   ASSERT_EQ(c->output(0)->type().static_shape(), (std::vector<int64_t>{1, 3, 6}));
   std::vector<double> xv = ramp(20, -1, 1, 4), wv = ramp(18, -1, 1, 5);
@@ -212,8 +187,8 @@ TEST(ConvNumerics, SameLowerSymbolicBoundAtRunTime) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {1, 2, var("h"), 6}));
   Value* w = g.add_input("w", tt(DType::kFloat32, {2, 2, 3, 3}));
   Node* c = g.add_node("Conv", {x, w}, {"y"});
-  c->set_attr("strides", ints({2, 2}));
-  c->set_attr("auto_pad", str("SAME_LOWER"));
+  c->set_attr("strides", Attribute::of_ints({2, 2}));
+  c->set_attr("auto_pad", Attribute::of_string("SAME_LOWER"));
   ASSERT_TRUE(infer(g).is_ok());
   int64_t h = 7;
   std::vector<double> xv = ramp(2 * h * 6, -1, 1, 6), wv = ramp(36, -1, 1, 7);
@@ -233,10 +208,10 @@ TEST(ConvTransposeNumerics, StridePadOutputPaddingGroups) {
   Value* wt = g.add_input("w", tt(DType::kFloat32, static_shape({c, mg, k, k})));
   Value* b = g.add_input("b", tt(DType::kFloat32, static_shape({group * mg})));
   Node* node = g.add_node("ConvTranspose", {x, wt, b}, {"y"});
-  node->set_attr("strides", ints({s, s}));
-  node->set_attr("pads", ints({pad, pad, pad, pad}));
-  node->set_attr("output_padding", ints({opad, opad}));
-  node->set_attr("group", int1(group));
+  node->set_attr("strides", Attribute::of_ints({s, s}));
+  node->set_attr("pads", Attribute::of_ints({pad, pad, pad, pad}));
+  node->set_attr("output_padding", Attribute::of_ints({opad, opad}));
+  node->set_attr("group", Attribute::of_int(group));
   ASSERT_TRUE(infer(g).is_ok());
   int64_t oh = s * (h - 1) + opad + k - 2 * pad, ow = s * (w - 1) + opad + k - 2 * pad;
   ASSERT_EQ(node->output(0)->type().static_shape(), (std::vector<int64_t>{n, group * mg, oh, ow}));
@@ -289,12 +264,12 @@ void run_pool_case(const PoolCase& p) {
   Graph g;
   Value* x = g.add_input("x", tt(DType::kFloat32, static_shape({n, c, p.h, p.w})));
   Node* node = g.add_node(p.op, {x}, {"y"});
-  node->set_attr("kernel_shape", ints({p.kh, p.kw}));
-  node->set_attr("strides", ints(p.strides));
-  node->set_attr("pads", ints(p.pads));
-  node->set_attr("dilations", ints(p.dilations));
-  node->set_attr("ceil_mode", int1(p.ceil_mode));
-  node->set_attr("count_include_pad", int1(p.count_include_pad));
+  node->set_attr("kernel_shape", Attribute::of_ints({p.kh, p.kw}));
+  node->set_attr("strides", Attribute::of_ints(p.strides));
+  node->set_attr("pads", Attribute::of_ints(p.pads));
+  node->set_attr("dilations", Attribute::of_ints(p.dilations));
+  node->set_attr("ceil_mode", Attribute::of_int(p.ceil_mode));
+  node->set_attr("count_include_pad", Attribute::of_int(p.count_include_pad));
   ASSERT_TRUE(infer(g).is_ok());
   int64_t oh = pool_out(p.h, p.pads[0], p.pads[2], p.kh, p.strides[0], p.dilations[0], p.ceil_mode);
   int64_t ow = pool_out(p.w, p.pads[1], p.pads[3], p.kw, p.strides[1], p.dilations[1], p.ceil_mode);
@@ -346,9 +321,9 @@ TEST(PoolNumerics, MaxPoolIndices) {
   Graph g;
   Value* x = g.add_input("x", tt(DType::kFloat32, {2, 2, 4, 5}));
   Node* node = g.add_node("MaxPool", {x}, {"y", "idx"});
-  node->set_attr("kernel_shape", ints({2, 3}));
-  node->set_attr("strides", ints({2, 2}));
-  node->set_attr("pads", ints({0, 1, 0, 1}));
+  node->set_attr("kernel_shape", Attribute::of_ints({2, 3}));
+  node->set_attr("strides", Attribute::of_ints({2, 2}));
+  node->set_attr("pads", Attribute::of_ints({0, 1, 0, 1}));
   ASSERT_TRUE(infer(g).is_ok());
   ASSERT_EQ(node->output(1)->type().static_shape(), (std::vector<int64_t>{2, 2, 2, 3}));
   std::vector<double> xv = ramp(80, -1, 1, 12);
@@ -462,10 +437,10 @@ void run_gemm(bool ta, bool tb, double alpha, double beta, std::vector<int64_t> 
   for (int64_t d : c_shape) cn *= d;
   if (!c_shape.empty() || cn == 1) ins.push_back(g.add_input("c", tt(DType::kFloat32, static_shape(c_shape))));
   Node* node = g.add_node("Gemm", ins, {"y"});
-  node->set_attr("transA", int1(ta));
-  node->set_attr("transB", int1(tb));
-  node->set_attr("alpha", flt(alpha));
-  node->set_attr("beta", flt(beta));
+  node->set_attr("transA", Attribute::of_int(ta));
+  node->set_attr("transB", Attribute::of_int(tb));
+  node->set_attr("alpha", Attribute::of_float(alpha));
+  node->set_attr("beta", Attribute::of_float(beta));
   ASSERT_TRUE(infer(g).is_ok());
   ASSERT_EQ(node->output(0)->type().static_shape(), (std::vector<int64_t>{m, n}));
   std::vector<double> av = ramp(m * k, -1, 1, 18), bv = ramp(k * n, -1, 1, 19), cv = ramp(cn, -1, 1, 20);
@@ -511,7 +486,7 @@ Tensor run_einsum(const std::string& eq, const std::vector<std::vector<int64_t>>
     tensors.push_back(make_tensor(DType::kFloat32, shapes[i], data[i]));
   }
   Node* n = g.add_node("Einsum", ins, {"y"});
-  n->set_attr("equation", str(eq));
+  n->set_attr("equation", Attribute::of_string(eq));
   Status st = infer(g);
   EXPECT_TRUE(st.is_ok()) << st.to_string();
   if (!st.is_ok()) return Tensor();

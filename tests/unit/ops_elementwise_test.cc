@@ -19,25 +19,6 @@ using testing::ramp;
 using testing::run_node;
 using testing::tt;
 
-Attribute float_attr(double v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kFloat;
-  a.f = v;
-  return a;
-}
-Attribute int_attr(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInt;
-  a.i = v;
-  return a;
-}
-Attribute string_attr(std::string v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kString;
-  a.s = std::move(v);
-  return a;
-}
-
 std::unique_ptr<Graph> new_graph(int64_t opset = 17) {
   auto g = std::make_unique<Graph>();
   g->opsets[""] = opset;
@@ -104,9 +85,9 @@ TEST(ElementwiseInfer, CastAndUnsupportedGeluMode) {
   auto g = new_graph(20);
   Value* x = g->add_input("x", tt(DType::kFloat32, {2, var("m")}));
   Node* c = g->add_node("Cast", {x}, {"c"});
-  c->set_attr("to", int_attr(static_cast<int64_t>(DType::kInt32)));
+  c->set_attr("to", Attribute::of_int(static_cast<int64_t>(DType::kInt32)));
   Node* ge = g->add_node("Gelu", {x}, {"ge"});
-  ge->set_attr("approximate", string_attr("cubic"));
+  ge->set_attr("approximate", Attribute::of_string("cubic"));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   EXPECT_EQ(c->output(0)->type().to_string(), "i32[2, m]");
   auto r = find_op("", "Gelu")->lower;
@@ -174,7 +155,7 @@ TEST(ElementwiseSym, EqualWhereCastPattern) {
   Node* eq = g->add_node("Equal", {shape, minus1}, {"eq"});
   Node* w = g->add_node("Where", {eq->output(0), ones, shape}, {"w"});
   Node* c = g->add_node("Cast", {w->output(0)}, {"c"});
-  c->set_attr("to", int_attr(static_cast<int64_t>(DType::kInt32)));
+  c->set_attr("to", Attribute::of_int(static_cast<int64_t>(DType::kInt32)));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   EXPECT_EQ(eq->output(0)->type().to_string(), "bool[2]");
   EXPECT_EQ(sym_string(eq->output(0)), "[0, 1]");
@@ -215,7 +196,7 @@ TEST_P(UnaryFloat, MatchesReference) {
     auto g = new_graph(c.opset);
     Value* x = g->add_input("x", tt(dt, {3, 17}));
     Node* n = g->add_node(c.op, {x}, {"y"});
-    for (const auto& [k, v] : c.attrs) n->set_attr(k, float_attr(v));
+    for (const auto& [k, v] : c.attrs) n->set_attr(k, Attribute::of_float(v));
     ASSERT_TRUE(testing::infer(*g).is_ok());
     ASSERT_EQ(n->output(0)->type().to_string(), std::string(dtype_name(dt)) + "[3, 17]");
     std::vector<double> in = ramp(51, c.lo, c.hi);
@@ -276,7 +257,7 @@ TEST(ElementwiseNumeric, GeluTanhAndRound) {
   auto g = new_graph(20);
   Value* x = g->add_input("x", tt(DType::kFloat32, {8}));
   Node* ge = g->add_node("Gelu", {x}, {"ge"});
-  ge->set_attr("approximate", string_attr("tanh"));
+  ge->set_attr("approximate", Attribute::of_string("tanh"));
   Node* r = g->add_node("Round", {x}, {"r"});
   ASSERT_TRUE(testing::infer(*g).is_ok());
   std::vector<double> in{-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.4, -3.7};
@@ -294,7 +275,7 @@ TEST(ElementwiseNumeric, IsNaNIsInf) {
   Node* nan = g->add_node("IsNaN", {x}, {"nan"});
   Node* inf = g->add_node("IsInf", {x}, {"inf"});
   Node* pos = g->add_node("IsInf", {x}, {"pos"});
-  pos->set_attr("detect_negative", int_attr(0));
+  pos->set_attr("detect_negative", Attribute::of_int(0));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   EXPECT_EQ(nan->output(0)->type().to_string(), "bool[5]");
   Tensor in = make_tensor(DType::kFloat32, {5}, {1.0, NAN, INFINITY, -INFINITY, 0.0});
@@ -411,9 +392,9 @@ TEST(ElementwiseNumeric, ModFmodAndFloatMod) {
   Value* fa = g->add_input("fa", tt(DType::kFloat32, {6}));
   Value* fb = g->add_input("fb", tt(DType::kFloat32, {6}));
   Node* im = g->add_node("Mod", {a, b}, {"im"});
-  im->set_attr("fmod", int_attr(1));
+  im->set_attr("fmod", Attribute::of_int(1));
   Node* fm = g->add_node("Mod", {fa, fb}, {"fm"});
-  fm->set_attr("fmod", int_attr(1));
+  fm->set_attr("fmod", Attribute::of_int(1));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   std::vector<double> av{7, -7, 7, -7, 0, 13}, bv{3, 3, -3, -3, 5, 4};
   expect_close(run_node(*g, *im, {make_tensor(DType::kInt32, {6}, av), make_tensor(DType::kInt32, {6}, bv)}).at(0),
@@ -484,13 +465,13 @@ TEST(ElementwiseNumeric, CastTruncatesAndToBool) {
   auto g = new_graph();
   Value* x = g->add_input("x", tt(DType::kFloat32, {6}));
   Node* ci = g->add_node("Cast", {x}, {"ci"});
-  ci->set_attr("to", int_attr(static_cast<int64_t>(DType::kInt32)));
+  ci->set_attr("to", Attribute::of_int(static_cast<int64_t>(DType::kInt32)));
   Node* cb = g->add_node("Cast", {x}, {"cb"});
-  cb->set_attr("to", int_attr(static_cast<int64_t>(DType::kBool)));
+  cb->set_attr("to", Attribute::of_int(static_cast<int64_t>(DType::kBool)));
   Node* back = g->add_node("Cast", {cb->output(0)}, {"back"});
-  back->set_attr("to", int_attr(static_cast<int64_t>(DType::kFloat64)));
+  back->set_attr("to", Attribute::of_int(static_cast<int64_t>(DType::kFloat64)));
   Node* u8 = g->add_node("Cast", {ci->output(0)}, {"u8"});
-  u8->set_attr("to", int_attr(static_cast<int64_t>(DType::kUInt8)));
+  u8->set_attr("to", Attribute::of_int(static_cast<int64_t>(DType::kUInt8)));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   std::vector<double> in{-2.7, -0.5, 0, 0.25, 2.9, 300};
   auto xt = make_tensor(DType::kFloat32, {6}, in);
@@ -508,8 +489,8 @@ TEST(ElementwiseNumeric, ClipAttributesConstantsAndRuntimeScalar) {
     auto g = new_graph(6);
     Value* x = g->add_input("x", tt(DType::kFloat32, {5}));
     Node* c = g->add_node("Clip", {x}, {"y"});
-    c->set_attr("min", float_attr(-1));
-    c->set_attr("max", float_attr(2));
+    c->set_attr("min", Attribute::of_float(-1));
+    c->set_attr("max", Attribute::of_float(2));
     ASSERT_TRUE(testing::infer(*g).is_ok());
     expect_close(run_node(*g, *c, {make_tensor(DType::kFloat32, {5}, {-3, -1, 0, 2, 5})}).at(0), {-1, -1, 0, 2, 2}, 0,
                  "clip attrs");
@@ -545,9 +526,9 @@ TEST(ElementwiseNumeric, IntUnaryBitShiftAndBitwiseNot) {
   Node* rl = g->add_node("Relu", {x}, {"relu"});
   Node* bn = g->add_node("BitwiseNot", {x}, {"bnot"});
   Node* shl = g->add_node("BitShift", {s, t}, {"shl"});
-  shl->set_attr("direction", string_attr("LEFT"));
+  shl->set_attr("direction", Attribute::of_string("LEFT"));
   Node* shr = g->add_node("BitShift", {s, t}, {"shr"});
-  shr->set_attr("direction", string_attr("RIGHT"));
+  shr->set_attr("direction", Attribute::of_string("RIGHT"));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   Tensor xt = make_tensor(DType::kInt32, {5}, {-7, -1, 0, 3, 100});
   expect_close(run_node(*g, *ab, {xt}).at(0), {7, 1, 0, 3, 100}, 0, "abs");

@@ -25,37 +25,6 @@ using testing::run_node;
 using testing::to_vector;
 using testing::tt;
 
-Attribute int_attr(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInt;
-  a.i = v;
-  return a;
-}
-Attribute ints_attr(std::vector<int64_t> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInts;
-  a.ints = std::move(v);
-  return a;
-}
-Attribute float_attr(double v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kFloat;
-  a.f = v;
-  return a;
-}
-Attribute str_attr(std::string s) {
-  Attribute a;
-  a.kind = Attribute::Kind::kString;
-  a.s = std::move(s);
-  return a;
-}
-Attribute strs_attr(std::vector<std::string> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kStrings;
-  a.strings = std::move(v);
-  return a;
-}
-
 Shape static_shape(const std::vector<int64_t>& s) {
   Shape out;
   for (int64_t d : s) out.push_back(Expr(d));
@@ -96,8 +65,8 @@ void check_loss(const LossCase& lc) {
   std::vector<std::string> outs = {"loss"};
   if (sce) outs.push_back("log_prob");
   Node* n = g.add_node(lc.op, ins, outs);
-  n->set_attr("reduction", str_attr(lc.reduction));
-  if (lc.ignore) n->set_attr("ignore_index", int_attr(lc.ignore_index));
+  n->set_attr("reduction", Attribute::of_string(lc.reduction));
+  if (lc.ignore) n->set_attr("ignore_index", Attribute::of_int(lc.ignore_index));
   ASSERT_TRUE(testing::infer(g).is_ok());
 
   std::vector<double> x = ramp(numel(xs), -3, 2, 5);
@@ -175,7 +144,7 @@ TEST(LossInfer, ShapesAndErrors) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {var("n"), 4, 7}));
   Value* t = g.add_input("t", tt(DType::kInt64, {var("n"), 7}));
   Node* a = g.add_node("SoftmaxCrossEntropyLoss", {x, t}, {"l", "lp"});
-  a->set_attr("reduction", str_attr("none"));
+  a->set_attr("reduction", Attribute::of_string("none"));
   Node* b = g.add_node("NegativeLogLikelihoodLoss", {x, t}, {"m"});
   ASSERT_TRUE(testing::infer(g).is_ok());
   EXPECT_EQ(shape_to_string(*a->output(0)->type().shape), "[n, 7]");
@@ -240,9 +209,9 @@ TEST(QuantNumeric, QuantizeLinearPerAxisAndBlocked) {
     Value* bx = b.add_input("x", tt(DType::kFloat32, {3, 5}));
     Value* bs = b.add_input("s", tt(DType::kFloat32, {3, 3}));
     Node* bn = b.add_node("QuantizeLinear", {bx, bs}, {"y"});
-    bn->set_attr("axis", int_attr(1));
-    bn->set_attr("block_size", int_attr(2));
-    bn->set_attr("output_dtype", int_attr(static_cast<int64_t>(out)));
+    bn->set_attr("axis", Attribute::of_int(1));
+    bn->set_attr("block_size", Attribute::of_int(2));
+    bn->set_attr("output_dtype", Attribute::of_int(static_cast<int64_t>(out)));
     ASSERT_TRUE(testing::infer(b).is_ok());
     ASSERT_EQ(bn->output(0)->dtype(), out);
     std::vector<double> bxv = ramp(15, -40, 40, 4), bsv = ramp(9, 0.1, 2, 6);
@@ -261,7 +230,7 @@ TEST(QuantNumeric, DequantizeLinearPerAxisBlockedAndI32) {
   Value* s = g.add_input("s", tt(DType::kFloat32, {2}));
   Value* z = g.add_input("z", tt(DType::kInt8, {2}));
   Node* n = g.add_node("DequantizeLinear", {x, s, z}, {"y"});
-  n->set_attr("axis", int_attr(0));
+  n->set_attr("axis", Attribute::of_int(0));
   ASSERT_TRUE(testing::infer(g).is_ok());
   std::vector<double> xv = {-128, -1, 0, 127, 5, 6, -7, 100};
   auto got = run_node(g, *n, {make_tensor(DType::kInt8, {2, 4}, xv), make_tensor(DType::kFloat32, {2}, {0.5, 0.25}),
@@ -274,8 +243,8 @@ TEST(QuantNumeric, DequantizeLinearPerAxisBlockedAndI32) {
   Value* bs = b.add_input("s", tt(DType::kFloat32, {2, 2}));
   Value* bz = b.add_input("z", tt(DType::kUInt8, {2, 2}));
   Node* bn = b.add_node("DequantizeLinear", {bx, bs, bz}, {"y"});
-  bn->set_attr("axis", int_attr(0));
-  bn->set_attr("block_size", int_attr(2));
+  bn->set_attr("axis", Attribute::of_int(0));
+  bn->set_attr("block_size", Attribute::of_int(2));
   ASSERT_TRUE(testing::infer(b).is_ok());
   std::vector<double> bxv = {10, 20, 30, 40, 50, 60, 255, 0}, bsv = {1, 2, 3, 4}, bzv = {10, 0, 5, 1};
   auto bgot = run_node(b, *bn, {make_tensor(DType::kUInt8, {4, 2}, bxv), make_tensor(DType::kFloat32, {2, 2}, bsv),
@@ -419,8 +388,8 @@ TEST(QuantNumeric, ConvIntegerAndQLinearConvWithPadding) {
     Value* xz = g.add_input("xz", tt(DType::kUInt8, {}));
     Value* wz = g.add_input("wz", tt(DType::kInt8, {3}));
     Node* n = g.add_node("ConvInteger", {x, w, xz, wz}, {"y"});
-    n->set_attr("pads", ints_attr({1, 1, 1, 1}));
-    n->set_attr("strides", ints_attr({2, 1}));
+    n->set_attr("pads", Attribute::of_ints({1, 1, 1, 1}));
+    n->set_attr("strides", Attribute::of_ints({2, 1}));
     ASSERT_TRUE(testing::infer(g).is_ok());
     EXPECT_EQ(shape_to_string(*n->output(0)->type().shape), "[1, 3, 3, 4]");  // per-dim strides
   }
@@ -431,8 +400,8 @@ TEST(QuantNumeric, ConvIntegerAndQLinearConvWithPadding) {
   Value* xz = g.add_input("xz", tt(DType::kUInt8, {}));
   Value* wz = g.add_input("wz", tt(DType::kInt8, {3}));
   Node* n = g.add_node("ConvInteger", {x, w, xz, wz}, {"y"});
-  n->set_attr("pads", ints_attr({1, 1, 1, 1}));
-  n->set_attr("strides", ints_attr({2, 2}));
+  n->set_attr("pads", Attribute::of_ints({1, 1, 1, 1}));
+  n->set_attr("strides", Attribute::of_ints({2, 2}));
   ASSERT_TRUE(testing::infer(g).is_ok());
   auto got = run_node(g, *n, {make_tensor(DType::kUInt8, xs, xv), make_tensor(DType::kInt8, ws, wv),
                               make_tensor(DType::kUInt8, {}, {100}), make_tensor(DType::kInt8, {3}, wzp)});
@@ -451,8 +420,8 @@ TEST(QuantNumeric, ConvIntegerAndQLinearConvWithPadding) {
                              q.add_input("yz", tt(DType::kUInt8, {})),
                              q.add_input("bias", tt(DType::kInt32, {3}))};
   Node* qn = q.add_node("QLinearConv", ins, {"y"});
-  qn->set_attr("pads", ints_attr({1, 1, 1, 1}));
-  qn->set_attr("strides", ints_attr({2, 2}));
+  qn->set_attr("pads", Attribute::of_ints({1, 1, 1, 1}));
+  qn->set_attr("strides", Attribute::of_ints({2, 2}));
   ASSERT_TRUE(testing::infer(q).is_ok());
   std::vector<double> wsv = {0.01, 0.02, 0.005}, bias = {-500, 0, 1200};
   auto qgot = run_node(q, *qn, {make_tensor(DType::kUInt8, xs, xv), make_tensor(DType::kFloat32, {}, {0.1}),
@@ -477,7 +446,7 @@ TEST(QuantLower, UnsupportedDtypesAreErrors) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {4}));
   Value* s = g.add_input("s", tt(DType::kFloat32, {}));
   Node* n = g.add_node("QuantizeLinear", {x, s}, {"y"});
-  n->set_attr("output_dtype", int_attr(static_cast<int64_t>(DType::kInt32)));
+  n->set_attr("output_dtype", Attribute::of_int(static_cast<int64_t>(DType::kInt32)));
   ASSERT_TRUE(testing::infer(g).is_ok());
   const OpDef* def = find_op("", "QuantizeLinear");
   LowerContext ctx;
@@ -565,7 +534,7 @@ void ref_lstm(int64_t S, int64_t I, int64_t H, const std::vector<double>& x, con
 TEST(RnnKernel, LstmWithPeepholesMatchesReference) {
   int64_t S = 3, I = 2, H = 3;
   auto r = rnn_graph("LSTM", {{S, 1, I}, {1, 4 * H, I}, {1, 4 * H, H}, {1, 8 * H}, {}, {}, {}, {1, 3 * H}}, 3);
-  r->n->set_attr("hidden_size", int_attr(H));
+  r->n->set_attr("hidden_size", Attribute::of_int(H));
   ASSERT_TRUE(testing::infer(r->g).is_ok());
   EXPECT_EQ(shape_to_string(*r->n->output(0)->type().shape), "[3, 1, 1, 3]");
   std::vector<double> x = ramp(S * I, -1, 1, 1), w = ramp(4 * H * I, -0.5, 0.5, 2), rr = ramp(4 * H * H, -0.5, 0.5, 3),
@@ -588,8 +557,8 @@ TEST(RnnKernel, GruBothResetVariantsMatchReference) {
   for (int lbr = 0; lbr < 2; ++lbr) {
     SCOPED_TRACE(lbr);
     auto r = rnn_graph("GRU", {{S, NB, I}, {1, 3 * H, I}, {1, 3 * H, H}, {1, 6 * H}, {}, {1, NB, H}}, 2);
-    r->n->set_attr("hidden_size", int_attr(H));
-    r->n->set_attr("linear_before_reset", int_attr(lbr));
+    r->n->set_attr("hidden_size", Attribute::of_int(H));
+    r->n->set_attr("linear_before_reset", Attribute::of_int(lbr));
     ASSERT_TRUE(testing::infer(r->g).is_ok());
     auto outs = run_kernel(*r->n, {make_tensor(DType::kFloat32, {S, NB, I}, x), make_tensor(DType::kFloat32, {1, 3 * H, I}, w),
                                    make_tensor(DType::kFloat32, {1, 3 * H, H}, rr), make_tensor(DType::kFloat32, {1, 6 * H}, b),
@@ -638,9 +607,9 @@ TEST(RnnKernel, BidirectionalLayoutAndSequenceLens) {
   auto run = [&](const std::string& dir, int64_t layout, int64_t d0) {
     auto r = rnn_graph("RNN", {{S, NB, I}, {dir == "bidirectional" ? 2 : 1, H, I}, {dir == "bidirectional" ? 2 : 1, H, H},
                                {dir == "bidirectional" ? 2 : 1, 2 * H}, {NB}}, 2);
-    r->n->set_attr("hidden_size", int_attr(H));
-    r->n->set_attr("direction", str_attr(dir));
-    r->n->set_attr("activations", strs_attr(dir == "bidirectional" ? std::vector<std::string>{"Tanh", "Relu"}
+    r->n->set_attr("hidden_size", Attribute::of_int(H));
+    r->n->set_attr("direction", Attribute::of_string(dir));
+    r->n->set_attr("activations", Attribute::of_strings(dir == "bidirectional" ? std::vector<std::string>{"Tanh", "Relu"}
                                                                    : std::vector<std::string>{d0 ? "Relu" : "Tanh"}));
     int64_t nd = dir == "bidirectional" ? 2 : 1;
     auto slice = [&](const std::vector<double>& v, int64_t per) {
@@ -648,7 +617,7 @@ TEST(RnnKernel, BidirectionalLayoutAndSequenceLens) {
     };
     Tensor xt = make_tensor(DType::kFloat32, {S, NB, I}, x);
     if (layout == 1) {
-      r->n->set_attr("layout", int_attr(1));
+      r->n->set_attr("layout", Attribute::of_int(1));
       std::vector<double> xl;
       for (int64_t bb = 0; bb < NB; ++bb)
         for (int64_t t = 0; t < S; ++t)
@@ -702,9 +671,9 @@ TEST(RnnKernel, BidirectionalLayoutAndSequenceLens) {
 TEST(RnnKernel, ClipAndActivationParameters) {
   int64_t S = 2, I = 1, H = 1;
   auto r = rnn_graph("RNN", {{S, 1, I}, {1, H, I}, {1, H, H}}, 2);
-  r->n->set_attr("hidden_size", int_attr(H));
-  r->n->set_attr("clip", float_attr(0.5));
-  r->n->set_attr("activations", strs_attr({"Affine"}));
+  r->n->set_attr("hidden_size", Attribute::of_int(H));
+  r->n->set_attr("clip", Attribute::of_float(0.5));
+  r->n->set_attr("activations", Attribute::of_strings({"Affine"}));
   Attribute alpha;
   alpha.kind = Attribute::Kind::kFloats;
   alpha.floats = {2.0};

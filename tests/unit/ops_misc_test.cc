@@ -18,19 +18,6 @@ using testing::ramp;
 using testing::run_node;
 using testing::tt;
 
-Attribute int_attr(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInt;
-  a.i = v;
-  return a;
-}
-Attribute string_attr(std::string v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kString;
-  a.s = std::move(v);
-  return a;
-}
-
 std::unique_ptr<Graph> new_graph() {
   auto g = std::make_unique<Graph>();
   g->opsets[""] = 21;
@@ -57,8 +44,8 @@ TEST(MiscOps, DepthToSpaceBothModesAndSpaceToDepthInverse) {
     auto g = new_graph();
     Value* in = g->add_input("x", tt(DType::kFloat32, {N, C, H, W}));
     Node* n = g->add_node("DepthToSpace", {in}, {"y"});
-    n->set_attr("blocksize", int_attr(b));
-    n->set_attr("mode", string_attr(mode));
+    n->set_attr("blocksize", Attribute::of_int(b));
+    n->set_attr("mode", Attribute::of_string(mode));
     ASSERT_TRUE(testing::infer(*g).is_ok());
     EXPECT_EQ(n->output(0)->type().to_string(), "f32[1, 2, 4, 6]");
     std::vector<double> want;
@@ -74,7 +61,7 @@ TEST(MiscOps, DepthToSpaceBothModesAndSpaceToDepthInverse) {
   auto g = new_graph();
   Value* in = g->add_input("x", tt(DType::kFloat32, {N, Co, H * b, W * b}));
   Node* n = g->add_node("SpaceToDepth", {in}, {"y"});
-  n->set_attr("blocksize", int_attr(b));
+  n->set_attr("blocksize", Attribute::of_int(b));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   EXPECT_EQ(n->output(0)->type().to_string(), "f32[1, 8, 2, 3]");
   std::vector<double> space;
@@ -93,7 +80,7 @@ TEST(MiscOps, LrnMatchesReference) {
   auto g = new_graph();
   Value* in = g->add_input("x", tt(DType::kFloat32, {1, C, HW}));
   Node* n = g->add_node("LRN", {in}, {"y"});
-  n->set_attr("size", int_attr(size));
+  n->set_attr("size", Attribute::of_int(size));
   Attribute a;
   a.kind = Attribute::Kind::kFloat;
   a.f = alpha;
@@ -116,8 +103,8 @@ TEST(MiscOps, EyeLikeWithOffsetAndDtype) {
   auto g = new_graph();
   Value* in = g->add_input("x", tt(DType::kFloat32, {3, 4}));
   Node* n = g->add_node("EyeLike", {in}, {"y"});
-  n->set_attr("k", int_attr(1));
-  n->set_attr("dtype", int_attr(static_cast<int64_t>(DType::kInt32)));
+  n->set_attr("k", Attribute::of_int(1));
+  n->set_attr("dtype", Attribute::of_int(static_cast<int64_t>(DType::kInt32)));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   EXPECT_EQ(n->output(0)->type().to_string(), "i32[3, 4]");
   expect_close(run_node(*g, *n, {make_tensor(DType::kFloat32, {3, 4}, std::vector<double>(12, 7))}).at(0),
@@ -172,8 +159,8 @@ TEST(MiscOps, CastToNarrowFloatsRoundsAndSaturates) {
     auto g = new_graph();
     Value* in = g->add_input("x", tt(DType::kFloat32, {6}));
     Node* n = g->add_node("Cast", {in}, {"y"});
-    n->set_attr("to", int_attr(static_cast<int64_t>(c.to)));
-    n->set_attr("saturate", int_attr(c.saturate));
+    n->set_attr("to", Attribute::of_int(static_cast<int64_t>(c.to)));
+    n->set_attr("saturate", Attribute::of_int(c.saturate));
     ASSERT_TRUE(testing::infer(*g).is_ok());
     Tensor got = run_node(*g, *n, {make_tensor(DType::kFloat32, {6}, x)}).at(0);
     ASSERT_EQ(got.dtype(), c.to);
@@ -207,7 +194,7 @@ TEST(MiscOps, DetCompressAndNms) {
   Value* x = g->add_input("x", tt(DType::kFloat32, {2, 3}));
   Value* cond = g->add_input("c", tt(DType::kBool, {3}));
   Node* comp = g->add_node("Compress", {x, cond}, {"z"});
-  comp->set_attr("axis", int_attr(1));
+  comp->set_attr("axis", Attribute::of_int(1));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   auto d = run_kernel(*det, {make_tensor(DType::kFloat32, {2, 3, 3}, {2, 0, 0, 0, 3, 0, 0, 0, 4,  //
                                                                       0, 1, 0, 1, 0, 0, 0, 0, 5})});

@@ -19,25 +19,6 @@ using testing::ramp;
 using testing::run_node;
 using testing::tt;
 
-Attribute int_attr(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInt;
-  a.i = v;
-  return a;
-}
-Attribute ints_attr(std::vector<int64_t> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInts;
-  a.ints = std::move(v);
-  return a;
-}
-Attribute float_attr(double v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kFloat;
-  a.f = v;
-  return a;
-}
-
 std::unique_ptr<Graph> new_graph(int64_t opset) {
   auto g = std::make_unique<Graph>();
   g->opsets[""] = opset;
@@ -98,13 +79,13 @@ TEST(ReduceInfer, AxesAttributeInputKeepdimsAndNoop) {
   Value* empty = g->add_constant("empty", Tensor(DType::kInt64, {0}));
   Node* a = g->add_node("ReduceSum", {x, axes}, {"a"});
   Node* b = g->add_node("ReduceMax", {x, axes}, {"b"});
-  b->set_attr("keepdims", int_attr(0));
+  b->set_attr("keepdims", Attribute::of_int(0));
   Node* c = g->add_node("ReduceMean", {x}, {"c"});
   Node* d = g->add_node("ReduceProd", {x, empty}, {"d"});
-  d->set_attr("noop_with_empty_axes", int_attr(1));
+  d->set_attr("noop_with_empty_axes", Attribute::of_int(1));
   Node* e = g->add_node("ArgMax", {x}, {"e"});
-  e->set_attr("axis", int_attr(1));
-  e->set_attr("keepdims", int_attr(0));
+  e->set_attr("axis", Attribute::of_int(1));
+  e->set_attr("keepdims", Attribute::of_int(0));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   EXPECT_EQ(a->output(0)->type().to_string(), "f32[1, 3, 1]");
   EXPECT_EQ(b->output(0)->type().to_string(), "f32[3]");
@@ -115,8 +96,8 @@ TEST(ReduceInfer, AxesAttributeInputKeepdimsAndNoop) {
   auto old = new_graph(11);
   Value* y = old->add_input("y", tt(DType::kInt32, {2, 3, 4}));
   Node* f = old->add_node("ReduceL1", {y}, {"f"});
-  f->set_attr("axes", ints_attr({1}));
-  f->set_attr("keepdims", int_attr(0));
+  f->set_attr("axes", Attribute::of_ints({1}));
+  f->set_attr("keepdims", Attribute::of_int(0));
   ASSERT_TRUE(testing::infer(*old).is_ok());
   EXPECT_EQ(f->output(0)->type().to_string(), "i32[2, 4]");
 }
@@ -134,7 +115,7 @@ TEST(ReduceInfer, DynamicAxesAndBadAxisAreErrors) {
   auto g2 = new_graph(11);
   Value* y = g2->add_input("y", tt(DType::kFloat32, {2, 3}));
   Node* r = g2->add_node("ReduceMin", {y}, {"r"});
-  r->set_attr("axes", ints_attr({2}));
+  r->set_attr("axes", Attribute::of_ints({2}));
   EXPECT_FALSE(testing::infer(*g2).is_ok());
 }
 
@@ -143,7 +124,7 @@ TEST(ReduceInfer, ShapeProductSymValue) {
   Value* s = g->add_input("s", tt(DType::kInt64, {3}));
   s->set_sym_value(std::vector<Expr>{var("n"), Expr(3), Expr(4)});
   Node* p = g->add_node("ReduceProd", {s}, {"p"});
-  p->set_attr("keepdims", int_attr(0));
+  p->set_attr("keepdims", Attribute::of_int(0));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   ASSERT_TRUE(p->output(0)->sym_value().has_value());
   EXPECT_TRUE(prove_equal((*p->output(0)->sym_value())[0], mul(var("n"), Expr(12))));
@@ -175,8 +156,8 @@ TEST_P(ReduceNumeric, AxesVariants) {
     auto g = new_graph(13);
     Value* in = g->add_input("x", tt(DType::kFloat32, {var("a"), 5, 7}));
     Node* n = g->add_node(c.op, {in}, {"y"});
-    if (!v.axes.empty()) n->set_attr("axes", ints_attr(v.axes));
-    n->set_attr("keepdims", int_attr(v.keep ? 1 : 0));
+    if (!v.axes.empty()) n->set_attr("axes", Attribute::of_ints(v.axes));
+    n->set_attr("keepdims", Attribute::of_int(v.keep ? 1 : 0));
     ASSERT_TRUE(testing::infer(*g).is_ok());
     std::vector<bool> reduced(3, v.axes.empty());
     for (int64_t a : v.axes) reduced[static_cast<size_t>(a < 0 ? a + 3 : a)] = true;
@@ -227,7 +208,7 @@ TEST(ReduceNumeric, NoopWithEmptyAxes) {
   auto g = new_graph(18);
   Value* x = g->add_input("x", tt(DType::kFloat32, {2, 2}));
   Node* n = g->add_node("ReduceSum", {x}, {"y"});
-  n->set_attr("noop_with_empty_axes", int_attr(1));
+  n->set_attr("noop_with_empty_axes", Attribute::of_int(1));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   expect_close(run_node(*g, *n, {make_tensor(DType::kFloat32, {2, 2}, {1, 2, 3, 4})}).at(0), {1, 2, 3, 4}, 0, "noop");
 }
@@ -236,13 +217,13 @@ TEST(ReduceNumeric, ArgMaxArgMinTiesAndLastIndex) {
   auto g = new_graph(13);
   Value* x = g->add_input("x", tt(DType::kFloat32, {2, 5}));
   Node* amax = g->add_node("ArgMax", {x}, {"amax"});
-  amax->set_attr("axis", int_attr(1));
+  amax->set_attr("axis", Attribute::of_int(1));
   Node* amax_last = g->add_node("ArgMax", {x}, {"amax_last"});
-  amax_last->set_attr("axis", int_attr(-1));
-  amax_last->set_attr("select_last_index", int_attr(1));
-  amax_last->set_attr("keepdims", int_attr(0));
+  amax_last->set_attr("axis", Attribute::of_int(-1));
+  amax_last->set_attr("select_last_index", Attribute::of_int(1));
+  amax_last->set_attr("keepdims", Attribute::of_int(0));
   Node* amin = g->add_node("ArgMin", {x}, {"amin"});
-  amin->set_attr("axis", int_attr(0));
+  amin->set_attr("axis", Attribute::of_int(0));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   EXPECT_EQ(amax->output(0)->type().to_string(), "i64[2, 1]");
   EXPECT_EQ(amax_last->output(0)->type().to_string(), "i64[2]");
@@ -283,9 +264,9 @@ TEST(NormNumeric, SoftmaxOpset13PerAxis) {
   Value* x = g->add_input("x", tt(DType::kFloat32, {2, 3, 5}));
   Node* last = g->add_node("Softmax", {x}, {"last"});
   Node* mid = g->add_node("Softmax", {x}, {"mid"});
-  mid->set_attr("axis", int_attr(1));
+  mid->set_attr("axis", Attribute::of_int(1));
   Node* lmid = g->add_node("LogSoftmax", {x}, {"lmid"});
-  lmid->set_attr("axis", int_attr(1));
+  lmid->set_attr("axis", Attribute::of_int(1));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   std::vector<double> xv = f32(ramp(30, -4, 4, 5));
   Tensor xt = make_tensor(DType::kFloat32, {2, 3, 5}, xv);
@@ -322,7 +303,7 @@ TEST(NormNumeric, SoftmaxWithoutOpsetFailsOnlyWhenAmbiguous) {
   Value* x = g->add_input("x", tt(DType::kFloat32, {2, 3, 5}));
   Node* amb = g->add_node("Softmax", {x}, {"amb"});
   Node* last = g->add_node("Softmax", {x}, {"last"});
-  last->set_attr("axis", int_attr(2));
+  last->set_attr("axis", Attribute::of_int(2));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   g->opsets.clear();
   const OpDef* def = find_op("", "Softmax");
@@ -344,8 +325,8 @@ TEST(NormNumeric, LayerNormalizationWithStatistics) {
   Value* scale = g->add_input("scale", tt(DType::kFloat32, {3, 4}));
   Value* bias = g->add_input("bias", tt(DType::kFloat32, {4}));
   Node* n = g->add_node("LayerNormalization", {x, scale, bias}, {"y", "mean", "rstd"});
-  n->set_attr("axis", int_attr(1));
-  n->set_attr("epsilon", float_attr(1e-3));
+  n->set_attr("axis", Attribute::of_int(1));
+  n->set_attr("epsilon", Attribute::of_float(1e-3));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   EXPECT_EQ(n->output(0)->type().to_string(), "f32[b, 3, 4]");
   EXPECT_EQ(n->output(1)->type().to_string(), "f32[b, 1, 1]");
@@ -389,9 +370,9 @@ TEST(NormNumeric, BatchInstanceGroupNormalization) {
   Node* bn = g->add_node("BatchNormalization", {x, vs, vb, vm, vv}, {"bn"});
   Node* in = g->add_node("InstanceNormalization", {x, vs, vb}, {"in"});
   Node* gn = g->add_node("GroupNormalization", {x, vs, vb}, {"gn"});
-  gn->set_attr("num_groups", int_attr(2));
+  gn->set_attr("num_groups", Attribute::of_int(2));
   Node* gn18 = g->add_node("GroupNormalization", {x, gs, gb}, {"gn18"});
-  gn18->set_attr("num_groups", int_attr(2));
+  gn18->set_attr("num_groups", Attribute::of_int(2));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   Tensor xt = make_tensor(DType::kFloat32, {N, C, S}, xv);
   Tensor st = make_tensor(DType::kFloat32, {C}, scale), bt = make_tensor(DType::kFloat32, {C}, bias);
@@ -441,7 +422,7 @@ TEST(NormNumeric, BatchNormTrainingIsUnsupported) {
   Value* x = g->add_input("x", tt(DType::kFloat32, {1, 2}));
   Value* p = g->add_input("p", tt(DType::kFloat32, {2}));
   Node* bn = g->add_node("BatchNormalization", {x, p, p, p, p}, {"y"}, "", "bn_train");
-  bn->set_attr("training_mode", int_attr(1));
+  bn->set_attr("training_mode", Attribute::of_int(1));
   Status st = testing::infer(*g);
   ASSERT_FALSE(st.is_ok());
   EXPECT_EQ(st.code(), StatusCode::kUnsupported);
@@ -453,10 +434,10 @@ TEST(NormNumeric, LpAndMeanVarianceNormalization) {
   Value* x = g->add_input("x", tt(DType::kFloat64, {3, 4}));
   Node* l2 = g->add_node("LpNormalization", {x}, {"l2"});
   Node* l1 = g->add_node("LpNormalization", {x}, {"l1"});
-  l1->set_attr("axis", int_attr(0));
-  l1->set_attr("p", int_attr(1));
+  l1->set_attr("axis", Attribute::of_int(0));
+  l1->set_attr("p", Attribute::of_int(1));
   Node* mvn = g->add_node("MeanVarianceNormalization", {x}, {"mvn"});
-  mvn->set_attr("axes", ints_attr({1}));
+  mvn->set_attr("axes", Attribute::of_ints({1}));
   ASSERT_TRUE(testing::infer(*g).is_ok());
   std::vector<double> xv = ramp(12, -3, 3, 16);
   Tensor xt = make_tensor(DType::kFloat64, {3, 4}, xv);

@@ -15,25 +15,6 @@
 namespace kiln::ops::testing {
 namespace {
 
-Attribute ints(std::vector<int64_t> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInts;
-  a.ints = std::move(v);
-  return a;
-}
-Attribute int1(int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInt;
-  a.i = v;
-  return a;
-}
-Attribute str(std::string s) {
-  Attribute a;
-  a.kind = Attribute::Kind::kString;
-  a.s = std::move(s);
-  return a;
-}
-
 // i64 tensors are filled exactly (through doubles, INT64_MAX would not survive).
 Tensor i64s(std::vector<int64_t> shape, std::vector<int64_t> v) {
   Tensor t(DType::kInt64, std::move(shape));
@@ -112,11 +93,11 @@ TEST_F(ShapeChain, PyTorchStyleReshapeBackGivesSymbols) {
   Node* u0 = g.add_node("Unsqueeze", {g0->output(0), axes}, {"u0"});
   Node* u1 = g.add_node("Unsqueeze", {g1->output(0), axes}, {"u1"});
   Node* cat = g.add_node("Concat", {u0->output(0), u1->output(0)}, {"cat"});
-  cat->set_attr("axis", int1(0));
+  cat->set_attr("axis", Attribute::of_int(0));
   Node* back = g.add_node("Reshape", {flat->output(0), cat->output(0)}, {"y"});
   // Reshape to [a, -1] as well: the -1 cancels to b.
   Node* cat2 = g.add_node("Concat", {u0->output(0), g.add_constant("m1", i64vec({-1}))}, {"cat2"});
-  cat2->set_attr("axis", int1(0));
+  cat2->set_attr("axis", Attribute::of_int(0));
   Node* back2 = g.add_node("Reshape", {flat->output(0), cat2->output(0)}, {"y2"});
   ASSERT_TRUE(infer(g).is_ok());
   EXPECT_EQ(shape_of(shape->output(0)), "[2]");
@@ -131,7 +112,7 @@ TEST_F(ShapeChain, ConcatOfSymbolicLengths) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {var("m")}));
   Value* y = g.add_input("y", tt(DType::kFloat32, {var("n")}));
   Node* c = g.add_node("Concat", {x, y}, {"z"});
-  c->set_attr("axis", int1(0));
+  c->set_attr("axis", Attribute::of_int(0));
   ASSERT_TRUE(infer(g).is_ok());
   EXPECT_EQ(shape_of(c->output(0)), "[m + n]");
 }
@@ -155,8 +136,8 @@ TEST_F(ShapeChain, SliceOfShapeKeepsSymValue) {
                         g.add_constant("ax", i64vec({0})), g.add_constant("sp", i64vec({-2}))},
                        {"y"});
   Node* part = g.add_node("Shape", {x}, {"shp2"});
-  part->set_attr("start", int1(1));
-  part->set_attr("end", int1(-1));
+  part->set_attr("start", Attribute::of_int(1));
+  part->set_attr("end", Attribute::of_int(-1));
   ASSERT_TRUE(infer(g).is_ok());
   EXPECT_EQ(sym_string(s->output(0)), "[5, 3]");
   EXPECT_EQ(sym_string(part->output(0)), "[3, b]");
@@ -167,14 +148,14 @@ TEST_F(ShapeChain, SqueezeUnsqueezeFlattenTransposeSplit) {
   Node* sq = g.add_node("Squeeze", {x, g.add_constant("ax", i64vec({1}))}, {"sq"});
   Node* us = g.add_node("Unsqueeze", {sq->output(0), g.add_constant("ax2", i64vec({-1, 0}))}, {"us"});
   Node* fl = g.add_node("Flatten", {x}, {"fl"});
-  fl->set_attr("axis", int1(2));
+  fl->set_attr("axis", Attribute::of_int(2));
   Node* tr = g.add_node("Transpose", {x}, {"tr"});
-  tr->set_attr("perm", ints({2, 0, 3, 1}));
+  tr->set_attr("perm", Attribute::of_ints({2, 0, 3, 1}));
   Node* sp = g.add_node("Split", {x}, {"s0", "s1", "s2", "s3"});
-  sp->set_attr("axis", int1(2));
-  sp->set_attr("num_outputs", int1(4));
+  sp->set_attr("axis", Attribute::of_int(2));
+  sp->set_attr("num_outputs", Attribute::of_int(4));
   Node* sp2 = g.add_node("Split", {x, g.add_constant("sizes", i64vec({2, 4}))}, {"t0", "t1"});
-  sp2->set_attr("axis", int1(-1));
+  sp2->set_attr("axis", Attribute::of_int(-1));
   ASSERT_TRUE(infer(g).is_ok());
   EXPECT_EQ(shape_of(sq->output(0)), "[a, b, 6]");
   EXPECT_EQ(shape_of(us->output(0)), "[1, a, b, 6, 1]");
@@ -224,7 +205,7 @@ TEST_F(ShapeChain, NonZeroAndTopKGetSymbolicDims) {
   Node* tk = g.add_node("TopK", {x, g.add_constant("k", i64vec({2}))}, {"v", "i"});
   Value* kin = g.add_input("kin", tt(DType::kInt64, {1}));
   Node* tk2 = g.add_node("TopK", {x, kin}, {"v2", "i2"});
-  tk2->set_attr("axis", int1(0));
+  tk2->set_attr("axis", Attribute::of_int(0));
   ASSERT_TRUE(infer(g).is_ok());
   const Shape& nzs = *nz->output(0)->type().shape;
   EXPECT_EQ(nzs[0].to_string(), "2");
@@ -240,7 +221,7 @@ TEST(ShapeNumerics, Transpose) {
   Graph g;
   Value* x = g.add_input("x", tt(DType::kFloat32, {2, 3, 4}));
   Node* t = g.add_node("Transpose", {x}, {"y"});
-  t->set_attr("perm", ints({2, 0, 1}));
+  t->set_attr("perm", Attribute::of_ints({2, 0, 1}));
   ASSERT_TRUE(infer(g).is_ok());
   std::vector<double> xv = framp(24, -1, 1, 1);
   auto out = run_node(g, *t, {make_tensor(DType::kFloat32, {2, 3, 4}, xv)});
@@ -331,7 +312,7 @@ TEST(ShapeNumerics, ConcatThreeInputsMiddleAxis) {
   Value* b = g.add_input("b", tt(DType::kFloat32, {2, 4, 3}));
   Value* c = g.add_input("c", tt(DType::kFloat32, {2, 2, 3}));
   Node* n = g.add_node("Concat", {a, b, c}, {"y"});
-  n->set_attr("axis", int1(-2));
+  n->set_attr("axis", Attribute::of_int(-2));
   ASSERT_TRUE(infer(g).is_ok());
   ASSERT_EQ(n->output(0)->type().static_shape(), (std::vector<int64_t>{2, 7, 3}));
   std::vector<double> av = framp(6, 0, 1, 4), bv = framp(24, 1, 2, 5), cv = framp(12, 2, 3, 6);
@@ -352,8 +333,8 @@ TEST(ShapeNumerics, SplitUneven) {
   Graph g;
   Value* x = g.add_input("x", tt(DType::kFloat32, {2, 7}));
   Node* n = g.add_node("Split", {x}, {"a", "b", "c"});
-  n->set_attr("axis", int1(1));
-  n->set_attr("num_outputs", int1(3));
+  n->set_attr("axis", Attribute::of_int(1));
+  n->set_attr("num_outputs", Attribute::of_int(3));
   ASSERT_TRUE(infer(g).is_ok());
   EXPECT_EQ(shape_of(n->output(2)), "[2, 1]");
   std::vector<double> xv = framp(14, -1, 1, 7);
@@ -383,7 +364,7 @@ void run_pad(const std::string& mode, std::vector<int64_t> pads) {
   Tensor pt = i64vec(pads);
   Tensor cv = make_tensor(DType::kFloat32, {}, {2.5});
   Node* n = g.add_node("Pad", {x, g.add_constant("p", pt), g.add_input("cv", tt(DType::kFloat32, {}))}, {"y"});
-  n->set_attr("mode", str(mode));
+  n->set_attr("mode", Attribute::of_string(mode));
   ASSERT_TRUE(infer(g).is_ok());
   std::vector<int64_t> ys = {3 + pads[0] + pads[2], 4 + pads[1] + pads[3]};
   ASSERT_EQ(n->output(0)->type().static_shape(), ys);
@@ -486,7 +467,7 @@ TEST(IndexingNumerics, GatherNegativeIndicesAxis1) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {2, 5, 3}));
   Value* idx = g.add_input("idx", tt(DType::kInt64, {2, 2}));
   Node* n = g.add_node("Gather", {x, idx}, {"y"});
-  n->set_attr("axis", int1(1));
+  n->set_attr("axis", Attribute::of_int(1));
   ASSERT_TRUE(infer(g).is_ok());
   ASSERT_EQ(n->output(0)->type().static_shape(), (std::vector<int64_t>{2, 2, 2, 3}));
   std::vector<double> xv = framp(30, -1, 1, 10);
@@ -507,7 +488,7 @@ TEST(IndexingNumerics, GatherElementsAndGatherND) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {3, 4}));
   Value* ie = g.add_input("ie", tt(DType::kInt32, {2, 4}));
   Node* ge = g.add_node("GatherElements", {x, ie}, {"ge"});
-  ge->set_attr("axis", int1(0));
+  ge->set_attr("axis", Attribute::of_int(0));
   Value* ind = g.add_input("ind", tt(DType::kInt64, {2, 2}));
   Node* gnd = g.add_node("GatherND", {x, ind}, {"gnd"});
   Value* ind1 = g.add_input("ind1", tt(DType::kInt64, {3, 1}));
@@ -543,17 +524,17 @@ TEST(IndexingNumerics, TriluCumSumOneHot) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {2, 3, 4}));
   Tensor k = i64s({}, {-1});
   Node* lower = g.add_node("Trilu", {x, g.add_constant("k", k)}, {"lo"});
-  lower->set_attr("upper", int1(0));
+  lower->set_attr("upper", Attribute::of_int(0));
   Node* upper = g.add_node("Trilu", {x}, {"up"});
   Tensor ax = i64s({}, {1});
   Node* cs = g.add_node("CumSum", {x, g.add_constant("ax", ax)}, {"cs"});
-  cs->set_attr("exclusive", int1(1));
-  cs->set_attr("reverse", int1(1));
+  cs->set_attr("exclusive", Attribute::of_int(1));
+  cs->set_attr("reverse", Attribute::of_int(1));
   Value* ind = g.add_input("ind", tt(DType::kInt64, {3}));
   Tensor depth = i64s({}, {4});
   Value* vals = g.add_input("vals", tt(DType::kFloat32, {2}));
   Node* oh = g.add_node("OneHot", {ind, g.add_constant("depth", depth), vals}, {"oh"});
-  oh->set_attr("axis", int1(0));
+  oh->set_attr("axis", Attribute::of_int(0));
   ASSERT_TRUE(infer(g).is_ok());
   EXPECT_EQ(shape_of(oh->output(0)), "[4, 3]");
   std::vector<double> xv = framp(24, -1, 1, 12);
@@ -597,9 +578,9 @@ TEST(IndexingNumerics, ResizeNearestAndLinear) {
     Value* x = g.add_input("x", tt(DType::kFloat32, {1, 1, 3, 4}));
     Tensor scales = make_tensor(DType::kFloat32, {4}, {1, 1, 2, 1.5});
     Node* n = g.add_node("Resize", {x, nullptr, g.add_constant("scales", scales)}, {"y"});
-    n->set_attr("mode", str(c.mode));
-    n->set_attr("coordinate_transformation_mode", str(c.coord));
-    if (!c.nearest.empty()) n->set_attr("nearest_mode", str(c.nearest));
+    n->set_attr("mode", Attribute::of_string(c.mode));
+    n->set_attr("coordinate_transformation_mode", Attribute::of_string(c.coord));
+    if (!c.nearest.empty()) n->set_attr("nearest_mode", Attribute::of_string(c.nearest));
     ASSERT_TRUE(infer(g).is_ok());
     ASSERT_EQ(n->output(0)->type().static_shape(), (std::vector<int64_t>{1, 1, 6, 6}));
     auto out = run_node(g, *n, {make_tensor(DType::kFloat32, {1, 1, 3, 4}, xv), Tensor(), scales});
@@ -651,8 +632,8 @@ TEST(IndexingKernels, TopKLargestAndSmallestWithTies) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {2, 4}));
   Node* big = g.add_node("TopK", {x, g.add_constant("k", i64vec({3}))}, {"v", "i"});
   Node* small = g.add_node("TopK", {x, g.add_constant("k2", i64vec({2}))}, {"v2", "i2"});
-  small->set_attr("largest", int1(0));
-  small->set_attr("axis", int1(0));
+  small->set_attr("largest", Attribute::of_int(0));
+  small->set_attr("axis", Attribute::of_int(0));
   ASSERT_TRUE(infer(g).is_ok());
   Tensor xt = make_tensor(DType::kFloat32, {2, 4}, {1, 3, 3, 2, 0, -1, 5, 5});
   auto o = run_kernel(*big, {xt, i64vec({3})});
@@ -682,8 +663,8 @@ TEST(IndexingKernels, ScatterNDAndScatterElements) {
   Node* el = g.add_node("ScatterElements",
                         {x, g.add_input("i2", tt(DType::kInt64, {1, 2})), g.add_input("u2", tt(DType::kFloat32, {1, 2}))},
                         {"z"});
-  el->set_attr("axis", int1(0));
-  el->set_attr("reduction", str("add"));
+  el->set_attr("axis", Attribute::of_int(0));
+  el->set_attr("reduction", Attribute::of_string("add"));
   ASSERT_TRUE(infer(g).is_ok());
   EXPECT_EQ(shape_of(nd->output(0)), "[3, 2]");
   Tensor xt = make_tensor(DType::kFloat32, {3, 2}, {1, 2, 3, 4, 5, 6});
@@ -706,8 +687,8 @@ TEST(IndexingNumerics, ResizeAlignCornersUsesFractionalOutputWidth) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {1, 1, 2, 4}));
   Tensor scales = make_tensor(DType::kFloat32, {4}, {1, 1, 0.6, 0.6});
   Node* n = g.add_node("Resize", {x, nullptr, g.add_constant("scales", scales)}, {"y"});
-  n->set_attr("mode", str("linear"));
-  n->set_attr("coordinate_transformation_mode", str("align_corners"));
+  n->set_attr("mode", Attribute::of_string("linear"));
+  n->set_attr("coordinate_transformation_mode", Attribute::of_string("align_corners"));
   ASSERT_TRUE(infer(g).is_ok());
   ASSERT_EQ(n->output(0)->type().static_shape(), (std::vector<int64_t>{1, 1, 1, 2}));
   Tensor xt = make_tensor(DType::kFloat32, {1, 1, 2, 4}, {1, 2, 3, 4, 5, 6, 7, 8});
@@ -746,12 +727,12 @@ TEST(ShapeKernels, AgreeWithLowerings) {
   std::vector<Node*> pad_nodes;
   for (std::string mode : {"constant", "reflect", "edge", "wrap"}) {
     Node* p = g.add_node("Pad", {x, g.add_constant("pads_" + mode, pads)}, {"pad_" + mode});
-    p->set_attr("mode", str(mode));
+    p->set_attr("mode", Attribute::of_string(mode));
     pad_nodes.push_back(p);
   }
   Tensor sizes = i64vec({1, 3});
   Node* split = g.add_node("Split", {x, g.add_constant("sizes", sizes)}, {"s0", "s1"});
-  split->set_attr("axis", int1(1));
+  split->set_attr("axis", Attribute::of_int(1));
   Tensor target = i64vec({2, 3, 1});
   Node* expand = g.add_node("Expand", {x, g.add_constant("target", target)}, {"ex"});
   Tensor reps = i64vec({2, 1});
@@ -760,12 +741,12 @@ TEST(ShapeKernels, AgreeWithLowerings) {
   Node* cos = g.add_node("ConstantOfShape", {g.add_constant("cs", cs_shape)}, {"cos"});
   Tensor axis = i64s({}, {-1});
   Node* cumsum = g.add_node("CumSum", {x, g.add_constant("axis", axis)}, {"cumsum"});
-  cumsum->set_attr("reverse", int1(1));
+  cumsum->set_attr("reverse", Attribute::of_int(1));
   Value* ind = g.add_input("ind", tt(DType::kInt64, {2, 2}));
   Tensor depth = i64s({}, {3});
   Value* vals = g.add_input("vals", tt(DType::kFloat32, {2}));
   Node* oh = g.add_node("OneHot", {ind, g.add_constant("depth", depth), vals}, {"oh"});
-  oh->set_attr("axis", int1(1));
+  oh->set_attr("axis", Attribute::of_int(1));
   ASSERT_TRUE(infer(g).is_ok());
   expect_kernel_matches_lowering(g, *slice, {xt, st, en, ax, sp});
   for (Node* p : pad_nodes) expect_kernel_matches_lowering(g, *p, {xt, pads});
