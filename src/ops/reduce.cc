@@ -9,6 +9,8 @@
 // ArgMax/ArgMin are two stages: the max (min) over the axis, then the
 // smallest (select_last_index: largest) index whose element equals it, as a
 // min (max) reduction over select(x == m, k, sentinel).
+#include <cmath>
+
 #include "ops/common.h"
 
 namespace kiln::ops {
@@ -61,6 +63,27 @@ Status infer_reduce(ReduceKind kind, Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 0));
   if (!t.has_shape()) {
     set_output_unknown_rank(n, 0, t.dtype);
+    return Status::ok();
+  }
+  if (!n.has_attr("axes") && has_input(n, 1) && !const_ints(n, 1)) {
+    // Axes known only at run time: the runtime kernel computes the output,
+    // whose dims are fresh symbols (its rank is known when keepdims is set or
+    // the axes tensor has a known, non-zero length).
+    KILN_ASSIGN_OR_RETURN(TensorType at, input_type(n, 1));
+    if (at.dtype != DType::kInt64) return node_invalid(n) << "axes must be int64";
+    int64_t out_rank = -1;
+    if (n.attr_int("keepdims", 1) != 0) {
+      out_rank = t.rank();
+    } else if (at.is_static() && at.rank() == 1 && at.static_shape()[0] > 0) {
+      out_rank = t.rank() - at.static_shape()[0];
+    }
+    if (out_rank < 0) {
+      set_output_unknown_rank(n, 0, t.dtype);
+      return Status::ok();
+    }
+    Shape out;
+    for (int64_t d = 0; d < out_rank; ++d) out.push_back(ctx.fresh_symbol());
+    set_output(n, 0, t.dtype, std::move(out), ctx);
     return Status::ok();
   }
   KILN_ASSIGN_OR_RETURN(ReduceAxes ax, reduce_axes(n, t.rank()));
@@ -189,11 +212,99 @@ Result<std::vector<tir::ComputeDef>> lower_reduce(ReduceKind kind, const Node& n
   return internal_error() << n.describe() << ": unknown reduction";
 }
 
+// The runtime kernel, used when the axes are an input known only at run time:
+// accumulates in double over the reduced positions of every output element.
+Result<RuntimeKernel> reduce_kernel(ReduceKind kind, const Node& n) {
+  bool keep = n.attr_int("keepdims", 1) != 0;
+  bool noop_empty = n.attr_int("noop_with_empty_axes", 0) != 0;
+  std::string where = n.describe();
+  return RuntimeKernel([kind, keep, noop_empty, where](const std::vector<Tensor>& in,
+                                                        std::vector<Tensor>& out) -> Status {
+    const Tensor& x = in[0];
+    int64_t rank = x.rank();
+    std::vector<bool> reduced(static_cast<size_t>(rank), false);
+    bool have_axes = in.size() > 1 && in[1].defined() && in[1].numel() > 0;
+    if (!have_axes) {
+      if (noop_empty) {
+        out.resize(1);
+        out[0] = x.clone();
+        return Status::ok();
+      }
+      reduced.assign(static_cast<size_t>(rank), true);
+    } else {
+      for (int64_t i = 0; i < in[1].numel(); ++i) {
+        int64_t a = in[1].get_i64(i);
+        if (a < -rank || a >= rank) return invalid_argument() << where << ": axis " << a << " out of range for rank " << rank;
+        reduced[static_cast<size_t>(a < 0 ? a + rank : a)] = true;
+      }
+    }
+    std::vector<int64_t> out_shape, kept_shape;
+    for (int64_t d = 0; d < rank; ++d) {
+      bool r = reduced[static_cast<size_t>(d)];
+      kept_shape.push_back(r ? 1 : x.shape()[d]);
+      if (!r || keep) out_shape.push_back(r ? 1 : x.shape()[d]);
+    }
+    Tensor y(x.dtype(), out_shape);
+    int64_t count = 1;
+    for (int64_t d = 0; d < rank; ++d)
+      if (reduced[static_cast<size_t>(d)]) count *= x.shape()[d];
+    int64_t outs = y.numel();
+    double init = 0;
+    if (kind == ReduceKind::kMax) init = -INFINITY;
+    if (kind == ReduceKind::kMin) init = INFINITY;
+    if (kind == ReduceKind::kProd) init = 1;
+    std::vector<double> acc(static_cast<size_t>(outs), init), peak(static_cast<size_t>(outs), -INFINITY);
+    // Output position of every input element (row-major over kept_shape).
+    auto out_index = [&](int64_t flat) {
+      int64_t o = 0;
+      for (int64_t d = 0; d < rank; ++d) {
+        int64_t stride = 1;
+        for (int64_t e = d + 1; e < rank; ++e) stride *= x.shape()[e];
+        int64_t i = (flat / stride) % x.shape()[d];
+        o = o * kept_shape[d] + (reduced[static_cast<size_t>(d)] ? 0 : i);
+      }
+      return o;
+    };
+    std::vector<int64_t> target(static_cast<size_t>(x.numel()));
+    for (int64_t i = 0; i < x.numel(); ++i) target[i] = out_index(i);
+    if (kind == ReduceKind::kLogSumExp)
+      for (int64_t i = 0; i < x.numel(); ++i) peak[target[i]] = std::max(peak[target[i]], x.get_f64(i));
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      double v = x.get_f64(i);
+      double& a = acc[target[i]];
+      switch (kind) {
+        case ReduceKind::kSum: case ReduceKind::kMean: case ReduceKind::kLogSum: a += v; break;
+        case ReduceKind::kMax: a = (std::isnan(v) || v > a) ? v : a; break;
+        case ReduceKind::kMin: a = (std::isnan(v) || v < a) ? v : a; break;
+        case ReduceKind::kProd: a *= v; break;
+        case ReduceKind::kL1: a += std::fabs(v); break;
+        case ReduceKind::kL2: case ReduceKind::kSumSquare: a += v * v; break;
+        case ReduceKind::kLogSumExp: a += std::exp(v - peak[target[i]]); break;
+      }
+    }
+    for (int64_t o = 0; o < outs; ++o) {
+      double a = acc[o];
+      switch (kind) {
+        case ReduceKind::kMean: a = count > 0 ? a / static_cast<double>(count) : NAN; break;
+        case ReduceKind::kL2: a = std::sqrt(a); break;
+        case ReduceKind::kLogSum: a = std::log(a); break;
+        case ReduceKind::kLogSumExp: a = a == 0 ? -INFINITY : std::log(a) + peak[o]; break;
+        default: break;
+      }
+      y.set_f64(o, dtype_is_float(y.dtype()) ? a : std::trunc(a));
+    }
+    out.resize(1);
+    out[0] = std::move(y);
+    return Status::ok();
+  });
+}
+
 void register_reduce(const char* name, ReduceKind kind) {
   OpDef def;
   def.name = name;
   def.infer = [kind](Node& n, InferContext& ctx) { return infer_reduce(kind, n, ctx); };
   def.lower = [kind](const Node& n, LowerContext& ctx) { return lower_reduce(kind, n, ctx); };
+  def.kernel = [kind](const Node& n) { return reduce_kernel(kind, n); };
   register_op(std::move(def));
 }
 
