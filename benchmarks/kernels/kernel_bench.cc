@@ -116,6 +116,9 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("conv 3x3 64->64 56x56", 64, 64, 56, 3, 1, 1));
   cases.push_back(conv_case("conv 3x3 s2 64->128 56x56", 64, 128, 56, 3, 2, 1));
   cases.push_back(conv_case("conv 1x1 256->64 56x56", 256, 64, 56, 1, 1, 1));
+  cases.push_back(conv_case("conv 3x3 256->256 14x14", 256, 256, 14, 3, 1, 1));
+  cases.push_back(conv_case("conv 3x3 512->512 7x7", 512, 512, 7, 3, 1, 1));
+  cases.push_back(conv_case("conv 1x1 2048->512 7x7", 2048, 512, 7, 1, 1, 1));
   cases.push_back(conv_case("depthwise 3x3 32 112x112", 32, 32, 112, 3, 1, 32));
 
   std::printf("%-28s %10s %10s %8s\n", "kernel", "ms", "GFLOP/s", "peak%");

@@ -8,6 +8,7 @@
 
 #include "ops/registry.h"
 #include "passes/fold_transposed_weights.h"
+#include "passes/pack_conv_weights.h"
 #include "passes/fuse_elementwise.h"
 #include "runtime/memory_plan.h"
 #include "tir/schedule.h"
@@ -682,6 +683,7 @@ Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOpt
   ictx.graph = g.get();
   ictx.bounds = g->bounds;
   KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx));
+  if (!options.naive) KILN_RETURN_IF_ERROR(passes::pack_conv_weights(*g).status());
   if (options.dump_ir) std::fprintf(stderr, "%s\n", print_graph(*g).c_str());
   ProgramBuilder builder(*g, options);
   KILN_ASSIGN_OR_RETURN(CompiledProgram out, builder.build(ictx.bounds));

@@ -7,6 +7,12 @@
 // tensor contributes 0 (a select on the bounds), and the load index itself is
 // clamped into the tensor so that no out-of-bounds load happens even when the
 // select evaluates both sides.
+//
+// Conv also accepts the internal string attribute "kiln_weight_layout" =
+// "IHWO" (set by passes/pack_conv_weights on 2-D convolutions with one group):
+// the weight is then stored as [I, KH, KW, O] instead of [O, I, KH, KW], with
+// output channels contiguous, and is indexed accordingly. Any other value of
+// the attribute, or the attribute on another kind of Conv, is an error.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -77,14 +83,32 @@ Result<ConvGeometry> conv_geometry(const Node& n, const Shape& x, const std::vec
 // An index into an input dim of extent `extent`, clamped into range.
 Expr clamp_index(const Expr& i, const Expr& extent) { return max(min(i, extent - 1), Expr(0)); }
 
+// The weight's dims in ONNX order [O, I, k...], whatever its stored layout,
+// and whether it is stored packed as [I, KH, KW, O].
+Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr>& w, bool& packed) {
+  packed = false;
+  if (!n.has_attr("kiln_weight_layout")) return w;
+  std::string layout = n.attr_string("kiln_weight_layout", "");
+  if (layout != "IHWO") return node_invalid(n) << "unknown kiln_weight_layout '" << layout << "'";
+  if (w.size() != 4 || n.attr_int("group", 1) != 1) {
+    return node_invalid(n) << "kiln_weight_layout IHWO needs a 2-D convolution with one group";
+  }
+  packed = true;
+  return std::vector<Expr>{w[3], w[0], w[1], w[2]};
+}
+
 Status infer_conv(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
-  KILN_ASSIGN_OR_RETURN(Shape w, input_shape(n, 1));
+  KILN_ASSIGN_OR_RETURN(Shape stored_w, input_shape(n, 1));
   if (x.size() < 3) return node_invalid(n) << "input rank " << x.size() << " < 3";
-  if (w.size() != x.size()) return node_invalid(n) << "weight rank " << w.size() << " != input rank " << x.size();
+  if (stored_w.size() != x.size()) {
+    return node_invalid(n) << "weight rank " << stored_w.size() << " != input rank " << x.size();
+  }
   int64_t group = n.attr_int("group", 1);
   if (group <= 0) return node_invalid(n) << "group must be positive";
+  bool packed = false;
+  KILN_ASSIGN_OR_RETURN(std::vector<Expr> w, conv_weight_dims(n, stored_w, packed));
   std::vector<Expr> kernel(w.begin() + 2, w.end());
   std::vector<int64_t> ks = n.attr_ints("kernel_shape");
   if (!ks.empty()) {
@@ -111,7 +135,9 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
   const tir::Buffer& w = ctx.inputs[1];
   const tir::Buffer& y = ctx.outputs[0];
   size_t rank = x.shape.size() - 2;
-  std::vector<Expr> kernel(w.shape.begin() + 2, w.shape.end());
+  bool packed = false;
+  KILN_ASSIGN_OR_RETURN(std::vector<Expr> wd, conv_weight_dims(n, w.shape, packed));
+  std::vector<Expr> kernel(wd.begin() + 2, wd.end());
   Shape xs(x.shape.begin(), x.shape.end());
   KILN_ASSIGN_OR_RETURN(ConvGeometry g, conv_geometry(n, xs, kernel, {}));
   int64_t group = n.attr_int("group", 1);
@@ -120,12 +146,12 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
   std::vector<Expr> iv = axis_vars(axes);
   std::vector<std::string> raxes = fresh_axes(ctx, rank + 1, "k");
   std::vector<Expr> rv = axis_vars(raxes);
-  std::vector<Expr> rext = {w.shape[1]};
+  std::vector<Expr> rext = {wd[1]};
   rext.insert(rext.end(), kernel.begin(), kernel.end());
 
   // Input channel: the group of output channel m, then the channel within it.
   Expr ci = rv[0];
-  if (group != 1) ci = floordiv(iv[1], floordiv(w.shape[0], group)) * w.shape[1] + rv[0];
+  if (group != 1) ci = floordiv(iv[1], floordiv(wd[0], group)) * wd[1] + rv[0];
   std::vector<Expr> x_idx = {iv[0], ci};
   std::vector<Expr> w_idx = {iv[1], rv[0]};
   std::vector<tir::ComputeDef> stages;
@@ -134,6 +160,7 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
     x_idx.push_back(g.may_pad ? pos : pos - g.pad_begin[d]);
     w_idx.push_back(rv[d + 1]);
   }
+  if (packed) w_idx = {rv[0], rv[1], rv[2], iv[1]};  // [I, KH, KW, O]
   Expr x_value;
   if (g.may_pad) {
     // A zero-padded copy of the input, just large enough for every window:

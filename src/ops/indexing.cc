@@ -288,7 +288,8 @@ Result<ResizeParams> resize_params(const Node& n, const Shape& x, const SymbolBo
   p.mode = n.attr_string("mode", "nearest");
   p.coord = n.attr_string("coordinate_transformation_mode", "half_pixel");
   p.nearest = n.attr_string("nearest_mode", "round_prefer_floor");
-  if (p.mode != "nearest" && p.mode != "linear") return node_unsupported(n) << "mode '" << p.mode << "'";
+  if (p.mode != "nearest" && p.mode != "linear" && p.mode != "cubic")
+    return node_unsupported(n) << "mode '" << p.mode << "'";
   if (p.coord != "half_pixel" && p.coord != "asymmetric" && p.coord != "align_corners" &&
       p.coord != "pytorch_half_pixel" && p.coord != "half_pixel_symmetric") {
     return node_unsupported(n) << "coordinate_transformation_mode '" << p.coord << "'";
@@ -333,11 +334,11 @@ Result<ResizeParams> resize_params(const Node& n, const Shape& x, const SymbolBo
 }
 
 // Resize with scales or sizes known only at run time, the axes attribute, or
-// keep_aspect_ratio_policy: modes nearest and linear, every coordinate
+// keep_aspect_ratio_policy: modes nearest, linear and cubic, every coordinate
 // transformation mode but tf_crop_and_resize, no antialiasing.
 Status check_resize_kernel_support(const Node& n) {
   std::string mode = n.attr_string("mode", "nearest");
-  if (mode != "nearest" && mode != "linear") return node_unsupported(n) << "mode '" << mode << "'";
+  if (mode != "nearest" && mode != "linear" && mode != "cubic") return node_unsupported(n) << "mode '" << mode << "'";
   if (n.attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize") {
     return node_unsupported(n) << "coordinate_transformation_mode 'tf_crop_and_resize'";
   }
@@ -423,6 +424,53 @@ Result<std::vector<tir::ComputeDef>> lower_resize(const Node& n, LowerContext& c
       idx[k] = to_index(r, k);
     }
     body = ctx.load_input(0, idx);
+  } else if (p.mode == "cubic") {
+    // Bicubic (Keys) over every resized dim: 4^k taps at floor(c) - 1 .. floor(c) + 2
+    // from the unclamped coordinate. Taps outside the input read the edge, or,
+    // with exclude_outside, get weight 0 and the others are renormalized.
+    double a = n.attr_float("cubic_coeff_a", -0.75);
+    bool exclude = n.attr_int("exclude_outside", 0) != 0;
+    std::vector<std::array<Expr, 4>> tap_idx(iv.size()), tap_w(iv.size());
+    for (size_t k : resized) {
+      Expr c0 = call("floor", ft, {coord[k]});
+      Expr t = coord[k] - c0;
+      Expr base = cast(DType::kInt64, c0) - 1;
+      auto w_far = [&](const Expr& d) {  // |d| in [1, 2)
+        return ((fc(a) * d - fc(5 * a)) * d + fc(8 * a)) * d - fc(4 * a);
+      };
+      auto w_near = [&](const Expr& d) {  // |d| in [0, 1)
+        return ((fc(a + 2) * d - fc(a + 3)) * d) * d + fc(1);
+      };
+      std::array<Expr, 4> w = {w_far(t + fc(1)), w_near(t), w_near(fc(1) - t), w_far(fc(2) - t)};
+      Expr total;
+      for (int j = 0; j < 4; ++j) {
+        Expr pos = base + j;
+        tap_idx[k][j] = clamp_index(pos, x.shape[k]);
+        if (exclude) {
+          Expr inside = logical_and(le(Expr(0), pos), lt(pos, x.shape[k]));
+          w[j] = select(inside, w[j], fc(0));
+        }
+        total = total.defined() ? total + w[j] : w[j];
+      }
+      for (int j = 0; j < 4; ++j) tap_w[k][j] = exclude ? div(w[j], total) : w[j];
+    }
+    size_t taps = 1;
+    for (size_t b = 0; b < resized.size(); ++b) taps *= 4;
+    for (size_t t = 0; t < taps; ++t) {
+      std::vector<Expr> idx = iv;
+      Expr weight;
+      size_t rest = t;
+      for (size_t k : resized) {
+        size_t j = rest % 4;
+        rest /= 4;
+        idx[k] = tap_idx[k][j];
+        weight = weight.defined() ? weight * tap_w[k][j] : tap_w[k][j];
+      }
+      Expr term = cast_if_needed(ft, ctx.load_input(0, idx));
+      if (weight.defined()) term = weight * term;
+      body = body.defined() ? body + term : term;
+    }
+    body = cast_if_needed(dt, body);
   } else {
     // Linear over every resized dim: 2^k taps, weights from the clamped coordinate.
     std::vector<Expr> lo(iv.size()), hi(iv.size()), w(iv.size());
@@ -745,6 +793,8 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
   std::string nearest = n.attr_string("nearest_mode", "round_prefer_floor");
   std::string policy = n.attr_string("keep_aspect_ratio_policy", "stretch");
   std::vector<int64_t> axes_attr = n.attr_ints("axes");
+  double cubic_a = n.attr_float("cubic_coeff_a", -0.75);
+  bool exclude_outside = n.attr_int("exclude_outside", 0) != 0;
   size_t scales_in = n.num_inputs() == 2 ? 1 : 2;
   return RuntimeKernel([=](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
     const Tensor& x = in[0];
@@ -813,8 +863,8 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
     std::vector<int64_t> xs(static_cast<size_t>(rank), 1);
     for (int64_t k = rank - 1; k > 0; --k) xs[k - 1] = xs[k] * x.shape()[k];
     std::vector<int64_t> idx(static_cast<size_t>(rank), 0);
-    // Per dim: up to two taps (index, weight).
-    std::vector<std::array<std::pair<int64_t, double>, 2>> taps(static_cast<size_t>(rank));
+    // Per dim: up to four taps (index, weight).
+    std::vector<std::array<std::pair<int64_t, double>, 4>> taps(static_cast<size_t>(rank));
     std::vector<int> ntaps(static_cast<size_t>(rank), 1);
     for (int64_t e = 0; e < out[0].numel(); ++e) {
       int64_t rem = e;
@@ -837,6 +887,23 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
                                                       : std::ceil(c - 0.5);
           taps[d][0] = {std::clamp<int64_t>(static_cast<int64_t>(r), 0, len - 1), 1.0};
           ntaps[d] = 1;
+        } else if (mode == "cubic") {
+          // Keys cubic convolution over floor(c) - 1 .. floor(c) + 2; outside
+          // taps read the edge or, with exclude_outside, drop out (renormalized).
+          double f = std::floor(c), t = c - f, a = cubic_a;
+          auto far = [a](double x) { return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a; };
+          auto near = [a](double x) { return ((a + 2) * x - (a + 3)) * x * x + 1; };
+          double w[4] = {far(t + 1), near(t), near(1 - t), far(2 - t)};
+          double total = 0;
+          for (int j = 0; j < 4; ++j) {
+            int64_t pos = static_cast<int64_t>(f) - 1 + j;
+            if (exclude_outside && (pos < 0 || pos >= len)) w[j] = 0;
+            total += w[j];
+            taps[d][j] = {std::clamp<int64_t>(pos, 0, len - 1), w[j]};
+          }
+          if (exclude_outside && total != 0)
+            for (int j = 0; j < 4; ++j) taps[d][j].second /= total;
+          ntaps[d] = 4;
         } else {
           c = std::clamp(c, 0.0, static_cast<double>(len - 1));
           int64_t lo = static_cast<int64_t>(std::floor(c));

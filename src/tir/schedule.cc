@@ -55,17 +55,34 @@ std::vector<LoadVars> collect_loads(const Expr& e) {
   return out;
 }
 
-// Register tiling of a reduction stage whose innermost spatial axis indexes
-// the last (contiguous) dim of some load:
-//   split the innermost axis v by the vector width V and a "row" axis r by R,
-//   move both tile loops innermost, accumulate the R x V tile in a local
-//   buffer (cache_write at the last outer loop, which moves the reduce loops
-//   outside the tile loops), unroll the rows and vectorize v. The row axis is
-//   the innermost other spatial axis that some load depending on v does not
-//   use (output channels of a conv, rows of a matmul), so that each loaded
-//   vector is reused R times from registers; without one, rows of the next
-//   outer axis give independent accumulators. Tiles that do not divide an
-//   extent overlap the previous tile (split_overlap) instead of being guarded.
+// True when `index` steps by exactly one element when variable v does (v + c
+// for c independent of v): a vector along v reads contiguous elements.
+bool unit_stride(const Expr& index, const std::string& v) {
+  bool uses = false;
+  for (const std::string& f : free_vars(index)) uses = uses || f == v;
+  if (!uses) return false;
+  Expr next = substitute(index, {{v, var(v) + 1}});
+  return prove_equal(next - index, Expr(1));
+}
+
+// Register tiling of a reduction stage along a vector axis v that indexes the
+// last (contiguous) dim of some load:
+//   split v by the vector width V and a "row" axis r by R, move both tile
+//   loops innermost, accumulate the R x V tile in a local buffer (cache_write
+//   at the last outer loop, which moves the reduce loops outside the tile
+//   loops), unroll the rows and vectorize v. The row axis is the innermost
+//   other spatial axis that some load depending on v does not use (output
+//   channels of a conv, rows of a matmul), so that each loaded vector is
+//   reused R times from registers; without one, rows of the next outer axis
+//   give independent accumulators. Tiles that do not divide an extent overlap
+//   the previous tile (split_overlap) instead of being guarded.
+// v is the innermost axis when some load reads it with unit stride and it is
+// at least V/2 long (or symbolic). Otherwise, when another axis of at least V is
+// read with unit stride (the output channels of a convolution whose weights
+// are packed [I, KH, KW, O], on a narrow plane or with a strided input), that
+// axis is v, the row axis is the output height (see below) split into tiles
+// that divide it, and the output is stored with a stride, once per element.
+// Otherwise v is the innermost axis if some load's last index uses it at all.
 // Returns false (and adds nothing) where the pattern does not apply.
 bool tile_reduction(const ComputeDef& st, Schedule& s) {
   size_t n = st.axes.size();
@@ -74,28 +91,68 @@ bool tile_reduction(const ComputeDef& st, Schedule& s) {
   if (elem <= 0 || elem > 8) return false;
   const int64_t vec = 64 / elem;
   std::vector<LoadVars> loads = collect_loads(st.body);
-  const std::string& v = st.axes[n - 1];
-  bool contiguous = false;
-  for (const LoadVars& l : loads) contiguous = contiguous || l.last.count(v);
-  if (!contiguous) return false;
-  auto vext = st.shape[n - 1].as_const();
+  std::vector<Expr> last_index;
+  rewrite(st.body, [&](const Expr& e) -> Expr {
+    if (e.kind() == ExprKind::kLoad && !e->args.empty()) last_index.push_back(e->args.back());
+    return Expr();
+  });
+  auto read_unit = [&](size_t i) {
+    for (const Expr& e : last_index)
+      if (unit_stride(e, st.axes[i])) return true;
+    return false;
+  };
+  size_t vi = n - 1;
+  auto inner_c = st.shape[n - 1].as_const();
+  if (!(read_unit(n - 1) && (!inner_c || *inner_c >= vec / 2))) {
+    for (size_t i = n - 1; i-- > 0;) {
+      auto c = st.shape[i].as_const();
+      if (c && *c >= vec && read_unit(i)) {
+        vi = i;
+        break;
+      }
+    }
+  }
+  const std::string& v = st.axes[vi];
+  if (vi == n - 1) {
+    bool contiguous = false;
+    for (const LoadVars& l : loads) contiguous = contiguous || l.last.count(v);
+    if (!contiguous) return false;
+  }
+  auto vext = st.shape[vi].as_const();
   if (vext && *vext < vec / 2) return false;
 
   auto extent_ok = [&](size_t i) {
     auto c = st.shape[i].as_const();
     return !c || *c > 1;
   };
+  auto reuses = [&](size_t i) {
+    for (const LoadVars& l : loads)
+      if (l.all.count(v) && !l.all.count(st.axes[i])) return true;
+    return false;
+  };
+  // Rows whose broadcast operands lie next to each other in memory (the
+  // output width of a convolution read along the input's last dim) tempt
+  // LLVM's SLP vectorizer to pack those operands across rows and split the
+  // accumulator tile; with v not innermost, rows of an axis that no load
+  // reads along its last dim (the output height) are preferred.
+  auto in_last_dim = [&](size_t i) {
+    for (const LoadVars& l : loads)
+      if (l.last.count(st.axes[i])) return true;
+    return false;
+  };
   int r = -1;
   bool reuse = false;
-  for (size_t i = n - 1; i-- > 0 && r < 0;) {
-    if (!extent_ok(i)) continue;
-    for (const LoadVars& l : loads) {
-      if (l.all.count(v) && !l.all.count(st.axes[i])) r = static_cast<int>(i);
+  if (vi != n - 1) {
+    for (size_t i = n; i-- > 0 && r < 0;) {
+      if (i != vi && extent_ok(i) && reuses(i) && !in_last_dim(i)) r = static_cast<int>(i);
     }
+  }
+  for (size_t i = n; i-- > 0 && r < 0;) {
+    if (i != vi && extent_ok(i) && reuses(i)) r = static_cast<int>(i);
   }
   if (r >= 0) {
     reuse = true;
-  } else if (extent_ok(n - 2)) {
+  } else if (vi == n - 1 && extent_ok(n - 2)) {
     r = static_cast<int>(n - 2);
   }
 
@@ -117,14 +174,27 @@ bool tile_reduction(const ComputeDef& st, Schedule& s) {
   };
   int64_t vfactor = vext && *vext < vec ? vec / 2 : vec;
   int64_t rfactor = reuse ? 8 : 4;
+  if (vi != n - 1 && r >= 0) {
+    // Row tiles that divide the extent (7 of 14 or 28 output rows): LLVM
+    // leaves an unrolled row tile whose start is a min() in scalar code.
+    auto c = st.shape[static_cast<size_t>(r)].as_const();
+    if (c) {
+      for (int64_t f = 8; f >= 4; --f) {
+        if (*c % f == 0) {
+          rfactor = f;
+          break;
+        }
+      }
+    }
+  }
   std::vector<std::string> outer_of(n), inner_of(n);
   std::string v_outer, v_inner, r_outer, r_inner;
-  tile(n - 1, vfactor, v_outer, v_inner);
+  tile(vi, vfactor, v_outer, v_inner);
   if (r >= 0) tile(static_cast<size_t>(r), rfactor, r_outer, r_inner);
 
   std::vector<std::string> order;
   for (size_t i = 0; i < n; ++i) {
-    if (i == n - 1) {
+    if (i == vi) {
       if (!v_outer.empty()) order.push_back(v_outer);
     } else if (static_cast<int>(i) == r) {
       if (!r_outer.empty()) order.push_back(r_outer);
@@ -136,7 +206,7 @@ bool tile_reduction(const ComputeDef& st, Schedule& s) {
   // Matmul-like ([..., rows, cols] with the row axis next to the vector axis):
   // walk column panels outermost, so one panel of the right operand (K x 16)
   // stays in cache while every row tile uses it.
-  if (r == static_cast<int>(n) - 2 && !r_outer.empty() && !v_outer.empty() && order.size() >= 2)
+  if (vi == n - 1 && r == static_cast<int>(n) - 2 && !r_outer.empty() && !v_outer.empty() && order.size() >= 2)
     std::swap(order[order.size() - 2], order[order.size() - 1]);
   std::vector<std::string> full = order;
   if (r >= 0) full.push_back(r_inner);

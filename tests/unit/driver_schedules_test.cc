@@ -8,6 +8,8 @@
 #include <string>
 
 #include "driver/pipeline.h"
+#include "ops/registry.h"
+#include "passes/pack_conv_weights.h"
 #include "runtime/vm.h"
 #include "tir/schedule.h"
 
@@ -104,12 +106,23 @@ TEST(DefaultSchedules, ConvMatchesNaive) {
       {1, 4, 5, 18, 35, 3, 2, 1, 1, 1, {0, 1, 2, 0}, true},   // asymmetric pads
       {1, 32, 32, 15, 15, 3, 3, 2, 32, 1, {1, 1, 1, 1}, true},  // depthwise, stride 2
       {1, 7, 3, 9, 64, 3, 3, 1, 1, 1, {0, 0, 0, 0}, false},   // no padding, divisible width
+      // Packed weights [I, KH, KW, O], vectorized along output channels:
+      {1, 16, 17, 7, 7, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true},    // 7x7, one 16-lane tail channel
+      {1, 8, 33, 7, 7, 3, 3, 1, 1, 1, {1, 1, 1, 1}, false},    // 7x7, 33 channels
+      {2, 5, 20, 5, 6, 3, 3, 1, 1, 2, {2, 2, 2, 2}, true},     // dilation 2, batch 2, 6 wide
+      {1, 12, 32, 14, 14, 3, 3, 2, 1, 1, {1, 1, 1, 1}, true},  // stride 2 to 7x7
+      {1, 9, 17, 14, 15, 1, 1, 2, 1, 1, {0, 0, 0, 0}, true},   // 1x1 stride 2 to 7x8
+      {1, 6, 40, 28, 28, 3, 3, 2, 1, 1, {1, 0, 1, 2}, true},   // stride 2, asymmetric pads, 14x14
+      {1, 3, 18, 25, 25, 3, 3, 2, 1, 1, {1, 1, 1, 1}, true},   // stride 2, 13 rows (overlapping row tiles)
+      {1, 4, 5, 6, 6, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true},      // packed, fewer channels than lanes
+      {1, 24, 48, 2, 3, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true},    // tiny plane
+      {1, 16, 24, 14, 14, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true},  // 14x14 stride 1: not packed
   };
   uint32_t seed = 10;
   for (const ConvCase& c : cases) {
     std::string what = "conv cin " + std::to_string(c.cin) + " cout " + std::to_string(c.cout) + " " +
                        std::to_string(c.h) + "x" + std::to_string(c.w) + " stride " + std::to_string(c.stride) +
-                       " group " + std::to_string(c.group);
+                       " group " + std::to_string(c.group) + " dilation " + std::to_string(c.dilation);
     Tensor w = random_tensor({c.cout, c.cin / c.group, c.kh, c.kw}, seed++);
     Tensor b = random_tensor({c.cout}, seed++);
     Tensor x = random_tensor({c.n, c.cin, c.h, c.w}, seed++);
@@ -168,6 +181,85 @@ TEST(DefaultSchedules, MatMulIsRegisterTiled) {
   EXPECT_NE(s.find("cache_write(C, i.o)"), std::string::npos) << s;
   EXPECT_NE(s.find("unroll(C, i.i)"), std::string::npos) << s;
   EXPECT_NE(s.find("vectorize(C, j.i)"), std::string::npos) << s;
+  auto reparsed = tir::parse_schedule(s);
+  ASSERT_TRUE(reparsed.is_ok()) << reparsed.status().to_string();
+  EXPECT_TRUE(tir::lower(k, *reparsed).is_ok());
+}
+
+// pack_conv_weights packs narrow and strided convolutions (after shape
+// inference) with the weight transposed to [I, KH, KW, O], and leaves wide
+// stride-1 ones alone.
+TEST(PackConvWeights, PacksNarrowAndStridedConvs) {
+  struct Want {
+    ConvCase c;
+    bool packed;
+  };
+  const std::vector<Want> cases = {
+      {{1, 3, 5, 7, 7, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true}, true},
+      {{1, 3, 5, 16, 16, 3, 2, 2, 1, 1, {1, 1, 1, 1}, false}, true},
+      {{1, 3, 5, 16, 16, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true}, false},
+      {{1, 4, 6, 7, 7, 3, 3, 1, 2, 1, {1, 1, 1, 1}, true}, false},  // groups
+  };
+  uint32_t seed = 300;
+  for (const Want& want : cases) {
+    const ConvCase& c = want.c;
+    Tensor w = random_tensor({c.cout, c.cin / c.group, c.kh, c.kw}, seed++);
+    std::unique_ptr<Graph> g = conv_graph(c, w, random_tensor({c.cout}, seed++));
+    ops::InferContext ictx;
+    ictx.graph = g.get();
+    ASSERT_TRUE(ops::infer_shapes(*g, ictx).is_ok());
+    auto rewrites = passes::pack_conv_weights(*g);
+    ASSERT_TRUE(rewrites.is_ok()) << rewrites.status().to_string();
+    EXPECT_EQ(*rewrites, want.packed ? 1 : 0) << c.h << "x" << c.w;
+    Node* conv = nullptr;
+    for (Node* n : g->nodes())
+      if (n->op_type() == "Conv") conv = n;
+    ASSERT_NE(conv, nullptr);
+    EXPECT_EQ(conv->has_attr(passes::kConvWeightLayoutAttr), want.packed);
+    const Tensor& p = conv->input(1)->constant();
+    if (!want.packed) {
+      EXPECT_EQ(p.shape(), w.shape());
+      continue;
+    }
+    ASSERT_EQ(p.shape(), (std::vector<int64_t>{c.cin, c.kh, c.kw, c.cout}));
+    for (int64_t o = 0; o < c.cout; ++o)
+      for (int64_t i = 0; i < c.cin; ++i)
+        for (int64_t h = 0; h < c.kh; ++h)
+          for (int64_t x = 0; x < c.kw; ++x) {
+            float a = w.data_as<float>()[((o * c.cin + i) * c.kh + h) * c.kw + x];
+            float b = p.data_as<float>()[((i * c.kh + h) * c.kw + x) * c.cout + o];
+            ASSERT_EQ(a, b) << o << " " << i << " " << h << " " << x;
+          }
+  }
+}
+
+// A convolution with packed weights on a 7-wide plane is vectorized along its
+// output channels (contiguous weight loads) with the output rows unrolled as
+// the register tile's rows.
+TEST(DefaultSchedules, PackedConvVectorizesChannels) {
+  tir::KernelDef k;
+  k.name = "conv";
+  k.params = {{"X", DType::kFloat32, {Expr(1), Expr(8), Expr(9), Expr(9)}},
+              {"W", DType::kFloat32, {Expr(8), Expr(3), Expr(3), Expr(40)}},
+              {"Y", DType::kFloat32, {Expr(1), Expr(40), Expr(7), Expr(7)}}};
+  k.num_inputs = 2;
+  tir::ComputeDef c;
+  c.name = "Y";
+  c.axes = {"n", "m", "h", "w"};
+  c.shape = {Expr(1), Expr(40), Expr(7), Expr(7)};
+  c.reduce_axes = {"c", "r", "s"};
+  c.reduce_extents = {Expr(8), Expr(3), Expr(3)};
+  c.combiner = tir::Combiner::kSum;
+  c.body = load("X", 0, DType::kFloat32, {var("n"), var("c"), var("h") + var("r"), var("w") + var("s")}) *
+           load("W", 1, DType::kFloat32, {var("c"), var("r"), var("s"), var("m")});
+  k.stages.push_back(c);
+  std::string s = tir::default_schedule(k).to_string();
+  EXPECT_NE(s.find("split_overlap(Y, m, 16)"), std::string::npos) << s;
+  EXPECT_NE(s.find("reorder(Y, n, m.o, w, h, m.i)"), std::string::npos) << s;
+  EXPECT_NE(s.find("cache_write(Y, w)"), std::string::npos) << s;
+  EXPECT_NE(s.find("unroll(Y, h)"), std::string::npos) << s;
+  EXPECT_NE(s.find("vectorize(Y, m.i)"), std::string::npos) << s;
+  EXPECT_NE(s.find("parallel(Y, m.o)"), std::string::npos) << s;
   auto reparsed = tir::parse_schedule(s);
   ASSERT_TRUE(reparsed.is_ok()) << reparsed.status().to_string();
   EXPECT_TRUE(tir::lower(k, *reparsed).is_ok());

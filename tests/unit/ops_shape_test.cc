@@ -680,6 +680,62 @@ TEST(IndexingKernels, ScatterNDAndScatterElements) {
 
 
 
+// Bicubic: the compiled lowering (constant scales) against the runtime kernel
+// (the same scales given at run time), and both against a direct reference on
+// a 1-D resize.
+TEST(IndexingNumerics, ResizeCubicCompiledMatchesKernelAndReference) {
+  std::vector<double> xv = framp(1 * 1 * 4 * 5, -3, 3, 21);
+  for (bool exclude : {false, true}) {
+    for (const char* coord : {"half_pixel", "asymmetric", "align_corners"}) {
+      SCOPED_TRACE(std::string(coord) + (exclude ? " exclude_outside" : ""));
+      Graph g;
+      Value* x = g.add_input("x", tt(DType::kFloat32, {1, 1, 4, 5}));
+      Tensor scales = make_tensor(DType::kFloat32, {4}, {1, 1, 1, 1.6});
+      Node* n = g.add_node("Resize", {x, nullptr, g.add_constant("scales", scales)}, {"y"});
+      n->set_attr("mode", Attribute::of_string("cubic"));
+      n->set_attr("coordinate_transformation_mode", Attribute::of_string(coord));
+      n->set_attr("cubic_coeff_a", Attribute::of_float(-0.5));
+      n->set_attr("exclude_outside", Attribute::of_int(exclude ? 1 : 0));
+      ASSERT_TRUE(infer(g).is_ok());
+      ASSERT_EQ(n->output(0)->type().static_shape(), (std::vector<int64_t>{1, 1, 4, 8}));
+      Tensor xt = make_tensor(DType::kFloat32, {1, 1, 4, 5}, xv);
+      auto compiled = run_node(g, *n, {xt, Tensor(), scales});
+      ASSERT_EQ(compiled.size(), 1u);
+      auto kernel = find_op("", "Resize")->kernel(*n);
+      ASSERT_TRUE(kernel.is_ok());
+      std::vector<Tensor> ran;
+      ASSERT_TRUE((*kernel)({xt, Tensor(), scales}, ran).is_ok());
+      ASSERT_EQ(ran[0].shape(), (std::vector<int64_t>{1, 1, 4, 8}));
+      // Reference: each row resized along the last axis (5 -> 8, scale 1.6).
+      std::vector<double> ref;
+      double a = -0.5;
+      auto kernel_w = [a](double d) {
+        d = std::fabs(d);
+        if (d < 1) return ((a + 2) * d - (a + 3)) * d * d + 1;
+        if (d < 2) return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a;
+        return 0.0;
+      };
+      for (int r = 0; r < 4; ++r)
+        for (int o = 0; o < 8; ++o) {
+          double c = std::string(coord) == "asymmetric" ? o / 1.6
+                     : std::string(coord) == "align_corners" ? o * 4.0 / (1.6 * 5 - 1)
+                                                             : (o + 0.5) / 1.6 - 0.5;
+          double f = std::floor(c), acc = 0, total = 0;
+          for (int j = -1; j <= 2; ++j) {
+            int64_t pos = static_cast<int64_t>(f) + j;
+            double w = kernel_w(c - (f + j));
+            if (exclude && (pos < 0 || pos >= 5)) w = 0;
+            total += w;
+            acc += w * xv[r * 5 + std::clamp<int64_t>(pos, 0, 4)];
+          }
+          ref.push_back(exclude ? acc / total : acc);
+        }
+      expect_close(compiled[0], ref, 1e-5, "compiled cubic");
+      expect_close(ran[0], ref, 1e-5, "kernel cubic");
+    }
+  }
+}
+
 TEST(IndexingNumerics, ResizeAlignCornersUsesFractionalOutputWidth) {
   // ONNX test_resize_downsample_scales_linear_align_corners: width 4 * 0.6 = 2.4
   // (not the integer 2) sets the sampling step.

@@ -4,6 +4,8 @@
 // FILE is a graph in Kiln's text form (.kir, see src/graph/graph.h) or an ONNX
 // model. Steps run in the pipeline's order, whatever the flag order:
 //   --fold-transposed-weights  transposes of constant weights done at compile time
+//   --pack-conv-weights  after shape inference: constant 2-D Conv weights stored
+//                       [I, KH, KW, O] where compile_graph does so (narrow or strided)
 //   --infer-shapes      symbolic type inference; prints the graph
 //   --fuse-elementwise  prints the fused groups ("group %root: Add Relu ...")
 //   --lower             prints every kernel: compute definition, schedule, loop IR
@@ -26,6 +28,7 @@
 #include "graph/graph.h"
 #include "ops/registry.h"
 #include "passes/fold_transposed_weights.h"
+#include "passes/pack_conv_weights.h"
 #include "runtime/vm.h"
 
 namespace kiln::cli {
@@ -116,13 +119,14 @@ Result<int> check_equiv(const std::string& path, const std::map<std::string, int
 
 Result<int> cmd_opt(const std::vector<std::string>& argv) {
   std::string path;
-  bool fold = false;
+  bool fold = false, pack = false;
   bool infer = false, fuse = false, lower = false, naive = false, all = false, equiv = false;
   std::map<std::string, int64_t, std::less<>> dims;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     if (a == "--infer-shapes") infer = true;
     else if (a == "--fold-transposed-weights") fold = true;
+    else if (a == "--pack-conv-weights") pack = true;
     else if (a == "--fuse-elementwise") fuse = true;
     else if (a == "--lower") lower = true;
     else if (a == "--naive") naive = true;
@@ -151,7 +155,7 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
 
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, load_graph(path));
   KILN_RETURN_IF_ERROR(g->verify().with_context(path));
-  if (fuse || lower) infer = true;
+  if (fuse || lower || pack) infer = true;
   if (fold) {
     KILN_ASSIGN_OR_RETURN(int rewrites, passes::fold_transposed_weights(*g));
     if (all || !infer)
@@ -165,7 +169,12 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
     ctx.graph = g.get();
     ctx.bounds = g->bounds;
     KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ctx));
-    if (all || (!fuse && !lower)) std::cout << "// after infer-shapes\n" << print_graph(*g);
+    if (all || (!fuse && !lower && !pack)) std::cout << "// after infer-shapes\n" << print_graph(*g);
+    if (pack) {
+      KILN_ASSIGN_OR_RETURN(int rewrites, passes::pack_conv_weights(*g));
+      if (all || (!fuse && !lower))
+        std::cout << "// after pack-conv-weights (" << rewrites << " rewrites)\n" << print_graph(*g);
+    }
   } else {
     std::cout << print_graph(*g);
   }
