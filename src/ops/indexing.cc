@@ -95,13 +95,13 @@ Status infer_gather_elements(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType it, input_type(n, 1));
   if (it.dtype != DType::kInt64 && it.dtype != DType::kInt32)
     return node_invalid(n) << "indices must be int32 or int64, not " << dtype_name(it.dtype);
-  // Off the axis, indices positions address data directly: they must fit.
+  // Off the axis, indices positions address data directly: they must fit
+  // (symbolic dims that cannot be compared here are clamped by the lowering).
   for (size_t k = 0; k < d.size(); ++k) {
     if (static_cast<int64_t>(k) == axis) continue;
-    Interval slack = bound_of(simplify(d[k] - q[k], ctx.bounds), ctx.bounds);
-    if (!slack.lo || *slack.lo < 0)
-      return node_invalid(n) << "indices dim " << k << " (" << print_expr(q[k]) << ") may exceed data dim ("
-                             << print_expr(d[k]) << ")";
+    auto dk = simplify(d[k], ctx.bounds).as_const(), qk = simplify(q[k], ctx.bounds).as_const();
+    if (dk && qk && *qk > *dk)
+      return node_invalid(n) << "indices dim " << k << " (" << *qk << ") exceeds data dim (" << *dk << ")";
   }
   set_output(n, 0, dt.dtype, q, ctx);
   return Status::ok();
@@ -116,6 +116,13 @@ Result<std::vector<tir::ComputeDef>> lower_gather_elements(const Node& n, LowerC
   std::vector<Expr> iv = axis_vars(axes);
   std::vector<Expr> idx = iv;
   idx[axis] = wrap_index(ctx.load_input(1, iv), data.shape[axis]);
+  // Off the axis an indices dim that is not provably within the data dim (a
+  // symbolic one) is clamped, so no load leaves the buffer.
+  for (size_t k = 0; k < idx.size(); ++k) {
+    if (static_cast<int64_t>(k) == axis) continue;
+    Interval slack = bound_of(simplify(data.shape[k] - y.shape[k], ctx.bounds), ctx.bounds);
+    if (!slack.lo || *slack.lo < 0) idx[k] = clamp_index(iv[k], data.shape[k]);
+  }
   std::vector<tir::ComputeDef> stages;
   stages.push_back(make_stage(y.name, y.dtype, axes, y.shape, ctx.load_input(0, idx)));
   return stages;
