@@ -1,5 +1,7 @@
 #include "tir/schedule.h"
 
+#include <optional>
+
 #include <cctype>
 #include <map>
 #include <set>
@@ -63,6 +65,18 @@ bool unit_stride(const Expr& index, const std::string& v) {
   if (!uses) return false;
   Expr next = substitute(index, {{v, var(v) + 1}});
   return prove_equal(next - index, Expr(1));
+}
+
+// Picks the loop to run in parallel among `loops` (outermost first, each with
+// its iteration count when known): the first with a known count of at least
+// 2, else the first with an unknown count (a symbolic batch is often 1 at run
+// time, so a known-large loop after it is the better bet). -1: none.
+int choose_parallel(const std::vector<std::optional<int64_t>>& loops) {
+  for (size_t i = 0; i < loops.size(); ++i)
+    if (loops[i] && *loops[i] > 1) return static_cast<int>(i);
+  for (size_t i = 0; i < loops.size(); ++i)
+    if (!loops[i]) return static_cast<int>(i);
+  return -1;
 }
 
 // Register tiling of a reduction stage along a vector axis v that indexes the
@@ -215,19 +229,20 @@ bool tile_reduction(const ComputeDef& st, Schedule& s) {
   s.prims.push_back(prim("cache_write", st.name, {order.back()}));
   if (r >= 0) s.prims.push_back(prim("unroll", st.name, {r_inner}));
   s.prims.push_back(prim("vectorize", st.name, {v_inner}));
-  for (size_t i = 0; i < order.size(); ++i) {
-    bool big = true;  // split outer loops have at least two iterations
+  // Iteration counts of the outer loops (split outer loops: tiles of a known extent).
+  std::vector<std::optional<int64_t>> counts;
+  for (const std::string& loop : order) {
+    std::optional<int64_t> count;
     for (size_t a = 0; a < n; ++a) {
-      if (st.axes[a] == order[i]) {
-        auto c = st.shape[a].as_const();
-        big = !c || *c > 1;
-      }
+      auto c = st.shape[a].as_const();
+      if (st.axes[a] == loop) count = c;
+      if (c && a == vi && loop == v_outer) count = (*c + vfactor - 1) / vfactor;
+      if (c && static_cast<int>(a) == r && loop == r_outer) count = (*c + rfactor - 1) / rfactor;
     }
-    if (big) {
-      s.prims.push_back(prim("parallel", st.name, {order[i]}));
-      break;
-    }
+    counts.push_back(count);
   }
+  int par = choose_parallel(counts);
+  if (par >= 0) s.prims.push_back(prim("parallel", st.name, {order[static_cast<size_t>(par)]}));
   return true;
 }
 
@@ -351,27 +366,19 @@ Schedule default_schedule(const KernelDef& k) {
         s.prims.push_back(prim("vectorize", st.name, {innermost}));
         limit = n - 1;
       }
-      // Parallel over the first axis with more than one iteration (a batch of 1 is not).
-      size_t par = 0;
-      for (size_t a = 0; a < limit; ++a) {
-        auto c = st.shape[a].as_const();
-        if (!c || *c > 1) {
-          par = a;
-          break;
-        }
-      }
-      s.prims.push_back(prim("parallel", st.name, {st.axes[par]}));
+      // Parallel over an axis with more than one iteration (a batch of 1 is not).
+      std::vector<std::optional<int64_t>> counts;
+      for (size_t a = 0; a < limit; ++a) counts.push_back(st.shape[a].as_const());
+      int par = choose_parallel(counts);
+      s.prims.push_back(prim("parallel", st.name, {st.axes[par < 0 ? 0 : static_cast<size_t>(par)]}));
     } else {
       if (!inner_extent || *inner_extent > 1) {
         s.prims.push_back(prim("vectorize", st.name, {innermost}));
       }
-      for (size_t a = 0; a + 1 < n; ++a) {
-        auto c = st.shape[a].as_const();
-        if (!c || *c > 1) {
-          s.prims.push_back(prim("parallel", st.name, {st.axes[a]}));
-          break;
-        }
-      }
+      std::vector<std::optional<int64_t>> counts;
+      for (size_t a = 0; a + 1 < n; ++a) counts.push_back(st.shape[a].as_const());
+      int par = choose_parallel(counts);
+      if (par >= 0) s.prims.push_back(prim("parallel", st.name, {st.axes[static_cast<size_t>(par)]}));
     }
   }
   return s;
