@@ -186,19 +186,22 @@ TEST(DefaultSchedules, MatMulIsRegisterTiled) {
   EXPECT_TRUE(tir::lower(k, *reparsed).is_ok());
 }
 
-// pack_conv_weights packs narrow and strided convolutions (after shape
-// inference) with the weight transposed to [I, KH, KW, O], and leaves wide
-// stride-1 ones alone.
+// pack_conv_weights packs narrow and wide strided convolutions with deep
+// enough reductions (after shape inference) with the weight transposed to
+// [I, KH, KW, O], and leaves wide stride-1, narrow strided, shallow and
+// grouped ones alone.
 TEST(PackConvWeights, PacksNarrowAndStridedConvs) {
   struct Want {
     ConvCase c;
     bool packed;
   };
   const std::vector<Want> cases = {
-      {{1, 3, 5, 7, 7, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true}, true},
-      {{1, 3, 5, 16, 16, 3, 2, 2, 1, 1, {1, 1, 1, 1}, false}, true},
-      {{1, 3, 5, 16, 16, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true}, false},
-      {{1, 4, 6, 7, 7, 3, 3, 1, 2, 1, {1, 1, 1, 1}, true}, false},  // groups
+      {{1, 8, 5, 7, 7, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true}, true},      // 7 wide, 72 products
+      {{1, 12, 5, 32, 32, 3, 2, 2, 1, 1, {1, 1, 1, 1}, false}, true},  // strided, 17 wide
+      {{1, 12, 5, 16, 16, 3, 2, 2, 1, 1, {1, 1, 1, 1}, false}, false}, // strided, 9 wide
+      {{1, 3, 5, 7, 7, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true}, false},     // 27 products: shallow
+      {{1, 3, 5, 16, 16, 3, 3, 1, 1, 1, {1, 1, 1, 1}, true}, false},   // wide, stride 1
+      {{1, 4, 6, 7, 7, 3, 3, 1, 2, 1, {1, 1, 1, 1}, true}, false},     // groups
   };
   uint32_t seed = 300;
   for (const Want& want : cases) {
