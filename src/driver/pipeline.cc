@@ -652,6 +652,11 @@ Result<std::string> fused_groups_text(Graph& g, const CompileOptions& options) {
 }
 
 Status check_supported(const Graph& g) {
+  // Op semantics are implemented up to the newest ai.onnx opset of the pinned
+  // onnx package; a newer model may rely on semantics Kiln does not know.
+  if (auto it = g.opsets.find(""); it != g.opsets.end() && it->second > kNewestOnnxOpset)
+    return unsupported() << g.source << ": ai.onnx opset " << it->second << " is newer than the newest Kiln knows ("
+                         << kNewestOnnxOpset << ")";
   std::map<std::string, std::vector<std::string>> missing;  // op -> node names
   for_each_node(g, [&](const Node* n) {
     const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());

@@ -25,7 +25,11 @@ struct CompiledProgram {
   CompileStats stats;
 };
 
-// Lists every node whose op Kiln does not implement, in one error.
+// The newest ai.onnx opset whose semantics Kiln implements (that of the pinned onnx 1.17).
+constexpr int64_t kNewestOnnxOpset = 22;
+
+// Lists every node whose op Kiln does not implement, in one error (and
+// rejects an ai.onnx opset newer than kNewestOnnxOpset).
 Status check_supported(const Graph& g);
 
 // Runs the pipeline on an imported graph.
