@@ -40,6 +40,12 @@ void register_rnn_ops();          // rnn.cc
 void register_quant_ops();        // quant.cc
 void register_misc_ops();         // misc.cc
 
+// An OpDef for a compiled op (optionally a view, optionally with a runtime
+// kernel for data-dependent cases), ready for register_op.
+OpDef make_def(const std::string& name, std::function<Status(Node&, InferContext&)> infer,
+               std::function<Result<std::vector<tir::ComputeDef>>(const Node&, LowerContext&)> lower,
+               bool is_view = false, std::function<Result<RuntimeKernel>(const Node&)> kernel = nullptr);
+
 // ---- Errors ---------------------------------------------------------------
 
 // Error builders whose message starts with the node ("Conv 'conv1': ").
@@ -89,6 +95,36 @@ Status require_param_shape(const Node& n, size_t i, const Shape& expected, const
 // `target` (right-aligned; each dim equal or 1).
 Status require_broadcastable_to(const Node& n, size_t i, const Shape& target, const char* what,
                                 const SymbolBounds& bounds);
+
+// ---- Convolution geometry (conv.cc; shared with the integer convolutions) ---
+
+// Geometry of a convolution window along the spatial dims.
+struct ConvGeometry {
+  std::vector<Expr> in;         // input spatial extents
+  std::vector<Expr> kernel;     // kernel extents
+  std::vector<Expr> out;        // output spatial extents
+  std::vector<Expr> pad_begin;  // padding before each spatial dim (may be symbolic with auto_pad)
+  std::vector<int64_t> stride, dilation;
+  bool may_pad = false;  // some padding may be non-zero: bodies need bound checks
+};
+
+// A per-spatial-dim attribute (strides, dilations): `rank` positive values, default `def`.
+Result<std::vector<int64_t>> spatial_attr(const Node& n, const std::string& name, size_t rank, int64_t def);
+// Output extents and padding of Conv-like ops over input x: explicit pads or auto_pad.
+Result<ConvGeometry> conv_geometry(const Node& n, const Shape& x, const std::vector<Expr>& kernel,
+                                   const SymbolBounds& bounds);
+
+// ---- Matrix products (matmul.cc; shared with the integer matmuls) -----------
+
+// Axes and load indices of a numpy-style (batched, broadcast; 1-D operands
+// promoted) product y = a @ b reduced over the fresh axis `k`.
+struct MatMulIndices {
+  std::vector<std::string> axes;  // output axes
+  std::string k;                  // the reduce axis
+  std::vector<Expr> a, b;         // indices into a and b
+  Expr m, n;                      // row and column of y (0 for a 1-D operand)
+};
+MatMulIndices matmul_indices(LowerContext& ctx, const tir::Buffer& a, const tir::Buffer& b, const tir::Buffer& y);
 
 // ---- Lowering helpers -----------------------------------------------------
 

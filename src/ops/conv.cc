@@ -21,18 +21,6 @@
 
 namespace kiln::ops {
 
-namespace {
-
-// Geometry of a convolution window along the spatial dims.
-struct ConvGeometry {
-  std::vector<Expr> in;         // input spatial extents
-  std::vector<Expr> kernel;     // kernel extents
-  std::vector<Expr> out;        // output spatial extents
-  std::vector<Expr> pad_begin;  // padding before each spatial dim (may be symbolic with auto_pad)
-  std::vector<int64_t> stride, dilation;
-  bool may_pad = false;  // some padding may be non-zero: bodies need bound checks
-};
-
 Result<std::vector<int64_t>> spatial_attr(const Node& n, const std::string& name, size_t rank, int64_t def) {
   std::vector<int64_t> v = n.attr_ints(name, std::vector<int64_t>(rank, def));
   if (v.size() != rank) {
@@ -79,6 +67,9 @@ Result<ConvGeometry> conv_geometry(const Node& n, const Shape& x, const std::vec
   }
   return g;
 }
+
+namespace {
+
 
 // An index into an input dim of extent `extent`, clamped into range.
 Expr clamp_index(const Expr& i, const Expr& extent) { return max(min(i, extent - 1), Expr(0)); }

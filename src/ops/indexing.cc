@@ -29,15 +29,6 @@ Expr wrap_index(const Expr& loaded, const Expr& dim) {
   return clamp_index(select(lt(i, Expr(0)), i + dim, i), dim);
 }
 
-OpDef make_def(const std::string& name, std::function<Status(Node&, InferContext&)> infer,
-               std::function<Result<std::vector<tir::ComputeDef>>(const Node&, LowerContext&)> lower) {
-  OpDef def;
-  def.name = name;
-  def.infer = std::move(infer);
-  def.lower = std::move(lower);
-  return def;
-}
-
 // ---- Gather --------------------------------------------------------------------------
 
 Status infer_gather(Node& n, InferContext& ctx) {

@@ -14,7 +14,6 @@
 namespace kiln::ops {
 
 namespace {
-
 // Index into a batch dim `d` of an operand for output batch index `i` whose
 // extent is `out_d`: 0 for a unit dim, `i` when equal, `i mod d` when it may be either.
 Expr batch_index(const Expr& i, const Expr& d, const Expr& out_d) {
@@ -23,6 +22,38 @@ Expr batch_index(const Expr& i, const Expr& d, const Expr& out_d) {
   if (c || prove_equal(d, out_d)) return i;
   return mod(i, d);
 }
+}  // namespace
+
+MatMulIndices matmul_indices(LowerContext& ctx, const tir::Buffer& a, const tir::Buffer& b, const tir::Buffer& y) {
+  MatMulIndices mi;
+  bool a_vec = a.shape.size() == 1, b_vec = b.shape.size() == 1;
+  size_t out_rank = y.shape.size();
+  size_t batch_rank = out_rank - (a_vec ? 0 : 1) - (b_vec ? 0 : 1);
+  mi.axes = fresh_axes(ctx, out_rank, "i");
+  std::vector<Expr> iv = axis_vars(mi.axes);
+  mi.k = ctx.fresh("k");
+  Expr kv = var(mi.k);
+  mi.m = a_vec ? Expr(0) : iv[batch_rank];
+  mi.n = b_vec ? Expr(0) : iv[out_rank - 1];
+  size_t a_batch = a_vec ? 0 : a.shape.size() - 2;
+  size_t b_batch = b_vec ? 0 : b.shape.size() - 2;
+  for (size_t d = 0; d < a_batch; ++d) {
+    size_t o = batch_rank - a_batch + d;
+    mi.a.push_back(batch_index(iv[o], a.shape[d], y.shape[o]));
+  }
+  for (size_t d = 0; d < b_batch; ++d) {
+    size_t o = batch_rank - b_batch + d;
+    mi.b.push_back(batch_index(iv[o], b.shape[d], y.shape[o]));
+  }
+  if (!a_vec) mi.a.push_back(mi.m);
+  mi.a.push_back(kv);
+  mi.b.push_back(kv);
+  if (!b_vec) mi.b.push_back(mi.n);
+  return mi;
+}
+
+namespace {
+
 
 Status infer_matmul(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType at, input_type(n, 0));
@@ -50,36 +81,11 @@ Result<std::vector<tir::ComputeDef>> lower_matmul(const Node& n, LowerContext& c
   const tir::Buffer& a = ctx.inputs[0];
   const tir::Buffer& b = ctx.inputs[1];
   const tir::Buffer& y = ctx.outputs[0];
-  bool a_vec = a.shape.size() == 1, b_vec = b.shape.size() == 1;
-  size_t out_rank = y.shape.size();
-  size_t batch_rank = out_rank - (a_vec ? 0 : 1) - (b_vec ? 0 : 1);
-  std::vector<std::string> axes = fresh_axes(ctx, out_rank, "i");
-  std::vector<Expr> iv = axis_vars(axes);
-  std::string k = ctx.fresh("k");
-  Expr kv = var(k);
-  Expr m = a_vec ? Expr() : iv[batch_rank];
-  Expr nn = b_vec ? Expr() : iv[out_rank - 1];
-
-  std::vector<Expr> a_idx, b_idx;
-  size_t a_batch = a_vec ? 0 : a.shape.size() - 2;
-  size_t b_batch = b_vec ? 0 : b.shape.size() - 2;
-  for (size_t d = 0; d < a_batch; ++d) {
-    size_t o = batch_rank - a_batch + d;
-    a_idx.push_back(batch_index(iv[o], a.shape[d], y.shape[o]));
-  }
-  for (size_t d = 0; d < b_batch; ++d) {
-    size_t o = batch_rank - b_batch + d;
-    b_idx.push_back(batch_index(iv[o], b.shape[d], y.shape[o]));
-  }
-  if (!a_vec) a_idx.push_back(m);
-  a_idx.push_back(kv);
-  b_idx.push_back(kv);
-  if (!b_vec) b_idx.push_back(nn);
-  Expr kext = a.shape.back();
-  Expr body = ctx.load_input(0, a_idx) * ctx.load_input(1, b_idx);
+  MatMulIndices mi = matmul_indices(ctx, a, b, y);
+  Expr body = ctx.load_input(0, mi.a) * ctx.load_input(1, mi.b);
   std::vector<tir::ComputeDef> stages;
-  stages.push_back(make_reduce_stage(y.name, y.dtype, axes, y.shape, {k}, {kext}, tir::Combiner::kSum,
-                                     const_of(y.dtype, 0), body));
+  stages.push_back(make_reduce_stage(y.name, y.dtype, mi.axes, y.shape, {mi.k}, {a.shape.back()},
+                                     tir::Combiner::kSum, const_of(y.dtype, 0), body));
   return stages;
 }
 

@@ -412,11 +412,7 @@ Result<std::vector<tir::ComputeDef>> lower_mvn(const Node& n, LowerContext& ctx)
 
 void register_norm(const char* name, std::function<Status(Node&, InferContext&)> infer,
                    std::function<Result<std::vector<tir::ComputeDef>>(const Node&, LowerContext&)> lower) {
-  OpDef def;
-  def.name = name;
-  def.infer = std::move(infer);
-  def.lower = std::move(lower);
-  register_op(std::move(def));
+  register_op(make_def(name, std::move(infer), std::move(lower)));
 }
 
 }  // namespace

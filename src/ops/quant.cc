@@ -281,14 +281,6 @@ Result<std::vector<tir::ComputeDef>> lower_dynamic_quantize(const Node& n, Lower
 
 // ---- Integer matrix products ---------------------------------------------------------
 
-// Index into a batch dim `d` of an operand for output batch index `i`.
-Expr batch_index(const Expr& i, const Expr& d, const Expr& out_d) {
-  auto c = d.as_const();
-  if (c && *c == 1) return Expr(0);
-  if (c || prove_equal(d, out_d)) return i;
-  return mod(i, d);
-}
-
 // Operands of MatMulInteger / QLinearMatMul by input position.
 struct MatMulInputs {
   size_t a, a_zp, b, b_zp;
@@ -344,35 +336,15 @@ Result<tir::ComputeDef> integer_matmul_stage(const Node& n, LowerContext& ctx, c
   const tir::Buffer& y = ctx.outputs[0];
   KILN_RETURN_IF_ERROR(check_dtype(n, a.dtype, false, "A"));
   KILN_RETURN_IF_ERROR(check_dtype(n, b.dtype, false, "B"));
-  bool a_vec = a.shape.size() == 1, b_vec = b.shape.size() == 1;
-  size_t out_rank = y.shape.size();
-  size_t batch_rank = out_rank - (a_vec ? 0 : 1) - (b_vec ? 0 : 1);
-  axes = fresh_axes(ctx, out_rank, "i");
-  std::vector<Expr> iv = axis_vars(axes);
-  std::string k = ctx.fresh("k");
-  Expr kv = var(k);
-  m_out = a_vec ? Expr(0) : iv[batch_rank];
-  n_out = b_vec ? Expr(0) : iv[out_rank - 1];
-  std::vector<Expr> a_idx, b_idx;
-  size_t a_batch = a_vec ? 0 : a.shape.size() - 2;
-  size_t b_batch = b_vec ? 0 : b.shape.size() - 2;
-  for (size_t d = 0; d < a_batch; ++d) {
-    size_t o = batch_rank - a_batch + d;
-    a_idx.push_back(batch_index(iv[o], a.shape[d], y.shape[o]));
-  }
-  for (size_t d = 0; d < b_batch; ++d) {
-    size_t o = batch_rank - b_batch + d;
-    b_idx.push_back(batch_index(iv[o], b.shape[d], y.shape[o]));
-  }
-  if (!a_vec) a_idx.push_back(m_out);
-  a_idx.push_back(kv);
-  b_idx.push_back(kv);
-  if (!b_vec) b_idx.push_back(n_out);
-  Expr av = cast(DType::kInt32, ctx.load_input(mi.a, a_idx));
-  Expr bv = cast(DType::kInt32, ctx.load_input(mi.b, b_idx));
+  MatMulIndices ix = matmul_indices(ctx, a, b, y);
+  axes = ix.axes;
+  m_out = ix.m;
+  n_out = ix.n;
+  Expr av = cast(DType::kInt32, ctx.load_input(mi.a, ix.a));
+  Expr bv = cast(DType::kInt32, ctx.load_input(mi.b, ix.b));
   if (has_input(n, mi.a_zp)) av = sub(av, load_zero_point(ctx, mi.a_zp, m_out));
   if (has_input(n, mi.b_zp)) bv = sub(bv, load_zero_point(ctx, mi.b_zp, n_out));
-  return make_reduce_stage(name, DType::kInt32, axes, y.shape, {k}, {a.shape.back()}, tir::Combiner::kSum,
+  return make_reduce_stage(name, DType::kInt32, axes, y.shape, {ix.k}, {a.shape.back()}, tir::Combiner::kSum,
                            int_imm(0, DType::kInt32), mul(av, bv));
 }
 
@@ -444,58 +416,6 @@ Result<std::vector<tir::ComputeDef>> lower_qlinear_matmul(const Node& n, LowerCo
 
 // ---- Integer convolutions ---------------------------------------------------------------
 
-// Geometry of a convolution window (as conv.cc).
-struct ConvGeometry {
-  std::vector<Expr> in, kernel, out, pad_begin;
-  std::vector<int64_t> stride, dilation;
-  bool may_pad = false;
-};
-
-Result<std::vector<int64_t>> spatial_attr(const Node& n, const std::string& name, size_t rank, int64_t def) {
-  std::vector<int64_t> v = n.attr_ints(name, std::vector<int64_t>(rank, def));
-  if (v.size() != rank) {
-    return node_invalid(n) << "attribute '" << name << "' has " << v.size() << " values, expected " << rank;
-  }
-  for (int64_t x : v) {
-    if (x <= 0) return node_invalid(n) << "attribute '" << name << "' must be positive";
-  }
-  return v;
-}
-
-Result<ConvGeometry> conv_geometry(const Node& n, const Shape& x, const std::vector<Expr>& kernel,
-                                   const SymbolBounds& bounds) {
-  size_t rank = kernel.size();
-  ConvGeometry g;
-  g.kernel = kernel;
-  g.in.assign(x.begin() + 2, x.end());
-  KILN_ASSIGN_OR_RETURN(g.stride, spatial_attr(n, "strides", rank, 1));
-  KILN_ASSIGN_OR_RETURN(g.dilation, spatial_attr(n, "dilations", rank, 1));
-  std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
-  std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(2 * rank, 0));
-  if (pads.size() != 2 * rank) return node_invalid(n) << "attribute 'pads' needs " << 2 * rank << " values";
-  for (size_t d = 0; d < rank; ++d) {
-    Expr span = Expr(g.dilation[d]) * (kernel[d] - 1) + 1;
-    Expr s = Expr(g.stride[d]);
-    if (auto_pad == "NOTSET") {
-      g.pad_begin.push_back(Expr(pads[d]));
-      g.out.push_back(simplify(floordiv(g.in[d] + pads[d] + pads[d + rank] - span, s) + 1, bounds));
-      if (pads[d] != 0 || pads[d + rank] != 0) g.may_pad = true;
-    } else if (auto_pad == "VALID") {
-      g.pad_begin.push_back(Expr(0));
-      g.out.push_back(simplify(floordiv(g.in[d] - span, s) + 1, bounds));
-    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-      Expr out = simplify(floordiv(g.in[d] + (g.stride[d] - 1), s), bounds);
-      Expr total = simplify(max(Expr(0), (out - 1) * s + span - g.in[d]), bounds);
-      Expr half = floordiv(total, 2);
-      g.pad_begin.push_back(simplify(auto_pad == "SAME_UPPER" ? half : total - half, bounds));
-      g.out.push_back(out);
-      g.may_pad = true;
-    } else {
-      return node_invalid(n) << "unknown auto_pad '" << auto_pad << "'";
-    }
-  }
-  return g;
-}
 
 // Operands of ConvInteger / QLinearConv by input position.
 struct ConvInputs {
@@ -630,25 +550,16 @@ Result<std::vector<tir::ComputeDef>> lower_qlinear_conv(const Node& n, LowerCont
   return stages;
 }
 
-void register_compiled(const char* name, std::function<Status(Node&, InferContext&)> infer,
-         std::function<Result<std::vector<tir::ComputeDef>>(const Node&, LowerContext&)> lower) {
-  OpDef def;
-  def.name = name;
-  def.infer = std::move(infer);
-  def.lower = std::move(lower);
-  register_op(std::move(def));
-}
-
 }  // namespace
 
 void register_quant_ops() {
-  register_compiled("QuantizeLinear", infer_quantize, lower_quantize);
-  register_compiled("DequantizeLinear", infer_dequantize, lower_dequantize);
-  register_compiled("DynamicQuantizeLinear", infer_dynamic_quantize, lower_dynamic_quantize);
-  register_compiled("MatMulInteger", infer_matmul_integer, lower_matmul_integer);
-  register_compiled("QLinearMatMul", infer_qlinear_matmul, lower_qlinear_matmul);
-  register_compiled("ConvInteger", infer_conv_integer, lower_conv_integer);
-  register_compiled("QLinearConv", infer_qlinear_conv, lower_qlinear_conv);
+  register_op(make_def("QuantizeLinear", infer_quantize, lower_quantize));
+  register_op(make_def("DequantizeLinear", infer_dequantize, lower_dequantize));
+  register_op(make_def("DynamicQuantizeLinear", infer_dynamic_quantize, lower_dynamic_quantize));
+  register_op(make_def("MatMulInteger", infer_matmul_integer, lower_matmul_integer));
+  register_op(make_def("QLinearMatMul", infer_qlinear_matmul, lower_qlinear_matmul));
+  register_op(make_def("ConvInteger", infer_conv_integer, lower_conv_integer));
+  register_op(make_def("QLinearConv", infer_qlinear_conv, lower_qlinear_conv));
 }
 
 }  // namespace kiln::ops

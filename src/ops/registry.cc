@@ -185,6 +185,20 @@ StatusBuilder node_invalid(const Node& n) {
   return b;
 }
 
+// ---- common.h: op definitions -----------------------------------------------------
+
+OpDef make_def(const std::string& name, std::function<Status(Node&, InferContext&)> infer,
+               std::function<Result<std::vector<tir::ComputeDef>>(const Node&, LowerContext&)> lower,
+               bool is_view, std::function<Result<RuntimeKernel>(const Node&)> kernel) {
+  OpDef def;
+  def.name = name;
+  def.infer = std::move(infer);
+  def.lower = std::move(lower);
+  def.is_view = is_view;
+  def.kernel = std::move(kernel);
+  return def;
+}
+
 // ---- common.h: lowering preconditions ------------------------------------------------
 
 Status require_dims_from_inputs(const Node& n, const LowerContext& ctx) {

@@ -1389,18 +1389,6 @@ Result<RuntimeKernel> reshape_kernel(const Node& n) {
   });
 }
 
-OpDef make_def(const std::string& name, std::function<Status(Node&, InferContext&)> infer,
-               std::function<Result<std::vector<tir::ComputeDef>>(const Node&, LowerContext&)> lower,
-               bool is_view = false, std::function<Result<RuntimeKernel>(const Node&)> kernel = nullptr) {
-  OpDef def;
-  def.name = name;
-  def.infer = std::move(infer);
-  def.lower = std::move(lower);
-  def.is_view = is_view;
-  def.kernel = std::move(kernel);
-  return def;
-}
-
 }  // namespace
 
 // Ops with both a lowering and a runtime kernel use the kernel for nodes whose
