@@ -156,6 +156,44 @@ TEST(DefaultSchedules, MatMulMatchesNaive) {
 
 // The default schedule of a matmul is register tiled: an 8 x 16 accumulator
 // tile with overlapping tail tiles, the rows unrolled and the columns vectorized.
+// A symbolic batch is usually 1 at run time: the parallel loop is one with a
+// known count of at least 2 when there is one (GPT-2 ran on one core at
+// batch 1 before), for reductions and for elementwise stages.
+TEST(DefaultSchedules, ParallelPrefersKnownLargeLoopOverSymbolicBatch) {
+  Expr b = var("b");
+  tir::KernelDef mm;
+  mm.name = "mm";
+  mm.params = {{"A", DType::kFloat32, {b, Expr(20), Expr(9)}},
+               {"B", DType::kFloat32, {Expr(9), Expr(64)}},
+               {"C", DType::kFloat32, {b, Expr(20), Expr(64)}}};
+  mm.num_inputs = 2;
+  tir::ComputeDef c;
+  c.name = "C";
+  c.axes = {"n", "i", "j"};
+  c.shape = {b, Expr(20), Expr(64)};
+  c.reduce_axes = {"k"};
+  c.reduce_extents = {Expr(9)};
+  c.combiner = tir::Combiner::kSum;
+  c.body = load("A", 0, DType::kFloat32, {var("n"), var("i"), var("k")}) *
+           load("B", 1, DType::kFloat32, {var("k"), var("j")});
+  mm.stages.push_back(c);
+  std::string s = tir::default_schedule(mm).to_string();
+  EXPECT_NE(s.find("parallel(C, j.o)"), std::string::npos) << s;
+
+  tir::KernelDef ew;
+  ew.name = "ew";
+  ew.params = {{"X", DType::kFloat32, {b, Expr(7), Expr(32)}}, {"Y", DType::kFloat32, {b, Expr(7), Expr(32)}}};
+  ew.num_inputs = 1;
+  tir::ComputeDef e;
+  e.name = "Y";
+  e.axes = {"n", "i", "j"};
+  e.shape = {b, Expr(7), Expr(32)};
+  e.body = load("X", 0, DType::kFloat32, {var("n"), var("i"), var("j")}) * float_imm(2.0);
+  ew.stages.push_back(e);
+  std::string t = tir::default_schedule(ew).to_string();
+  EXPECT_NE(t.find("parallel(Y, i)"), std::string::npos) << t;
+}
+
 TEST(DefaultSchedules, MatMulIsRegisterTiled) {
   tir::KernelDef k;
   k.name = "mm";
