@@ -254,16 +254,18 @@ class CompiledModel {
   std::mutex mutex_;  // one run at a time per model
 };
 
-kiln::CompileOptions make_options(int threads, bool naive) {
+kiln::CompileOptions make_options(int threads, bool naive, int64_t max_memory) {
   if (threads < 0) throw py::value_error("threads must be >= 0 (0: all hardware threads)");
+  if (max_memory < 0) throw py::value_error("max_memory must be >= 0 (0: 80% of physical memory)");
   kiln::CompileOptions options;
   options.threads = threads;
   options.naive = naive;
+  options.max_memory_bytes = max_memory;
   return options;
 }
 
-std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads, bool naive) {
-  kiln::CompileOptions options = make_options(threads, naive);
+std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads, bool naive, int64_t max_memory) {
+  kiln::CompileOptions options = make_options(threads, naive, max_memory);
   std::optional<kiln::Result<kiln::Model>> model;
   {
     py::gil_scoped_release release;
@@ -274,8 +276,8 @@ std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads
 }
 
 std::unique_ptr<CompiledModel> compile_bytes(const py::bytes& data, int threads, bool naive,
-                                             const std::string& source_name) {
-  kiln::CompileOptions options = make_options(threads, naive);
+                                             const std::string& source_name, int64_t max_memory) {
+  kiln::CompileOptions options = make_options(threads, naive, max_memory);
   std::string bytes = data;
   std::optional<kiln::Result<kiln::Model>> model;
   {
@@ -319,8 +321,8 @@ PYBIND11_MODULE(_kiln, m) {
       .def("graph_text", &CompiledModel::graph_text);
 
   m.def("compile_file", &compile_file, py::arg("path"), py::arg("threads") = 0,
-        py::arg("naive") = false);
+        py::arg("naive") = false, py::arg("max_memory") = 0);
   m.def("compile_bytes", &compile_bytes, py::arg("data"), py::arg("threads") = 0,
-        py::arg("naive") = false, py::arg("source_name") = "<bytes>");
+        py::arg("naive") = false, py::arg("source_name") = "<bytes>", py::arg("max_memory") = 0);
   m.def("describe_model_file", &describe_model_file, py::arg("path"));
 }

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
 ./scripts/build.sh
 cd build
-ctest --output-on-failure -j1 "$@"
+ctest --output-on-failure --no-tests=error -j1 "$@"

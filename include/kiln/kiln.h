@@ -20,6 +20,10 @@ struct CompileOptions {
   bool naive = false;          // naive (reference) schedules: no inlining, serial loops
   bool dump_ir = false;        // print graph, loop IR and LLVM IR to stderr
   bool fuse_elementwise = true;
+  // Bytes one run may allocate: each tensor, and the intermediates alive at
+  // once. 0: 80% of the machine's physical memory. Exceeding it is an error
+  // naming the node and the shape (StatusCode::kResourceExhausted).
+  int64_t max_memory_bytes = 0;
 };
 
 // Description of one graph input or output. Dims print symbolically ("n", "s + 1").
@@ -52,6 +56,11 @@ class Model {
 
   // Runs the model. Errors name the input for a missing input, wrong dtype or
   // a shape that does not match the model's (static or symbolic) shape.
+  //
+  // Thread safety: any number of models may run at once from any number of
+  // threads, and each result equals a serial run's bit for bit. Calls to one
+  // model from several threads are serialized (one VM and arena per model):
+  // to run one model in parallel, compile it once per thread.
   Result<std::map<std::string, Tensor>> run(const std::map<std::string, Tensor>& inputs);
 
   // Text of the optimized graph (graph IR printer).

@@ -39,6 +39,7 @@ Result<Model> Model::compile_file(const std::string& path, const CompileOptions&
   auto impl = std::make_unique<Impl>();
   impl->compiled = std::move(*compiled);
   impl->vm = std::make_unique<runtime::VM>(impl->compiled.program, resolve_threads(options.threads));
+  impl->vm->set_memory_limit(options.max_memory_bytes);
   return Model(std::move(impl));
 }
 
@@ -51,6 +52,7 @@ Result<Model> Model::compile_bytes(const std::string& bytes, const CompileOption
   auto impl = std::make_unique<Impl>();
   impl->compiled = std::move(*compiled);
   impl->vm = std::make_unique<runtime::VM>(impl->compiled.program, resolve_threads(options.threads));
+  impl->vm->set_memory_limit(options.max_memory_bytes);
   return Model(std::move(impl));
 }
 
@@ -124,6 +126,7 @@ Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, 
       case runtime::OpCode::kView: what = "view"; break;
       case runtime::OpCode::kShapeOf: what = "shape"; break;
       case runtime::OpCode::kCopy: what = "copy"; break;
+      case runtime::OpCode::kCheckIndices: what = "index check"; break;
       default: what = "control"; break;
     }
     double ms = prof[i].seconds * 1e3 / std::max(runs, 1);

@@ -317,6 +317,22 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
     state_->funcs.push_back(std::move(*func));
     state_->kernel_by_hash[h] = func_index;
   }
+  // Index tensors read by the kernel are range-checked first (OpDef::index_checks).
+  for (const Node* n : group.nodes) {
+    const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
+    if (!def || !def->index_checks) continue;
+    auto checks = def->index_checks(*n);
+    if (!checks.is_ok()) return checks.status().with_context(describe(n));
+    for (const ops::IndexCheck& c : *checks) {
+      if (c.input >= n->num_inputs() || !n->input(c.input)) continue;
+      runtime::Instr chk;
+      chk.op = runtime::OpCode::kCheckIndices;
+      chk.inputs = {reg(n->input(c.input))};
+      chk.values = c.extents;
+      chk.where = describe(n);
+      prog_->instrs.push_back(std::move(chk));
+    }
+  }
   runtime::Instr in;
   in.op = runtime::OpCode::kCall;
   in.callee = func_index;

@@ -2,9 +2,11 @@
 // OneHot, Resize (nearest and linear). Runtime kernels (data-dependent
 // output shapes or scattered writes): ScatterND, ScatterElements, NonZero, TopK.
 //
-// Indices read from a tensor are wrapped when negative (i + dim) and then
-// clamped into the dim before the load, so a bad index never reads out of
-// bounds (it reads an edge element instead; ONNX leaves it undefined).
+// Indices read from a tensor are wrapped when negative (i + dim). Gather,
+// GatherElements and GatherND declare index checks (OpDef::index_checks): the
+// VM rejects an index outside [-dim, dim) with an error naming the node, as
+// ONNX Runtime does. The kernels still clamp the wrapped index into the dim,
+// so that no load can leave the buffer even if a check were missing.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -157,6 +159,24 @@ Result<std::vector<tir::ComputeDef>> lower_gather_nd(const Node& n, LowerContext
   std::vector<tir::ComputeDef> stages;
   stages.push_back(make_stage(y.name, y.dtype, axes, y.shape, ctx.load_input(0, idx)));
   return stages;
+}
+
+// Index checks: Gather and GatherElements index the data's `axis`; GatherND's
+// index tuples address dims batch_dims .. batch_dims + m - 1.
+Result<std::vector<IndexCheck>> gather_index_checks(const Node& n) {
+  KILN_ASSIGN_OR_RETURN(Shape d, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n, n.attr_int("axis", 0), static_cast<int64_t>(d.size())));
+  return std::vector<IndexCheck>{IndexCheck{1, {d[axis]}}};
+}
+
+Result<std::vector<IndexCheck>> gather_nd_index_checks(const Node& n) {
+  KILN_ASSIGN_OR_RETURN(Shape d, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape q, input_shape(n, 1));
+  int64_t b = n.attr_int("batch_dims", 0);
+  auto m = q.empty() ? std::nullopt : simplify(q.back()).as_const();
+  if (!m || b < 0 || b + *m > static_cast<int64_t>(d.size()))
+    return node_invalid(n) << "indices do not fit the data rank";
+  return std::vector<IndexCheck>{IndexCheck{1, Shape(d.begin() + b, d.begin() + b + *m)}};
 }
 
 // ---- Trilu, CumSum, OneHot -----------------------------------------------------------------
@@ -634,7 +654,7 @@ Result<RuntimeKernel> non_zero_kernel(const Node& n) {
     int64_t count = static_cast<int64_t>(hits.size());
     out.resize(1);
     // A scalar is treated as a 1-element 1-D tensor (as ONNX Runtime does).
-    out[0] = Tensor(DType::kInt64, {std::max<int64_t>(rank, 1), count});
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(DType::kInt64, {std::max<int64_t>(rank, 1), count}));
     int64_t* o = out[0].data_as<int64_t>();
     for (int64_t h = 0; h < count; ++h) {
       int64_t rem = hits[h];
@@ -687,8 +707,8 @@ Result<RuntimeKernel> top_k_kernel(const Node& n) {
     std::vector<int64_t> oshape = x.shape();
     oshape[axis] = k;
     out.resize(2);
-    out[0] = Tensor(x.dtype(), oshape);
-    out[1] = Tensor(DType::kInt64, oshape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), oshape));
+    KILN_ASSIGN_OR_RETURN(out[1], Tensor::allocate(DType::kInt64, oshape));
     int64_t inner = 1, outer = 1;
     for (int64_t d = axis + 1; d < rank; ++d) inner *= x.shape()[d];
     for (int64_t d = 0; d < axis; ++d) outer *= x.shape()[d];
@@ -735,7 +755,7 @@ Result<RuntimeKernel> cumsum_kernel(const Node& n) {
     for (int64_t d = axis + 1; d < rank; ++d) inner *= x.shape()[d];
     for (int64_t d = 0; d < axis; ++d) outer *= x.shape()[d];
     out.resize(1);
-    out[0] = Tensor(x.dtype(), x.shape());
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), x.shape()));
     for (int64_t o = 0; o < outer; ++o) {
       for (int64_t i = 0; i < inner; ++i) {
         double acc = 0;
@@ -768,7 +788,7 @@ Result<RuntimeKernel> one_hot_kernel(const Node& n) {
     std::vector<int64_t> shape = ind.shape();
     shape.insert(shape.begin() + axis, depth);
     out.resize(1);
-    out[0] = Tensor(values.dtype(), shape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(values.dtype(), shape));
     int64_t inner = 1;
     for (int64_t d = axis; d < ind.rank(); ++d) inner *= ind.shape()[d];
     int64_t es = dtype_size(values.dtype());
@@ -857,7 +877,7 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
       return (xo + 0.5) / s - 0.5;
     };
     out.resize(1);
-    out[0] = Tensor(x.dtype(), shape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), shape));
     std::vector<int64_t> xs(static_cast<size_t>(rank), 1);
     for (int64_t k = rank - 1; k > 0; --k) xs[k - 1] = xs[k] * x.shape()[k];
     std::vector<int64_t> idx(static_cast<size_t>(rank), 0);
@@ -933,9 +953,15 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
 }  // namespace
 
 void register_indexing_ops() {
-  register_op(make_def("Gather", infer_gather, lower_gather));
-  register_op(make_def("GatherElements", infer_gather_elements, lower_gather_elements));
-  register_op(make_def("GatherND", infer_gather_nd, lower_gather_nd));
+  OpDef gather = make_def("Gather", infer_gather, lower_gather);
+  gather.index_checks = gather_index_checks;
+  register_op(std::move(gather));
+  OpDef gather_elements = make_def("GatherElements", infer_gather_elements, lower_gather_elements);
+  gather_elements.index_checks = gather_index_checks;
+  register_op(std::move(gather_elements));
+  OpDef gather_nd = make_def("GatherND", infer_gather_nd, lower_gather_nd);
+  gather_nd.index_checks = gather_nd_index_checks;
+  register_op(std::move(gather_nd));
   register_op(make_def("Trilu", infer_trilu, lower_trilu));
   // CumSum and OneHot use their runtime kernels when the axis / depth is only
   // known at run time.

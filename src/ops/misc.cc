@@ -178,7 +178,7 @@ Result<RuntimeKernel> window_kernel(const Node& n, std::vector<double> coeffs) {
     int64_t size = in[0].get_i64(0);
     if (size < 0) return invalid_argument() << "window size must be >= 0";
     out.resize(1);
-    out[0] = Tensor(out_t, {size});
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(out_t, {size}));
     double denom = static_cast<double>(periodic ? size : size - 1);
     for (int64_t i = 0; i < size; ++i) {
       double v = 0;
@@ -254,7 +254,7 @@ Result<RuntimeKernel> compress_kernel(const Node& n) {
     std::vector<int64_t> shape = flat.shape();
     shape[axis] = static_cast<int64_t>(keep.size());
     out.resize(1);
-    out[0] = Tensor(x.dtype(), shape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), shape));
     int64_t inner = 1, outer = 1;
     for (int64_t d = axis + 1; d < flat.rank(); ++d) inner *= flat.shape()[d];
     for (int64_t d = 0; d < axis; ++d) outer *= flat.shape()[d];
@@ -344,14 +344,14 @@ Result<RuntimeKernel> unique_kernel(const Node& n) {
     std::vector<int64_t> shape = x.shape();
     shape[axis] = u;
     out.resize(4);
-    out[0] = Tensor(x.dtype(), shape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), shape));
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t r = 0; r < u; ++r)
         for (int64_t i = 0; i < inner; ++i)
           copy_elem(out[0], (o * u + r) * inner + i, x, (o * dim + firsts[order[r]]) * inner + i);
-    out[1] = Tensor(DType::kInt64, {u});
-    out[2] = Tensor(DType::kInt64, {dim});
-    out[3] = Tensor(DType::kInt64, {u});
+    KILN_ASSIGN_OR_RETURN(out[1], Tensor::allocate(DType::kInt64, {u}));
+    KILN_ASSIGN_OR_RETURN(out[2], Tensor::allocate(DType::kInt64, {dim}));
+    KILN_ASSIGN_OR_RETURN(out[3], Tensor::allocate(DType::kInt64, {u}));
     for (int64_t r = 0; r < u; ++r) {
       out[1].data_as<int64_t>()[r] = firsts[order[r]];
       out[3].data_as<int64_t>()[r] = counts[r];
@@ -432,7 +432,7 @@ Result<RuntimeKernel> nms_kernel(const Node& n) {
     }
     out.resize(1);
     int64_t rows = static_cast<int64_t>(result.size()) / 3;
-    out[0] = Tensor(DType::kInt64, {rows, 3});
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(DType::kInt64, {rows, 3}));
     std::copy(result.begin(), result.end(), out[0].data_as<int64_t>());
     return Status::ok();
   });
@@ -456,7 +456,7 @@ Result<RuntimeKernel> det_kernel(const Node&) {
     if (x.shape()[x.rank() - 2] != m) return invalid_argument() << "Det: matrices must be square";
     std::vector<int64_t> shape(x.shape().begin(), x.shape().end() - 2);
     out.resize(1);
-    out[0] = Tensor(x.dtype(), shape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), shape));
     for (int64_t b = 0; b < out[0].numel(); ++b) {
       // LU decomposition with partial pivoting.
       std::vector<double> a(static_cast<size_t>(m * m));
@@ -563,7 +563,7 @@ Result<RuntimeKernel> grid_sample_kernel(const Node& n) {
     std::vector<int64_t> oshape = {x.shape()[0], x.shape()[1]};
     oshape.insert(oshape.end(), grid.shape().begin() + 1, grid.shape().end() - 1);
     out.resize(1);
-    out[0] = Tensor(x.dtype(), oshape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), oshape));
     int64_t spatial = 1;
     for (int64_t d : dims) spatial *= d;
     int64_t points = 1;
@@ -672,7 +672,7 @@ Result<RuntimeKernel> affine_grid_kernel(const Node& n) {
     oshape.insert(oshape.end(), dims.begin(), dims.end());
     oshape.push_back(r);
     out.resize(1);
-    out[0] = Tensor(theta.dtype(), oshape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(theta.dtype(), oshape));
     int64_t points = 1;
     for (int64_t d : dims) points *= d;
     auto coord = [&](int64_t i, int64_t len) {
@@ -728,7 +728,7 @@ Result<RuntimeKernel> center_crop_pad_kernel(const Node& n) {
       oshape[a] = in[1].get_i64(static_cast<int64_t>(k));
     }
     out.resize(1);
-    out[0] = Tensor(x.dtype(), oshape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), oshape));
     std::vector<int64_t> shift(x.rank());  // input index = output index + shift
     for (int64_t d = 0; d < x.rank(); ++d) {
       int64_t in_d = x.shape()[d], out_d = oshape[d];
@@ -799,7 +799,7 @@ Result<RuntimeKernel> max_unpool_kernel(const Node& n) {
     std::vector<int64_t> oshape(static_cast<size_t>(in[2].numel()));
     for (int64_t d = 0; d < in[2].numel(); ++d) oshape[d] = in[2].get_i64(d);
     if (oshape.size() != inferred.size()) return invalid_argument() << "MaxUnpool: output_shape has the wrong rank";
-    out[0] = Tensor(x.dtype(), oshape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), oshape));
     std::vector<int64_t> ost = strides_of(oshape), idx;
     for (int64_t e = 0; e < y.numel(); ++e) {
       unravel(e, inferred, idx);
@@ -866,7 +866,7 @@ Result<RuntimeKernel> col2im_kernel(const Node& n) {
     std::vector<int64_t> oshape = {n_batch, c_total};
     oshape.insert(oshape.end(), img.begin(), img.end());
     out.resize(1);
-    out[0] = Tensor(x.dtype(), oshape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), oshape));
     int64_t spatial = 1;
     for (int64_t v : img) spatial *= v;
     std::vector<double> acc(static_cast<size_t>(n_batch * c_total * spatial), 0.0);
@@ -933,7 +933,7 @@ Result<RuntimeKernel> upsample_kernel(const Node& n) {
     for (int64_t d = 0; d < x.rank(); ++d)
       oshape[d] = static_cast<int64_t>(std::floor(static_cast<double>(x.shape()[d]) * scales[d]));
     out.resize(1);
-    out[0] = Tensor(x.dtype(), oshape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), oshape));
     std::vector<int64_t> st = strides_of(x.shape()), idx;
     int64_t r = x.rank();
     for (int64_t e = 0; e < out[0].numel(); ++e) {

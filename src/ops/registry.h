@@ -59,6 +59,17 @@ struct LowerContext {
 // shapes may be data-dependent). Attributes are captured when the kernel is bound.
 using RuntimeKernel = std::function<Status(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs)>;
 
+// Index values of input `input` must lie in [-extent, extent) (negative
+// values count from the end). `extents` has one entry per position along the
+// innermost axis of the indices, cycled (GatherND's index tuples); a single
+// extent applies to every element. The VM checks them before the kernel runs,
+// so an out-of-range index is an error naming the node instead of a read of
+// some other element.
+struct IndexCheck {
+  size_t input = 0;
+  std::vector<Expr> extents;
+};
+
 struct OpDef {
   std::string name;
   std::string domain;  // "" = ai.onnx
@@ -72,6 +83,8 @@ struct OpDef {
   bool is_view = false;
   // Elementwise (with broadcasting): may be fused into a chain with neighbours.
   bool is_elementwise = false;
+  // Compiled ops that read through index tensors: the run-time range checks.
+  std::function<Result<std::vector<IndexCheck>>(const Node&)> index_checks;
 };
 
 // Registration (called from each family's register_*() function).

@@ -920,7 +920,7 @@ Result<RuntimeKernel> range_kernel(const Node& n) {
       if (d == 0) return invalid_argument() << "Range with delta 0";
       int64_t len = d > 0 ? (l - s + d - 1) / d : (s - l - d - 1) / -d;
       len = std::max<int64_t>(0, len);
-      out[0] = Tensor(dt, {len});
+      KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(dt, {len}));
       for (int64_t i = 0; i < len; ++i) {
         int64_t v = s + i * d;
         switch (dtype_size(dt)) {
@@ -935,7 +935,7 @@ Result<RuntimeKernel> range_kernel(const Node& n) {
     double s = in[0].get_f64(0), l = in[1].get_f64(0), d = in[2].get_f64(0);
     if (d == 0) return invalid_argument() << "Range with delta 0";
     int64_t len = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((l - s) / d)));
-    out[0] = Tensor(dt, {len});
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(dt, {len}));
     for (int64_t i = 0; i < len; ++i) out[0].set_f64(i, s + static_cast<double>(i) * d);
     return Status::ok();
   });
@@ -1151,7 +1151,7 @@ Result<RuntimeKernel> slice_kernel(const Node& n) {
       shape[a] = len;
     }
     out.resize(1);
-    out[0] = Tensor(x.dtype(), shape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), shape));
     std::vector<int64_t> xs = row_strides(x.shape());
     for_each_index(shape, [&](int64_t e, const std::vector<int64_t>& idx) {
       int64_t src = 0;
@@ -1192,7 +1192,7 @@ Result<RuntimeKernel> pad_kernel(const Node& n) {
       fill.set_f64(0, attr_value);
     }
     out.resize(1);
-    out[0] = Tensor(x.dtype(), shape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), shape));
     std::vector<int64_t> xs = row_strides(x.shape());
     for_each_index(shape, [&](int64_t e, const std::vector<int64_t>& idx) {
       int64_t src = 0;
@@ -1250,7 +1250,7 @@ Result<RuntimeKernel> split_kernel(const Node& n) {
     for (size_t o = 0; o < outputs; ++o) {
       std::vector<int64_t> shape = x.shape();
       shape[axis] = sizes[o];
-      out[o] = Tensor(x.dtype(), shape);
+      KILN_ASSIGN_OR_RETURN(out[o], Tensor::allocate(x.dtype(), shape));
       for_each_index(shape, [&](int64_t e, const std::vector<int64_t>& idx) {
         int64_t src = 0;
         for (size_t k = 0; k < idx.size(); ++k) src += (idx[k] + (static_cast<int64_t>(k) == axis ? off : 0)) * xs[k];
@@ -1278,7 +1278,7 @@ Result<RuntimeKernel> expand_kernel(const Node& n) {
       shape[k] = xd[k] == 1 ? t : xd[k];
     }
     out.resize(1);
-    out[0] = Tensor(x.dtype(), shape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), shape));
     std::vector<int64_t> xs = row_strides(xd);
     for_each_index(shape, [&](int64_t e, const std::vector<int64_t>& idx) {
       int64_t src = 0;
@@ -1302,7 +1302,7 @@ Result<RuntimeKernel> tile_kernel(const Node& n) {
       shape[k] *= reps[k];
     }
     out.resize(1);
-    out[0] = Tensor(x.dtype(), shape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), shape));
     std::vector<int64_t> xs = row_strides(x.shape());
     for_each_index(shape, [&](int64_t e, const std::vector<int64_t>& idx) {
       int64_t src = 0;
@@ -1323,7 +1323,7 @@ Result<RuntimeKernel> constant_of_shape_kernel(const Node& n) {
       if (d < 0) return invalid_argument() << who << ": negative dim " << d;
     }
     out.resize(1);
-    out[0] = Tensor(value.dtype(), shape);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(value.dtype(), shape));
     for (int64_t e = 0; e < out[0].numel(); ++e) copy_element(out[0], e, value, 0);
     return Status::ok();
   });

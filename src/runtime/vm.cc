@@ -4,8 +4,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <sstream>
 
+#include "support/memory_limit.h"
+#include "support/scratch.h"
 #include "support/thread_pool.h"
 
 namespace kiln::runtime {
@@ -15,30 +18,82 @@ namespace {
 constexpr int64_t kAlign = 64;
 
 // Size-class pool for symbolic-shape runs: blocks are rounded up to a power
-// of two (at least 64 bytes) and kept on free lists between runs.
+// of two (at least 64 bytes) and kept on free lists between runs. The pool is
+// bounded: it keeps at most as many free bytes as were ever live at once, so a
+// model whose shapes change from run to run (a decoder over random sequence
+// lengths) reaches a steady state with no malloc and no growth. Blocks may be
+// returned from another thread (a buffer outlives its run inside a tensor the
+// caller holds), and after the VM is gone: the state is shared and locked.
 class BufferPool {
  public:
-  ~BufferPool() {
-    for (auto& [size, list] : free_)
-      for (void* p : list) std::free(p);
-  }
+  BufferPool() : state_(std::make_shared<State>()) {}
+
+  // A block of at least `bytes`, or null when the allocation fails.
   std::shared_ptr<void> acquire(int64_t bytes) {
     int64_t size = kAlign;
     while (size < bytes) size *= 2;
     void* p = nullptr;
-    auto& list = free_[size];
-    if (!list.empty()) {
-      p = list.back();
-      list.pop_back();
-    } else {
-      p = std::aligned_alloc(kAlign, static_cast<size_t>(size));
-      KILN_CHECK(p != nullptr) << "out of memory allocating " << size << " bytes";
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      auto& list = state_->free[size];
+      if (!list.empty()) {
+        p = list.back();
+        list.pop_back();
+        state_->free_bytes -= size;
+      }
     }
-    return std::shared_ptr<void>(p, [this, size](void* q) { free_[size].push_back(q); });
+    if (p == nullptr) p = std::aligned_alloc(kAlign, static_cast<size_t>(size));
+    if (p == nullptr) return nullptr;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->live_bytes += size;
+      state_->peak_live_bytes = std::max(state_->peak_live_bytes, state_->live_bytes);
+    }
+    std::shared_ptr<State> st = state_;
+    return std::shared_ptr<void>(p, [st, size](void* q) { st->release(q, size); });
+  }
+
+  int64_t live_bytes() const {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->live_bytes;
   }
 
  private:
-  std::map<int64_t, std::vector<void*>> free_;
+  struct State {
+    std::mutex mu;
+    std::map<int64_t, std::vector<void*>> free;
+    int64_t free_bytes = 0;
+    int64_t live_bytes = 0;
+    int64_t peak_live_bytes = 0;
+
+    void release(void* q, int64_t size) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        live_bytes -= size;
+        if (free_bytes + size <= peak_live_bytes) {
+          free[size].push_back(q);
+          free_bytes += size;
+          return;
+        }
+      }
+      std::free(q);
+    }
+    ~State() {
+      for (auto& [size, list] : free)
+        for (void* p : list) std::free(p);
+    }
+  };
+  std::shared_ptr<State> state_;
+};
+
+// Makes `limit` this thread's memory limit while in scope (support/memory_limit.h).
+class ScopedMemoryLimit {
+ public:
+  explicit ScopedMemoryLimit(int64_t limit) : old_(set_current_memory_limit(limit)) {}
+  ~ScopedMemoryLimit() { set_current_memory_limit(old_); }
+
+ private:
+  int64_t old_;
 };
 
 using Env = std::map<std::string, int64_t, std::less<>>;
@@ -86,6 +141,34 @@ Status bind_dims(const std::vector<Expr>& pattern, const std::vector<int64_t>& d
     if (!v.is_ok() || *v != dims[i])
       return invalid_argument() << what << " has shape " << shape_to_string(dims) << ", expected " << show()
                                 << " (dim " << i << " mismatches)";
+  }
+  return Status::ok();
+}
+
+// kCheckIndices: every index within [-extent, extent) of its data dim.
+Status check_indices(const Instr& in, const Tensor& indices, const Env& env) {
+  std::vector<int64_t> extents;
+  for (const Expr& e : in.values) {
+    auto v = evaluate(e, env);
+    if (!v.is_ok()) return internal_error() << in.where << ": cannot evaluate index extent " << print_expr(e);
+    extents.push_back(*v);
+  }
+  if (extents.empty()) return Status::ok();
+  int64_t n = indices.numel();
+  size_t m = extents.size();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = indices.dtype() == DType::kInt32 ? indices.data_as<int32_t>()[i] : indices.get_i64(i);
+    int64_t e = extents[static_cast<size_t>(i) % m];
+    if (v < -e || v >= e) {
+      std::vector<int64_t> pos(indices.shape().size());
+      for (int64_t k = static_cast<int64_t>(pos.size()) - 1, r = i; k >= 0; --k) {
+        pos[k] = indices.shape()[k] == 0 ? 0 : r % indices.shape()[k];
+        r = indices.shape()[k] == 0 ? 0 : r / indices.shape()[k];
+      }
+      return invalid_argument() << in.where << ": index " << v << " at " << shape_to_string(pos)
+                                << " of indices " << indices.describe() << " is out of range for a dim of " << e
+                                << " (valid: " << -e << " to " << e - 1 << ")";
+    }
   }
   return Status::ok();
 }
@@ -185,8 +268,9 @@ struct VM::Impl {
   std::shared_ptr<const Program> prog;
   int num_threads = 1;
   ThreadPool* pool = nullptr;
-  std::shared_ptr<void> arena;
+  std::shared_ptr<void> arena;  // allocated on the first run
   BufferPool buffers;
+  int64_t memory_limit = 0;  // bytes; 0: the limit of the calling thread
   bool profiling = false;
   std::vector<VM::InstrProfile> profile;
   std::vector<std::unique_ptr<VM>> subvms;  // by Program::subprograms index, created on first use
@@ -216,7 +300,10 @@ static std::vector<int64_t> empty_slice_shape(const RegisterInfo& info, size_t a
 Result<std::vector<Tensor>> VM::Impl::run_sub(int index, std::vector<Tensor> inputs, const std::vector<int>& captures,
                                               const std::vector<Tensor>& regs, const std::string& where) {
   if (subvms.size() < prog->subprograms.size()) subvms.resize(prog->subprograms.size());
-  if (!subvms[index]) subvms[index] = std::make_unique<VM>(prog->subprograms[index], num_threads);
+  if (!subvms[index]) {
+    subvms[index] = std::make_unique<VM>(prog->subprograms[index], num_threads);
+    subvms[index]->set_memory_limit(memory_limit);
+  }
   for (int r : captures) inputs.push_back(regs[r]);
   auto out = subvms[index]->run(inputs);
   if (!out.is_ok()) return out.status().with_context(where);
@@ -335,12 +422,9 @@ VM::VM(std::shared_ptr<const Program> program, int num_threads) : impl_(std::mak
   impl_->prog = std::move(program);
   impl_->num_threads = num_threads < 1 ? 1 : num_threads;
   impl_->pool = impl_->num_threads > 1 ? shared_thread_pool(impl_->num_threads) : nullptr;
-  if (impl_->prog->static_plan && impl_->prog->arena_bytes > 0) {
-    void* p = std::aligned_alloc(kAlign, static_cast<size_t>((impl_->prog->arena_bytes + kAlign - 1) / kAlign * kAlign));
-    KILN_CHECK(p != nullptr) << "out of memory allocating the arena";
-    impl_->arena = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
-  }
 }
+
+void VM::set_memory_limit(int64_t bytes) { impl_->memory_limit = bytes > 0 ? bytes : 0; }
 
 VM::~VM() = default;
 
@@ -355,6 +439,17 @@ const Program& VM::program() const { return *impl_->prog; }
 
 Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
   const Program& p = *prog;
+  const int64_t limit = memory_limit > 0 ? memory_limit : current_memory_limit();
+  ScopedMemoryLimit scoped_limit(limit);
+  if (p.static_plan && p.arena_bytes > 0 && !arena) {
+    if (p.arena_bytes > limit)
+      return resource_exhausted() << "the model's memory plan needs " << format_bytes(p.arena_bytes)
+                                  << ", more than the memory limit of " << format_bytes(limit) << " (--max-memory)";
+    void* a = std::aligned_alloc(kAlign, static_cast<size_t>((p.arena_bytes + kAlign - 1) / kAlign * kAlign));
+    if (a == nullptr)
+      return resource_exhausted() << "out of memory allocating the model's arena (" << format_bytes(p.arena_bytes) << ")";
+    arena = std::shared_ptr<void>(a, [](void* q) { std::free(q); });
+  }
   std::vector<Tensor> regs(p.registers.size());
   Env env;
 
@@ -382,18 +477,21 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
   auto allocate = [&](int r) -> Status {
     const RegisterInfo& info = p.registers[r];
     KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, eval_shape(info.shape, env, "'" + info.name + "'"));
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    // A guard against absurd sizes from adversarial models (more than 1 TiB).
-    if (n > (int64_t{1} << 40) / std::max<int64_t>(dtype_size(info.dtype), 1))
-      return invalid_argument() << "'" << info.name << "' would need " << n << " elements of "
-                                << dtype_name(info.dtype);
+    std::string what = "'" + info.name + "'";
     if (info.is_output || info.dtype == DType::kString) {
-      regs[r] = Tensor(info.dtype, std::move(shape));
+      KILN_ASSIGN_OR_RETURN(regs[r], Tensor::allocate(info.dtype, std::move(shape), what));
     } else if (info.arena_offset >= 0) {
       regs[r] = Tensor::borrow(info.dtype, std::move(shape), static_cast<char*>(arena.get()) + info.arena_offset);
     } else {
-      regs[r] = Tensor::wrap(info.dtype, std::move(shape), buffers.acquire(n * dtype_size(info.dtype)));
+      // Intermediates of a symbolic-shape run: together they must fit under the limit.
+      int64_t in_use = buffers.live_bytes();
+      KILN_RETURN_IF_ERROR(check_allocation(info.dtype, shape, std::max<int64_t>(limit - in_use, 0), what));
+      int64_t bytes = *checked_nbytes(info.dtype, shape);
+      std::shared_ptr<void> block = buffers.acquire(bytes);
+      if (block == nullptr)
+        return resource_exhausted() << what << ": out of memory allocating " << dtype_name(info.dtype)
+                                    << shape_to_string(shape) << " (" << format_bytes(bytes) << ")";
+      regs[r] = Tensor::wrap(info.dtype, std::move(shape), std::move(block));
     }
     return Status::ok();
   };
@@ -418,9 +516,14 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
           KILN_CHECK(it != env.end()) << "kernel " << k.name << " needs unbound symbol " << s;
           syms.push_back(it->second);
         }
+        int64_t scratch_failures = kiln_scratch_failures();
         set_current_thread_pool(pool);
         k.fn(args.data(), syms.data());
         set_current_thread_pool(nullptr);
+        if (kiln_scratch_failures() != scratch_failures)
+          return resource_exhausted() << in.where << ": kernel " << k.name
+                                      << " could not allocate its scratch memory (out of memory, or more than "
+                                      << format_bytes(default_memory_limit()) << ")";
         break;
       }
       case OpCode::kCallHost: {
@@ -483,6 +586,9 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         }
         break;
       }
+      case OpCode::kCheckIndices:
+        KILN_RETURN_IF_ERROR(check_indices(in, regs[in.inputs[0]], env));
+        break;
       case OpCode::kJump:
         next = static_cast<size_t>(in.target);
         break;

@@ -14,6 +14,10 @@
 //              evaluated now (shape subgraphs resolved at compile time)
 //   kCopy      output = a fresh copy of the input (graph outputs that alias
 //              inputs or constants)
+//   kCheckIndices  inputs [indices]: every element must lie in [-e, e), e the
+//              extent `values[position % values.size()]` evaluated now (an
+//              index tensor of a compiled Gather-like kernel); else an error
+//              naming the node
 //   kJump / kBranch / kRet  control flow (kBranch: jump when a bool scalar is false)
 //   kIf / kLoop / kScan  ONNX control flow: run a sub-program (see below)
 //
@@ -59,7 +63,9 @@ namespace kiln::runtime {
 using KernelFn = void (*)(void** buffers, const int64_t* syms);
 using HostKernel = std::function<Status(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs)>;
 
-enum class OpCode : uint8_t { kCall, kCallHost, kView, kShapeOf, kCopy, kJump, kBranch, kRet, kIf, kLoop, kScan };
+enum class OpCode : uint8_t {
+  kCall, kCallHost, kView, kShapeOf, kCopy, kCheckIndices, kJump, kBranch, kRet, kIf, kLoop, kScan
+};
 
 struct Instr {
   OpCode op = OpCode::kRet;
@@ -68,7 +74,7 @@ struct Instr {
   std::vector<int> outputs;   // registers written
   std::vector<int> release;   // registers whose last use is this instruction (pool mode)
   int target = -1;            // kJump / kBranch: instruction index
-  std::vector<Expr> values;   // kShapeOf: element values
+  std::vector<Expr> values;   // kShapeOf: element values; kCheckIndices: extents
   std::string where;          // node description for error messages ("Conv 'conv1'")
   // kIf / kLoop / kScan: indices into Program::subprograms, and per sub-program
   // the registers passed after its own inputs (captured outer values; they are
@@ -125,6 +131,8 @@ class VM {
     double seconds = 0;
   };
   void set_profiling(bool enabled);
+  // Bytes a run may allocate (support/memory_limit.h); 0: the calling thread's limit.
+  void set_memory_limit(int64_t bytes);
   const std::vector<InstrProfile>& profile() const;
   const Program& program() const;
 

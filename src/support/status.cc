@@ -13,6 +13,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kNotFound: return "not found";
     case StatusCode::kIoError: return "i/o error";
     case StatusCode::kInternal: return "internal error";
+    case StatusCode::kResourceExhausted: return "resource exhausted";
   }
   return "unknown";
 }

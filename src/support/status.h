@@ -21,6 +21,7 @@ enum class StatusCode {
   kNotFound,         // a file or name that does not exist
   kIoError,          // reading or writing a file failed
   kInternal,         // codegen or JIT failure
+  kResourceExhausted,  // an allocation failed or would exceed the memory limit
 };
 
 const char* status_code_name(StatusCode code);
@@ -96,6 +97,7 @@ inline StatusBuilder invalid_argument() { return StatusBuilder(StatusCode::kInva
 inline StatusBuilder not_found() { return StatusBuilder(StatusCode::kNotFound); }
 inline StatusBuilder io_error() { return StatusBuilder(StatusCode::kIoError); }
 inline StatusBuilder internal_error() { return StatusBuilder(StatusCode::kInternal); }
+inline StatusBuilder resource_exhausted() { return StatusBuilder(StatusCode::kResourceExhausted); }
 
 namespace detail {
 // Collects a failure message and aborts in its destructor.

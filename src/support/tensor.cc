@@ -3,12 +3,14 @@
 #include <cstring>
 #include <sstream>
 
+#include "support/memory_limit.h"
 #include "support/status.h"
 
 namespace kiln {
 
 namespace {
-std::shared_ptr<void> allocate_storage(DType dtype, int64_t n) {
+// Zero-filled storage for n elements; null when the allocation fails.
+std::shared_ptr<void> try_allocate_storage(DType dtype, int64_t n) {
   if (dtype == DType::kString) {
     auto* p = new std::string[n > 0 ? n : 1];
     return std::shared_ptr<void>(p, [](void* q) { delete[] static_cast<std::string*>(q); });
@@ -18,11 +20,30 @@ std::shared_ptr<void> allocate_storage(DType dtype, int64_t n) {
   size_t alloc = static_cast<size_t>(((bytes + 63) / 64) * 64);
   if (alloc == 0) alloc = 64;
   void* p = std::aligned_alloc(64, alloc);
-  KILN_CHECK(p != nullptr) << "out of memory allocating " << alloc << " bytes";
+  if (p == nullptr) return nullptr;
   std::memset(p, 0, alloc);
   return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
+
+std::shared_ptr<void> allocate_storage(DType dtype, int64_t n) {
+  std::shared_ptr<void> p = try_allocate_storage(dtype, n);
+  KILN_CHECK(p != nullptr) << "out of memory allocating " << n << " elements of " << dtype_name(dtype);
+  return p;
+}
 }  // namespace
+
+Result<Tensor> Tensor::allocate(DType dtype, std::vector<int64_t> shape, const std::string& what) {
+  KILN_RETURN_IF_ERROR(check_allocation(dtype, shape, current_memory_limit(), what));
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.storage_ = try_allocate_storage(dtype, t.numel());
+  if (t.storage_ == nullptr)
+    return resource_exhausted() << what << ": out of memory allocating " << t.describe() << " ("
+                                << format_bytes(t.nbytes()) << ")";
+  t.data_ = t.storage_.get();
+  return t;
+}
 
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
   storage_ = allocate_storage(dtype_, numel());

@@ -9,14 +9,20 @@
 #include <vector>
 
 #include "support/dtype.h"
+#include "support/status.h"
 
 namespace kiln {
 
 class Tensor {
  public:
   Tensor() = default;
-  // Allocates zero-filled storage (empty strings for kString).
+  // Allocates zero-filled storage (empty strings for kString). For sizes Kiln
+  // controls (constants it builds, small metadata); aborts when out of memory.
   Tensor(DType dtype, std::vector<int64_t> shape);
+  // Allocates zero-filled storage for a size that comes from a model or its
+  // inputs: a byte size that overflows, exceeds current_memory_limit()
+  // (support/memory_limit.h) or cannot be allocated is an error naming `what`.
+  static Result<Tensor> allocate(DType dtype, std::vector<int64_t> shape, const std::string& what = "a tensor");
   // Wraps caller-owned memory; the caller keeps it alive while the Tensor is used.
   static Tensor borrow(DType dtype, std::vector<int64_t> shape, void* data);
   // Shares `storage` (which must hold at least nbytes, 64-byte aligned).

@@ -44,6 +44,10 @@ struct ThreadPool::Impl {
   std::atomic<int64_t> num_chunks{0};
   std::atomic<int64_t> done{0};
 
+  // Held by the caller that owns the workers for one job. Callers that find
+  // the pool busy run their loop serially instead of waiting (see parallel_for).
+  std::mutex job_mu;
+
   void run_chunks(uint64_t epoch) {
     for (;;) {
       uint64_t t = ticket.load(std::memory_order_acquire);
@@ -98,13 +102,29 @@ ThreadPool::~ThreadPool() {
   delete impl_;
 }
 
+namespace {
+// True on a thread while it runs chunks of a job (the caller's own share): a
+// nested parallel loop then runs serially instead of re-entering the pool.
+thread_local bool t_in_job = false;
+}  // namespace
+
 void ThreadPool::parallel_for(int64_t n, void (*fn)(int64_t, int64_t, void*), void* env) {
   if (n <= 0) return;
-  if (num_threads_ == 1 || n == 1) {
+  if (num_threads_ == 1 || n == 1 || t_in_job) {
     fn(0, n, env);
     return;
   }
   Impl& s = *impl_;
+  // One job at a time owns the workers. Pools are shared by every model with
+  // the same thread count, so another caller may hold it: rather than wait,
+  // run the loop serially on this thread. Chunks of a parallel loop are
+  // independent iterations, so the result is the same bit for bit.
+  std::unique_lock<std::mutex> job(s.job_mu, std::try_to_lock);
+  if (!job.owns_lock()) {
+    fn(0, n, env);
+    return;
+  }
+  t_in_job = true;
   // A few chunks per thread balances uneven chunks without much overhead.
   int64_t target = static_cast<int64_t>(num_threads_) * 4;
   int64_t chunk = (n + target - 1) / target;
@@ -126,6 +146,7 @@ void ThreadPool::parallel_for(int64_t n, void (*fn)(int64_t, int64_t, void*), vo
   // Close the job: a late worker's compare-and-swap on the old ticket fails,
   // so it cannot claim a chunk while the next job's fields are written.
   s.ticket.store((epoch << Impl::kEpochShift) | Impl::kChunkMask, std::memory_order_release);
+  t_in_job = false;
 }
 
 namespace {

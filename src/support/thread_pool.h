@@ -1,6 +1,12 @@
 // A fork-join thread pool: parallel_for splits [0, n) into chunks run by the
 // calling thread and spinning workers. Workers spin briefly between jobs, then
 // sleep. One pool per thread count is shared process-wide.
+//
+// Thread safety: parallel_for may be called from any number of threads at
+// once. One caller at a time owns the workers; a caller that finds them busy,
+// or a parallel loop nested inside a job, runs its loop serially on its own
+// thread. The iterations of a parallel loop are independent, so every caller
+// gets the same result as a serial run, bit for bit.
 #pragma once
 
 #include <cstdint>

@@ -46,11 +46,13 @@ class Case:
     alternative in the message (case-insensitive). `{file}` is the model's base name.
     `when`: "compile" (compiling/describing fails) or "run" (the given feeds fail)."""
 
-    def __init__(self, name, make, expect, when="compile", feeds=None, cli_args=(), info=True):
+    def __init__(self, name, make, expect, when="compile", feeds=None, cli_args=(), info=True,
+                 max_memory=None):
         self.name, self.make, self.expect, self.when = name, make, expect, when
         self.feeds = feeds or {}
         self.cli_args = list(cli_args)
         self.info = info
+        self.max_memory = max_memory  # bytes: --max-memory / kiln.compile(max_memory=...)
 
 
 def _ext_model(work, location, offset=None, length=None, create_file=True):
@@ -127,6 +129,20 @@ def cases(work):
                               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
                               list(inits)).SerializeToString()
 
+    def gather(op, data_shape, ind_shape, **attrs):
+        return lambda: _model([helper.make_node(op, ["x", "i"], ["y"], name="gather_oob", **attrs)],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, data_shape),
+                               helper.make_tensor_value_info("i", TensorProto.INT64, ind_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+                              ).SerializeToString()
+
+    def shape_from_input():
+        # The output's size comes from the input's values: [n, n] floats.
+        return _model([helper.make_node("ConstantOfShape", ["s"], ["y"], name="fill_huge")],
+                      [helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+                      ).SerializeToString()
+
     f32 = np.ones((2, 3), np.float32)
     ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
     return [
@@ -188,6 +204,29 @@ def cases(work):
         Case("missing_input", lambda: valid, [["x"]], when="run", feeds={}),
         Case("unknown_input", lambda: valid, [["nope"]], when="run",
              feeds={"x": f32, "nope": f32}),
+        # Out-of-range indices: an error naming the node (ONNX Runtime rejects them too).
+        Case("gather_index_out_of_range", gather("Gather", [3, 4], [2], axis=1),
+             [["gather_oob"], ["index 5"]], when="run",
+             feeds={"x": np.ones((3, 4), np.float32), "i": np.array([0, 5], np.int64)},
+             cli_args=["i=oob5"]),
+        Case("gather_negative_index_out_of_range", gather("Gather", [3, 4], [2]),
+             [["gather_oob"], ["index -4"]], when="run",
+             feeds={"x": np.ones((3, 4), np.float32), "i": np.array([-1, -4], np.int64)},
+             cli_args=["i=oob_neg4"]),
+        Case("gather_elements_index_out_of_range", gather("GatherElements", [2, 3], [2, 3], axis=0),
+             [["gather_oob"], ["index 2"]], when="run",
+             feeds={"x": np.ones((2, 3), np.float32), "i": np.array([[0, 1, 0], [1, 2, 0]], np.int64)},
+             cli_args=["i=oob_2x3"]),
+        # Sizes from the inputs: too large for memory, or overflowing 64 bits.
+        Case("shape_too_large_for_memory", shape_from_input,
+             [["fill_huge"], ["100000,100000"], ["memory limit"]], when="run",
+             feeds={"s": np.array([100000, 100000], np.int64)}, cli_args=["s=huge_shape"]),
+        Case("shape_bytes_overflow", shape_from_input,
+             [["fill_huge"], ["overflow"]], when="run",
+             feeds={"s": np.array([2**40, 2**40], np.int64)}, cli_args=["s=overflow_shape"]),
+        Case("max_memory_exceeded", lambda: big_valid, [["mm"], ["memory limit"], ["[4,64]"]],
+             when="run", feeds={"x": np.ones((4, 64), np.float32)}, cli_args=["x=f32_4x64"],
+             max_memory=512),
     ]
 
 
@@ -211,7 +250,12 @@ def _message_ok(message, case, path):
 
 def _npy_for(spec, work):
     arrays = {"int64": np.ones((2, 3), np.int64), "shape32": np.ones((3, 2), np.float32),
-              "rank1": np.ones((6,), np.float32)}
+              "rank1": np.ones((6,), np.float32), "oob5": np.array([0, 5], np.int64),
+              "oob_neg4": np.array([-1, -4], np.int64),
+              "oob_2x3": np.array([[0, 1, 0], [1, 2, 0]], np.int64),
+              "huge_shape": np.array([100000, 100000], np.int64),
+              "overflow_shape": np.array([2**40, 2**40], np.int64),
+              "f32_4x64": np.ones((4, 64), np.float32)}
     path = os.path.join(work, spec + ".npy")
     np.save(path, arrays[spec])
     return path
@@ -220,10 +264,14 @@ def _npy_for(spec, work):
 def run_cli(kiln, case, path, work):
     """Returns a list of problems (empty: pass)."""
     commands = []
+    extra = ["--max-memory", str(case.max_memory)] if case.max_memory else []
     if case.when == "run":
         if case.cli_args:
-            name, spec = case.cli_args[0].split("=")
-            commands.append([kiln, "run", path, "--input", f"{name}={_npy_for(spec, work)}"])
+            inputs = []
+            for arg in case.cli_args:
+                name, spec = arg.split("=")
+                inputs += ["--input", f"{name}={_npy_for(spec, work)}"]
+            commands.append([kiln, "run", path] + inputs + extra)
         else:
             return []  # missing/unknown input names are Python-API cases
     else:
@@ -300,7 +348,7 @@ def python_case(name, work):
     case = next(c for c in cases(work) if c.name == name)
     path = os.path.join(work, name + ".onnx")
     try:
-        model = kiln.compile(path, threads=1)
+        model = kiln.compile(path, threads=1, max_memory=case.max_memory or 0)
         if case.when == "compile":
             print("compiled without error")
             return 1

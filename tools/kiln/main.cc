@@ -28,6 +28,7 @@
 #include "kiln/kiln.h"
 #include "npy.h"
 #include "opt.h"
+#include "support/memory_limit.h"
 #include "test_data.h"
 
 namespace kiln::cli {
@@ -52,6 +53,7 @@ const char kUsage[] =
     "                              (defaults 1e-4 and 1e-3)\n"
     "      --threads N             worker threads (0: all hardware threads)\n"
     "      --naive                 reference schedules (no fusion of loops, serial)\n"
+    "      --max-memory BYTES      memory one run may allocate, e.g. 4G (default: 80% of RAM)\n"
     "      --output-dir DIR        write every output as DIR/NAME.npy\n"
     "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--json]\n"
     "      compile, warm up, time repeated runs; print median, p10/p90, min\n"
@@ -180,6 +182,10 @@ Result<CompileOptions> compile_options(const ParsedArgs& args) {
     options.threads = static_cast<int>(threads);
   }
   options.naive = args.has("naive");
+  if (auto m = args.get("max-memory")) {
+    KILN_ASSIGN_OR_RETURN(options.max_memory_bytes, parse_byte_size(*m));
+    if (options.max_memory_bytes <= 0) return invalid_argument() << "--max-memory must be positive";
+  }
   return options;
 }
 
@@ -426,7 +432,7 @@ Result<int> run_test_data(Model& model, const std::string& dir, double atol, dou
 
 Result<int> cmd_run(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"input", "dim", "test-data", "threads", "atol", "rtol", "output-dir"};
+  spec.with_value = {"input", "dim", "test-data", "threads", "atol", "rtol", "output-dir", "max-memory"};
   spec.repeatable = {"input", "dim"};
   spec.flags = {"naive"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
@@ -489,7 +495,7 @@ std::string json_string(const std::string& s) {
 
 Result<int> cmd_bench(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "runs", "warmup", "dim", "input"};
+  spec.with_value = {"threads", "runs", "warmup", "dim", "input", "max-memory"};
   spec.repeatable = {"dim", "input"};
   spec.flags = {"json", "naive"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
@@ -559,7 +565,7 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
 
 Result<int> cmd_profile(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "runs", "dim", "input", "top"};
+  spec.with_value = {"threads", "runs", "dim", "input", "top", "max-memory"};
   spec.repeatable = {"dim", "input"};
   spec.flags = {"naive"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));

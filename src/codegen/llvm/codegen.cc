@@ -1179,7 +1179,19 @@ void Emitter::emit_allocate(const tir::Stmt& s) {
   std::optional<BufferRef> saved;
   if (auto it = frame_->scratch.find(buf.name); it != frame_->scratch.end()) saved = it->second;
   frame_->scratch[buf.name] = ref;
-  emit_stmt(s->body);
+  if (heap) {
+    // A null block (too large, or out of memory) skips the body; the runtime
+    // counted the failure and reports it for the node (support/scratch.h).
+    llvm::BasicBlock* body_bb = llvm::BasicBlock::Create(ctx_, "scratch.ok", frame_->fn);
+    llvm::BasicBlock* done_bb = llvm::BasicBlock::Create(ctx_, "scratch.done", frame_->fn);
+    b_.CreateCondBr(b_.CreateIsNotNull(heap), body_bb, done_bb);
+    b_.SetInsertPoint(body_bb);
+    emit_stmt(s->body);
+    b_.CreateBr(done_bb);
+    b_.SetInsertPoint(done_bb);
+  } else {
+    emit_stmt(s->body);
+  }
   if (saved) frame_->scratch[buf.name] = *saved;
   else frame_->scratch.erase(buf.name);
   if (heap) {
