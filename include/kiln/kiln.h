@@ -19,7 +19,11 @@ struct CompileOptions {
   int threads = 0;             // 0: all hardware threads
   bool naive = false;          // naive (reference) schedules: no inlining, serial loops
   bool dump_ir = false;        // print graph, loop IR and LLVM IR to stderr
+  // Graph passes, each on by default (off: to compare a graph with and
+  // without one, `kiln opt --check-equiv=PASS`).
   bool fuse_elementwise = true;
+  bool fold_transposed_weights = true;
+  bool pack_conv_weights = true;
   // Bytes one run may allocate: each tensor, and the intermediates alive at
   // once. 0: 80% of the machine's physical memory. Exceeding it is an error
   // naming the node and the shape (StatusCode::kResourceExhausted).

@@ -699,12 +699,12 @@ Status check_supported(const Graph& g) {
 Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(check_supported(*g));
-  KILN_RETURN_IF_ERROR(passes::fold_transposed_weights(*g).status());
+  if (options.fold_transposed_weights) KILN_RETURN_IF_ERROR(passes::fold_transposed_weights(*g).status());
   ops::InferContext ictx;
   ictx.graph = g.get();
   ictx.bounds = g->bounds;
   KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx));
-  if (!options.naive) KILN_RETURN_IF_ERROR(passes::pack_conv_weights(*g).status());
+  if (!options.naive && options.pack_conv_weights) KILN_RETURN_IF_ERROR(passes::pack_conv_weights(*g).status());
   if (options.dump_ir) std::fprintf(stderr, "%s\n", print_graph(*g).c_str());
   ProgramBuilder builder(*g, options);
   KILN_ASSIGN_OR_RETURN(CompiledProgram out, builder.build(ictx.bounds));

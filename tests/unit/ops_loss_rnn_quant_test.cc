@@ -7,6 +7,7 @@
 // the ONNX spec.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -319,6 +320,25 @@ TEST(QuantNumeric, MatMulIntegerPerRowAndColumnZeroPoints) {
   expect_close(got[0], ref_int_matmul(3, 4, 5, av, bv, azv, bzv), 0, "y");
 }
 
+// The spec's definition, in real numbers: y = saturate(round_half_even(
+// sum_k (a_scale (a - a_zp)) (b_scale (b - b_zp)) / y_scale) + y_zp), computed
+// in double from the dequantized operands (not the kernel's integer
+// accumulator and combined multiplier). Scales are powers of two, so the
+// double arithmetic is exact and ties are real ties.
+std::vector<double> ref_qlinear_matmul(int64_t batch, int64_t M, int64_t K, int64_t N, const std::vector<double>& a,
+                                       double as, double az, const std::vector<double>& b, double bs, double bz,
+                                       double ys, double yz) {
+  std::vector<double> y;
+  for (int64_t p = 0; p < batch; ++p)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double real = 0;
+        for (int64_t k = 0; k < K; ++k) real += (as * (a[(p * M + i) * K + k] - az)) * (bs * (b[k * N + j] - bz));
+        y.push_back(std::min(127.0, std::max(-128.0, std::nearbyint(real / ys) + yz)));
+      }
+  return y;
+}
+
 TEST(QuantNumeric, QLinearMatMulBatched) {
   Graph g;
   g.opsets[""] = 21;
@@ -336,18 +356,38 @@ TEST(QuantNumeric, QLinearMatMulBatched) {
   std::vector<double> av, bv;
   for (double v : ramp(12, -128, 128, 1)) av.push_back(std::floor(v));
   for (double v : ramp(12, -128, 128, 2)) bv.push_back(std::floor(v));
-  float mult = 0.05f * 0.02f / 0.01f;
-  auto got = run_node(g, *n, {make_tensor(DType::kInt8, {2, 2, 3}, av), make_tensor(DType::kFloat32, {1}, {0.05}),
+  auto got = run_node(g, *n, {make_tensor(DType::kInt8, {2, 2, 3}, av), make_tensor(DType::kFloat32, {1}, {0.0625}),
                               make_tensor(DType::kInt8, {1}, {3}), make_tensor(DType::kInt8, {3, 4}, bv),
-                              make_tensor(DType::kFloat32, {1}, {0.02}), make_tensor(DType::kInt8, {1}, {-2}),
-                              make_tensor(DType::kFloat32, {1}, {0.01}), make_tensor(DType::kInt8, {1}, {5})});
-  std::vector<double> want;
-  for (int64_t batch = 0; batch < 2; ++batch) {
-    std::vector<double> ab(av.begin() + batch * 6, av.begin() + batch * 6 + 6);
-    for (double acc : ref_int_matmul(2, 3, 4, ab, bv, {3}, {-2}))
-      want.push_back(std::min(127.0, std::max(-128.0, std::nearbyint(acc * static_cast<double>(mult)) + 5)));
-  }
+                              make_tensor(DType::kFloat32, {1}, {0.125}), make_tensor(DType::kInt8, {1}, {-2}),
+                              make_tensor(DType::kFloat32, {1}, {0.5}), make_tensor(DType::kInt8, {1}, {-60})});
+  std::vector<double> want = ref_qlinear_matmul(2, 2, 3, 4, av, 0.0625, 3, bv, 0.125, -2, 0.5, -60);
+  // The case must exercise rounding and saturation at both ends, or it proves little.
+  EXPECT_NE(std::count(want.begin(), want.end(), 127.0), 0);
+  EXPECT_NE(std::count(want.begin(), want.end(), -128.0), 0);
+  EXPECT_NE(std::count_if(want.begin(), want.end(), [](double v) { return v > -128 && v < 127; }), 0);
   expect_close(got[0], want, 0, "y");
+}
+
+// The onnx package's test_qlinearmatmul_2D_int8_float32 inputs. Its expected
+// output wraps y[1][2] = -235.7 to 20 (the reference casts with numpy's
+// astype); the spec saturates, and so does ONNX Runtime 1.31.1, whose output
+// is this one.
+TEST(QuantNumeric, QLinearMatMulSaturatesLikeOnnxRuntime) {
+  Graph g;
+  g.opsets[""] = 21;
+  std::vector<Value*> ins = {g.add_input("a", tt(DType::kInt8, {2, 4})),  g.add_input("as", tt(DType::kFloat32, {1})),
+                             g.add_input("az", tt(DType::kInt8, {1})),     g.add_input("b", tt(DType::kInt8, {4, 3})),
+                             g.add_input("bs", tt(DType::kFloat32, {1})), g.add_input("bz", tt(DType::kInt8, {1})),
+                             g.add_input("ys", tt(DType::kFloat32, {1})), g.add_input("yz", tt(DType::kInt8, {1}))};
+  Node* n = g.add_node("QLinearMatMul", ins, {"y"});
+  ASSERT_TRUE(testing::infer(g).is_ok());
+  auto got = run_node(g, *n,
+                      {make_tensor(DType::kInt8, {2, 4}, {81, 109, -127, 111, -124, 87, -128, -98}),
+                       make_tensor(DType::kFloat32, {1}, {0.0066}), make_tensor(DType::kInt8, {1}, {-14}),
+                       make_tensor(DType::kInt8, {4, 3}, {25, -76, 117, -67, -101, -128, -127, 0, 119, 0, 127, 120}),
+                       make_tensor(DType::kFloat32, {1}, {0.00705}), make_tensor(DType::kInt8, {1}, {-13}),
+                       make_tensor(DType::kFloat32, {1}, {0.0107}), make_tensor(DType::kInt8, {1}, {-9})});
+  expect_close(got[0], {41, -12, -9, 1, -75, -128}, 0, "y");
 }
 
 // Direct 2-D convolution of (x - xzp) and (w - wzp[m]) with zero padding after the shift.

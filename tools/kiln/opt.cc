@@ -12,7 +12,11 @@
 //                       (default schedules; --naive for the reference ones)
 //   --check-equiv       compiles the graph with naive and with default schedules,
 //                       runs both on the same random inputs and compares; exit 1
-//                       when they differ beyond 1e-5 + 1e-4*|ref|
+//                       when they differ beyond 1e-5 + 1e-4*|ref|. Symbols not
+//                       fixed by --dim are bound to 1, 3 and 8 in turn.
+//   --check-equiv=PASS  the same comparison between the pipeline without PASS
+//                       and with it (fold-transposed-weights, pack-conv-weights,
+//                       fuse-elementwise): a wrong rewrite shows as a difference
 // With no step flag the graph is printed as parsed. --print-after-all prints
 // the graph after every step.
 #include "opt.h"
@@ -21,6 +25,7 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "driver/pipeline.h"
@@ -59,58 +64,98 @@ Tensor random_input(DType dtype, const std::vector<int64_t>& shape, std::mt19937
   return t;
 }
 
-// Compiles the graph twice (naive, default) and compares outputs on random inputs.
-Result<int> check_equiv(const std::string& path, const std::map<std::string, int64_t, std::less<>>& dims) {
-  std::vector<std::vector<Tensor>> results;
-  std::vector<std::string> names;
-  for (bool naive : {true, false}) {
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, load_graph(path));
-    CompileOptions opts;
-    opts.naive = naive;
-    opts.threads = 2;
-    KILN_ASSIGN_OR_RETURN(driver::CompiledProgram prog, driver::compile_graph(std::move(g), opts));
-    std::mt19937 rng(1234);
-    std::vector<Tensor> inputs;
-    for (const TensorInfo& info : prog.inputs) {
-      std::vector<int64_t> shape;
-      for (const std::string& d : info.dims) {
-        auto e = parse_expr(d);
-        if (!e.is_ok()) return e.status();
-        std::map<std::string, int64_t, std::less<>> env(dims.begin(), dims.end());
-        for (const std::string& v : free_vars(*e))
-          if (!env.count(v)) env[v] = 3;
-        KILN_ASSIGN_OR_RETURN(int64_t value, evaluate(*e, env));
-        shape.push_back(value);
-      }
-      inputs.push_back(random_input(info.dtype, shape, rng));
-    }
-    runtime::VM vm(prog.program, 2);
-    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, vm.run(inputs));
-    results.push_back(std::move(outs));
-    names.clear();
-    for (const TensorInfo& info : prog.outputs) names.push_back(info.name);
+// The two sides compared by --check-equiv: the reference and the compilation under test.
+struct EquivSides {
+  CompileOptions reference, test;
+  std::string what;  // for the report
+};
+
+// --check-equiv: naive against default schedules. --check-equiv=PASS: the
+// default pipeline without PASS against the default pipeline (same schedules
+// on both sides), so a wrong rewrite by PASS shows as a difference.
+Result<EquivSides> equiv_sides(const std::string& pass) {
+  EquivSides sides;
+  sides.reference.threads = sides.test.threads = 2;
+  if (pass.empty()) {
+    sides.reference.naive = true;
+    sides.what = "default vs naive schedules";
+    return sides;
   }
+  if (pass == "fold-transposed-weights") sides.reference.fold_transposed_weights = false;
+  else if (pass == "pack-conv-weights") sides.reference.pack_conv_weights = false;
+  else if (pass == "fuse-elementwise") sides.reference.fuse_elementwise = false;
+  else
+    return invalid_argument() << "--check-equiv=" << pass
+                              << ": unknown pass (fold-transposed-weights, pack-conv-weights, fuse-elementwise)";
+  sides.what = "with vs without " + pass;
+  return sides;
+}
+
+// Compiles the graph both ways and compares outputs on random inputs, once per
+// binding of the symbols not fixed by --dim (each bound to 1, 3 and 8).
+Result<int> check_equiv(const std::string& path, const std::map<std::string, int64_t, std::less<>>& dims,
+                        const std::string& pass) {
+  KILN_ASSIGN_OR_RETURN(EquivSides sides, equiv_sides(pass));
+  std::vector<driver::CompiledProgram> progs;
+  for (const CompileOptions* opts : {&sides.reference, &sides.test}) {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, load_graph(path));
+    KILN_ASSIGN_OR_RETURN(driver::CompiledProgram prog, driver::compile_graph(std::move(g), *opts));
+    progs.push_back(std::move(prog));
+  }
+  std::set<std::string> free_symbols;
+  for (const TensorInfo& info : progs[0].inputs)
+    for (const std::string& d : info.dims) {
+      KILN_ASSIGN_OR_RETURN(Expr e, parse_expr(d));
+      for (const std::string& v : free_vars(e))
+        if (!dims.count(v)) free_symbols.insert(v);
+    }
+  std::vector<int64_t> bindings = free_symbols.empty() ? std::vector<int64_t>{0} : std::vector<int64_t>{1, 3, 8};
   bool ok = true;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const Tensor& ref = results[0][i];
-    const Tensor& got = results[1][i];
-    if (ref.shape() != got.shape() || ref.dtype() != got.dtype()) {
-      std::cout << "output " << names[i] << ": " << got.describe() << " vs reference " << ref.describe() << "\n";
-      ok = false;
-      continue;
+  for (int64_t value : bindings) {
+    std::map<std::string, int64_t, std::less<>> env(dims.begin(), dims.end());
+    for (const std::string& v : free_symbols) env[v] = value;
+    std::vector<std::vector<Tensor>> results;
+    for (const driver::CompiledProgram& prog : progs) {
+      std::mt19937 rng(1234);
+      std::vector<Tensor> inputs;
+      for (const TensorInfo& info : prog.inputs) {
+        std::vector<int64_t> shape;
+        for (const std::string& d : info.dims) {
+          KILN_ASSIGN_OR_RETURN(Expr e, parse_expr(d));
+          KILN_ASSIGN_OR_RETURN(int64_t v, evaluate(e, env));
+          shape.push_back(v);
+        }
+        inputs.push_back(random_input(info.dtype, shape, rng));
+      }
+      runtime::VM vm(prog.program, 2);
+      KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, vm.run(inputs));
+      results.push_back(std::move(outs));
     }
-    double max_err = 0;
-    bool within = true;
-    for (int64_t k = 0; k < ref.numel(); ++k) {
-      double r = ref.get_f64(k), a = got.get_f64(k);
-      if (std::isnan(r) && std::isnan(a)) continue;
-      double err = std::fabs(a - r);
-      max_err = std::max(max_err, err);
-      if (!(err <= 1e-5 + 1e-4 * std::fabs(r))) within = false;
+    std::string binding;
+    for (const std::string& v : free_symbols) binding += " " + v + "=" + std::to_string(value);
+    for (size_t i = 0; i < progs[1].outputs.size(); ++i) {
+      const std::string& name = progs[1].outputs[i].name;
+      const Tensor& ref = results[0][i];
+      const Tensor& got = results[1][i];
+      if (ref.shape() != got.shape() || ref.dtype() != got.dtype()) {
+        std::cout << "output " << name << binding << ": " << got.describe() << " vs reference " << ref.describe()
+                  << " DIFFERENT\n";
+        ok = false;
+        continue;
+      }
+      double max_err = 0;
+      bool within = true;
+      for (int64_t k = 0; k < ref.numel(); ++k) {
+        double r = ref.get_f64(k), a = got.get_f64(k);
+        if (std::isnan(r) && std::isnan(a)) continue;
+        double err = std::fabs(a - r);
+        max_err = std::max(max_err, err);
+        if (!(err <= 1e-5 + 1e-4 * std::fabs(r))) within = false;
+      }
+      std::cout << "output " << name << binding << " " << got.describe() << " (" << sides.what << "): max abs err "
+                << max_err << (within ? " equivalent" : " DIFFERENT") << "\n";
+      ok &= within;
     }
-    std::cout << "output " << names[i] << " " << got.describe() << ": max abs err " << max_err
-              << (within ? " equivalent" : " DIFFERENT") << "\n";
-    ok &= within;
   }
   return ok ? 0 : 1;
 }
@@ -121,6 +166,7 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
   std::string path;
   bool fold = false, pack = false;
   bool infer = false, fuse = false, lower = false, naive = false, all = false, equiv = false;
+  std::string equiv_pass;
   std::map<std::string, int64_t, std::less<>> dims;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
@@ -132,6 +178,10 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
     else if (a == "--naive") naive = true;
     else if (a == "--print-after-all") all = true;
     else if (a == "--check-equiv") equiv = true;
+    else if (a.rfind("--check-equiv=", 0) == 0) {
+      equiv = true;
+      equiv_pass = a.substr(std::string("--check-equiv=").size());
+    }
     else if (a == "--dim" && i + 1 < argv.size()) {
       std::string kv = argv[++i];
       size_t eq = kv.find('=');
@@ -151,7 +201,7 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
   }
   if (path.empty()) return invalid_argument() << "usage: kiln opt FILE [--infer-shapes] [--fuse-elementwise] "
                                                  "[--lower] [--naive] [--print-after-all] [--check-equiv]";
-  if (equiv) return check_equiv(path, dims);
+  if (equiv) return check_equiv(path, dims, equiv_pass);
 
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, load_graph(path));
   KILN_RETURN_IF_ERROR(g->verify().with_context(path));
