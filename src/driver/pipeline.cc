@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -11,6 +13,7 @@
 #include "passes/pack_conv_weights.h"
 #include "passes/fuse_elementwise.h"
 #include "runtime/memory_plan.h"
+#include "support/memory_limit.h"
 #include "tir/schedule.h"
 
 namespace kiln::driver {
@@ -531,14 +534,29 @@ void ProgramBuilder::plan_memory() {
     }
     planned.push_back(static_cast<int>(r));
   }
+  // Byte sizes of the planned registers. A size (or their sum) that overflows
+  // int64 cannot be planned: such registers are then allocated at run time,
+  // where the allocation check reports the node and shape.
+  std::vector<int64_t> bytes;
+  int64_t total = 0;
+  for (int r : planned) {
+    std::vector<int64_t> dims;
+    for (const Expr& d : p.registers[r].shape) dims.push_back(*d.as_const());
+    std::optional<int64_t> nb = checked_nbytes(p.registers[r].dtype, dims);
+    if (!nb || *nb > std::numeric_limits<int64_t>::max() / 4 - total) {
+      all_static = false;
+      break;
+    }
+    bytes.push_back(*nb);
+    total += *nb + 64;
+  }
   p.static_plan = all_static;
   if (!all_static) return;
   std::vector<runtime::BufferLifetime> lifetimes;
-  for (int r : planned) {
-    int64_t n = 1;
-    for (const Expr& d : p.registers[r].shape) n *= *d.as_const();
+  for (size_t i = 0; i < planned.size(); ++i) {
+    int r = planned[i];
     int last = std::max(root_last[r], def_at[r]);
-    lifetimes.push_back({n * dtype_size(p.registers[r].dtype), def_at[r], last});
+    lifetimes.push_back({bytes[i], def_at[r], last});
   }
   runtime::MemoryPlan plan = runtime::plan_memory(lifetimes);
   for (size_t i = 0; i < planned.size(); ++i) p.registers[planned[i]].arena_offset = plan.offsets[i];

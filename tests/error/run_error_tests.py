@@ -143,6 +143,15 @@ def cases(work):
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
                       ).SerializeToString()
 
+    def static_shape_overflow():
+        # A constant shape: the size is known at compile time and overflows 64 bits
+        # (the static memory plan must not multiply it out; found by compile_fuzzer).
+        return _model([helper.make_node("ConstantOfShape", ["s"], ["t"], name="fill_static"),
+                       helper.make_node("Relu", ["t"], ["y"], name="relu_static")],
+                      [],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                      [ints("s", [64, 2**59 + 1])]).SerializeToString()
+
     f32 = np.ones((2, 3), np.float32)
     ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
     return [
@@ -224,6 +233,8 @@ def cases(work):
         Case("shape_bytes_overflow", shape_from_input,
              [["fill_huge"], ["overflow"]], when="run",
              feeds={"s": np.array([2**40, 2**40], np.int64)}, cli_args=["s=overflow_shape"]),
+        Case("static_shape_bytes_overflow", static_shape_overflow,
+             [["fill_static"], ["overflow"], ["[64,576460752303423489]"]], when="run", feeds={}),
         Case("max_memory_exceeded", lambda: big_valid, [["mm"], ["memory limit"], ["[4,64]"]],
              when="run", feeds={"x": np.ones((4, 64), np.float32)}, cli_args=["x=f32_4x64"],
              max_memory=512),

@@ -8,6 +8,7 @@ inputs everywhere. `export_models.py` fills the cache; `run_model_test.py` and
 
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -293,3 +294,14 @@ def export(spec, path):
                       output_names=["output"], dynamic_axes=dynamic_axes,
                       do_constant_folding=True)
     os.replace(tmp, path)
+
+
+def run_main(main):
+    """Exits with main()'s status; any exception is exit code 2 with its message."""
+    try:
+        sys.exit(main())
+    except Exception as exc:  # noqa: BLE001
+        import traceback
+        traceback.print_exc()
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -130,10 +130,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception as exc:  # noqa: BLE001: any error is exit code 2 with its message
-        import traceback
-        traceback.print_exc()
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        sys.exit(2)
+    model_zoo.run_main(main)

@@ -175,6 +175,16 @@ Result<std::unique_ptr<CompiledModule>> compile(const std::vector<tir::PrimFunc>
       (*jit)->getDataLayout().getGlobalPrefix());
   if (!generator) return to_status(generator.takeError(), "searching process symbols");
   dylib.addGenerator(std::move(*generator));
+  // Compiler-runtime helpers LLVM may call (double -> half conversion on hosts
+  // without AVX512-FP16) live in libgcc_s; a host that loaded Kiln with
+  // RTLD_LOCAL (Python) keeps them out of the process-wide search above.
+  auto runtime_lib = llvm::orc::DynamicLibrarySearchGenerator::Load(
+      "libgcc_s.so.1", (*jit)->getDataLayout().getGlobalPrefix(),
+      [](const llvm::orc::SymbolStringPtr& name) { return (*name).starts_with("__"); });
+  if (runtime_lib)
+    dylib.addGenerator(std::move(*runtime_lib));
+  else
+    llvm::consumeError(runtime_lib.takeError());  // then only the process search applies
 
   if (auto err = (*jit)->addIRModule(llvm::orc::ThreadSafeModule(std::move(module), std::move(ctx))))
     return to_status(std::move(err), "adding the module to the JIT");
