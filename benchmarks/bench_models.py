@@ -73,9 +73,9 @@ def bench_torch(spec, feeds, threads, runs, warmup):
     return {"median_ms": statistics.median(times), "min_ms": min(times)}
 
 
-def bench_kiln(kiln, path, feeds, threads, runs, warmup, work):
+def bench_kiln(kiln, path, feeds, threads, runs, warmup, work, extra=()):
     cmd = [kiln, "bench", path, "--json", "--threads", str(threads), "--runs", str(runs),
-           "--warmup", str(warmup)]
+           "--warmup", str(warmup), *extra]
     for name, value in feeds.items():
         npy = os.path.join(work, f"{os.path.basename(path)}.{name}.npy")
         np.save(npy, value)

@@ -239,6 +239,8 @@ class CompiledModel {
     d["num_kernels"] = s.num_kernels;
     d["num_runtime_kernels"] = s.num_runtime_kernels;
     d["arena_bytes"] = s.arena_bytes;
+    d["num_nodes_imported"] = s.num_nodes_imported;
+    d["num_nodes"] = s.num_nodes;
     return d;
   }
 
@@ -254,18 +256,21 @@ class CompiledModel {
   std::mutex mutex_;  // one run at a time per model
 };
 
-kiln::CompileOptions make_options(int threads, bool naive, int64_t max_memory) {
+kiln::CompileOptions make_options(int threads, bool naive, int64_t max_memory,
+                                  const std::optional<std::vector<std::string>>& passes) {
   if (threads < 0) throw py::value_error("threads must be >= 0 (0: all hardware threads)");
   if (max_memory < 0) throw py::value_error("max_memory must be >= 0 (0: 80% of physical memory)");
   kiln::CompileOptions options;
   options.threads = threads;
   options.naive = naive;
   options.max_memory_bytes = max_memory;
+  options.passes = passes;
   return options;
 }
 
-std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads, bool naive, int64_t max_memory) {
-  kiln::CompileOptions options = make_options(threads, naive, max_memory);
+std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads, bool naive, int64_t max_memory,
+                                            const std::optional<std::vector<std::string>>& passes) {
+  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes);
   std::optional<kiln::Result<kiln::Model>> model;
   {
     py::gil_scoped_release release;
@@ -276,8 +281,9 @@ std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads
 }
 
 std::unique_ptr<CompiledModel> compile_bytes(const py::bytes& data, int threads, bool naive,
-                                             const std::string& source_name, int64_t max_memory) {
-  kiln::CompileOptions options = make_options(threads, naive, max_memory);
+                                             const std::string& source_name, int64_t max_memory,
+                                             const std::optional<std::vector<std::string>>& passes) {
+  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes);
   std::string bytes = data;
   std::optional<kiln::Result<kiln::Model>> model;
   {
@@ -321,8 +327,9 @@ PYBIND11_MODULE(_kiln, m) {
       .def("graph_text", &CompiledModel::graph_text);
 
   m.def("compile_file", &compile_file, py::arg("path"), py::arg("threads") = 0,
-        py::arg("naive") = false, py::arg("max_memory") = 0);
+        py::arg("naive") = false, py::arg("max_memory") = 0, py::arg("passes") = py::none());
   m.def("compile_bytes", &compile_bytes, py::arg("data"), py::arg("threads") = 0,
-        py::arg("naive") = false, py::arg("source_name") = "<bytes>", py::arg("max_memory") = 0);
+        py::arg("naive") = false, py::arg("source_name") = "<bytes>", py::arg("max_memory") = 0,
+        py::arg("passes") = py::none());
   m.def("describe_model_file", &describe_model_file, py::arg("path"));
 }

@@ -45,6 +45,14 @@ if(KILN_BUILD_PYTHON)
   set_tests_properties(models_concurrency models_memory_flat PROPERTIES
     LABELS models ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 1800 RESOURCE_LOCK kiln_model_cache)
 
+  # kiln opt MODEL --default-pipeline -o out.onnx: onnx.checker and ONNX Runtime
+  # against the original (zoo models from the export cache, generated graphs).
+  add_test(NAME models_export
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/models/run_export_test.py
+            --kiln $<TARGET_FILE:kiln> --cache-dir ${KILN_MODEL_CACHE_DIR})
+  set_tests_properties(models_export PROPERTIES
+    LABELS models ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 1800 RESOURCE_LOCK kiln_model_cache)
+
   # The README's main command, minus installing and building: export, info,
   # run against ONNX Runtime's outputs, bench (scripts/demo_steps.sh).
   add_test(NAME demo

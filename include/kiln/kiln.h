@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,11 +20,14 @@ struct CompileOptions {
   int threads = 0;             // 0: all hardware threads
   bool naive = false;          // naive (reference) schedules: no inlining, serial loops
   bool dump_ir = false;        // print graph, loop IR and LLVM IR to stderr
-  // Graph passes, each on by default (off: to compare a graph with and
-  // without one, `kiln opt --check-equiv=PASS`).
-  bool fuse_elementwise = true;
-  bool fold_transposed_weights = true;
-  bool pack_conv_weights = true;
+  // Graph passes, by their `kiln opt --passes` names, in order. Unset: the
+  // default pipeline (src/passes/default_pipeline.cc). Shape inference is
+  // added where the list needs it.
+  std::optional<std::vector<std::string>> passes;
+  // Passes taken out of that list (e.g. to compare a graph with and without
+  // one: `kiln opt --check-equiv=PASS`). "fuse-elementwise" turns off the
+  // fusion of elementwise chains into one kernel.
+  std::vector<std::string> disable_passes;
   // Bytes one run may allocate: each tensor, and the intermediates alive at
   // once. 0: 80% of the machine's physical memory. Exceeding it is an error
   // naming the node and the shape (StatusCode::kResourceExhausted).
@@ -42,6 +46,8 @@ struct CompileStats {
   int num_kernels = 0;          // compiled kernels (after fusion)
   int num_runtime_kernels = 0;  // calls to C++ runtime kernels
   int64_t arena_bytes = 0;      // static memory plan size (0 with symbolic shapes)
+  int num_nodes_imported = 0;   // graph nodes as imported (top-level graph)
+  int num_nodes = 0;            // graph nodes after the graph passes
 };
 
 class Model {

@@ -18,22 +18,28 @@ from . import _kiln
 __all__ = ["compile", "describe_model_file", "CompiledModel", "KilnError", "TensorInfo"]
 
 
-def compile(model, threads=0, naive=False, max_memory=0):  # noqa: A001 (the API's name)
+def compile(model, threads=0, naive=False, max_memory=0, passes=None):  # noqa: A001 (the API's name)
     """Compiles an ONNX model given as a path (str or os.PathLike) or as serialized bytes.
 
     threads: worker threads, 0 for all hardware threads. naive: reference schedules.
     max_memory: bytes one run may allocate (0: 80% of physical memory); more is a KilnError.
+    passes: graph passes by name (`kiln opt --list-passes`), in order; None for the
+    default pipeline, [] for none (shape inference always runs).
     Any number of compiled models may run at once from any number of threads; calls
     to one model from several threads are serialized.
     """
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int, got {type(threads).__name__}")
+    if passes is not None:
+        if isinstance(passes, str) or not all(isinstance(p, str) for p in passes):
+            raise TypeError("passes must be a list of pass names")
+        passes = list(passes)
     if isinstance(model, (bytes, bytearray, memoryview)):
         return _kiln.compile_bytes(bytes(model), threads=threads, naive=bool(naive),
-                                   max_memory=int(max_memory))
+                                   max_memory=int(max_memory), passes=passes)
     if isinstance(model, (str, os.PathLike)):
         return _kiln.compile_file(os.fspath(model), threads=threads, naive=bool(naive),
-                                  max_memory=int(max_memory))
+                                  max_memory=int(max_memory), passes=passes)
     raise TypeError("kiln.compile expects a path or the model's bytes, got "
                     f"{type(model).__name__}")
 

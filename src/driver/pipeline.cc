@@ -9,9 +9,9 @@
 #include <sstream>
 
 #include "ops/registry.h"
-#include "passes/fold_transposed_weights.h"
-#include "passes/pack_conv_weights.h"
+#include "passes/default_pipeline.h"
 #include "passes/fuse_elementwise.h"
+#include "passes/pass_manager.h"
 #include "runtime/memory_plan.h"
 #include "support/memory_limit.h"
 #include "tir/schedule.h"
@@ -28,6 +28,11 @@ bool is_control_flow(const Node* n) {
 }
 
 std::string describe(const Node* n) { return n->describe(); }
+
+bool fusion_enabled(const CompileOptions& o) {
+  return !o.naive && std::find(o.disable_passes.begin(), o.disable_passes.end(), "fuse-elementwise") ==
+                         o.disable_passes.end();
+}
 
 bool shape_is_static(const std::vector<Expr>& shape) {
   for (const Expr& d : shape)
@@ -571,7 +576,7 @@ Status ProgramBuilder::build_program(SymbolBounds bounds) {
   std::set<const Node*> compiled;
   for (const auto& [n, m] : mode_)
     if (m == Mode::kCompiled) compiled.insert(n);
-  std::vector<passes::FusedGroup> groups = passes::fuse_elementwise(g_, compiled, opts_.fuse_elementwise && !opts_.naive);
+  std::vector<passes::FusedGroup> groups = passes::fuse_elementwise(g_, compiled, fusion_enabled(opts_));
   std::map<const Node*, const passes::FusedGroup*> group_of_root;
   for (const auto& grp : groups) group_of_root[grp.nodes.back()] = &grp;
 
@@ -663,7 +668,7 @@ std::string ProgramBuilder::groups_text() {
   for (const auto& [n, m] : mode_)
     if (m == Mode::kCompiled) compiled.insert(n);
   std::ostringstream os;
-  for (const auto& grp : passes::fuse_elementwise(g_, compiled, opts_.fuse_elementwise && !opts_.naive)) {
+  for (const auto& grp : passes::fuse_elementwise(g_, compiled, fusion_enabled(opts_))) {
     os << "group %" << grp.nodes.back()->output(0)->name() << ":";
     for (const Node* n : grp.nodes) os << " " << n->op_type();
     os << "\n";
@@ -714,18 +719,52 @@ Status check_supported(const Graph& g) {
   return unsupported() << os.str();
 }
 
+std::vector<std::string> pipeline_for(const CompileOptions& options) {
+  std::vector<std::string> list = options.passes ? *options.passes : passes::default_pipeline(options.naive);
+  std::vector<std::string> out;
+  for (const std::string& p : list)
+    if (std::find(options.disable_passes.begin(), options.disable_passes.end(), p) == options.disable_passes.end())
+      out.push_back(p);
+  return passes::with_shape_inference(out);
+}
+
+passes::PassContext pass_context(const Graph& g, const CompileOptions& options) {
+  passes::PassContext ctx;
+  ctx.infer.bounds = g.bounds;
+  // Constant folding runs the folded nodes through the compiler itself, with
+  // no passes (shape inference only) so that it cannot recurse.
+  ctx.evaluate = [options](std::unique_ptr<Graph> sub) -> Result<std::vector<Tensor>> {
+    CompileOptions o = options;
+    o.passes = std::vector<std::string>{};
+    o.disable_passes.clear();
+    o.dump_ir = false;
+    KILN_ASSIGN_OR_RETURN(CompiledProgram p, compile_graph(std::move(sub), o));
+    runtime::VM vm(p.program, 1);
+    vm.set_memory_limit(options.max_memory_bytes);
+    return vm.run({});
+  };
+  return ctx;
+}
+
+Result<OptimizedGraph> optimize_graph(Graph& g, const CompileOptions& options, const std::vector<std::string>& pipeline,
+                                      const passes::Instrumentation& inst) {
+  KILN_RETURN_IF_ERROR(check_supported(g));
+  passes::PassContext ctx = pass_context(g, options);
+  OptimizedGraph out;
+  KILN_ASSIGN_OR_RETURN(out.runs, passes::run_passes(g, pipeline, ctx, inst));
+  out.bounds = ctx.infer.bounds;
+  return out;
+}
+
 Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
-  KILN_RETURN_IF_ERROR(check_supported(*g));
-  if (options.fold_transposed_weights) KILN_RETURN_IF_ERROR(passes::fold_transposed_weights(*g).status());
-  ops::InferContext ictx;
-  ictx.graph = g.get();
-  ictx.bounds = g->bounds;
-  KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx));
-  if (!options.naive && options.pack_conv_weights) KILN_RETURN_IF_ERROR(passes::pack_conv_weights(*g).status());
+  int nodes_imported = static_cast<int>(g->num_nodes());
+  KILN_ASSIGN_OR_RETURN(OptimizedGraph opt, optimize_graph(*g, options, pipeline_for(options)));
   if (options.dump_ir) std::fprintf(stderr, "%s\n", print_graph(*g).c_str());
   ProgramBuilder builder(*g, options);
-  KILN_ASSIGN_OR_RETURN(CompiledProgram out, builder.build(ictx.bounds));
+  KILN_ASSIGN_OR_RETURN(CompiledProgram out, builder.build(opt.bounds));
+  out.stats.num_nodes_imported = nodes_imported;
+  out.stats.num_nodes = static_cast<int>(g->num_nodes());
   out.graph = std::move(g);
   out.stats.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;

@@ -1,6 +1,7 @@
 // The compiler in order, on one screen (driver/pipeline.cc):
 //   import ONNX -> check every op is supported (all missing ops listed at once)
-//   -> symbolic shape inference -> classify nodes (compiled / view / host
+//   -> graph passes (passes/default_pipeline.cc; symbolic shape inference is
+//   one of them) -> classify nodes (compiled / view / host
 //   kernel / shape computation) -> fuse_elementwise -> lower each group to a
 //   KernelDef, schedule, lower to loop IR -> LLVM JIT -> VM program with a
 //   static memory plan (all shapes static) or pooled allocation (symbolic).
@@ -13,6 +14,7 @@
 #include "codegen/llvm/jit.h"
 #include "graph/graph.h"
 #include "kiln/kiln.h"
+#include "passes/pass_manager.h"
 #include "runtime/vm.h"
 
 namespace kiln::driver {
@@ -32,7 +34,22 @@ constexpr int64_t kNewestOnnxOpset = 22;
 // rejects an ai.onnx opset newer than kNewestOnnxOpset).
 Status check_supported(const Graph& g);
 
-// Runs the pipeline on an imported graph.
+// The graph passes `options` asks for (the default pipeline unless
+// options.passes is set, without options.disable_passes), shape inference
+// included where needed.
+std::vector<std::string> pipeline_for(const CompileOptions& options);
+
+// Checks that every op is supported, then runs `pipeline` on `g` (pass
+// manager, passes/pass_manager.h) with constant folding through the compiler.
+struct OptimizedGraph {
+  std::vector<passes::PassRun> runs;
+  SymbolBounds bounds;  // every symbol's bounds, fresh (data-dependent) symbols included
+};
+Result<OptimizedGraph> optimize_graph(Graph& g, const CompileOptions& options, const std::vector<std::string>& pipeline,
+                                      const passes::Instrumentation& inst = {});
+
+// Runs the pipeline on an imported graph: optimize_graph, then partitioning,
+// lowering, code generation and the VM program.
 Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOptions& options);
 
 // The pipeline up to loop IR, without code generation: for every kernel (in

@@ -149,4 +149,50 @@ std::string shape_to_string(const std::vector<int64_t>& shape) {
 
 std::string Tensor::describe() const { return std::string(dtype_name(dtype_)) + shape_to_string(shape_); }
 
+bool same_contents(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  if (a.dtype() == DType::kString) {
+    for (int64_t i = 0; i < a.numel(); ++i)
+      if (a.data_as<std::string>()[i] != b.data_as<std::string>()[i]) return false;
+    return true;
+  }
+  return a.data() == b.data() || std::memcmp(a.data(), b.data(), static_cast<size_t>(a.nbytes())) == 0;
+}
+
+uint64_t content_hash(const Tensor& t) {
+  // 8 bytes at a time (weights run to hundreds of MiB): multiply-xorshift per word.
+  uint64_t h = 1469598103934665603ull;
+  auto mix_word = [&h](uint64_t w) {
+    h ^= w + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+  };
+  auto mix = [&](const void* p, size_t n) {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, b + i, 8);
+      mix_word(w);
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, b + i, n - i);
+    mix_word(tail ^ (static_cast<uint64_t>(n - i) << 56));
+  };
+  int32_t dt = static_cast<int32_t>(t.dtype());
+  mix(&dt, sizeof dt);
+  for (int64_t d : t.shape()) mix(&d, sizeof d);
+  if (t.dtype() == DType::kString) {
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const std::string& s = t.data_as<std::string>()[i];
+      uint64_t len = s.size();
+      mix(&len, sizeof len);
+      mix(s.data(), s.size());
+    }
+  } else {
+    mix(t.data(), static_cast<size_t>(t.nbytes()));
+  }
+  return h;
+}
+
 }  // namespace kiln

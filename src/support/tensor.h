@@ -63,4 +63,9 @@ class Tensor {
 
 std::string shape_to_string(const std::vector<int64_t>& shape);
 
+// Same dtype, shape and element bytes (strings compared as strings).
+bool same_contents(const Tensor& a, const Tensor& b);
+// A 64-bit hash of dtype, shape and contents: equal for same_contents tensors.
+uint64_t content_hash(const Tensor& t);
+
 }  // namespace kiln

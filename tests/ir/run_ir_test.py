@@ -3,14 +3,18 @@
 
     run_ir_test.py FILE --kiln PATH --filecheck PATH
 
-In a RUN line, %s is the test file, `kiln` the CLI and `FileCheck` LLVM's
-FileCheck. Each line runs under bash with pipefail; the test passes when all
+In a RUN line, %s is the test file, %t a path in a fresh temporary directory,
+`kiln` (at the start of a command: after a pipe, &&, ;, or !) the CLI and
+`FileCheck` LLVM's FileCheck. Each line runs under bash with pipefail; the test passes when all
 lines exit 0.
 """
 import argparse
 import re
+import shutil
+import os
 import subprocess
 import sys
+import tempfile
 
 
 def main():
@@ -25,9 +29,10 @@ def main():
         print(f"{args.file}: no RUN lines")
         return 1
     failed = 0
+    tmpdir = tempfile.mkdtemp(prefix="kiln-ir-")
     for cmd in runs:
-        line = cmd.replace("%s", args.file)
-        line = re.sub(r"(^|\|\s*)kiln\b", lambda m: m.group(1) + args.kiln, line)
+        line = cmd.replace("%s", args.file).replace("%t", os.path.join(tmpdir, "t"))
+        line = re.sub(r"(^|[|&;!]\s*)kiln\b", lambda m: m.group(1) + args.kiln, line)
         line = re.sub(r"\bFileCheck\b", args.filecheck, line)
         proc = subprocess.run(["bash", "-o", "pipefail", "-c", line], capture_output=True, text=True)
         status = "ok  " if proc.returncode == 0 else "FAIL"
@@ -36,6 +41,7 @@ def main():
             failed += 1
             sys.stdout.write(proc.stdout[-4000:])
             sys.stdout.write(proc.stderr[-4000:])
+    shutil.rmtree(tmpdir, ignore_errors=True)
     return 1 if failed else 0
 
 

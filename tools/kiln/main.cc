@@ -55,9 +55,12 @@ const char kUsage[] =
     "      --naive                 reference schedules (no fusion of loops, serial)\n"
     "      --max-memory BYTES      memory one run may allocate, e.g. 4G (default: 80% of RAM)\n"
     "      --output-dir DIR        write every output as DIR/NAME.npy\n"
-    "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--json]\n"
+    "      --passes a,b,c          graph passes instead of the default pipeline ('none': no passes)\n"
+    "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--passes a,b] [--json]\n"
     "      compile, warm up, time repeated runs; print median, p10/p90, min\n"
-    "  kiln opt FILE [--infer-shapes] [--fuse-elementwise] [--lower] [--naive] [--print-after-all]\n"
+    "  kiln opt FILE [--PASS ...] [--passes=a,b] [--default-pipeline] [--print-after-all] [--print-after=PASS]\n"
+    "           [--disable=a,b] [--verify-each] [--time-passes] [--fuse-elementwise] [--lower] [--naive]\n"
+    "           [-o OUT.kir|OUT.onnx] [--list-passes [--markdown]]\n"
     "           [--check-equiv[=PASS]] [--dim NAME=VALUE]\n"
     "      run compiler steps on a graph (.kir text or .onnx) and print the result;\n"
     "      --check-equiv compares default against naive schedules on random inputs;\n"
@@ -187,6 +190,22 @@ Result<CompileOptions> compile_options(const ParsedArgs& args) {
   if (auto m = args.get("max-memory")) {
     KILN_ASSIGN_OR_RETURN(options.max_memory_bytes, parse_byte_size(*m));
     if (options.max_memory_bytes <= 0) return invalid_argument() << "--max-memory must be positive";
+  }
+  // --passes=a,b,c replaces the default pipeline ("none": no graph passes).
+  if (auto p = args.get("passes")) {
+    std::vector<std::string> list;
+    if (*p != "none") {
+      std::string cur;
+      for (char c : *p + ",") {
+        if (c != ',') {
+          cur += c;
+        } else if (!cur.empty()) {
+          list.push_back(cur);
+          cur.clear();
+        }
+      }
+    }
+    options.passes = list;
   }
   return options;
 }
@@ -434,7 +453,7 @@ Result<int> run_test_data(Model& model, const std::string& dir, double atol, dou
 
 Result<int> cmd_run(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"input", "dim", "test-data", "threads", "atol", "rtol", "output-dir", "max-memory"};
+  spec.with_value = {"input", "dim", "test-data", "threads", "atol", "rtol", "output-dir", "max-memory", "passes"};
   spec.repeatable = {"input", "dim"};
   spec.flags = {"naive"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
@@ -497,7 +516,7 @@ std::string json_string(const std::string& s) {
 
 Result<int> cmd_bench(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "runs", "warmup", "dim", "input", "max-memory"};
+  spec.with_value = {"threads", "runs", "warmup", "dim", "input", "max-memory", "passes"};
   spec.repeatable = {"dim", "input"};
   spec.flags = {"json", "naive"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
@@ -549,13 +568,16 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
               << ", \"max_ms\": " << max << ", \"mean_ms\": " << mean
               << ", \"num_kernels\": " << stats.num_kernels
               << ", \"num_runtime_kernels\": " << stats.num_runtime_kernels
-              << ", \"arena_bytes\": " << stats.arena_bytes << "}\n";
+              << ", \"arena_bytes\": " << stats.arena_bytes
+              << ", \"num_nodes_imported\": " << stats.num_nodes_imported
+              << ", \"num_nodes\": " << stats.num_nodes << "}\n";
   } else {
     std::cout << std::fixed << std::setprecision(3);
     std::cout << "model      " << path << "\n"
               << "threads    " << threads << "\n"
               << "compile    " << compile_s << " s (" << stats.num_kernels << " kernels, "
-              << stats.num_runtime_kernels << " runtime kernel calls)\n"
+              << stats.num_runtime_kernels << " runtime kernel calls; graph " << stats.num_nodes_imported
+              << " -> " << stats.num_nodes << " nodes)\n"
               << "runs       " << runs << " after " << warmup << " warm-up\n"
               << "median     " << median << " ms\n"
               << "p10 / p90  " << p10 << " / " << p90 << " ms (spread "

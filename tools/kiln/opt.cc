@@ -1,12 +1,18 @@
-// kiln opt FILE [--infer-shapes] [--fuse-elementwise] [--lower] [--naive]
-//               [--print-after-all] [--check-equiv] [--dim NAME=VALUE ...]
+// kiln opt FILE [--PASS ...] [--passes=a,b,c] [--default-pipeline] [--disable=a,b]
+//               [--print-after-all] [--print-after=PASS] [--verify-each] [--time-passes]
+//               [--fuse-elementwise] [--lower [--naive]] [-o OUT.kir|OUT.onnx]
+//               [--check-equiv[=PASS]] [--dim NAME=VALUE ...]
+// kiln opt --list-passes [--markdown]
 //
 // FILE is a graph in Kiln's text form (.kir, see src/graph/graph.h) or an ONNX
-// model. Steps run in the pipeline's order, whatever the flag order:
-//   --fold-transposed-weights  transposes of constant weights done at compile time
-//   --pack-conv-weights  after shape inference: constant 2-D Conv weights stored
-//                       [I, KH, KW, O] where compile_graph does so (narrow or strided)
-//   --infer-shapes      symbolic type inference; prints the graph
+// model. The passes run in the order given: each registered pass has its flag
+// (--eliminate-dead-code, ...; `kiln opt --list-passes`), --passes= appends a
+// list, --default-pipeline appends the pipeline compilation runs. infer-shapes
+// is put before the first pass that needs shapes when none precedes it. The
+// graph is printed after the last pass ("// after PASS (N rewrites)"), or as
+// parsed when no pass runs; -o writes it to a file instead, as text (.kir) or
+// as an ONNX model (.onnx; frontend/onnx/export.h). --disable drops passes
+// from the list (e.g. pack-conv-weights, whose weight layout ONNX lacks).
 //   --fuse-elementwise  prints the fused groups ("group %root: Add Relu ...")
 //   --lower             prints every kernel: compute definition, schedule, loop IR
 //                       (default schedules; --naive for the reference ones)
@@ -14,13 +20,12 @@
 //                       runs both on the same random inputs and compares; exit 1
 //                       when they differ beyond 1e-5 + 1e-4*|ref|. Symbols not
 //                       fixed by --dim are bound to 1, 3 and 8 in turn.
-//   --check-equiv=PASS  the same comparison between the pipeline without PASS
-//                       and with it (fold-transposed-weights, pack-conv-weights,
-//                       fuse-elementwise): a wrong rewrite shows as a difference
-// With no step flag the graph is printed as parsed. --print-after-all prints
-// the graph after every step.
+//   --check-equiv=PASS  the same comparison between the pipeline (the passes
+//                       given, else the default pipeline) without PASS and with
+//                       it: a wrong rewrite by PASS shows as a difference
 #include "opt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -29,11 +34,13 @@
 #include <sstream>
 
 #include "driver/pipeline.h"
+#include "frontend/onnx/export.h"
 #include "frontend/onnx/import.h"
 #include "graph/graph.h"
 #include "ops/registry.h"
-#include "passes/fold_transposed_weights.h"
-#include "passes/pack_conv_weights.h"
+#include "passes/default_pipeline.h"
+#include "passes/pass.h"
+#include "passes/pass_manager.h"
 #include "runtime/vm.h"
 
 namespace kiln::cli {
@@ -71,9 +78,9 @@ struct EquivSides {
 };
 
 // --check-equiv: naive against default schedules. --check-equiv=PASS: the
-// default pipeline without PASS against the default pipeline (same schedules
-// on both sides), so a wrong rewrite by PASS shows as a difference.
-Result<EquivSides> equiv_sides(const std::string& pass) {
+// pipeline without PASS against the pipeline with it (same schedules on both
+// sides), so a wrong rewrite by PASS shows as a difference.
+Result<EquivSides> equiv_sides(const std::string& pass, const std::vector<std::string>& pipeline) {
   EquivSides sides;
   sides.reference.threads = sides.test.threads = 2;
   if (pass.empty()) {
@@ -81,12 +88,14 @@ Result<EquivSides> equiv_sides(const std::string& pass) {
     sides.what = "default vs naive schedules";
     return sides;
   }
-  if (pass == "fold-transposed-weights") sides.reference.fold_transposed_weights = false;
-  else if (pass == "pack-conv-weights") sides.reference.pack_conv_weights = false;
-  else if (pass == "fuse-elementwise") sides.reference.fuse_elementwise = false;
-  else
-    return invalid_argument() << "--check-equiv=" << pass
-                              << ": unknown pass (fold-transposed-weights, pack-conv-weights, fuse-elementwise)";
+  if (pass != "fuse-elementwise" && passes::find_pass(pass) == nullptr)
+    return invalid_argument() << "--check-equiv=" << pass << ": unknown pass (" << passes::pass_names()
+                              << ", fuse-elementwise)";
+  std::vector<std::string> with = pipeline.empty() ? passes::default_pipeline() : pipeline;
+  if (pass != "fuse-elementwise" && std::find(with.begin(), with.end(), pass) == with.end()) with.push_back(pass);
+  sides.test.passes = with;
+  sides.reference.passes = with;
+  sides.reference.disable_passes = {pass};
   sides.what = "with vs without " + pass;
   return sides;
 }
@@ -94,8 +103,8 @@ Result<EquivSides> equiv_sides(const std::string& pass) {
 // Compiles the graph both ways and compares outputs on random inputs, once per
 // binding of the symbols not fixed by --dim (each bound to 1, 3 and 8).
 Result<int> check_equiv(const std::string& path, const std::map<std::string, int64_t, std::less<>>& dims,
-                        const std::string& pass) {
-  KILN_ASSIGN_OR_RETURN(EquivSides sides, equiv_sides(pass));
+                        const std::string& pass, const std::vector<std::string>& pipeline) {
+  KILN_ASSIGN_OR_RETURN(EquivSides sides, equiv_sides(pass, pipeline));
   std::vector<driver::CompiledProgram> progs;
   for (const CompileOptions* opts : {&sides.reference, &sides.test}) {
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, load_graph(path));
@@ -147,7 +156,7 @@ Result<int> check_equiv(const std::string& path, const std::map<std::string, int
       bool within = true;
       for (int64_t k = 0; k < ref.numel(); ++k) {
         double r = ref.get_f64(k), a = got.get_f64(k);
-        if (std::isnan(r) && std::isnan(a)) continue;
+        if ((std::isnan(r) && std::isnan(a)) || r == a) continue;  // NaN matches NaN, inf matches inf
         double err = std::fabs(a - r);
         max_err = std::max(max_err, err);
         if (!(err <= 1e-5 + 1e-4 * std::fabs(r))) within = false;
@@ -162,27 +171,58 @@ Result<int> check_equiv(const std::string& path, const std::map<std::string, int
 
 }  // namespace
 
+// The pass table of docs/passes.md (--list-passes --markdown), or one line per pass.
+int list_passes(bool markdown) {
+  std::vector<std::string> pipeline = passes::default_pipeline();
+  if (markdown) {
+    std::cout << "| pass | in default pipeline | needs shapes | what | test |\n|---|---|---|---|---|\n";
+  }
+  for (const passes::PassInfo& p : passes::registered_passes()) {
+    auto at = std::find(pipeline.begin(), pipeline.end(), p.name);
+    std::string position = at == pipeline.end() ? "no" : std::to_string(at - pipeline.begin() + 1);
+    if (markdown)
+      std::cout << "| `--" << p.name << "` | " << position << " | " << (p.needs_shapes ? "yes" : "no") << " | "
+                << p.summary << " | `" << p.test << "` |\n";
+    else
+      std::cout << p.name << "\t" << p.summary << "\n";
+  }
+  return 0;
+}
+
 Result<int> cmd_opt(const std::vector<std::string>& argv) {
-  std::string path;
-  bool fold = false, pack = false;
-  bool infer = false, fuse = false, lower = false, naive = false, all = false, equiv = false;
+  std::string path, out_path;
+  bool fuse = false, lower = false, naive = false, equiv = false, list = false, markdown = false;
   std::string equiv_pass;
+  std::vector<std::string> pipeline;
+  std::set<std::string> disabled;
+  passes::Instrumentation inst;
   std::map<std::string, int64_t, std::less<>> dims;
+  auto value_of = [](const std::string& a, const char* flag) { return a.substr(std::string(flag).size()); };
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
-    if (a == "--infer-shapes") infer = true;
-    else if (a == "--fold-transposed-weights") fold = true;
-    else if (a == "--pack-conv-weights") pack = true;
-    else if (a == "--fuse-elementwise") fuse = true;
+    if (a == "--fuse-elementwise") fuse = true;
     else if (a == "--lower") lower = true;
     else if (a == "--naive") naive = true;
-    else if (a == "--print-after-all") all = true;
-    else if (a == "--check-equiv") equiv = true;
+    else if (a == "--print-after-all") inst.print_after_all = true;
+    else if (a.rfind("--print-after=", 0) == 0) {
+      for (const std::string& p : passes::split_pass_list(value_of(a, "--print-after="))) inst.print_after.insert(p);
+    } else if (a == "--verify-each") inst.verify_each = true;
+    else if (a == "--time-passes") inst.time_passes = true;
+    else if (a == "--list-passes") list = true;
+    else if (a == "--markdown") markdown = true;
+    else if (a == "--default-pipeline") {
+      for (const std::string& p : passes::default_pipeline(naive)) pipeline.push_back(p);
+    } else if (a.rfind("--passes=", 0) == 0) {
+      for (const std::string& p : passes::split_pass_list(value_of(a, "--passes="))) pipeline.push_back(p);
+    } else if (a.rfind("--disable=", 0) == 0) {
+      for (const std::string& p : passes::split_pass_list(value_of(a, "--disable="))) disabled.insert(p);
+    } else if (a == "--check-equiv") equiv = true;
     else if (a.rfind("--check-equiv=", 0) == 0) {
       equiv = true;
-      equiv_pass = a.substr(std::string("--check-equiv=").size());
-    }
-    else if (a == "--dim" && i + 1 < argv.size()) {
+      equiv_pass = value_of(a, "--check-equiv=");
+    } else if (a == "-o" && i + 1 < argv.size()) {
+      out_path = argv[++i];
+    } else if (a == "--dim" && i + 1 < argv.size()) {
       std::string kv = argv[++i];
       size_t eq = kv.find('=');
       if (eq == std::string::npos) return invalid_argument() << "--dim expects NAME=VALUE, got '" << kv << "'";
@@ -191,41 +231,72 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
       } catch (...) {
         return invalid_argument() << "--dim expects an integer value, got '" << kv << "'";
       }
+    } else if (a.rfind("--", 0) == 0 && passes::find_pass(a.substr(2)) != nullptr) {
+      pipeline.push_back(a.substr(2));
     } else if (!a.empty() && a[0] == '-') {
-      return invalid_argument() << "unknown option '" << a << "' for opt";
+      return invalid_argument() << "unknown option '" << a << "' for opt (passes: " << passes::pass_names() << ")";
     } else if (path.empty()) {
       path = a;
     } else {
       return invalid_argument() << "opt takes one file, got '" << path << "' and '" << a << "'";
     }
   }
-  if (path.empty()) return invalid_argument() << "usage: kiln opt FILE [--infer-shapes] [--fuse-elementwise] "
-                                                 "[--lower] [--naive] [--print-after-all] [--check-equiv]";
-  if (equiv) return check_equiv(path, dims, equiv_pass);
+  if (list) return list_passes(markdown);
+  if (path.empty())
+    return invalid_argument() << "usage: kiln opt FILE [--PASS ...] [--passes=a,b] [--default-pipeline] "
+                                 "[--print-after-all] [--print-after=PASS] [--verify-each] [--time-passes] "
+                                 "[--fuse-elementwise] [--lower [--naive]] [--disable=a,b] [-o OUT.kir|OUT.onnx] [--check-equiv[=PASS]]";
+  for (const std::string& p : inst.print_after)
+    if (passes::find_pass(p) == nullptr)
+      return invalid_argument() << "--print-after: unknown pass '" << p << "' (passes: " << passes::pass_names() << ")";
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (!out_path.empty() && !ends_with(out_path, ".kir") && !ends_with(out_path, ".onnx"))
+    return invalid_argument() << "-o " << out_path << ": the output is Kiln's text IR (.kir) or ONNX (.onnx)";
+  for (const std::string& p : disabled)
+    if (passes::find_pass(p) == nullptr)
+      return invalid_argument() << "--disable: unknown pass '" << p << "' (passes: " << passes::pass_names() << ")";
+  pipeline.erase(std::remove_if(pipeline.begin(), pipeline.end(),
+                                [&](const std::string& p) { return disabled.count(p) != 0; }),
+                 pipeline.end());
+  if (equiv) return check_equiv(path, dims, equiv_pass, pipeline);
 
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, load_graph(path));
   KILN_RETURN_IF_ERROR(g->verify().with_context(path));
-  if (fuse || lower || pack) infer = true;
-  if (fold) {
-    KILN_ASSIGN_OR_RETURN(int rewrites, passes::fold_transposed_weights(*g));
-    if (all || !infer)
-      std::cout << "// after fold-transposed-weights (" << rewrites << " rewrites)\n" << print_graph(*g);
+  // Shapes are inferred before the first pass that needs them, and for fusion and lowering.
+  std::vector<std::string> run;
+  bool inferred = false;
+  for (const std::string& name : pipeline) {
+    const passes::PassInfo* p = passes::find_pass(name);
+    if (name == "infer-shapes") inferred = true;
+    if (p != nullptr && p->needs_shapes && !inferred) {
+      run.push_back("infer-shapes");
+      inferred = true;
+    }
+    run.push_back(name);
   }
+  if ((fuse || lower) && !inferred) run.push_back("infer-shapes");
   CompileOptions opts;
   opts.naive = naive;
-  if (infer) {
-    KILN_RETURN_IF_ERROR(driver::check_supported(*g));
-    ops::InferContext ctx;
-    ctx.graph = g.get();
-    ctx.bounds = g->bounds;
-    KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ctx));
-    if (all || (!fuse && !lower && !pack)) std::cout << "// after infer-shapes\n" << print_graph(*g);
-    if (pack) {
-      KILN_ASSIGN_OR_RETURN(int rewrites, passes::pack_conv_weights(*g));
-      if (all || (!fuse && !lower))
-        std::cout << "// after pack-conv-weights (" << rewrites << " rewrites)\n" << print_graph(*g);
-    }
-  } else {
+  inst.out = &std::cout;
+  std::vector<passes::PassRun> runs;
+  if (!run.empty()) {
+    KILN_ASSIGN_OR_RETURN(driver::OptimizedGraph optimized, driver::optimize_graph(*g, opts, run, inst));
+    runs = std::move(optimized.runs);
+  }
+  bool printed_by_instrumentation = inst.print_after_all || !inst.print_after.empty();
+  if (ends_with(out_path, ".onnx")) {
+    KILN_RETURN_IF_ERROR(export_onnx_file(*g, out_path));
+  } else if (!out_path.empty()) {
+    std::ofstream out(out_path, std::ios::binary);
+    if (!out) return io_error() << "cannot write '" << out_path << "'";
+    out << print_graph(*g);
+    if (!out) return io_error() << "writing '" << out_path << "' failed";
+  } else if (!fuse && !lower && !printed_by_instrumentation) {
+    if (!runs.empty())
+      std::cout << "// after " << runs.back().name << " (" << runs.back().rewrites << " rewrite"
+                << (runs.back().rewrites == 1 ? "" : "s") << ")\n";
     std::cout << print_graph(*g);
   }
   if (fuse) {

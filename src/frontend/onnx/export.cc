@@ -1,0 +1,147 @@
+#include "frontend/onnx/export.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include <onnx/onnx_pb.h>
+
+namespace kiln {
+
+namespace {
+
+Status tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorProto* tp) {
+  tp->set_name(name);
+  tp->set_data_type(static_cast<int>(t.dtype()));
+  for (int64_t d : t.shape()) tp->add_dims(d);
+  if (t.dtype() == DType::kString) {
+    for (int64_t i = 0; i < t.numel(); ++i) tp->add_string_data(t.data_as<std::string>()[i]);
+    return Status::ok();
+  }
+  const auto* bytes = static_cast<const unsigned char*>(t.data());
+  if (t.dtype() == DType::kInt4 || t.dtype() == DType::kUInt4 || t.dtype() == DType::kFloat4E2M1) {
+    std::string packed(static_cast<size_t>((t.numel() + 1) / 2), '\0');
+    for (int64_t i = 0; i < t.numel(); ++i)
+      packed[i / 2] = static_cast<char>(packed[i / 2] | ((bytes[i] & 0xF) << (i % 2 ? 4 : 0)));
+    tp->set_raw_data(packed);
+    return Status::ok();
+  }
+  tp->set_raw_data(std::string(reinterpret_cast<const char*>(bytes), static_cast<size_t>(t.nbytes())));
+  return Status::ok();
+}
+
+Status value_info(const Value* v, onnx::ValueInfoProto* vi) {
+  vi->set_name(v->name());
+  if (v->dtype() == DType::kUndefined) return unsupported() << "value '" << v->name() << "' has no dtype";
+  onnx::TypeProto_Tensor* tt = vi->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(static_cast<int>(v->dtype()));
+  if (!v->type().shape) return Status::ok();
+  onnx::TensorShapeProto* shape = tt->mutable_shape();
+  for (const Expr& d : *v->type().shape) {
+    auto* dim = shape->add_dim();
+    if (auto c = d.as_const()) dim->set_dim_value(*c);
+    else dim->set_dim_param(print_expr(d));
+  }
+  return Status::ok();
+}
+
+Status graph_to_proto(const Graph& g, onnx::GraphProto* gp);
+
+Status attribute_to_proto(const std::string& key, const Attribute& a, const Node& n, onnx::AttributeProto* ap) {
+  using AP = onnx::AttributeProto;
+  ap->set_name(key);
+  switch (a.kind) {
+    case Attribute::Kind::kFloat: ap->set_type(AP::FLOAT); ap->set_f(static_cast<float>(a.f)); break;
+    case Attribute::Kind::kInt: ap->set_type(AP::INT); ap->set_i(a.i); break;
+    case Attribute::Kind::kString: ap->set_type(AP::STRING); ap->set_s(a.s); break;
+    case Attribute::Kind::kTensor:
+      ap->set_type(AP::TENSOR);
+      KILN_RETURN_IF_ERROR(tensor_to_proto(a.t, "", ap->mutable_t()));
+      break;
+    case Attribute::Kind::kGraph:
+      ap->set_type(AP::GRAPH);
+      if (!a.g) return internal_error() << n.describe() << ": attribute '" << key << "' has no graph";
+      KILN_RETURN_IF_ERROR(graph_to_proto(*a.g, ap->mutable_g()));
+      break;
+    case Attribute::Kind::kFloats:
+      ap->set_type(AP::FLOATS);
+      for (double f : a.floats) ap->add_floats(static_cast<float>(f));
+      break;
+    case Attribute::Kind::kInts:
+      ap->set_type(AP::INTS);
+      for (int64_t i : a.ints) ap->add_ints(i);
+      break;
+    case Attribute::Kind::kStrings:
+      ap->set_type(AP::STRINGS);
+      for (const std::string& s : a.strings) ap->add_strings(s);
+      break;
+    case Attribute::Kind::kTensors:
+      ap->set_type(AP::TENSORS);
+      for (const Tensor& t : a.tensors) KILN_RETURN_IF_ERROR(tensor_to_proto(t, "", ap->add_tensors()));
+      break;
+    case Attribute::Kind::kGraphs:
+      ap->set_type(AP::GRAPHS);
+      for (const auto& sg : a.graphs) {
+        if (!sg) return internal_error() << n.describe() << ": attribute '" << key << "' has a null graph";
+        KILN_RETURN_IF_ERROR(graph_to_proto(*sg, ap->add_graphs()));
+      }
+      break;
+  }
+  return Status::ok();
+}
+
+Status graph_to_proto(const Graph& g, onnx::GraphProto* gp) {
+  gp->set_name(g.name.empty() ? "main" : g.name);
+  for (const Value* v : g.inputs()) {
+    if (v->is_constant()) continue;
+    KILN_RETURN_IF_ERROR(value_info(v, gp->add_input()));
+  }
+  for (const Value* v : g.outputs()) KILN_RETURN_IF_ERROR(value_info(v, gp->add_output()));
+  for (const Value* c : g.constants()) KILN_RETURN_IF_ERROR(tensor_to_proto(c->constant(), c->name(), gp->add_initializer()));
+  for (const Node* n : g.nodes()) {
+    onnx::NodeProto* np = gp->add_node();
+    np->set_op_type(n->op_type());
+    if (!n->domain().empty()) np->set_domain(n->domain());
+    if (!n->name().empty()) np->set_name(n->name());
+    for (const Value* v : n->inputs()) np->add_input(v ? v->name() : "");
+    for (const Value* v : n->outputs()) np->add_output(v ? v->name() : "");
+    for (const auto& [key, a] : n->attrs()) {
+      if (key.rfind("kiln_", 0) == 0)
+        return unsupported() << n->describe() << " carries Kiln's internal attribute '" << key
+                             << "', which ONNX does not have (export before the pass that sets it)";
+      KILN_RETURN_IF_ERROR(attribute_to_proto(key, a, *n, np->add_attribute()));
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::string> export_onnx_bytes(const Graph& g) {
+  onnx::ModelProto model;
+  int64_t opset = 0;
+  for (const auto& [domain, version] : g.opsets) {
+    onnx::OperatorSetIdProto* op = model.add_opset_import();
+    op->set_domain(domain);
+    op->set_version(version);
+    if (domain.empty() || domain == "ai.onnx") opset = std::max(opset, version);
+  }
+  model.set_ir_version(opset >= 21 ? 10 : opset >= 19 ? 9 : 8);
+  model.set_producer_name("kiln");
+  Status st = graph_to_proto(g, model.mutable_graph());
+  if (!st.is_ok()) return st.with_context(g.source.empty() ? "ONNX export" : g.source + ": ONNX export");
+  std::string bytes;
+  if (!model.SerializeToString(&bytes))
+    return unsupported() << "ONNX export: the model does not fit in one protobuf (2 GiB)";
+  return bytes;
+}
+
+Status export_onnx_file(const Graph& g, const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::string bytes, export_onnx_bytes(g));
+  std::ofstream out(path, std::ios::binary);
+  if (!out) return io_error() << "cannot write '" << path << "'";
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) return io_error() << "writing '" << path << "' failed";
+  return Status::ok();
+}
+
+}  // namespace kiln

@@ -1,0 +1,44 @@
+#include "passes/default_pipeline.h"
+
+#include <algorithm>
+
+#include "passes/pass.h"
+
+namespace kiln::passes {
+
+std::vector<std::string> default_pipeline(bool naive) {
+  std::vector<std::string> p = {
+      "fold-transposed-weights",          // Gemm transA/transB and Transpose of constants (structural)
+      "infer-shapes",                     // symbolic types of every value; later passes prove with them
+      "sink-transposes",                  // Transposes below elementwise ops and reductions
+      "eliminate-identities",             // Identity, inference Dropout, no-op views/casts/slices/pads;
+                                          // transposes that met cancel
+      "simplify-algebra",                 // x*1, x+0, --x; Conv+BatchNorm/Mul/Add into weights
+      "fold-constants",                   // nodes of constants only run once, through compiled kernels
+      "deduplicate-constants",            // equal constants become one value
+      "eliminate-common-subexpressions",  // same op, attributes and inputs: one node
+      "combine-parallel-matmuls",         // Q/K/V-style projections of one input: one wide op + Split
+      "eliminate-dead-code",              // nodes nothing reads, unused constants
+      "pack-conv-weights",                // Conv weights [I,KH,KW,O] where the default schedule wants it
+  };
+  if (naive) p.erase(std::remove(p.begin(), p.end(), "pack-conv-weights"), p.end());
+  return p;
+}
+
+std::vector<std::string> with_shape_inference(const std::vector<std::string>& pipeline) {
+  std::vector<std::string> out;
+  bool inferred = false;
+  for (const std::string& name : pipeline) {
+    const PassInfo* p = find_pass(name);
+    if (name == "infer-shapes") inferred = true;
+    if (p != nullptr && p->needs_shapes && !inferred) {
+      out.push_back("infer-shapes");
+      inferred = true;
+    }
+    out.push_back(name);
+  }
+  if (!inferred) out.push_back("infer-shapes");
+  return out;
+}
+
+}  // namespace kiln::passes

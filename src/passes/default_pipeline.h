@@ -1,0 +1,20 @@
+// The default pass pipeline: the one list of graph passes that compilation,
+// `kiln opt --default-pipeline` and the tests all run (default_pipeline.cc).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kiln::passes {
+
+// The passes, in order. `naive` (reference compilation) drops the passes that
+// only exist to suit the default schedules (pack-conv-weights).
+std::vector<std::string> default_pipeline(bool naive = false);
+
+// `pipeline` with infer-shapes put in front of the first pass that needs
+// shapes when none precedes it, or at the end when none runs at all:
+// compilation needs inferred types (the pass manager keeps them current after
+// every rewriting pass that follows infer-shapes).
+std::vector<std::string> with_shape_inference(const std::vector<std::string>& pipeline);
+
+}  // namespace kiln::passes

@@ -1,0 +1,72 @@
+#include "passes/pass.h"
+
+#include "passes/combine_parallel_matmuls.h"
+#include "passes/deduplicate_constants.h"
+#include "passes/eliminate_common_subexpressions.h"
+#include "passes/eliminate_dead_code.h"
+#include "passes/eliminate_identities.h"
+#include "passes/fold_constants.h"
+#include "passes/fold_transposed_weights.h"
+#include "passes/pack_conv_weights.h"
+#include "passes/simplify_algebra.h"
+#include "passes/sink_transposes.h"
+
+namespace kiln::passes {
+
+Result<int> infer_shapes(Graph& g, PassContext& ctx) {
+  ctx.infer.graph = &g;
+  KILN_RETURN_IF_ERROR(ops::infer_shapes(g, ctx.infer));
+  ctx.shapes_inferred = true;
+  return 0;
+}
+
+const std::vector<PassInfo>& registered_passes() {
+  static const std::vector<PassInfo> kPasses = {
+      {"infer-shapes", "symbolic type and shape inference of every value (and symbolic values of shape tensors)",
+       &infer_shapes, false, "tests/ir/infer_shapes_reshape.kir"},
+      {"fold-transposed-weights", "Gemm transA/transB on a constant and Transpose of a constant done at compile time",
+       [](Graph& g, PassContext&) { return fold_transposed_weights(g); }, false,
+       "tests/ir/fold_transposed_weights.kir"},
+      {"sink-transposes",
+       "Transposes move below elementwise ops and reductions, where they meet and cancel",
+       &sink_transposes, true, "tests/ir/sink_transposes.kir"},
+      {"eliminate-identities",
+       "Identity, inference Dropout, and Reshape/Transpose/Cast/Expand/Slice/Pad/Concat/Squeeze/Unsqueeze that "
+       "do nothing or cancel, proven by symbolic shapes",
+       &eliminate_identities, true, "tests/ir/eliminate_identities.kir"},
+      {"simplify-algebra",
+       "x*1, x/1, x+0, x-0, -(-x); Conv followed by BatchNormalization or a per-channel Mul/Add folded into the "
+       "weights and bias",
+       &simplify_algebra, true, "tests/ir/simplify_algebra.kir"},
+      {"fold-constants",
+       "nodes whose inputs are all constants are evaluated once at compile time by the compiled kernels",
+       &fold_constants, true, "tests/ir/fold_constants.kir"},
+      {"deduplicate-constants", "constants with equal dtype, shape and contents become one value",
+       &deduplicate_constants, false, "tests/ir/deduplicate_constants.kir"},
+      {"eliminate-common-subexpressions", "nodes with the same op, attributes and inputs become one",
+       &eliminate_common_subexpressions, false, "tests/ir/eliminate_common_subexpressions.kir"},
+      {"combine-parallel-matmuls",
+       "MatMuls, Gemms or Convs reading the same input with constant weights become one op and a Split",
+       &combine_parallel_matmuls, true, "tests/ir/combine_parallel_matmuls.kir"},
+      {"eliminate-dead-code", "nodes whose outputs nothing reads, and unused constants, are removed",
+       &eliminate_dead_code, false, "tests/ir/eliminate_dead_code.kir"},
+      {"pack-conv-weights",
+       "2-D Conv weights stored [I,KH,KW,O] where the default schedule vectorizes over output channels",
+       [](Graph& g, PassContext&) { return pack_conv_weights(g); }, true, "tests/ir/pack_conv_weights.kir"},
+  };
+  return kPasses;
+}
+
+const PassInfo* find_pass(std::string_view name) {
+  for (const PassInfo& p : registered_passes())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+std::string pass_names() {
+  std::string out;
+  for (const PassInfo& p : registered_passes()) out += (out.empty() ? "" : ", ") + p.name;
+  return out;
+}
+
+}  // namespace kiln::passes

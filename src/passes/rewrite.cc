@@ -1,0 +1,98 @@
+#include "passes/rewrite.h"
+
+#include <algorithm>
+#include <set>
+
+#include "passes/eliminate_dead_code.h"
+
+namespace kiln::passes {
+
+bool is_graph_output(const Graph& g, const Value* v) {
+  return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
+}
+
+bool is_op(const Node* n, const char* op) { return n != nullptr && n->domain().empty() && n->op_type() == op; }
+
+bool is_random_op(const Node& n) {
+  static const std::set<std::string> kRandom = {"RandomNormal", "RandomNormalLike", "RandomUniform",
+                                                "RandomUniformLike", "Bernoulli", "Multinomial"};
+  return n.domain().empty() && kRandom.count(n.op_type());
+}
+
+bool has_subgraph(const Node& n) {
+  for (const auto& [key, attr] : n.attrs())
+    if (attr.g || !attr.graphs.empty()) return true;
+  return false;
+}
+
+std::optional<std::vector<int64_t>> transpose_perm(const Node* t) {
+  const Value* x = t->input(0);
+  if (x == nullptr || !x->type().shape) return std::nullopt;
+  int64_t rank = x->type().rank();
+  std::vector<int64_t> perm = t->attr_ints("perm");
+  if (!t->has_attr("perm"))
+    for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
+  if (static_cast<int64_t>(perm.size()) != rank) return std::nullopt;
+  std::vector<bool> seen(rank, false);
+  for (int64_t p : perm) {
+    if (p < 0 || p >= rank || seen[p]) return std::nullopt;
+    seen[p] = true;
+  }
+  return perm;
+}
+
+bool replace_value(Graph& g, Value* from, Value* to) {
+  if (from == to) return false;
+  if (is_graph_output(g, from)) {
+    if (to->producer() == nullptr || is_graph_output(g, to)) return false;
+    std::string name = from->name();
+    g.rename_value(from, g.unique_name(name + ".replaced"));
+    g.rename_value(to, name);
+  }
+  g.replace_all_uses(from, to);
+  return true;
+}
+
+const Tensor* constant_of(const Value* v) { return v != nullptr && v->is_constant() ? &v->constant() : nullptr; }
+
+std::optional<std::vector<int64_t>> constant_ints(const Value* v) {
+  const Tensor* t = constant_of(v);
+  if (t == nullptr || (t->dtype() != DType::kInt64 && t->dtype() != DType::kInt32)) return std::nullopt;
+  std::vector<int64_t> out(t->numel());
+  for (int64_t i = 0; i < t->numel(); ++i) out[i] = t->get_i64(i);
+  return out;
+}
+
+bool same_shape(const Value* a, const Value* b, const SymbolBounds& bounds) {
+  const auto& sa = a->type().shape;
+  const auto& sb = b->type().shape;
+  if (!sa || !sb || sa->size() != sb->size()) return false;
+  for (size_t i = 0; i < sa->size(); ++i)
+    if (!prove_equal((*sa)[i], (*sb)[i], bounds)) return false;
+  return true;
+}
+
+Result<int> rewrite_to_fixed_point(Graph& g, const std::vector<RewriteRule>& rules, PassContext& ctx,
+                                   int max_sweeps) {
+  int rewrites = 0;
+  for (int sweep = 0; sweep < max_sweeps; ++sweep) {
+    int before = rewrites;
+    for (Node* n : g.nodes()) {
+      // A node whose outputs a rule already redirected is dead: skip it.
+      bool live = is_graph_output(g, n->output(0)) || !g.implicit_inputs(n).empty();
+      for (const Value* o : n->outputs()) live |= !o->uses().empty() || is_graph_output(g, o);
+      if (!live) continue;
+      for (const RewriteRule& rule : rules) {
+        if (rule.apply(g, n, ctx)) {
+          ++rewrites;
+          break;  // the node may be gone as a pattern root; the next sweep sees the rest
+        }
+      }
+    }
+    remove_unused_nodes(g);
+    if (rewrites == before) break;
+  }
+  return rewrites;
+}
+
+}  // namespace kiln::passes

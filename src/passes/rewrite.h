@@ -1,0 +1,56 @@
+// The pattern-rewrite driver for local simplifications.
+//
+// A rule is a matcher and a rewrite in one small function: it looks at one
+// node and, when the pattern matches, changes the graph (usually by
+// redirecting the node's outputs with replace_value) and returns true. The
+// driver sweeps every node with every rule until a sweep changes nothing,
+// then removes the nodes left without uses. Rules see the types inferred
+// before the sweep; they must keep every value's type valid (a rewrite that
+// preserves semantics does).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+#include "passes/pass.h"
+
+namespace kiln::passes {
+
+struct RewriteRule {
+  const char* name;  // for the rewrite log
+  bool (*apply)(Graph& g, Node* n, PassContext& ctx);
+};
+
+// Applies `rules` to a fixed point (at most `max_sweeps` sweeps) and returns
+// the number of rewrites.
+Result<int> rewrite_to_fixed_point(Graph& g, const std::vector<RewriteRule>& rules, PassContext& ctx,
+                                   int max_sweeps = 32);
+
+// Redirects every use of `from` to `to`. A graph output keeps its name: when
+// `from` is one, `to` takes over the name, which needs `to` to be produced by
+// a node and not to be a graph output already; otherwise nothing changes and
+// the result is false.
+bool replace_value(Graph& g, Value* from, Value* to);
+
+bool is_graph_output(const Graph& g, const Value* v);
+
+// n is an op of the default (ai.onnx) domain named `op`.
+bool is_op(const Node* n, const char* op);
+// Random ops (RandomNormal, Bernoulli, ...): two draws are two values.
+bool is_random_op(const Node& n);
+// n carries a graph attribute (If, Loop, Scan).
+bool has_subgraph(const Node& n);
+// The permutation of a Transpose (its perm, or reversed axes without one),
+// when the input's rank is known and perm is a permutation of it; else nullopt.
+std::optional<std::vector<int64_t>> transpose_perm(const Node* t);
+
+// The constant behind a value, or null.
+const Tensor* constant_of(const Value* v);
+// The integers of a constant int32/int64 tensor (any rank), or nullopt.
+std::optional<std::vector<int64_t>> constant_ints(const Value* v);
+
+// Shapes of two values proven equal (same rank, each dim equal under the bounds).
+bool same_shape(const Value* a, const Value* b, const SymbolBounds& bounds);
+
+}  // namespace kiln::passes
