@@ -127,6 +127,7 @@ Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, 
       case runtime::OpCode::kShapeOf: what = "shape"; break;
       case runtime::OpCode::kCopy: what = "copy"; break;
       case runtime::OpCode::kCheckIndices: what = "index check"; break;
+      case runtime::OpCode::kCheckBroadcast: what = "broadcast check"; break;
       default: what = "control"; break;
     }
     double ms = prof[i].seconds * 1e3 / std::max(runs, 1);

@@ -119,6 +119,7 @@ class ProgramBuilder {
  private:
   int reg(const Value* v);
   Status classify();
+  bool view_between_elementwise(const Node* n);
   Result<tir::KernelDef> make_kernel_def(const passes::FusedGroup& group, std::vector<int>& in_regs,
                                           std::vector<int>& out_regs);
   Status emit_group(const passes::FusedGroup& group);
@@ -159,6 +160,7 @@ int ProgramBuilder::reg(const Value* v) {
 }
 
 Status ProgramBuilder::classify() {
+  for (const Value* v : g_.outputs()) graph_outputs_.insert(v);
   // Values needed by the outputs (dead nodes are skipped).
   std::set<const Value*> needed(g_.outputs().begin(), g_.outputs().end());
   std::vector<Node*> nodes = g_.nodes();
@@ -217,7 +219,39 @@ Status ProgramBuilder::classify() {
     else
       mode_[n] = Mode::kHost;
   }
+  if (fusion_enabled(opts_))
+    for (Node* n : nodes)
+      if (mode_[n] == Mode::kView && view_between_elementwise(n)) mode_[n] = Mode::kCompiled;
   return Status::ok();
+}
+
+// A Reshape/Flatten/Squeeze/Unsqueeze whose input comes from a compiled
+// elementwise node and whose output goes to one, each value read only there:
+// compiled into their fused kernel (a reindexing of the producer's values,
+// no buffer in between). Its output dims must be expressions of its input's,
+// so the kernel can compute them (x:[a,b] -> [a*b] fuses; a dim taken from a
+// run-time shape tensor does not).
+bool ProgramBuilder::view_between_elementwise(const Node* n) {
+  static const std::set<std::string> kViews = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"};
+  if (!n->domain().empty() || !kViews.count(n->op_type()) || n->num_outputs() != 1) return false;
+  const Value* in = n->input(0);
+  const Value* out = n->output(0);
+  if (in == nullptr || out == nullptr || !in->type().shape || !out->type().shape) return false;
+  std::set<std::string> in_symbols;
+  for (const Expr& d : *in->type().shape)
+    for (const std::string& v : free_vars(d)) in_symbols.insert(v);
+  for (const Expr& d : *out->type().shape)
+    for (const std::string& v : free_vars(d))
+      if (!in_symbols.count(v)) return false;
+  auto fusable = [&](const Node* m) {
+    if (m == nullptr || mode_[m] != Mode::kCompiled || m->num_outputs() != 1) return false;
+    const ops::OpDef* def = ops::find_op(m->domain(), m->op_type());
+    return def != nullptr && def->is_elementwise;
+  };
+  auto only_reader = [&](const Value* v) {
+    return v->uses().size() == 1 && !graph_outputs_.count(v) && !captured_.count(v);
+  };
+  return fusable(in->producer()) && only_reader(in) && only_reader(out) && fusable(out->uses()[0].first);
 }
 
 Result<tir::KernelDef> ProgramBuilder::make_kernel_def(const passes::FusedGroup& group, std::vector<int>& in_regs,
@@ -324,6 +358,38 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
     if (opts_.dump_ir) std::fprintf(stderr, "%s\n", tir::print_func(*func).c_str());
     state_->funcs.push_back(std::move(*func));
     state_->kernel_by_hash[h] = func_index;
+  }
+  // Symbolic dims broadcast without proof (inference gave [n] + [m] the dim
+  // max(m, n)) are checked before the kernel reads them.
+  for (const Node* n : group.nodes) {
+    const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
+    bool broadcasts = def && (def->is_elementwise || (n->domain().empty() && n->op_type() == "Expand"));
+    const Value* out = n->output(0);
+    if (!broadcasts || out == nullptr || !out->type().shape) continue;
+    const Shape& os = *out->type().shape;
+    runtime::Instr chk;
+    for (size_t i = 0; i < n->num_inputs(); ++i) {
+      const Value* v = n->input(i);
+      // Expand's shape and CastLike's type target do not broadcast.
+      bool broadcast_input = i == 0 || (n->op_type() != "Expand" && n->op_type() != "CastLike");
+      if (v == nullptr || !v->type().shape || !broadcast_input) continue;
+      const Shape& is = *v->type().shape;
+      if (is.size() > os.size()) continue;
+      for (size_t k = 0; k < is.size(); ++k) {
+        const Expr& d_in = is[k];
+        const Expr& d_out = os[os.size() - is.size() + k];
+        auto c = d_in.as_const();
+        if ((c && *c == 1) || prove_equal(d_in, d_out, bounds_)) continue;
+        chk.values.push_back(d_in);
+        chk.values.push_back(d_out);
+        chk.attrs.push_back(static_cast<int64_t>(i));
+        chk.attrs.push_back(static_cast<int64_t>(os.size() - is.size() + k));
+      }
+    }
+    if (chk.values.empty()) continue;
+    chk.op = runtime::OpCode::kCheckBroadcast;
+    chk.where = describe(n);
+    prog_->instrs.push_back(std::move(chk));
   }
   // Index tensors read by the kernel are range-checked first (OpDef::index_checks).
   for (const Node* n : group.nodes) {

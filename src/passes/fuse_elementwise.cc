@@ -7,9 +7,10 @@
 namespace kiln::passes {
 
 namespace {
+// Elementwise ops, and views the driver chose to compile between two of them.
 bool is_elementwise(const Node* n) {
   const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
-  return def != nullptr && def->is_elementwise && def->lower;
+  return def != nullptr && (def->is_elementwise || def->is_view) && def->lower;
 }
 
 bool is_graph_output(const Graph& g, const Value* v) {

@@ -3,7 +3,10 @@
 // group: a producer joins its consumer's group when its output has exactly
 // one use, that use is in the group, and it is not a graph output. The group
 // runs as one kernel in which the producers are inlined (no intermediate
-// tensors in memory). Every other compiled node is a group of its own.
+// tensors in memory). A view (Reshape, Flatten, Squeeze, Unsqueeze) in
+// `compiled` (the driver compiles one only between two elementwise nodes)
+// joins like an elementwise op: its reindexing is inlined too. Every other
+// compiled node is a group of its own.
 #pragma once
 
 #include <set>

@@ -173,6 +173,25 @@ Status check_indices(const Instr& in, const Tensor& indices, const Env& env) {
   return Status::ok();
 }
 
+// kCheckBroadcast: every input dim is 1 or the output's.
+Status check_broadcast(const Instr& in, const Env& env) {
+  for (size_t i = 0; i + 1 < in.values.size(); i += 2) {
+    auto d_in = evaluate(in.values[i], env);
+    auto d_out = evaluate(in.values[i + 1], env);
+    if (!d_in.is_ok() || !d_out.is_ok())
+      return internal_error() << in.where << ": cannot evaluate broadcast dims " << print_expr(in.values[i]) << ", "
+                              << print_expr(in.values[i + 1]);
+    if (*d_in == 1 || *d_in == *d_out) continue;
+    int64_t input = i + 1 < in.attrs.size() ? in.attrs[i] : -1;
+    int64_t axis = i + 1 < in.attrs.size() ? in.attrs[i + 1] : -1;
+    return invalid_argument() << in.where << ": input " << input << " has " << *d_in << " on axis " << axis
+                              << ", which cannot broadcast to " << *d_out << " (" << print_expr(in.values[i])
+                              << " against " << print_expr(in.values[i + 1])
+                              << "; a dim broadcasts only from 1 or to itself)";
+  }
+  return Status::ok();
+}
+
 // The shape a Reshape produces from a run-time shape tensor (allowzero = 0).
 Result<std::vector<int64_t>> reshape_target(const Tensor& src, const Tensor& spec, const std::string& where) {
   std::vector<int64_t> shape;
@@ -588,6 +607,9 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
       }
       case OpCode::kCheckIndices:
         KILN_RETURN_IF_ERROR(check_indices(in, regs[in.inputs[0]], env));
+        break;
+      case OpCode::kCheckBroadcast:
+        KILN_RETURN_IF_ERROR(check_broadcast(in, env));
         break;
       case OpCode::kJump:
         next = static_cast<size_t>(in.target);

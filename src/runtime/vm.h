@@ -18,6 +18,11 @@
 //              extent `values[position % values.size()]` evaluated now (an
 //              index tensor of a compiled Gather-like kernel); else an error
 //              naming the node
+//   kCheckBroadcast  values [d_in, d_out, ...] in pairs, attrs [input, axis, ...]:
+//              each d_in, evaluated now, must be 1 or equal to d_out (a symbolic
+//              dim of an input that inference broadcast to the output without
+//              proof, e.g. [n] + [m] -> [max(m, n)]); else an error naming the
+//              node, the input, the axis and both sizes
 //   kJump / kBranch / kRet  control flow (kBranch: jump when a bool scalar is false)
 //   kIf / kLoop / kScan  ONNX control flow: run a sub-program (see below)
 //
@@ -64,7 +69,7 @@ using KernelFn = void (*)(void** buffers, const int64_t* syms);
 using HostKernel = std::function<Status(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs)>;
 
 enum class OpCode : uint8_t {
-  kCall, kCallHost, kView, kShapeOf, kCopy, kCheckIndices, kJump, kBranch, kRet, kIf, kLoop, kScan
+  kCall, kCallHost, kView, kShapeOf, kCopy, kCheckIndices, kCheckBroadcast, kJump, kBranch, kRet, kIf, kLoop, kScan
 };
 
 struct Instr {
@@ -81,7 +86,7 @@ struct Instr {
   // also listed in `inputs`, after the explicit operands, for lifetimes).
   std::vector<int> subprograms;
   std::vector<std::vector<int>> captures;
-  std::vector<int64_t> attrs;  // kScan: see the file comment
+  std::vector<int64_t> attrs;  // kScan, kCheckBroadcast: see the file comment
 };
 
 struct RegisterInfo {

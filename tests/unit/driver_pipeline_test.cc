@@ -2,6 +2,7 @@
 // lowering, code generation, the VM (static plan and symbolic shapes).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -96,6 +97,36 @@ TEST(Pipeline, SymbolicBatchRunsAtSeveralSizes) {
   auto bad = vm.run({random_tensor({2, 8}, 9)});
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("input 'x'"), std::string::npos) << bad.status().message();
+}
+
+// [n] + [m] with unrelated symbols infers [max(m, n)]: a run where neither
+// is 1 and they differ is an error naming the node and both sizes, never a
+// read past the end of the shorter input; a run that broadcasts is right.
+TEST(Pipeline, UnprovenSymbolicBroadcastIsCheckedAtRunTime) {
+  auto g = std::make_unique<Graph>();
+  g->source = "broadcast";
+  g->opsets[""] = 17;
+  Value* x = g->add_input("x", TensorType{DType::kFloat32, Shape{var("n")}});
+  Value* y = g->add_input("y", TensorType{DType::kFloat32, Shape{var("m")}});
+  Node* add = g->add_node("Add", {x, y}, {"z"});
+  Node* relu = g->add_node("Relu", {add->output(0)}, {"r"});
+  g->set_outputs({relu->output(0)});
+  g->bounds["n"] = Interval{1, std::nullopt};
+  g->bounds["m"] = Interval{1, std::nullopt};
+  auto compiled = compile_graph(std::move(g), CompileOptions{});
+  ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+  runtime::VM vm(compiled->program, 1);
+  Tensor a = random_tensor({3}, 1), one = random_tensor({1}, 2);
+  auto ok = vm.run({a, one});
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  ASSERT_EQ((*ok)[0].shape(), (std::vector<int64_t>{3}));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ((*ok)[0].data_as<float>()[i], std::max(0.f, a.data_as<float>()[i] + one.data_as<float>()[0]));
+  auto bad = vm.run({a, random_tensor({2}, 3)});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("Add"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("input 1 has 2 on axis 0, which cannot broadcast to 3"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(Pipeline, UnsupportedOpsAreListedAtOnce) {
