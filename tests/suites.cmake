@@ -22,7 +22,7 @@ if(KILN_BUILD_PYTHON)
     LABELS onnx ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 3600)
 
   set(KILN_ZOO_MODELS resnet18 resnet50 mobilenet_v2 mobilenet_v3_small efficientnet_b0
-      squeezenet1_1 densenet121 inception_v3 convnext_tiny vit_b_16 bert gpt2)
+      squeezenet1_1 densenet121 inception_v3 convnext_tiny vit_b_16 bert gpt2 lstm)
   foreach(model ${KILN_ZOO_MODELS})
     add_test(NAME model_${model}
       COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/models/run_model_test.py ${model}

@@ -63,11 +63,14 @@ MODELS = [
     ModelSpec("bert", "bert", seq_lengths=[128], atol=5e-4, rtol=2e-3, reason=_TRANSFORMER),
     ModelSpec("gpt2", "gpt2", seq_lengths=[1, 17, 128], atol=5e-4, rtol=2e-3,
               reason=_TRANSFORMER + "; tanh-GELU"),
+    ModelSpec("lstm", "lstm", seq_lengths=[64], atol=1e-4, rtol=1e-3,
+              reason="fp32 gate matmuls and sigmoid/tanh approximations over 64 steps and 2 layers"),
 ]
 MODELS_BY_NAME = {m.name: m for m in MODELS}
 
 BERT_VOCAB = 30522
 GPT2_VOCAB = 50257
+LSTM_VOCAB = 10000
 
 
 def make_inputs(spec, seq_len=None):
@@ -77,7 +80,7 @@ def make_inputs(spec, seq_len=None):
         shape = (1, 3, spec.image_size, spec.image_size)
         return {"input": rng.standard_normal(shape, dtype=np.float32)}
     seq = seq_len if seq_len is not None else spec.seq_lengths[-1]
-    vocab = BERT_VOCAB if spec.kind == "bert" else GPT2_VOCAB
+    vocab = {"bert": BERT_VOCAB, "gpt2": GPT2_VOCAB, "lstm": LSTM_VOCAB}[spec.kind]
     return {"input_ids": rng.integers(0, vocab, size=(1, seq), dtype=np.int64)}
 
 
@@ -99,6 +102,8 @@ def _build_torch_model(spec):
         return model.eval()
     if spec.kind == "bert":
         return _bert_model().eval()
+    if spec.kind == "lstm":
+        return _lstm_model().eval()
     return _gpt2_model().eval()
 
 
@@ -262,6 +267,31 @@ def _gpt2_model():
             return torch.matmul(self.ln_f(x), self.wte.weight.t())
 
     return Gpt2()
+
+
+def _lstm_model():
+    """A word-level LSTM language model: embedding 512, 2 LSTM layers of 512, linear decoder."""
+    import torch
+    from torch import nn
+
+    hidden, layers = 512, 2
+
+    class LstmLm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(LSTM_VOCAB, hidden)
+            self.lstm = nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True)
+            self.decoder = nn.Linear(hidden, LSTM_VOCAB)
+            # Uniform(-0.1, 0.1) as in the PyTorch word-LM example: gates neither saturate
+            # nor vanish, so hidden states and logits keep their spread over 64 steps.
+            for p in self.parameters():
+                nn.init.uniform_(p, -0.1, 0.1)
+
+        def forward(self, input_ids):
+            out, _ = self.lstm(self.embed(input_ids))
+            return self.decoder(out)
+
+    return LstmLm()
 
 
 def _init_transformer(module):
