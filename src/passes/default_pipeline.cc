@@ -25,7 +25,7 @@ std::vector<std::string> default_pipeline(bool naive) {
   return p;
 }
 
-std::vector<std::string> with_shape_inference(const std::vector<std::string>& pipeline) {
+std::vector<std::string> with_shape_inference(const std::vector<std::string>& pipeline, bool at_end) {
   std::vector<std::string> out;
   bool inferred = false;
   for (const std::string& name : pipeline) {
@@ -37,7 +37,7 @@ std::vector<std::string> with_shape_inference(const std::vector<std::string>& pi
     }
     out.push_back(name);
   }
-  if (!inferred) out.push_back("infer-shapes");
+  if (at_end && !inferred) out.push_back("infer-shapes");
   return out;
 }
 

@@ -12,9 +12,9 @@ namespace kiln::passes {
 std::vector<std::string> default_pipeline(bool naive = false);
 
 // `pipeline` with infer-shapes put in front of the first pass that needs
-// shapes when none precedes it, or at the end when none runs at all:
-// compilation needs inferred types (the pass manager keeps them current after
-// every rewriting pass that follows infer-shapes).
-std::vector<std::string> with_shape_inference(const std::vector<std::string>& pipeline);
+// shapes when none precedes it, and (with `at_end`) at the end when none runs
+// at all: compilation needs inferred types (the pass manager keeps them
+// current after every rewriting pass that follows infer-shapes).
+std::vector<std::string> with_shape_inference(const std::vector<std::string>& pipeline, bool at_end = true);
 
 }  // namespace kiln::passes

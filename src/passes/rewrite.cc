@@ -78,8 +78,10 @@ Result<int> rewrite_to_fixed_point(Graph& g, const std::vector<RewriteRule>& rul
   for (int sweep = 0; sweep < max_sweeps; ++sweep) {
     int before = rewrites;
     for (Node* n : g.nodes()) {
-      // A node whose outputs a rule already redirected is dead: skip it.
-      bool live = is_graph_output(g, n->output(0)) || !g.implicit_inputs(n).empty();
+      // A node whose outputs a rule already redirected is dead: skip it. (A
+      // value read only by a subgraph has no use entry: its producer is left
+      // as it is, which is safe.)
+      bool live = false;
       for (const Value* o : n->outputs()) live |= !o->uses().empty() || is_graph_output(g, o);
       if (!live) continue;
       for (const RewriteRule& rule : rules) {

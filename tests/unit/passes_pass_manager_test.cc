@@ -70,6 +70,11 @@ TEST(PassManager, ShapeInferenceIsPlacedWhereNeeded) {
             (std::vector<std::string>{"eliminate-dead-code", "infer-shapes", "fold-constants"}));
   EXPECT_EQ(with_shape_inference({"infer-shapes", "eliminate-dead-code"}),
             (std::vector<std::string>{"infer-shapes", "eliminate-dead-code"}));
+  // kiln opt prints a structural pass's result uninferred: no infer-shapes at the end.
+  EXPECT_EQ(with_shape_inference({"fold-transposed-weights"}, false),
+            std::vector<std::string>{"fold-transposed-weights"});
+  EXPECT_EQ(with_shape_inference({"fold-transposed-weights"}, true),
+            (std::vector<std::string>{"fold-transposed-weights", "infer-shapes"}));
 }
 
 TEST(PassRegistry, EveryPassHasANameASummaryAndATestFile) {

@@ -265,18 +265,7 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, load_graph(path));
   KILN_RETURN_IF_ERROR(g->verify().with_context(path));
   // Shapes are inferred before the first pass that needs them, and for fusion and lowering.
-  std::vector<std::string> run;
-  bool inferred = false;
-  for (const std::string& name : pipeline) {
-    const passes::PassInfo* p = passes::find_pass(name);
-    if (name == "infer-shapes") inferred = true;
-    if (p != nullptr && p->needs_shapes && !inferred) {
-      run.push_back("infer-shapes");
-      inferred = true;
-    }
-    run.push_back(name);
-  }
-  if ((fuse || lower) && !inferred) run.push_back("infer-shapes");
+  std::vector<std::string> run = passes::with_shape_inference(pipeline, fuse || lower);
   CompileOptions opts;
   opts.naive = naive;
   inst.out = &std::cout;

@@ -9,13 +9,13 @@ namespace kiln {
 
 namespace {
 
-Status tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorProto* tp) {
+void tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorProto* tp) {
   tp->set_name(name);
   tp->set_data_type(static_cast<int>(t.dtype()));
   for (int64_t d : t.shape()) tp->add_dims(d);
   if (t.dtype() == DType::kString) {
     for (int64_t i = 0; i < t.numel(); ++i) tp->add_string_data(t.data_as<std::string>()[i]);
-    return Status::ok();
+    return;
   }
   const auto* bytes = static_cast<const unsigned char*>(t.data());
   if (t.dtype() == DType::kInt4 || t.dtype() == DType::kUInt4 || t.dtype() == DType::kFloat4E2M1) {
@@ -23,10 +23,9 @@ Status tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorPro
     for (int64_t i = 0; i < t.numel(); ++i)
       packed[i / 2] = static_cast<char>(packed[i / 2] | ((bytes[i] & 0xF) << (i % 2 ? 4 : 0)));
     tp->set_raw_data(packed);
-    return Status::ok();
+    return;
   }
   tp->set_raw_data(std::string(reinterpret_cast<const char*>(bytes), static_cast<size_t>(t.nbytes())));
-  return Status::ok();
 }
 
 Status value_info(const Value* v, onnx::ValueInfoProto* vi) {
@@ -55,7 +54,7 @@ Status attribute_to_proto(const std::string& key, const Attribute& a, const Node
     case Attribute::Kind::kString: ap->set_type(AP::STRING); ap->set_s(a.s); break;
     case Attribute::Kind::kTensor:
       ap->set_type(AP::TENSOR);
-      KILN_RETURN_IF_ERROR(tensor_to_proto(a.t, "", ap->mutable_t()));
+      tensor_to_proto(a.t, "", ap->mutable_t());
       break;
     case Attribute::Kind::kGraph:
       ap->set_type(AP::GRAPH);
@@ -76,7 +75,7 @@ Status attribute_to_proto(const std::string& key, const Attribute& a, const Node
       break;
     case Attribute::Kind::kTensors:
       ap->set_type(AP::TENSORS);
-      for (const Tensor& t : a.tensors) KILN_RETURN_IF_ERROR(tensor_to_proto(t, "", ap->add_tensors()));
+      for (const Tensor& t : a.tensors) tensor_to_proto(t, "", ap->add_tensors());
       break;
     case Attribute::Kind::kGraphs:
       ap->set_type(AP::GRAPHS);
@@ -96,7 +95,7 @@ Status graph_to_proto(const Graph& g, onnx::GraphProto* gp) {
     KILN_RETURN_IF_ERROR(value_info(v, gp->add_input()));
   }
   for (const Value* v : g.outputs()) KILN_RETURN_IF_ERROR(value_info(v, gp->add_output()));
-  for (const Value* c : g.constants()) KILN_RETURN_IF_ERROR(tensor_to_proto(c->constant(), c->name(), gp->add_initializer()));
+  for (const Value* c : g.constants()) tensor_to_proto(c->constant(), c->name(), gp->add_initializer());
   for (const Node* n : g.nodes()) {
     onnx::NodeProto* np = gp->add_node();
     np->set_op_type(n->op_type());
