@@ -1,8 +1,12 @@
 // Single-kernel benchmark: builds one Conv or MatMul with the Graph API,
 // compiles it through the real pipeline (driver::compile_graph) and reports
-// GFLOP/s at 1 thread, with the fraction of a reference peak.
+// GFLOP/s with the share of this machine's FP32 peak, which the benchmark
+// measures first (machine_peak.h: a register-resident FMA loop on as many
+// threads). Matrix-vector products are memory bound: they report the weight
+// bytes streamed per second as a share of the measured read bandwidth.
 //
-//   kernel_bench [--threads N] [--peak GFLOPS] [--naive] [--dump] [--filter SUBSTRING]
+//   kernel_bench [--threads N] [--naive] [--dump] [--filter SUBSTRING] [--json]
+//   kernel_bench --peak-only [--threads N] [--json]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "driver/pipeline.h"
+#include "kernels/machine_peak.h"
 #include "runtime/vm.h"
 
 namespace {
@@ -50,6 +55,7 @@ struct Case {
   std::unique_ptr<Graph> graph;
   Tensor input;
   double flops = 0;
+  double bytes = 0;  // > 0: memory bound, judged against bandwidth
 };
 
 Case matmul_case(int64_t m, int64_t k, int64_t n) {
@@ -64,6 +70,7 @@ Case matmul_case(int64_t m, int64_t k, int64_t n) {
   c.graph->set_outputs({mm->output(0)});
   c.input = random_tensor({m, k}, 1);
   c.flops = 2.0 * m * n * k;
+  if (m == 1) c.bytes = 4.0 * k * n;
   return c;
 }
 
@@ -94,25 +101,44 @@ Case conv_case(std::string name, int64_t cin, int64_t cout, int64_t hw, int64_t 
 
 int main(int argc, char** argv) {
   int threads = 1;
-  double peak = 117.0;
   bool naive = false;
   bool dump = false;  // loop IR and optimized LLVM IR to stderr
+  bool json = false;
+  bool peak_only = false;
   std::string filter;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
-    else if (a == "--peak" && i + 1 < argc) peak = std::atof(argv[++i]);
     else if (a == "--naive") naive = true;
     else if (a == "--dump") dump = true;
+    else if (a == "--json") json = true;
+    else if (a == "--peak-only") peak_only = true;
     else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
     else {
-      std::fprintf(stderr, "usage: kernel_bench [--threads N] [--peak GFLOPS] [--naive] [--dump] [--filter S]\n");
+      std::fprintf(stderr,
+                   "usage: kernel_bench [--threads N] [--naive] [--dump] [--filter S] [--json] [--peak-only]\n");
       return 2;
     }
   }
+  kiln::bench::MachinePeak peak = kiln::bench::measure_machine_peak(threads);
+  if (json) {
+    std::printf("{\"threads\": %d, \"isa\": \"%s\", \"peak_gflops\": %.1f, \"bandwidth_gbs\": %.1f, \"kernels\": [",
+                threads, peak.isa, peak.gflops, peak.gbytes_s);
+  } else {
+    std::printf("measured peak at %d thread(s): %.1f GFLOP/s FP32 (%s FMA loop), %.1f GB/s read bandwidth\n",
+                threads, peak.gflops, peak.isa, peak.gbytes_s);
+  }
+  if (peak_only) {
+    if (json) std::printf("]}\n");
+    return 0;
+  }
   std::vector<Case> cases;
+  for (int64_t s : {512, 1024, 2048}) cases.push_back(matmul_case(s, s, s));
   cases.push_back(matmul_case(128, 768, 768));
   cases.push_back(matmul_case(128, 768, 3072));
+  cases.push_back(matmul_case(128, 3072, 768));
+  cases.push_back(matmul_case(1, 768, 3072));
+  cases.push_back(matmul_case(1, 768, 50257));
   cases.push_back(conv_case("conv 3x3 64->64 56x56", 64, 64, 56, 3, 1, 1));
   cases.push_back(conv_case("conv 3x3 s2 64->128 56x56", 64, 128, 56, 3, 2, 1));
   cases.push_back(conv_case("conv 1x1 256->64 56x56", 256, 64, 56, 1, 1, 1));
@@ -121,7 +147,8 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("conv 1x1 2048->512 7x7", 2048, 512, 7, 1, 1, 1));
   cases.push_back(conv_case("depthwise 3x3 32 112x112", 32, 32, 112, 3, 1, 32));
 
-  std::printf("%-28s %10s %10s %8s\n", "kernel", "ms", "GFLOP/s", "peak%");
+  if (!json) std::printf("%-28s %10s %10s %8s %10s %8s\n", "kernel", "ms", "GFLOP/s", "peak%", "GB/s", "bw%");
+  bool first_row = true;
   for (Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
     kiln::CompileOptions opts;
@@ -154,8 +181,22 @@ int main(int argc, char** argv) {
     std::sort(times.begin(), times.end());
     double t = times[times.size() / 2];
     double gflops = c.flops / t * 1e-9;
-    std::printf("%-28s %10.3f %10.2f %7.1f%%\n", c.name.c_str(), t * 1e3, gflops, 100.0 * gflops / peak);
+    double gbs = c.bytes / t * 1e-9;
+    double peak_share = 100.0 * gflops / peak.gflops;
+    double bw_share = c.bytes > 0 ? 100.0 * gbs / peak.gbytes_s : 0.0;
+    if (json) {
+      std::printf("%s{\"kernel\": \"%s\", \"ms\": %.4f, \"gflops\": %.2f, \"peak_share\": %.3f, \"gbs\": %.2f, "
+                  "\"bandwidth_share\": %.3f}",
+                  first_row ? "" : ", ", c.name.c_str(), t * 1e3, gflops, peak_share / 100, gbs, bw_share / 100);
+    } else if (c.bytes > 0) {
+      std::printf("%-28s %10.3f %10.2f %7.1f%% %10.2f %7.1f%%\n", c.name.c_str(), t * 1e3, gflops, peak_share, gbs,
+                  bw_share);
+    } else {
+      std::printf("%-28s %10.3f %10.2f %7.1f%% %10s %8s\n", c.name.c_str(), t * 1e3, gflops, peak_share, "-", "-");
+    }
+    first_row = false;
     std::fflush(stdout);
   }
+  if (json) std::printf("]}\n");
   return 0;
 }
