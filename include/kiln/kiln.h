@@ -76,6 +76,11 @@ class Model {
   // Text of the optimized graph (graph IR printer).
   std::string graph_text() const;
 
+  // One line per compiled kernel: its name, the node it computes, the
+  // implementation the operator strategy chose (src/strategy), its knob
+  // values and why (priority, measured, database).
+  std::string kernels_text() const;
+
   // Runs the model `runs` times with per-instruction timing and returns a
   // report: instructions by total time (kernel, node, calls, ms, share).
   Result<std::string> profile(const std::map<std::string, Tensor>& inputs, int runs);

@@ -85,6 +85,18 @@ Result<std::map<std::string, Tensor>> Model::run(const std::map<std::string, Ten
   return result;
 }
 
+std::string Model::kernels_text() const {
+  std::ostringstream os;
+  for (const driver::KernelChoiceInfo& k : impl_->compiled.kernel_choices) {
+    os << k.kernel << "  " << k.node << "\n    " << k.impl;
+    if (!k.knobs.empty()) os << " (" << k.knobs << ")";
+    os << "  by " << k.source;
+    if (!k.why.empty()) os << ": " << k.why;
+    os << "\n";
+  }
+  return os.str();
+}
+
 Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, int runs) {
   // Warm up once without timing.
   KILN_RETURN_IF_ERROR(run(inputs).status());

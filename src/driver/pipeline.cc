@@ -15,6 +15,7 @@
 #include "runtime/memory_plan.h"
 #include "support/memory_limit.h"
 #include "tir/schedule.h"
+#include "strategy/strategy.h"
 
 namespace kiln::driver {
 
@@ -94,6 +95,7 @@ TensorInfo make_info(const Value* v) {
 // gets the whole kernel table.
 struct BuildState {
   std::vector<tir::PrimFunc> funcs;
+  std::vector<KernelChoiceInfo> choices;  // one per func
   std::map<uint64_t, int> kernel_by_hash;
   std::vector<std::shared_ptr<runtime::Program>> programs;
   std::string kernels_text;
@@ -339,20 +341,50 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
   std::vector<int> in_regs, out_regs;
   auto kdef = make_kernel_def(group, in_regs, out_regs);
   if (!kdef.is_ok()) return kdef.status().with_context(describe(group.nodes.back()));
+  // The node whose implementation the operator strategy chose (the group's
+  // MatMul/Gemm/Conv), if any: its stage follows the candidate's template.
+  const Node* anchor = nullptr;
+  for (const Node* n : group.nodes)
+    if (n->has_attr(strategy::kImplAttr)) anchor = n;
+  std::optional<strategy::Choice> choice = anchor ? strategy::recorded_choice(*anchor) : std::nullopt;
   uint64_t h = tir::structural_hash(*kdef);
+  if (choice) h ^= std::hash<std::string>()(choice->candidate + " " + tir::knobs_to_string(choice->knobs)) * 0x9e3779b97f4a7c15ULL;
   int func_index;
   auto it = state_->kernel_by_hash.find(h);
   if (it != state_->kernel_by_hash.end()) {
     func_index = it->second;
   } else {
-    tir::Schedule sched = opts_.naive ? tir::naive_schedule(*kdef) : tir::default_schedule(*kdef);
+    tir::Schedule sched;
+    if (opts_.naive) {
+      sched = tir::naive_schedule(*kdef);
+    } else {
+      std::string stage = anchor ? "b" + std::to_string(reg(anchor->output(0))) : std::string();
+      auto s = strategy::schedule_for(*kdef, stage, anchor);
+      if (!s.is_ok()) return s.status().with_context(describe(group.nodes.back()) + ": schedule");
+      sched = std::move(*s);
+    }
     auto func = tir::lower(*kdef, sched);
     if (!func.is_ok())
       return func.status().with_context(describe(group.nodes.back()) + ": lowering");
     func->name = "kiln_k" + std::to_string(state_->funcs.size()) + "_" + kdef->name;
     func_index = static_cast<int>(state_->funcs.size());
+    KernelChoiceInfo info;
+    info.kernel = func->name;
+    info.node = describe(group.nodes.back());
+    if (choice) {
+      info.impl = choice->candidate;
+      info.knobs = tir::knobs_to_string(choice->knobs);
+      info.source = choice->source;
+      info.why = choice->why;
+    } else {
+      info.impl = opts_.naive ? "naive" : "default";
+      info.source = opts_.naive ? "naive" : "no candidates";
+    }
+    state_->choices.push_back(info);
     if (state_->lower_only)
       state_->kernels_text += "// kernel " + func->name + " for " + describe(group.nodes.back()) + "\n" +
+                              (choice ? "// implementation " + info.impl + " (" + info.knobs + ") by " + info.source + "\n"
+                                      : std::string()) +
                        tir::print_kernel_def(*kdef) + "// schedule\n" + sched.to_string() + "\n" +
                        tir::print_func(*func) + "\n";
     if (opts_.dump_ir) std::fprintf(stderr, "%s\n", tir::print_func(*func).c_str());
@@ -721,6 +753,7 @@ Result<CompiledProgram> ProgramBuilder::build(SymbolBounds bounds) {
     if (!v->is_constant()) out.inputs.push_back(make_info(v));
   for (const Value* v : g_.outputs()) out.outputs.push_back(make_info(v));
   out.stats.num_kernels = static_cast<int>(funcs.size());
+  out.kernel_choices = state_->choices;
   out.stats.num_runtime_kernels = state_->num_host_calls;
   out.stats.arena_bytes = prog_->static_plan ? prog_->arena_bytes : 0;
   out.stats.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

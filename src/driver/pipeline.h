@@ -19,12 +19,23 @@
 
 namespace kiln::driver {
 
+// How one compiled kernel was implemented (kiln info --kernels).
+struct KernelChoiceInfo {
+  std::string kernel;  // kiln_k3_MatMul
+  std::string node;    // MatMul '/fc1/MatMul'
+  std::string impl;    // candidate name, "default" (no candidates) or "naive"
+  std::string knobs;   // "mr=8 nr=32"
+  std::string source;  // priority, measured, database
+  std::string why;
+};
+
 struct CompiledProgram {
   std::unique_ptr<Graph> graph;  // after inference (types of every value)
   std::shared_ptr<runtime::Program> program;
   std::shared_ptr<codegen::CompiledModule> module;  // keeps kernel code alive
   std::vector<TensorInfo> inputs, outputs;
   CompileStats stats;
+  std::vector<KernelChoiceInfo> kernel_choices;  // one per kernel
 };
 
 // The newest ai.onnx opset whose semantics Kiln implements (that of the pinned onnx 1.17).

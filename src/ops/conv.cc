@@ -9,7 +9,7 @@
 // select evaluates both sides.
 //
 // Conv also accepts the internal string attribute "kiln_weight_layout" =
-// "IHWO" (set by passes/pack_conv_weights on 2-D convolutions with one group):
+// "IHWO" (set by the conv.ihwo candidate of the operator strategy, src/strategy/conv.cc, on 2-D convolutions with one group):
 // the weight is then stored as [I, KH, KW, O] instead of [O, I, KH, KW], with
 // output channels contiguous, and is indexed accordingly. Any other value of
 // the attribute, or the attribute on another kind of Conv, is an error.

@@ -3,6 +3,12 @@
 // beta, optional C broadcast to [M, N]) and Einsum (explicit or implicit
 // output, ellipsis with broadcasting, repeated labels as diagonals). Each
 // lowers to one sum reduction; Gemm's scaling and bias are the stage's finalize.
+//
+// MatMul and Gemm also accept the internal attribute kiln_weight_layout =
+// "P<nr>" (set by the strategy's gemm.packed candidate, src/strategy/gemm.cc):
+// the constant B is stored as panels [N / nr, K, nr] (Bp[j, k, i] = B[k, j nr + i],
+// transB already applied), so a tile of nr output columns reads one
+// contiguous panel. The logical B is [K, N] for inference.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -54,11 +60,35 @@ MatMulIndices matmul_indices(LowerContext& ctx, const tir::Buffer& a, const tir:
 
 namespace {
 
+// The panel width of a B stored as panels (kiln_weight_layout "P<nr>"); 0
+// when B is stored as the op defines it.
+Result<int64_t> b_panel_width(const Node& n) {
+  if (!n.has_attr("kiln_weight_layout")) return 0;
+  std::string layout = n.attr_string("kiln_weight_layout", "");
+  int64_t nr = 0;
+  if (layout.size() >= 2 && layout[0] == 'P' && layout.size() < 8 &&
+      layout.find_first_not_of("0123456789", 1) == std::string::npos)
+    nr = std::stoll(layout.substr(1));
+  if (nr <= 0) return node_invalid(n) << "unknown kiln_weight_layout '" << layout << "'";
+  return nr;
+}
+
+// B's logical shape ([K, N], or [N, K] for Gemm with transB) from its stored panels [P, K, nr].
+Result<Shape> logical_b_shape(const Node& n, Shape stored, bool gemm_trans_b) {
+  KILN_ASSIGN_OR_RETURN(int64_t nr, b_panel_width(n));
+  if (nr == 0) return stored;
+  if (stored.size() != 3) return node_invalid(n) << "B stored as panels must have rank 3";
+  Expr k = stored[1], cols = stored[0] * Expr(nr);
+  if (gemm_trans_b) return Shape{cols, k};
+  return Shape{k, cols};
+}
+
 
 Status infer_matmul(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType at, input_type(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape a, input_shape(n, 0));
-  KILN_ASSIGN_OR_RETURN(Shape b, input_shape(n, 1));
+  KILN_ASSIGN_OR_RETURN(Shape stored_b, input_shape(n, 1));
+  KILN_ASSIGN_OR_RETURN(Shape b, logical_b_shape(n, stored_b, false));
   if (a.empty() || b.empty()) return node_invalid(n) << "operands must have rank >= 1";
   bool a_vec = a.size() == 1, b_vec = b.size() == 1;
   if (a_vec) a.insert(a.begin(), Expr(1));
@@ -79,9 +109,14 @@ Status infer_matmul(Node& n, InferContext& ctx) {
 
 Result<std::vector<tir::ComputeDef>> lower_matmul(const Node& n, LowerContext& ctx) {
   const tir::Buffer& a = ctx.inputs[0];
-  const tir::Buffer& b = ctx.inputs[1];
+  tir::Buffer b = ctx.inputs[1];
   const tir::Buffer& y = ctx.outputs[0];
+  KILN_ASSIGN_OR_RETURN(int64_t nr, b_panel_width(n));
+  if (nr > 0) {
+    KILN_ASSIGN_OR_RETURN(b.shape, logical_b_shape(n, b.shape, false));
+  }
   MatMulIndices mi = matmul_indices(ctx, a, b, y);
+  if (nr > 0) mi.b = {floordiv(mi.n, Expr(nr)), mi.b[0], mod(mi.n, Expr(nr))};
   Expr body = ctx.load_input(0, mi.a) * ctx.load_input(1, mi.b);
   std::vector<tir::ComputeDef> stages;
   stages.push_back(make_reduce_stage(y.name, y.dtype, mi.axes, y.shape, {mi.k}, {a.shape.back()},
@@ -94,9 +129,10 @@ Result<std::vector<tir::ComputeDef>> lower_matmul(const Node& n, LowerContext& c
 Status infer_gemm(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType at, input_type(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape a, input_shape(n, 0));
-  KILN_ASSIGN_OR_RETURN(Shape b, input_shape(n, 1));
-  if (a.size() != 2 || b.size() != 2) return node_invalid(n) << "A and B must be 2-D";
+  KILN_ASSIGN_OR_RETURN(Shape stored_b, input_shape(n, 1));
   bool ta = n.attr_int("transA", 0) != 0, tb = n.attr_int("transB", 0) != 0;
+  KILN_ASSIGN_OR_RETURN(Shape b, logical_b_shape(n, stored_b, tb));
+  if (a.size() != 2 || b.size() != 2) return node_invalid(n) << "A and B must be 2-D";
   Expr m = ta ? a[1] : a[0];
   Expr ka = ta ? a[0] : a[1];
   Expr kb = tb ? b[1] : b[0];
@@ -125,7 +161,10 @@ Result<std::vector<tir::ComputeDef>> lower_gemm(const Node& n, LowerContext& ctx
   std::string k = ctx.fresh("k");
   Expr kv = var(k);
   Expr av = ta ? ctx.load_input(0, {kv, iv[0]}) : ctx.load_input(0, {iv[0], kv});
-  Expr bv = tb ? ctx.load_input(1, {iv[1], kv}) : ctx.load_input(1, {kv, iv[1]});
+  KILN_ASSIGN_OR_RETURN(int64_t nr, b_panel_width(n));
+  Expr bv = nr > 0 ? ctx.load_input(1, {floordiv(iv[1], Expr(nr)), kv, mod(iv[1], Expr(nr))})
+            : tb   ? ctx.load_input(1, {iv[1], kv})
+                   : ctx.load_input(1, {kv, iv[1]});
   Expr kext = ta ? a.shape[0] : a.shape[1];
   Expr acc = var("acc", dt);
   Expr finalize;

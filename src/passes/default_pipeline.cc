@@ -19,9 +19,10 @@ std::vector<std::string> default_pipeline(bool naive) {
       "eliminate-common-subexpressions",  // same op, attributes and inputs: one node
       "combine-parallel-matmuls",         // Q/K/V-style projections of one input: one wide op + Split
       "eliminate-dead-code",              // nodes nothing reads, unused constants
-      "pack-conv-weights",                // Conv weights [I,KH,KW,O] where the default schedule wants it
+      "select-kernels",                   // operator strategy: an implementation per MatMul/Gemm/Conv,
+                                          // its weight transform applied
   };
-  if (naive) p.erase(std::remove(p.begin(), p.end(), "pack-conv-weights"), p.end());
+  if (naive) p.erase(std::remove(p.begin(), p.end(), "select-kernels"), p.end());
   return p;
 }
 

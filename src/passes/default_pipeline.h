@@ -8,7 +8,7 @@
 namespace kiln::passes {
 
 // The passes, in order. `naive` (reference compilation) drops the passes that
-// only exist to suit the default schedules (pack-conv-weights).
+// only exist to suit the default schedules (select-kernels).
 std::vector<std::string> default_pipeline(bool naive = false);
 
 // `pipeline` with infer-shapes put in front of the first pass that needs

@@ -1,5 +1,7 @@
 #include "passes/pass.h"
 
+#include "strategy/strategy.h"
+
 #include "passes/combine_parallel_matmuls.h"
 #include "passes/deduplicate_constants.h"
 #include "passes/eliminate_common_subexpressions.h"
@@ -7,7 +9,6 @@
 #include "passes/eliminate_identities.h"
 #include "passes/fold_constants.h"
 #include "passes/fold_transposed_weights.h"
-#include "passes/pack_conv_weights.h"
 #include "passes/simplify_algebra.h"
 #include "passes/sink_transposes.h"
 
@@ -50,9 +51,11 @@ const std::vector<PassInfo>& registered_passes() {
        &combine_parallel_matmuls, true, "tests/ir/combine_parallel_matmuls.kir"},
       {"eliminate-dead-code", "nodes whose outputs nothing reads, and unused constants, are removed",
        &eliminate_dead_code, false, "tests/ir/eliminate_dead_code.kir"},
-      {"pack-conv-weights",
-       "2-D Conv weights stored [I,KH,KW,O] where the default schedule vectorizes over output channels",
-       [](Graph& g, PassContext&) { return pack_conv_weights(g); }, true, "tests/ir/pack_conv_weights.kir"},
+      {"select-kernels",
+       "each MatMul/Gemm/Conv gets an implementation from the operator strategy (src/strategy): "
+       "database, measurement or priority; its weight transform (GEMM panels, conv IHWO) is applied",
+       [](Graph& g, PassContext& ctx) { return strategy::select_kernels(g, ctx.select); }, true,
+       "tests/ir/select_kernels.kir"},
   };
   return kPasses;
 }

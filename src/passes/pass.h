@@ -18,6 +18,7 @@
 #include "ops/registry.h"
 #include "support/status.h"
 #include "support/tensor.h"
+#include "strategy/strategy.h"
 
 namespace kiln::passes {
 
@@ -32,6 +33,8 @@ struct PassContext {
   std::function<Result<std::vector<Tensor>>(std::unique_ptr<Graph>)> evaluate;
   // fold_constants materializes no constant larger than this (bytes).
   int64_t fold_limit_bytes = int64_t{1} << 20;
+  // How select-kernels decides (choice sources, measurement); the driver fills it.
+  strategy::SelectOptions select;
 };
 
 using PassFn = Result<int> (*)(Graph&, PassContext&);

@@ -445,9 +445,19 @@ struct Lowerer {
     std::set<std::string> loop_vars;
     for (const auto& l : plan.spatial) loop_vars.insert(l.var);
     for (const auto& l : plan.reduce) loop_vars.insert(l.var);
+    // Loop variables range over [0, extent): with these bounds an index
+    // like (o*16 + i) floordiv 16 of a split axis simplifies to o.
+    SymbolBounds loop_bounds;
+    for (const auto* loops : {&plan.spatial, &plan.reduce}) {
+      for (const Loop& l : *loops) {
+        auto c = l.extent.as_const();
+        if (c && *c >= 1) loop_bounds[l.var] = Interval{0, *c - 1};
+        else loop_bounds[l.var] = Interval{0, std::nullopt};
+      }
+    }
     std::vector<Expr> out_indices;
-    for (const auto& a : st.axes) out_indices.push_back(simplify(plan.axis_value.at(a)));
-    auto to_loops = [&](const Expr& e) { return simplify(substitute(e, plan.axis_value)); };
+    for (const auto& a : st.axes) out_indices.push_back(simplify(plan.axis_value.at(a), loop_bounds));
+    auto to_loops = [&](const Expr& e) { return simplify(substitute(e, plan.axis_value), loop_bounds); };
     Expr body = to_loops(cast_to(st.dtype, st.body));
 
     if (!is_reduction(st)) {

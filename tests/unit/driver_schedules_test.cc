@@ -9,7 +9,7 @@
 
 #include "driver/pipeline.h"
 #include "ops/registry.h"
-#include "passes/pack_conv_weights.h"
+#include "strategy/strategy.h"
 #include "runtime/vm.h"
 #include "tir/schedule.h"
 
@@ -224,11 +224,11 @@ TEST(DefaultSchedules, MatMulIsRegisterTiled) {
   EXPECT_TRUE(tir::lower(k, *reparsed).is_ok());
 }
 
-// pack_conv_weights packs narrow and wide strided convolutions with deep
-// enough reductions (after shape inference) with the weight transposed to
-// [I, KH, KW, O], and leaves wide stride-1, narrow strided, shallow and
-// grouped ones alone.
-TEST(PackConvWeights, PacksNarrowAndStridedConvs) {
+// The operator strategy's priority rule chooses conv.ihwo for narrow and wide
+// strided convolutions with deep enough reductions (after shape inference)
+// and packs the weight transposed to [I, KH, KW, O]; wide stride-1, narrow
+// strided, shallow and grouped ones get conv.direct and keep their weights.
+TEST(SelectKernels, ConvIhwoForNarrowAndStridedConvs) {
   struct Want {
     ConvCase c;
     bool packed;
@@ -249,14 +249,15 @@ TEST(PackConvWeights, PacksNarrowAndStridedConvs) {
     ops::InferContext ictx;
     ictx.graph = g.get();
     ASSERT_TRUE(ops::infer_shapes(*g, ictx).is_ok());
-    auto rewrites = passes::pack_conv_weights(*g);
+    auto rewrites = strategy::select_kernels(*g, strategy::SelectOptions{});
     ASSERT_TRUE(rewrites.is_ok()) << rewrites.status().to_string();
-    EXPECT_EQ(*rewrites, want.packed ? 1 : 0) << c.h << "x" << c.w;
+    EXPECT_EQ(*rewrites, 1) << c.h << "x" << c.w;
     Node* conv = nullptr;
     for (Node* n : g->nodes())
       if (n->op_type() == "Conv") conv = n;
     ASSERT_NE(conv, nullptr);
-    EXPECT_EQ(conv->has_attr(passes::kConvWeightLayoutAttr), want.packed);
+    EXPECT_EQ(conv->has_attr("kiln_weight_layout"), want.packed);
+    EXPECT_EQ(conv->attr_string(strategy::kImplAttr, ""), want.packed ? "conv.ihwo" : "conv.direct");
     const Tensor& p = conv->input(1)->constant();
     if (!want.packed) {
       EXPECT_EQ(p.shape(), w.shape());

@@ -1,6 +1,6 @@
 // The `kiln` command line: inspect, run and benchmark ONNX models.
 //
-//   kiln info MODEL
+//   kiln info MODEL [--kernels [--threads N] [--passes a,b]]
 //   kiln run MODEL [--input NAME=FILE.npy ...] [--dim NAME=VALUE ...] [--test-data DIR]
 //                  [--threads N] [--atol A] [--rtol R] [--naive] [--output-dir DIR]
 //   kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE ...] [--json]
@@ -44,6 +44,8 @@ const char kUsage[] =
     "usage:\n"
     "  kiln info MODEL\n"
     "      print inputs, outputs, op histogram and the inferred type of every value\n"
+    "  kiln info MODEL --kernels [--threads N] [--passes a,b]\n"
+    "      compile, then list every kernel: the implementation chosen, its knobs and why\n"
     "  kiln run MODEL [options]\n"
     "      --input NAME=FILE.npy   value of one input (repeatable); others are random\n"
     "      --dim NAME=VALUE        bind a symbolic input dimension for random inputs (default 1)\n"
@@ -377,8 +379,18 @@ Status write_outputs(const std::string& dir, const std::map<std::string, Tensor>
 // Subcommands. Each returns an exit code or an error Status (exit code 2).
 
 Result<int> cmd_info(const std::vector<std::string>& argv) {
-  KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, OptionSpec{}));
+  OptionSpec spec;
+  spec.with_value = {"threads", "passes", "max-memory"};
+  spec.flags = {"kernels"};
+  KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "info"));
+  if (args.flags.count("kernels")) {
+    // Compiles the model and lists every kernel with its implementation.
+    KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
+    KILN_ASSIGN_OR_RETURN(Model model, Model::compile_file(path, options));
+    std::cout << model.kernels_text();
+    return kExitOk;
+  }
   KILN_ASSIGN_OR_RETURN(std::string text, describe_model_file(path));
   std::cout << text;
   if (!text.empty() && text.back() != '\n') std::cout << "\n";

@@ -12,7 +12,7 @@
 // graph is printed after the last pass ("// after PASS (N rewrites)"), or as
 // parsed when no pass runs; -o writes it to a file instead, as text (.kir) or
 // as an ONNX model (.onnx; frontend/onnx/export.h). --disable drops passes
-// from the list (e.g. pack-conv-weights, whose weight layout ONNX lacks).
+// from the list (e.g. select-kernels, whose weight layout ONNX lacks).
 //   --fuse-elementwise  prints the fused groups ("group %root: Add Relu ...")
 //   --lower             prints every kernel: compute definition, schedule, loop IR
 //                       (default schedules; --naive for the reference ones)

@@ -10,7 +10,7 @@
 // - Nested graphs are exported recursively; their captures are plain
 //   references to the outer names, as ONNX has them.
 // Attributes internal to Kiln (names starting "kiln_", set by passes such
-// as pack-conv-weights) have no ONNX meaning: a graph holding one is an
+// as select-kernels) have no ONNX meaning: a graph holding one is an
 // unsupported-error naming the node, and so is a value without a dtype.
 #pragma once
 

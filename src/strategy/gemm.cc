@@ -1,0 +1,237 @@
+// GEMM candidates for MatMul and Gemm.
+//
+// gemm.packed: a constant 2-D B whose N is a multiple of 16 is packed at
+// compile time into panels [N / nr, K, nr] (attribute kiln_weight_layout
+// "P<nr>", ops/matmul.cc reads it), so that a tile of nr output columns streams
+// one contiguous panel (K x nr floats) instead of K rows nr floats apart (one
+// page per row once N is large). Template, for output axes [batch..., m, n]:
+//   split n by nr, tile m by mr; loops batch..., n.o, m.o | k | m.i (unrolled),
+//   n.i (vectorized); the mr x nr tile is accumulated in registers
+//   (cache_write at m.o) and written once, through the fused epilogue
+//   (Gemm's alpha, beta and C); the first outer loop with work is parallel.
+// Knobs: nr in {16, 32, 48, 64} dividing N, mr in {1, 2, 3, 4, 6, 8, 12} with
+// at most 24 accumulator vectors (mr * nr / 16).
+//
+// matmul.default / gemm.default: the default schedule (any operands).
+#include <algorithm>
+#include <cstring>
+
+#include "strategy/strategy.h"
+
+namespace kiln::strategy {
+
+namespace {
+
+bool is_gemm(const Node& n) { return n.op_type() == "Gemm"; }
+
+// N of a MatMul/Gemm whose B is a constant 2-D f32 tensor; 0 otherwise.
+int64_t constant_b_columns(const Node& n, std::string* why) {
+  const Value* b = n.num_inputs() > 1 ? n.input(1) : nullptr;
+  if (b == nullptr || !b->is_constant()) {
+    if (why) *why = "B is not a constant";
+    return 0;
+  }
+  const Tensor& t = b->constant();
+  if (t.rank() != 2 || t.dtype() != DType::kFloat32) {
+    if (why) *why = "B is not a 2-D f32 constant";
+    return 0;
+  }
+  bool tb = is_gemm(n) && n.attr_int("transB", 0) != 0;
+  return tb ? t.shape()[0] : t.shape()[1];
+}
+
+// M (rows of the output) when known; nullopt when symbolic; 1 for a 1-D A.
+std::optional<int64_t> output_rows(const Node& n) {
+  const Value* y = n.num_outputs() > 0 ? n.output(0) : nullptr;
+  if (y == nullptr || !y->type().shape) return std::nullopt;
+  const Shape& s = *y->type().shape;
+  const Value* a = n.input(0);
+  if (a && a->type().shape && a->type().shape->size() == 1) return 1;
+  if (s.size() < 2) return 1;
+  return s[s.size() - 2].as_const();
+}
+
+bool gemm_packed_applies(const Node& n, std::string* why) {
+  if (n.has_attr("kiln_weight_layout")) {
+    if (why) *why = "B already packed";
+    return false;
+  }
+  int64_t cols = constant_b_columns(n, why);
+  if (cols == 0) return false;
+  if (cols % 16 != 0) {
+    if (why) *why = "N = " + std::to_string(cols) + " is not a multiple of 16";
+    return false;
+  }
+  const Value* y = n.output(0);
+  if (y == nullptr || !y->type().shape || y->dtype() != DType::kFloat32) {
+    if (why) *why = "output type unknown or not f32";
+    return false;
+  }
+  return true;
+}
+
+tir::KnobSpace gemm_packed_space(const Node& n) {
+  int64_t cols = constant_b_columns(n, nullptr);
+  tir::KnobSpace s;
+  tir::Knob nr{"nr", {}};
+  for (int64_t v : {16, 32, 48, 64})
+    if (cols > 0 && cols % v == 0) nr.values.push_back(v);
+  s.knobs.push_back(tir::Knob{"mr", {1, 2, 3, 4, 6, 8, 12}});
+  s.knobs.push_back(nr);
+  s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / 16 <= 24; };
+  return s;
+}
+
+tir::Knobs gemm_packed_defaults(const Node& n) {
+  int64_t cols = constant_b_columns(n, nullptr);
+  std::optional<int64_t> rows = output_rows(n);
+  if (rows && *rows == 1) {
+    // Matrix-vector: one row, the widest panel (independent accumulators per vector).
+    for (int64_t v : {64, 48, 32, 16})
+      if (cols % v == 0) return {{"mr", 1}, {"nr", v}};
+  }
+  int64_t nr = cols % 32 == 0 ? 32 : 16;
+  return {{"mr", 8}, {"nr", nr}};
+}
+
+// B [K, N] (or [N, K] with transB) -> panels [N / nr, K, nr].
+Tensor pack_panels(const Tensor& b, bool trans_b, int64_t nr) {
+  int64_t k = trans_b ? b.shape()[1] : b.shape()[0];
+  int64_t n = trans_b ? b.shape()[0] : b.shape()[1];
+  int64_t panels = n / nr;
+  Tensor out(DType::kFloat32, {panels, k, nr});
+  const float* src = b.data_as<float>();
+  float* dst = out.data_as<float>();
+  for (int64_t j = 0; j < panels; ++j)
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int64_t i = 0; i < nr; ++i) {
+        int64_t col = j * nr + i;
+        dst[(j * k + kk) * nr + i] = trans_b ? src[col * k + kk] : src[kk * n + col];
+      }
+  return out;
+}
+
+Status gemm_packed_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
+  int64_t nr = knobs.at("nr");
+  Value* b = n.input(1);
+  bool tb = is_gemm(n) && n.attr_int("transB", 0) != 0;
+  Value* packed = g.add_constant(g.unique_name(b->name() + ".p" + std::to_string(nr)), pack_panels(b->constant(), tb, nr));
+  g.set_input(&n, 1, packed);
+  Attribute layout;
+  layout.kind = Attribute::Kind::kString;
+  layout.s = "P" + std::to_string(nr);
+  n.set_attr("kiln_weight_layout", layout);
+  return Status::ok();
+}
+
+tir::Primitive prim(std::string kind, std::string stage, std::vector<std::string> axes, int64_t factor = 0) {
+  tir::Primitive p;
+  p.kind = std::move(kind);
+  p.stage = std::move(stage);
+  p.axes = std::move(axes);
+  p.factor = factor;
+  return p;
+}
+
+Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::string& stage, const tir::Knobs& knobs) {
+  tir::Schedule base = tir::default_schedule(k);
+  auto it = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& s) { return s.name == stage; });
+  if (it == k.stages.end()) return invalid_argument() << "gemm.packed: kernel has no stage '" << stage << "'";
+  const tir::ComputeDef& st = *it;
+  int64_t nr = knobs.at("nr"), mr = knobs.at("mr");
+  size_t rank = st.axes.size();
+  if (rank == 0) return base;
+  std::vector<tir::Primitive> prims;
+  auto n_ext = st.shape[rank - 1].as_const();
+  std::string n_outer, n_inner = st.axes[rank - 1];
+  if (!n_ext || *n_ext > nr) {
+    prims.push_back(prim("split", stage, {n_inner}, nr));
+    n_outer = n_inner + ".o";
+    n_inner += ".i";
+  }
+  std::string m_outer, m_inner;
+  std::optional<int64_t> m_ext;
+  if (rank >= 2) {
+    m_inner = st.axes[rank - 2];
+    m_ext = st.shape[rank - 2].as_const();
+    if (!m_ext) {
+      prims.push_back(prim("split", stage, {m_inner}, mr));
+    } else if (*m_ext > mr) {
+      prims.push_back(prim(*m_ext % mr == 0 ? "split" : "split_overlap", stage, {m_inner}, mr));
+    }
+    if (!m_ext || *m_ext > mr) {
+      m_outer = m_inner + ".o";
+      m_inner += ".i";
+    }
+  }
+  std::vector<std::string> outer;
+  std::vector<std::optional<int64_t>> counts;
+  for (size_t i = 0; i + 2 < rank; ++i) {
+    outer.push_back(st.axes[i]);
+    counts.push_back(st.shape[i].as_const());
+  }
+  if (!n_outer.empty()) {
+    outer.push_back(n_outer);
+    counts.push_back(n_ext ? std::optional<int64_t>(*n_ext / nr) : std::nullopt);
+  }
+  if (!m_outer.empty()) {
+    outer.push_back(m_outer);
+    counts.push_back(m_ext ? std::optional<int64_t>((*m_ext + mr - 1) / mr) : std::nullopt);
+  }
+  if (outer.empty()) return base;  // one tile: nothing to block; the default schedule handles it
+  std::vector<std::string> order = outer;
+  if (!m_inner.empty()) order.push_back(m_inner);
+  order.push_back(n_inner);
+  prims.push_back(prim("reorder", stage, order));
+  prims.push_back(prim("cache_write", stage, {outer.back()}));
+  if (!m_inner.empty() && (!m_ext || *m_ext > 1)) prims.push_back(prim("unroll", stage, {m_inner}));
+  prims.push_back(prim("vectorize", stage, {n_inner}));
+  size_t par = outer.size();
+  for (size_t i = 0; i < outer.size() && par == outer.size(); ++i)
+    if (!counts[i] || *counts[i] > 1) par = i;
+  if (par < outer.size()) prims.push_back(prim("parallel", stage, {outer[par]}));
+  // The other stages (fused producers and epilogues) keep the default schedule.
+  tir::Schedule s;
+  bool placed = false;
+  for (const tir::Primitive& p : base.prims) {
+    if (p.stage == stage) {
+      if (!placed) s.prims.insert(s.prims.end(), prims.begin(), prims.end());
+      placed = true;
+      continue;
+    }
+    s.prims.push_back(p);
+  }
+  if (!placed) s.prims.insert(s.prims.end(), prims.begin(), prims.end());
+  return s;
+}
+
+void register_default(const std::string& name, const std::string& op) {
+  Candidate c;
+  c.name = name;
+  c.op = op;
+  c.priority = 10;
+  c.summary = "default schedule: register-tiled reduction over the operands as stored";
+  register_candidate(std::move(c));
+}
+
+}  // namespace
+
+void register_gemm_candidates() {
+  for (const char* op : {"MatMul", "Gemm"}) {
+    Candidate c;
+    c.name = std::string(op == std::string("MatMul") ? "matmul" : "gemm") + ".packed";
+    c.op = op;
+    c.priority = 20;
+    c.summary = "constant B packed into [N/nr, K, nr] panels; mr x nr register tile, panel outermost";
+    c.applies = gemm_packed_applies;
+    c.space = gemm_packed_space;
+    c.default_knobs = gemm_packed_defaults;
+    c.transform = gemm_packed_transform;
+    c.schedule = gemm_packed_schedule;
+    register_candidate(std::move(c));
+  }
+  register_default("matmul.default", "MatMul");
+  register_default("gemm.default", "Gemm");
+}
+
+}  // namespace kiln::strategy

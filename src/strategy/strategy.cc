@@ -1,0 +1,191 @@
+#include "strategy/strategy.h"
+
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+
+namespace kiln::strategy {
+
+void register_gemm_candidates();  // gemm.cc
+void register_conv_candidates();  // conv.cc
+
+namespace {
+
+struct Registry {
+  std::vector<std::unique_ptr<Candidate>> candidates;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+std::string key(const std::string& domain, const std::string& op) { return domain.empty() ? op : domain + ":" + op; }
+
+int priority_of(const Candidate& c, const Node& n) { return c.priority_for ? c.priority_for(n) : c.priority; }
+
+tir::Knobs default_knobs_of(const Candidate& c, const Node& n) {
+  return c.default_knobs ? c.default_knobs(n) : tir::Knobs{};
+}
+
+bool knobs_valid(const Candidate& c, const Node& n, const tir::Knobs& k) {
+  tir::KnobSpace space = c.space ? c.space(n) : tir::KnobSpace{};
+  return space.contains(k);
+}
+
+std::string format_ms(double seconds) {
+  std::ostringstream os;
+  os.precision(3);
+  os << seconds * 1e3 << " ms";
+  return os.str();
+}
+
+Attribute string_attr(const std::string& s) {
+  Attribute a;
+  a.kind = Attribute::Kind::kString;
+  a.s = s;
+  return a;
+}
+
+}  // namespace
+
+void register_builtin_candidates() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_gemm_candidates();
+    register_conv_candidates();
+  });
+}
+
+void register_candidate(Candidate c) {
+  registry().candidates.push_back(std::make_unique<Candidate>(std::move(c)));
+}
+
+std::vector<const Candidate*> candidates_for(const std::string& domain, const std::string& op) {
+  register_builtin_candidates();
+  std::vector<const Candidate*> out;
+  std::string want = key(domain, op);
+  for (const auto& c : registry().candidates)
+    if (c->op == want) out.push_back(c.get());
+  std::stable_sort(out.begin(), out.end(), [](const Candidate* a, const Candidate* b) { return a->priority > b->priority; });
+  return out;
+}
+
+const Candidate* find_candidate(const std::string& name) {
+  register_builtin_candidates();
+  for (const auto& c : registry().candidates)
+    if (c->name == name) return c.get();
+  return nullptr;
+}
+
+std::vector<const Candidate*> all_candidates() {
+  register_builtin_candidates();
+  std::vector<const Candidate*> out;
+  for (const auto& c : registry().candidates) out.push_back(c.get());
+  return out;
+}
+
+std::optional<Choice> recorded_choice(const Node& n) {
+  if (!n.has_attr(kImplAttr)) return std::nullopt;
+  Choice c;
+  c.candidate = n.attr_string(kImplAttr, "");
+  auto knobs = tir::parse_knobs(n.attr_string(kKnobsAttr, ""));
+  if (knobs.is_ok()) c.knobs = *knobs;
+  std::string src = n.attr_string(kSourceAttr, "");
+  size_t colon = src.find(": ");
+  c.source = src.substr(0, colon);
+  if (colon != std::string::npos) c.why = src.substr(colon + 2);
+  return c;
+}
+
+void record_choice(Node& n, const Choice& c) {
+  n.set_attr(kImplAttr, string_attr(c.candidate));
+  n.set_attr(kKnobsAttr, string_attr(tir::knobs_to_string(c.knobs)));
+  n.set_attr(kSourceAttr, string_attr(c.why.empty() ? c.source : c.source + ": " + c.why));
+}
+
+Result<int> select_kernels(Graph& g, const SelectOptions& options) {
+  int chosen = 0;
+  std::vector<Node*> nodes = g.nodes();
+  for (Node* n : nodes) {
+    std::vector<const Candidate*> cands = candidates_for(n->domain(), n->op_type());
+    if (cands.empty() || n->has_attr(kImplAttr)) continue;
+    std::vector<const Candidate*> applicable;
+    std::vector<std::string> rejected;
+    for (const Candidate* c : cands) {
+      std::string why;
+      if (!c->applies || c->applies(*n, &why)) applicable.push_back(c);
+      else rejected.push_back(c->name + " (" + why + ")");
+    }
+    if (applicable.empty()) continue;
+    std::stable_sort(applicable.begin(), applicable.end(), [&](const Candidate* a, const Candidate* b) {
+      return priority_of(*a, *n) > priority_of(*b, *n);
+    });
+    std::optional<Choice> choice;
+    for (const auto& src : options.sources) {
+      std::optional<Choice> r = src->lookup(*n, applicable);
+      if (!r) continue;
+      const Candidate* c = find_candidate(r->candidate);
+      bool ok = c && std::find(applicable.begin(), applicable.end(), c) != applicable.end() &&
+                knobs_valid(*c, *n, r->knobs);
+      if (!ok) continue;  // a stale record (candidate gone or space changed) is ignored
+      r->source = "database";
+      if (r->why.empty()) r->why = "record of " + src->name();
+      choice = r;
+      break;
+    }
+    if (!choice && options.measure && applicable.size() > 1) {
+      std::string timings;
+      double best = 0;
+      for (const Candidate* c : applicable) {
+        Choice trial{c->name, default_knobs_of(*c, *n), "measured", ""};
+        auto t = options.measure(*n, trial);
+        if (!t.is_ok()) {
+          timings += (timings.empty() ? "" : ", ") + c->name + " failed";
+          continue;
+        }
+        timings += (timings.empty() ? "" : ", ") + c->name + " " + format_ms(*t);
+        if (!choice || *t < best) {
+          best = *t;
+          choice = trial;
+        }
+      }
+      if (choice) choice->why = "fastest of " + timings;
+    }
+    if (!choice) {
+      const Candidate* c = applicable.front();
+      choice = Choice{c->name, default_knobs_of(*c, *n), "priority", ""};
+      choice->why = "priority " + std::to_string(priority_of(*c, *n));
+      if (applicable.size() > 1) {
+        choice->why += " over";
+        for (size_t i = 1; i < applicable.size(); ++i)
+          choice->why += " " + applicable[i]->name + " " + std::to_string(priority_of(*applicable[i], *n));
+      }
+      for (const std::string& r : rejected) choice->why += "; not " + r;
+    }
+    const Candidate* c = find_candidate(choice->candidate);
+    record_choice(*n, *choice);
+    if (c->transform) {
+      Status st = c->transform(g, *n, choice->knobs);
+      if (!st.is_ok()) return st.with_context(c->name + " transform of " + n->op_type() + " '" + n->name() + "'");
+    }
+    ++chosen;
+  }
+  g.remove_dead_values();
+  return chosen;
+}
+
+Result<tir::Schedule> schedule_for(const tir::KernelDef& k, const std::string& stage, const Node* anchor) {
+  if (anchor == nullptr) return tir::default_schedule(k);
+  std::optional<Choice> choice = recorded_choice(*anchor);
+  if (!choice) return tir::default_schedule(k);
+  const Candidate* c = find_candidate(choice->candidate);
+  if (c == nullptr) {
+    return invalid_argument() << anchor->op_type() << " '" << anchor->name() << "': unknown implementation '"
+                              << choice->candidate << "'";
+  }
+  if (!c->schedule) return tir::default_schedule(k);
+  return c->schedule(k, stage, choice->knobs);
+}
+
+}  // namespace kiln::strategy

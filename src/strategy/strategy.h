@@ -1,0 +1,115 @@
+// Operator strategy: which implementation computes each op.
+//
+// Per op, a list of candidate implementations (Candidate). Each has an
+// applicability rule, a priority (higher wins when nothing else decides), an
+// optional compile-time transform of the node's constants (weight packing,
+// layout change) and a schedule template with named integer knobs and their
+// ranges (its search space; tir/knobs.h samples it).
+//
+// Selection (select_kernels, run as the graph pass `select-kernels` at the end
+// of the pipeline) asks, per node and in this order:
+//   1. the choice sources (ChoiceSource: a tuning database plugs in here),
+//   2. measurement, when SelectOptions::measure is set (`--select=measure`):
+//      every applicable candidate with its default knobs is timed on the
+//      node's real shapes and the fastest kept,
+//   3. priority: the applicable candidate with the highest priority and its
+//      default knobs (a rule of the candidate's, from the node's shapes).
+// The choice is recorded on the node (attributes kiln_impl, kiln_knobs,
+// kiln_choice_source) and the candidate's transform applied; the driver then
+// asks schedule_for() for the kernel whose reduction that node defines.
+// Nodes with no registered candidate keep the default schedule.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+#include "support/status.h"
+#include "tir/knobs.h"
+#include "tir/schedule.h"
+
+namespace kiln::strategy {
+
+// Node attributes that carry a choice (Kiln-internal; ONNX export refuses them).
+inline constexpr const char* kImplAttr = "kiln_impl";
+inline constexpr const char* kKnobsAttr = "kiln_knobs";
+inline constexpr const char* kSourceAttr = "kiln_choice_source";
+
+struct Candidate {
+  std::string name;    // "gemm.packed", "matmul.default", "conv.ihwo", ...
+  std::string op;      // ai.onnx op it implements ("MatMul")
+  int priority = 0;    // default ranking; the rule below may lower it for a node
+  std::string summary;
+  // Applicability; when false, *why says what is missing.
+  std::function<bool(const Node&, std::string* why)> applies;
+  // Priority for this node (defaults to `priority`): a candidate may know it
+  // wins or loses on some shapes (the measured rules of conv.ihwo).
+  std::function<int(const Node&)> priority_for;
+  // Search space and default point for this node (empty: no knobs).
+  std::function<tir::KnobSpace(const Node&)> space;
+  std::function<tir::Knobs(const Node&)> default_knobs;
+  // Compile-time transform of the node's constants (null: none). Runs once
+  // per node after the choice; may add constants and set attributes.
+  std::function<Status(Graph&, Node&, const tir::Knobs&)> transform;
+  // Schedule template: the schedule of the kernel whose anchor stage (the
+  // reduction this node defines, `stage`) the candidate implements. Other
+  // stages of the kernel (fused epilogues) are inlined. Null: the default schedule.
+  std::function<Result<tir::Schedule>(const tir::KernelDef&, const std::string& stage, const tir::Knobs&)>
+      schedule;
+};
+
+void register_candidate(Candidate c);
+// Candidates registered for an op, highest priority first.
+std::vector<const Candidate*> candidates_for(const std::string& domain, const std::string& op);
+const Candidate* find_candidate(const std::string& name);
+std::vector<const Candidate*> all_candidates();
+
+// A decision for one node.
+struct Choice {
+  std::string candidate;
+  tir::Knobs knobs;
+  std::string source;  // "priority", "measured", "database", "forced"
+  std::string why;     // one line for `kiln info --kernels`
+};
+
+// A source of decisions consulted before measurement and priority (the
+// tuning database of a later issue implements this).
+class ChoiceSource {
+ public:
+  virtual ~ChoiceSource() = default;
+  virtual std::string name() const = 0;
+  // The workload key is the node's op, attributes and input types (shapes
+  // with bounds); std::nullopt: no record.
+  virtual std::optional<Choice> lookup(const Node& n, const std::vector<const Candidate*>& applicable) = 0;
+};
+
+struct SelectOptions {
+  std::vector<std::shared_ptr<ChoiceSource>> sources;
+  // Times one node under a choice (seconds per run); set for --select=measure.
+  std::function<Result<double>(const Node&, const Choice&)> measure;
+  int threads = 1;
+};
+
+// Chooses an implementation for every node that has candidates, records it
+// and applies its transform. Returns the number of nodes given a candidate.
+// A node that already carries kiln_impl keeps it (its transform is not re-run).
+Result<int> select_kernels(Graph& g, const SelectOptions& options);
+
+// The choice recorded on a node by select_kernels (nullopt: none).
+std::optional<Choice> recorded_choice(const Node& n);
+void record_choice(Node& n, const Choice& c);
+
+// The schedule of a kernel whose anchor stage `stage` was defined by node
+// `anchor` (null: no anchor). Falls back to tir::default_schedule where the
+// node has no choice or the candidate has no template.
+Result<tir::Schedule> schedule_for(const tir::KernelDef& k, const std::string& stage, const Node* anchor);
+
+// Registers the built-in candidates (idempotent; the functions above call it).
+void register_builtin_candidates();
+
+}  // namespace kiln::strategy
