@@ -6,6 +6,7 @@
 // bytes streamed per second as a share of the measured read bandwidth.
 //
 //   kernel_bench [--threads N] [--naive] [--dump] [--filter SUBSTRING] [--json]
+//                [--select measure] [--impl NAME[:KNOBS] ...]
 //   kernel_bench --peak-only [--threads N] [--json]
 #include <algorithm>
 #include <chrono>
@@ -105,7 +106,8 @@ int main(int argc, char** argv) {
   bool dump = false;  // loop IR and optimized LLVM IR to stderr
   bool json = false;
   bool peak_only = false;
-  std::string filter;
+  std::string filter, select = "priority";
+  std::vector<std::string> impls;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
@@ -114,9 +116,12 @@ int main(int argc, char** argv) {
     else if (a == "--json") json = true;
     else if (a == "--peak-only") peak_only = true;
     else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
+    else if (a == "--select" && i + 1 < argc) select = argv[++i];
+    else if (a == "--impl" && i + 1 < argc) impls.push_back(argv[++i]);
     else {
       std::fprintf(stderr,
-                   "usage: kernel_bench [--threads N] [--naive] [--dump] [--filter S] [--json] [--peak-only]\n");
+                   "usage: kernel_bench [--threads N] [--naive] [--dump] [--filter S] [--json] [--peak-only]"
+                   " [--select measure] [--impl NAME[:KNOBS]]\n");
       return 2;
     }
   }
@@ -155,6 +160,8 @@ int main(int argc, char** argv) {
     opts.threads = threads;
     opts.naive = naive;
     opts.dump_ir = dump;
+    opts.select = select;
+    opts.prefer_impls = impls;
     auto compiled = kiln::driver::compile_graph(std::move(c.graph), opts);
     if (!compiled.is_ok()) {
       std::fprintf(stderr, "%s: %s\n", c.name.c_str(), compiled.status().to_string().c_str());
@@ -195,6 +202,11 @@ int main(int argc, char** argv) {
       std::printf("%-28s %10.3f %10.2f %7.1f%% %10s %8s\n", c.name.c_str(), t * 1e3, gflops, peak_share, "-", "-");
     }
     first_row = false;
+    if (!json) {
+      for (const kiln::driver::KernelChoiceInfo& k : compiled->kernel_choices)
+        if (k.source != "no candidates")
+          std::printf("    %s (%s) by %s\n", k.impl.c_str(), k.knobs.c_str(), k.source.c_str());
+    }
     std::fflush(stdout);
   }
   if (json) std::printf("]}\n");

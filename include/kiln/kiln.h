@@ -32,6 +32,16 @@ struct CompileOptions {
   // once. 0: 80% of the machine's physical memory. Exceeding it is an error
   // naming the node and the shape (StatusCode::kResourceExhausted).
   int64_t max_memory_bytes = 0;
+  // Operator strategy (src/strategy): how each MatMul/Gemm/Conv gets its
+  // implementation. "priority" (default): the applicable candidate with the
+  // highest priority. "measure": every applicable candidate, with its default
+  // knobs, is compiled and timed on the node's real shapes at compile time and
+  // the fastest kept (nodes with symbolic shapes fall back to priority).
+  std::string select = "priority";
+  // Implementations preferred wherever they apply, before measurement and
+  // priority: "conv.panels" or with knobs "matmul.packed:mr=6 nr=64"
+  // (`kiln info --kernels` lists the names). An unknown name is an error.
+  std::vector<std::string> prefer_impls;
 };
 
 // Description of one graph input or output. Dims print symbolically ("n", "s + 1").

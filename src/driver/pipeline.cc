@@ -5,8 +5,10 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "ops/registry.h"
 #include "passes/default_pipeline.h"
@@ -14,8 +16,8 @@
 #include "passes/pass_manager.h"
 #include "runtime/memory_plan.h"
 #include "support/memory_limit.h"
-#include "tir/schedule.h"
 #include "strategy/strategy.h"
+#include "tir/schedule.h"
 
 namespace kiln::driver {
 
@@ -827,6 +829,144 @@ std::vector<std::string> pipeline_for(const CompileOptions& options) {
   return passes::with_shape_inference(out);
 }
 
+namespace {
+
+// CompileOptions::prefer_impls as a choice source: the first preferred
+// candidate that applies to a node (its knobs given, or its defaults).
+class PreferredImpls : public strategy::ChoiceSource {
+ public:
+  explicit PreferredImpls(std::vector<std::pair<std::string, std::optional<tir::Knobs>>> prefs)
+      : prefs_(std::move(prefs)) {}
+  std::string name() const override { return "--impl"; }
+  std::optional<strategy::Choice> lookup(const Node& n,
+                                         const std::vector<const strategy::Candidate*>& applicable) override {
+    for (const auto& [name, knobs] : prefs_) {
+      for (const strategy::Candidate* c : applicable) {
+        if (c->name != name) continue;
+        strategy::Choice ch;
+        ch.candidate = name;
+        ch.knobs = knobs ? *knobs : (c->default_knobs ? c->default_knobs(n) : tir::Knobs{});
+        ch.why = "preferred by --impl";
+        return ch;
+      }
+    }
+    return std::nullopt;
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<tir::Knobs>>> prefs_;
+};
+
+Result<std::shared_ptr<strategy::ChoiceSource>> preferred_source(const std::vector<std::string>& prefs) {
+  std::vector<std::pair<std::string, std::optional<tir::Knobs>>> parsed;
+  for (const std::string& p : prefs) {
+    size_t colon = p.find(':');
+    std::string name = p.substr(0, colon);
+    if (strategy::find_candidate(name) == nullptr) {
+      std::string known;
+      for (const strategy::Candidate* c : strategy::all_candidates()) known += (known.empty() ? "" : ", ") + c->name;
+      return invalid_argument() << "unknown implementation '" << name << "' (known: " << known << ")";
+    }
+    std::optional<tir::Knobs> knobs;
+    if (colon != std::string::npos) {
+      auto k = tir::parse_knobs(p.substr(colon + 1));
+      if (!k.is_ok()) return k.status().with_context("implementation '" + p + "'");
+      knobs = *k;
+    }
+    parsed.emplace_back(name, knobs);
+  }
+  return std::shared_ptr<strategy::ChoiceSource>(std::make_shared<PreferredImpls>(std::move(parsed)));
+}
+
+Tensor random_input(const TensorType& t, uint32_t seed) {
+  std::vector<int64_t> dims;
+  for (const Expr& d : *t.shape) dims.push_back(*d.as_const());
+  Tensor x(t.dtype, dims);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  if (t.dtype == DType::kFloat32)
+    for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = dist(rng);
+  return x;
+}
+
+// Compiles node `n` alone under `choice` (its constants copied, the other
+// inputs random) and returns the median seconds of a few runs. Errors for a
+// node whose input shapes are not all constants.
+Result<double> measure_choice(const Graph& parent, const Node& n, const strategy::Choice& choice,
+                              const CompileOptions& options) {
+  auto g = std::make_unique<Graph>();
+  g->source = parent.source + " (measuring " + choice.candidate + ")";
+  g->opsets = parent.opsets;
+  std::vector<Value*> ins;
+  std::vector<Tensor> feeds;
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    const Value* v = n.input(i);
+    if (v == nullptr) {
+      ins.push_back(nullptr);
+      continue;
+    }
+    if (v->is_constant()) {
+      ins.push_back(g->add_constant(v->name(), v->constant()));
+      continue;
+    }
+    const TensorType& t = v->type();
+    if (!t.shape) return unsupported() << "input '" << v->name() << "' has unknown rank";
+    for (const Expr& d : *t.shape)
+      if (!d.as_const()) return unsupported() << "input '" << v->name() << "' has a symbolic shape";
+    ins.push_back(g->add_input(v->name(), t));
+    feeds.push_back(random_input(t, static_cast<uint32_t>(feeds.size() + 1)));
+  }
+  std::vector<std::string> outs;
+  for (const Value* o : n.outputs()) outs.push_back(o ? o->name() : "");
+  Node* m = g->add_node(n.op_type(), ins, outs, n.domain(), n.name());
+  for (const auto& [k, a] : n.attrs())
+    if (k.rfind("kiln_", 0) != 0) m->set_attr(k, a);
+  std::vector<Value*> gouts;
+  for (Value* o : m->outputs()) gouts.push_back(o);
+  g->set_outputs(gouts);
+  ops::InferContext ictx;
+  ictx.graph = g.get();
+  KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx));
+  strategy::record_choice(*m, choice);
+  const strategy::Candidate* c = strategy::find_candidate(choice.candidate);
+  if (c && c->transform) KILN_RETURN_IF_ERROR(c->transform(*g, *m, choice.knobs));
+  g->remove_dead_values();
+  CompileOptions o = options;
+  o.passes = std::vector<std::string>{};
+  o.disable_passes.clear();
+  o.dump_ir = false;
+  KILN_ASSIGN_OR_RETURN(CompiledProgram p, compile_graph(std::move(g), o));
+  int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
+  runtime::VM vm(p.program, threads);
+  vm.set_memory_limit(options.max_memory_bytes);
+  KILN_RETURN_IF_ERROR(vm.run(feeds).status());
+  std::vector<double> times;
+  for (int r = 0; r < 5; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    KILN_RETURN_IF_ERROR(vm.run(feeds).status());
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+static Result<strategy::SelectOptions> select_options(const Graph& g, const CompileOptions& options) {
+  strategy::SelectOptions so;
+  so.threads = options.threads;
+  if (!options.prefer_impls.empty()) {
+    KILN_ASSIGN_OR_RETURN(auto src, preferred_source(options.prefer_impls));
+    so.sources.push_back(src);
+  }
+  if (options.select == "measure") {
+    so.measure = [&g, options](const Node& n, const strategy::Choice& c) { return measure_choice(g, n, c, options); };
+  } else if (options.select != "priority") {
+    return invalid_argument() << "select must be 'priority' or 'measure', not '" << options.select << "'";
+  }
+  return so;
+}
+
 passes::PassContext pass_context(const Graph& g, const CompileOptions& options) {
   passes::PassContext ctx;
   ctx.infer.bounds = g.bounds;
@@ -849,6 +989,7 @@ Result<OptimizedGraph> optimize_graph(Graph& g, const CompileOptions& options, c
                                       const passes::Instrumentation& inst) {
   KILN_RETURN_IF_ERROR(check_supported(g));
   passes::PassContext ctx = pass_context(g, options);
+  KILN_ASSIGN_OR_RETURN(ctx.select, select_options(g, options));
   OptimizedGraph out;
   KILN_ASSIGN_OR_RETURN(out.runs, passes::run_passes(g, pipeline, ctx, inst));
   out.bounds = ctx.infer.bounds;

@@ -8,11 +8,13 @@
 // clamped into the tensor so that no out-of-bounds load happens even when the
 // select evaluates both sides.
 //
-// Conv also accepts the internal string attribute "kiln_weight_layout" =
-// "IHWO" (set by the conv.ihwo candidate of the operator strategy, src/strategy/conv.cc, on 2-D convolutions with one group):
-// the weight is then stored as [I, KH, KW, O] instead of [O, I, KH, KW], with
-// output channels contiguous, and is indexed accordingly. Any other value of
-// the attribute, or the attribute on another kind of Conv, is an error.
+// Conv also accepts the internal string attribute "kiln_weight_layout", set by
+// the operator strategy's candidates (src/strategy/conv.cc) on 2-D
+// convolutions with one group: "IHWO" (conv.ihwo) stores the weight as
+// [I, KH, KW, O], output channels contiguous; "P<nr>" (conv.panels) stores it
+// as panels of nr output channels [O / nr, I, KH, KW, nr]. It is indexed
+// accordingly. Any other value of the attribute, or the attribute on another
+// kind of Conv, is an error.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -74,18 +76,31 @@ namespace {
 // An index into an input dim of extent `extent`, clamped into range.
 Expr clamp_index(const Expr& i, const Expr& extent) { return max(min(i, extent - 1), Expr(0)); }
 
-// The weight's dims in ONNX order [O, I, k...], whatever its stored layout,
-// and whether it is stored packed as [I, KH, KW, O].
-Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr>& w, bool& packed) {
-  packed = false;
+// The weight's dims in ONNX order [O, I, k...], whatever its stored layout.
+// `packed` says how it is stored: 0 as ONNX has it, -1 as [I, KH, KW, O]
+// ("IHWO"), nr > 0 as panels of nr output channels [O / nr, I, KH, KW, nr] ("P<nr>").
+Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr>& w, int64_t& packed) {
+  packed = 0;
   if (!n.has_attr("kiln_weight_layout")) return w;
   std::string layout = n.attr_string("kiln_weight_layout", "");
-  if (layout != "IHWO") return node_invalid(n) << "unknown kiln_weight_layout '" << layout << "'";
-  if (w.size() != 4 || n.attr_int("group", 1) != 1) {
-    return node_invalid(n) << "kiln_weight_layout IHWO needs a 2-D convolution with one group";
+  if (layout == "IHWO") {
+    if (w.size() != 4 || n.attr_int("group", 1) != 1) {
+      return node_invalid(n) << "kiln_weight_layout IHWO needs a 2-D convolution with one group";
+    }
+    packed = -1;
+    return std::vector<Expr>{w[3], w[0], w[1], w[2]};
   }
-  packed = true;
-  return std::vector<Expr>{w[3], w[0], w[1], w[2]};
+  if (layout.size() >= 2 && layout.size() < 8 && layout[0] == 'P' &&
+      layout.find_first_not_of("0123456789", 1) == std::string::npos) {
+    int64_t nr = std::stoll(layout.substr(1));
+    if (nr <= 0 || w.size() != 5 || n.attr_int("group", 1) != 1) {
+      return node_invalid(n) << "kiln_weight_layout " << layout
+                             << " needs a 2-D convolution with one group and weights [O/nr, I, KH, KW, nr]";
+    }
+    packed = nr;
+    return std::vector<Expr>{w[0] * Expr(nr), w[1], w[2], w[3]};
+  }
+  return node_invalid(n) << "unknown kiln_weight_layout '" << layout << "'";
 }
 
 Status infer_conv(Node& n, InferContext& ctx) {
@@ -93,13 +108,13 @@ Status infer_conv(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape stored_w, input_shape(n, 1));
   if (x.size() < 3) return node_invalid(n) << "input rank " << x.size() << " < 3";
-  if (stored_w.size() != x.size()) {
-    return node_invalid(n) << "weight rank " << stored_w.size() << " != input rank " << x.size();
-  }
   int64_t group = n.attr_int("group", 1);
   if (group <= 0) return node_invalid(n) << "group must be positive";
-  bool packed = false;
+  int64_t packed = 0;
   KILN_ASSIGN_OR_RETURN(std::vector<Expr> w, conv_weight_dims(n, stored_w, packed));
+  if (w.size() != x.size()) {
+    return node_invalid(n) << "weight rank " << w.size() << " != input rank " << x.size();
+  }
   std::vector<Expr> kernel(w.begin() + 2, w.end());
   std::vector<int64_t> ks = n.attr_ints("kernel_shape");
   if (!ks.empty()) {
@@ -126,7 +141,7 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
   const tir::Buffer& w = ctx.inputs[1];
   const tir::Buffer& y = ctx.outputs[0];
   size_t rank = x.shape.size() - 2;
-  bool packed = false;
+  int64_t packed = 0;
   KILN_ASSIGN_OR_RETURN(std::vector<Expr> wd, conv_weight_dims(n, w.shape, packed));
   std::vector<Expr> kernel(wd.begin() + 2, wd.end());
   Shape xs(x.shape.begin(), x.shape.end());
@@ -151,7 +166,9 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
     x_idx.push_back(g.may_pad ? pos : pos - g.pad_begin[d]);
     w_idx.push_back(rv[d + 1]);
   }
-  if (packed) w_idx = {rv[0], rv[1], rv[2], iv[1]};  // [I, KH, KW, O]
+  if (packed < 0) w_idx = {rv[0], rv[1], rv[2], iv[1]};  // [I, KH, KW, O]
+  if (packed > 0)                                         // [O / nr, I, KH, KW, nr]
+    w_idx = {floordiv(iv[1], Expr(packed)), rv[0], rv[1], rv[2], mod(iv[1], Expr(packed))};
   Expr x_value;
   if (g.may_pad) {
     // A zero-padded copy of the input, just large enough for every window:

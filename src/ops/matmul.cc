@@ -7,7 +7,8 @@
 // MatMul and Gemm also accept the internal attribute kiln_weight_layout =
 // "P<nr>" (set by the strategy's gemm.packed candidate, src/strategy/gemm.cc):
 // the constant B is stored as panels [N / nr, K, nr] (Bp[j, k, i] = B[k, j nr + i],
-// transB already applied), so a tile of nr output columns reads one
+// transB already applied; zero columns past N, whose value is then the int
+// attribute kiln_b_columns), so a tile of nr output columns reads one
 // contiguous panel. The logical B is [K, N] for inference.
 #include <algorithm>
 #include <cstdint>
@@ -79,6 +80,8 @@ Result<Shape> logical_b_shape(const Node& n, Shape stored, bool gemm_trans_b) {
   if (nr == 0) return stored;
   if (stored.size() != 3) return node_invalid(n) << "B stored as panels must have rank 3";
   Expr k = stored[1], cols = stored[0] * Expr(nr);
+  // Panels padded past N: the true N is kept in kiln_b_columns.
+  if (n.has_attr("kiln_b_columns")) cols = Expr(n.attr_int("kiln_b_columns", 0));
   if (gemm_trans_b) return Shape{cols, k};
   return Shape{k, cols};
 }

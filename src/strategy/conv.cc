@@ -1,5 +1,19 @@
 // Convolution candidates.
 //
+// conv.panels: the constant weight is packed into panels of nr output
+// channels [O / nr, I, KH, KW, nr] (attribute kiln_weight_layout "P<nr>"); the
+// template (panels_schedule) splits the output channels into nr vector lanes
+// and tiles the output width by mr register rows, the panel loop outermost, so
+// each tile streams one contiguous weight panel and reuses every input value
+// nr / 16 times from registers. Applies to 2-D group-1 convolutions with a
+// constant f32 weight and output channels a multiple of 16; priority 30 with
+// at least 64 products per output, else 5 (its output vectors run across
+// channels, so stores are strided: a shallow reduction does not pay for them).
+// Measured with kernel_bench (1 thread, explicit vector code): 3x3 64->64 56x56
+// 94.6 GFLOP/s (direct 80.6), 3x3 s2 64->128 90.0 (ihwo 86.9, direct 26.5),
+// 3x3 256->256 14x14 97.9 (direct 75.4), 3x3 512->512 7x7 94.7 (ihwo 73.2),
+// 1x1 2048->512 7x7 88.6 (ihwo 65.8).
+//
 // conv.ihwo: the constant weight W[O, I, KH, KW] of a 2-D convolution with one
 // group is stored [I, KH, KW, O] (attribute kiln_weight_layout "IHWO",
 // understood by ops/conv.cc), so the default schedule vectorizes along the
@@ -20,9 +34,11 @@
 // Otherwise priority 5. (Measured losses that set the limits: resnet18's 7x7
 // stride-2 stem ran 5x slower packed, its larger tile spilled; squeezenet's
 // 3x3 stem with 27 products ran 5x slower, 16 scattered stores per vector.)
+#include <algorithm>
 #include <cstring>
 
 #include "strategy/strategy.h"
+#include "strategy/template.h"
 
 namespace kiln::strategy {
 
@@ -81,16 +97,143 @@ Status ihwo_transform(Graph& g, Node& n, const tir::Knobs&) {
     if (v->name() == name && v->is_constant()) packed = v;
   if (packed == nullptr) packed = g.add_constant(g.unique_name(name), pack_ihwo(w->constant()));
   g.set_input(&n, 1, packed);
-  Attribute a;
-  a.kind = Attribute::Kind::kString;
-  a.s = "IHWO";
-  n.set_attr("kiln_weight_layout", a);
+  set_string_attr(n, "kiln_weight_layout", "IHWO");
   return Status::ok();
+}
+
+// ---- conv.panels ------------------------------------------------------------
+
+int64_t out_channels(const Node& n) { return n.input(1)->constant().shape()[0]; }
+
+bool panels_applies(const Node& n, std::string* why) {
+  if (!ihwo_applies(n, why)) return false;
+  const Tensor& w = n.input(1)->constant();
+  if (w.dtype() != DType::kFloat32) {
+    if (why) *why = "weight is not f32";
+    return false;
+  }
+  if (w.shape()[0] % 16 != 0) {
+    if (why) *why = std::to_string(w.shape()[0]) + " output channels, not a multiple of 16";
+    return false;
+  }
+  return true;
+}
+
+// Output vectors run across channels, so every tile is written with strided
+// stores: worth it over a reduction of at least 64 products per output.
+int panels_priority(const Node& n) {
+  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  return ws[1] * ws[2] * ws[3] >= 64 ? 30 : 5;
+}
+
+tir::KnobSpace panels_space(const Node& n) {
+  int64_t o = out_channels(n);
+  tir::KnobSpace s;
+  tir::Knob nr{"nr", {}};
+  for (int64_t v : {16, 32, 48, 64})
+    if (o % v == 0) nr.values.push_back(v);
+  s.knobs.push_back(tir::Knob{"mr", {1, 2, 4, 6, 7, 8, 12, 14}});
+  s.knobs.push_back(nr);
+  s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / 16 <= 24; };
+  return s;
+}
+
+tir::Knobs panels_defaults(const Node& n) {
+  int64_t o = out_channels(n);
+  int64_t nr = o % 32 == 0 ? 32 : 16;
+  int64_t mr = 8;
+  auto width = (*n.output(0)->type().shape)[3].as_const();
+  // A row tile that covers narrow outputs whole (7 of a 7x7 plane); else 8 (or 12 with 16 lanes).
+  if (width && *width <= 14) mr = *width <= 8 ? *width : 7;
+  if (mr * nr / 16 > 24) mr = 24 * 16 / nr;
+  return {{"mr", std::max<int64_t>(mr, 1)}, {"nr", nr}};
+}
+
+// [O, I, KH, KW] -> [O / nr, I, KH, KW, nr].
+Tensor pack_panels(const Tensor& t, int64_t nr) {
+  const std::vector<int64_t>& s = t.shape();
+  int64_t o = s[0], inner = s[1] * s[2] * s[3];
+  Tensor out(t.dtype(), {o / nr, s[1], s[2], s[3], nr});
+  const float* src = t.data_as<float>();
+  float* dst = out.data_as<float>();
+  for (int64_t m = 0; m < o; ++m)
+    for (int64_t r = 0; r < inner; ++r) dst[((m / nr) * inner + r) * nr + m % nr] = src[m * inner + r];
+  return out;
+}
+
+Status panels_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
+  int64_t nr = knobs.at("nr");
+  Value* w = n.input(1);
+  Value* packed = g.add_constant(g.unique_name(w->name() + ".p" + std::to_string(nr)), pack_panels(w->constant(), nr));
+  g.set_input(&n, 1, packed);
+  set_string_attr(n, "kiln_weight_layout", "P" + std::to_string(nr));
+  return Status::ok();
+}
+
+// Output axes [n, co, oh, ow]: co split into panels of nr (vector lanes), ow
+// tiled by mr (register rows); loops n, co.o, oh, ow.o | reduce | ow.i, co.i.
+Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string& stage, const tir::Knobs& knobs) {
+  auto it = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& s) { return s.name == stage; });
+  if (it == k.stages.end() || it->axes.size() != 4) return tir::default_schedule(k);
+  const tir::ComputeDef& st = *it;
+  int64_t nr = knobs.at("nr"), mr = knobs.at("mr");
+  std::vector<tir::Primitive> prims;
+  const std::string &n_ax = st.axes[0], &c_ax = st.axes[1], &h_ax = st.axes[2], &w_ax = st.axes[3];
+  auto c_ext = st.shape[1].as_const();
+  std::string c_outer, c_inner = c_ax;
+  if (!c_ext || *c_ext > nr) {
+    prims.push_back(prim("split", stage, {c_ax}, nr));
+    c_outer = c_ax + ".o";
+    c_inner = c_ax + ".i";
+  }
+  auto w_ext = st.shape[3].as_const();
+  std::string w_outer, w_inner = w_ax;
+  if (!w_ext || *w_ext > mr) {
+    prims.push_back(prim(w_ext && *w_ext % mr != 0 ? "split_overlap" : "split", stage, {w_ax}, mr));
+    w_outer = w_ax + ".o";
+    w_inner = w_ax + ".i";
+  }
+  std::vector<std::string> outer = {n_ax};
+  std::vector<std::optional<int64_t>> counts = {st.shape[0].as_const()};
+  if (!c_outer.empty()) {
+    outer.push_back(c_outer);
+    counts.push_back(c_ext ? std::optional<int64_t>(*c_ext / nr) : std::nullopt);
+  }
+  outer.push_back(h_ax);
+  counts.push_back(st.shape[2].as_const());
+  if (!w_outer.empty()) {
+    outer.push_back(w_outer);
+    counts.push_back(w_ext ? std::optional<int64_t>((*w_ext + mr - 1) / mr) : std::nullopt);
+  }
+  std::vector<std::string> order = outer;
+  order.push_back(w_inner);
+  order.push_back(c_inner);
+  prims.push_back(prim("reorder", stage, order));
+  prims.push_back(prim("cache_write", stage, {outer.back()}));
+  if (!w_ext || *w_ext > 1) prims.push_back(prim("unroll", stage, {w_inner}));
+  prims.push_back(prim("vectorize", stage, {c_inner}));
+  if (int par = first_parallel(counts); par >= 0)
+    prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
+  return replace_stage_schedule(k, stage, prims);
 }
 
 }  // namespace
 
 void register_conv_candidates() {
+  Candidate panels;
+  panels.name = "conv.panels";
+  panels.op = "Conv";
+  panels.priority = 30;
+  panels.summary = "weights packed [O/nr, I, KH, KW, nr]; nr output channels (vector lanes) x mr output columns "
+                   "register tile, one contiguous weight panel per tile";
+  panels.applies = panels_applies;
+  panels.priority_for = panels_priority;
+  panels.space = panels_space;
+  panels.default_knobs = panels_defaults;
+  panels.transform = panels_transform;
+  panels.schedule = panels_schedule;
+  register_candidate(std::move(panels));
+
   Candidate packed;
   packed.name = "conv.ihwo";
   packed.op = "Conv";

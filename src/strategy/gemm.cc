@@ -1,15 +1,17 @@
 // GEMM candidates for MatMul and Gemm.
 //
-// gemm.packed: a constant 2-D B whose N is a multiple of 16 is packed at
-// compile time into panels [N / nr, K, nr] (attribute kiln_weight_layout
-// "P<nr>", ops/matmul.cc reads it), so that a tile of nr output columns streams
+// gemm.packed: a constant 2-D B is packed at compile time into panels
+// [ceil(N / nr), K, nr], zero-padded past N (attribute kiln_weight_layout
+// "P<nr>", plus kiln_b_columns = N when nr does not divide N; ops/matmul.cc
+// reads them), so that a tile of nr output columns streams
 // one contiguous panel (K x nr floats) instead of K rows nr floats apart (one
 // page per row once N is large). Template, for output axes [batch..., m, n]:
 //   split n by nr, tile m by mr; loops batch..., n.o, m.o | k | m.i (unrolled),
 //   n.i (vectorized); the mr x nr tile is accumulated in registers
 //   (cache_write at m.o) and written once, through the fused epilogue
 //   (Gemm's alpha, beta and C); the first outer loop with work is parallel.
-// Knobs: nr in {16, 32, 48, 64} dividing N, mr in {1, 2, 3, 4, 6, 8, 12} with
+// A partial last panel is split_padded: computed in full, written back
+// guarded. Knobs: nr in {16, 32, 48, 64} dividing N (all four when none does), mr in {1, 2, 3, 4, 6, 8, 12} with
 // at most 24 accumulator vectors (mr * nr / 16).
 //
 // matmul.default / gemm.default: the default schedule (any operands).
@@ -17,6 +19,7 @@
 #include <cstring>
 
 #include "strategy/strategy.h"
+#include "strategy/template.h"
 
 namespace kiln::strategy {
 
@@ -58,10 +61,6 @@ bool gemm_packed_applies(const Node& n, std::string* why) {
   }
   int64_t cols = constant_b_columns(n, why);
   if (cols == 0) return false;
-  if (cols % 16 != 0) {
-    if (why) *why = "N = " + std::to_string(cols) + " is not a multiple of 16";
-    return false;
-  }
   const Value* y = n.output(0);
   if (y == nullptr || !y->type().shape || y->dtype() != DType::kFloat32) {
     if (why) *why = "output type unknown or not f32";
@@ -73,9 +72,12 @@ bool gemm_packed_applies(const Node& n, std::string* why) {
 tir::KnobSpace gemm_packed_space(const Node& n) {
   int64_t cols = constant_b_columns(n, nullptr);
   tir::KnobSpace s;
+  // Panel widths that divide N, or all of them when none does (the last
+  // panel is then zero-padded and its write-back guarded).
   tir::Knob nr{"nr", {}};
   for (int64_t v : {16, 32, 48, 64})
     if (cols > 0 && cols % v == 0) nr.values.push_back(v);
+  if (nr.values.empty()) nr.values = {16, 32, 48, 64};
   s.knobs.push_back(tir::Knob{"mr", {1, 2, 3, 4, 6, 8, 12}});
   s.knobs.push_back(nr);
   s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / 16 <= 24; };
@@ -89,16 +91,18 @@ tir::Knobs gemm_packed_defaults(const Node& n) {
     // Matrix-vector: one row, the widest panel (independent accumulators per vector).
     for (int64_t v : {64, 48, 32, 16})
       if (cols % v == 0) return {{"mr", 1}, {"nr", v}};
+    return {{"mr", 1}, {"nr", 64}};
   }
-  int64_t nr = cols % 32 == 0 ? 32 : 16;
+  int64_t nr = cols % 32 == 0 ? 32 : cols % 16 == 0 ? 16 : 32;
   return {{"mr", 8}, {"nr", nr}};
 }
 
-// B [K, N] (or [N, K] with transB) -> panels [N / nr, K, nr].
+// B [K, N] (or [N, K] with transB) -> panels [ceil(N / nr), K, nr], the
+// columns past N zero.
 Tensor pack_panels(const Tensor& b, bool trans_b, int64_t nr) {
   int64_t k = trans_b ? b.shape()[1] : b.shape()[0];
   int64_t n = trans_b ? b.shape()[0] : b.shape()[1];
-  int64_t panels = n / nr;
+  int64_t panels = (n + nr - 1) / nr;
   Tensor out(DType::kFloat32, {panels, k, nr});
   const float* src = b.data_as<float>();
   float* dst = out.data_as<float>();
@@ -106,7 +110,7 @@ Tensor pack_panels(const Tensor& b, bool trans_b, int64_t nr) {
     for (int64_t kk = 0; kk < k; ++kk)
       for (int64_t i = 0; i < nr; ++i) {
         int64_t col = j * nr + i;
-        dst[(j * k + kk) * nr + i] = trans_b ? src[col * k + kk] : src[kk * n + col];
+        dst[(j * k + kk) * nr + i] = col >= n ? 0.f : trans_b ? src[col * k + kk] : src[kk * n + col];
       }
   return out;
 }
@@ -115,37 +119,33 @@ Status gemm_packed_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
   int64_t nr = knobs.at("nr");
   Value* b = n.input(1);
   bool tb = is_gemm(n) && n.attr_int("transB", 0) != 0;
+  int64_t cols = constant_b_columns(n, nullptr);
+  if (cols % nr != 0) {
+    Attribute c;
+    c.kind = Attribute::Kind::kInt;
+    c.i = cols;
+    n.set_attr("kiln_b_columns", c);  // the panels hold N rounded up to nr
+  }
   Value* packed = g.add_constant(g.unique_name(b->name() + ".p" + std::to_string(nr)), pack_panels(b->constant(), tb, nr));
   g.set_input(&n, 1, packed);
-  Attribute layout;
-  layout.kind = Attribute::Kind::kString;
-  layout.s = "P" + std::to_string(nr);
-  n.set_attr("kiln_weight_layout", layout);
+  set_string_attr(n, "kiln_weight_layout", "P" + std::to_string(nr));
   return Status::ok();
 }
 
-tir::Primitive prim(std::string kind, std::string stage, std::vector<std::string> axes, int64_t factor = 0) {
-  tir::Primitive p;
-  p.kind = std::move(kind);
-  p.stage = std::move(stage);
-  p.axes = std::move(axes);
-  p.factor = factor;
-  return p;
-}
-
 Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::string& stage, const tir::Knobs& knobs) {
-  tir::Schedule base = tir::default_schedule(k);
   auto it = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& s) { return s.name == stage; });
   if (it == k.stages.end()) return invalid_argument() << "gemm.packed: kernel has no stage '" << stage << "'";
   const tir::ComputeDef& st = *it;
   int64_t nr = knobs.at("nr"), mr = knobs.at("mr");
   size_t rank = st.axes.size();
-  if (rank == 0) return base;
+  if (rank == 0) return tir::default_schedule(k);
   std::vector<tir::Primitive> prims;
   auto n_ext = st.shape[rank - 1].as_const();
   std::string n_outer, n_inner = st.axes[rank - 1];
-  if (!n_ext || *n_ext > nr) {
-    prims.push_back(prim("split", stage, {n_inner}, nr));
+  if (!n_ext || *n_ext > nr || *n_ext % nr != 0) {
+    // Panels are zero-padded to a multiple of nr: a partial last panel is
+    // computed in full and only its valid columns are written.
+    prims.push_back(prim(n_ext && *n_ext % nr != 0 ? "split_padded" : "split", stage, {n_inner}, nr));
     n_outer = n_inner + ".o";
     n_inner += ".i";
   }
@@ -172,13 +172,13 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   }
   if (!n_outer.empty()) {
     outer.push_back(n_outer);
-    counts.push_back(n_ext ? std::optional<int64_t>(*n_ext / nr) : std::nullopt);
+    counts.push_back(n_ext ? std::optional<int64_t>((*n_ext + nr - 1) / nr) : std::nullopt);
   }
   if (!m_outer.empty()) {
     outer.push_back(m_outer);
     counts.push_back(m_ext ? std::optional<int64_t>((*m_ext + mr - 1) / mr) : std::nullopt);
   }
-  if (outer.empty()) return base;  // one tile: nothing to block; the default schedule handles it
+  if (outer.empty()) return tir::default_schedule(k);  // one tile: nothing to block; the default schedule handles it
   std::vector<std::string> order = outer;
   if (!m_inner.empty()) order.push_back(m_inner);
   order.push_back(n_inner);
@@ -186,23 +186,9 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   prims.push_back(prim("cache_write", stage, {outer.back()}));
   if (!m_inner.empty() && (!m_ext || *m_ext > 1)) prims.push_back(prim("unroll", stage, {m_inner}));
   prims.push_back(prim("vectorize", stage, {n_inner}));
-  size_t par = outer.size();
-  for (size_t i = 0; i < outer.size() && par == outer.size(); ++i)
-    if (!counts[i] || *counts[i] > 1) par = i;
-  if (par < outer.size()) prims.push_back(prim("parallel", stage, {outer[par]}));
-  // The other stages (fused producers and epilogues) keep the default schedule.
-  tir::Schedule s;
-  bool placed = false;
-  for (const tir::Primitive& p : base.prims) {
-    if (p.stage == stage) {
-      if (!placed) s.prims.insert(s.prims.end(), prims.begin(), prims.end());
-      placed = true;
-      continue;
-    }
-    s.prims.push_back(p);
-  }
-  if (!placed) s.prims.insert(s.prims.end(), prims.begin(), prims.end());
-  return s;
+  if (int par = first_parallel(counts); par >= 0)
+    prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
+  return replace_stage_schedule(k, stage, prims);
 }
 
 void register_default(const std::string& name, const std::string& op) {

@@ -4,6 +4,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "strategy/template.h"
+
 namespace kiln::strategy {
 
 void register_gemm_candidates();  // gemm.cc
@@ -38,13 +40,6 @@ std::string format_ms(double seconds) {
   os.precision(3);
   os << seconds * 1e3 << " ms";
   return os.str();
-}
-
-Attribute string_attr(const std::string& s) {
-  Attribute a;
-  a.kind = Attribute::Kind::kString;
-  a.s = s;
-  return a;
 }
 
 }  // namespace
@@ -99,9 +94,9 @@ std::optional<Choice> recorded_choice(const Node& n) {
 }
 
 void record_choice(Node& n, const Choice& c) {
-  n.set_attr(kImplAttr, string_attr(c.candidate));
-  n.set_attr(kKnobsAttr, string_attr(tir::knobs_to_string(c.knobs)));
-  n.set_attr(kSourceAttr, string_attr(c.why.empty() ? c.source : c.source + ": " + c.why));
+  set_string_attr(n, kImplAttr, c.candidate);
+  set_string_attr(n, kKnobsAttr, tir::knobs_to_string(c.knobs));
+  set_string_attr(n, kSourceAttr, c.why.empty() ? c.source : c.source + ": " + c.why);
 }
 
 Result<int> select_kernels(Graph& g, const SelectOptions& options) {

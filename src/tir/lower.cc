@@ -32,6 +32,9 @@ struct StagePlan {
   std::vector<Loop> reduce;
   ExprMap axis_value;  // original axis (spatial and reduce) -> expression of loop vars
   std::vector<Expr> guards;
+  // Guards of split_padded: only the stores to the stage's buffer are guarded
+  // (a reduction computes its padded tile in full and writes back the valid part).
+  std::vector<Expr> store_guards;
   std::string cache_axis;  // empty: no cache_write
 };
 
@@ -236,7 +239,7 @@ struct Lowerer {
       plan.inlined = true;
       return Status::ok();
     }
-    if (p.kind == "split" || p.kind == "split_overlap") {
+    if (p.kind == "split" || p.kind == "split_overlap" || p.kind == "split_padded") {
       if (p.axes.size() != 1) return invalid_argument() << "schedule: " << p.kind << " takes one axis";
       if (p.factor < 1) {
         return invalid_argument() << "schedule: split(" << p.stage << ", " << p.axes[0]
@@ -281,8 +284,12 @@ struct Lowerer {
         ExprMap repl{{old.var, value}};
         for (auto& [axis, v] : plan.axis_value) v = simplify(substitute(v, repl));
         for (auto& g : plan.guards) g = simplify(substitute(g, repl));
+        for (auto& g : plan.store_guards) g = simplify(substitute(g, repl));
         plan.touched = true;
         return Status::ok();
+      }
+      if (p.kind == "split_padded" && where.first) {
+        return invalid_argument() << "schedule: split_padded(" << p.stage << ", " << old.var << ") of a reduce axis";
       }
       Expr outer_extent;
       bool divisible;
@@ -300,7 +307,8 @@ struct Lowerer {
       ExprMap repl{{old.var, value}};
       for (auto& [axis, v] : plan.axis_value) v = simplify(substitute(v, repl));
       for (auto& g : plan.guards) g = simplify(substitute(g, repl));
-      if (!divisible) plan.guards.push_back(lt(value, old.extent));
+      for (auto& g : plan.store_guards) g = simplify(substitute(g, repl));
+      if (!divisible) (p.kind == "split_padded" ? plan.store_guards : plan.guards).push_back(lt(value, old.extent));
       plan.touched = true;
       return Status::ok();
     }
@@ -468,7 +476,9 @@ struct Lowerer {
         }
       }
       Stmt store = make_store(st.name, out_index, out_indices, body);
-      return build_nest(plan.spatial, store, plan.guards, {}, loop_vars);
+      std::vector<Expr> all = plan.guards;
+      all.insert(all.end(), plan.store_guards.begin(), plan.store_guards.end());
+      return build_nest(plan.spatial, store, all, {}, loop_vars);
     }
 
     // Reduction: outer spatial loops (up to and including the cache_write axis),
@@ -527,8 +537,10 @@ struct Lowerer {
     Stmt update_nest =
         build_nest(update_loops, make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, body)),
                    plan.guards, bound_outside, loop_vars);
+    std::vector<Expr> final_guards = plan.guards;
+    final_guards.insert(final_guards.end(), plan.store_guards.begin(), plan.store_guards.end());
     Stmt final_nest = build_nest(inner, make_store(st.name, out_index, out_indices, result),
-                                 plan.guards, bound_outside, loop_vars);
+                                 final_guards, bound_outside, loop_vars);
     Stmt alloc = make_allocate(acc, make_seq({init_nest, update_nest, final_nest}));
     return build_nest(outer, alloc, plan.guards, {}, loop_vars);
   }

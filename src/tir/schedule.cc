@@ -279,7 +279,7 @@ std::string Schedule::to_string() const {
   for (const Primitive& p : prims) {
     out += p.kind + "(" + p.stage;
     for (const auto& a : p.axes) out += ", " + a;
-    if (p.kind == "split" || p.kind == "split_overlap") out += ", " + std::to_string(p.factor);
+    if (p.kind == "split" || p.kind == "split_overlap" || p.kind == "split_padded") out += ", " + std::to_string(p.factor);
     out += ")\n";
   }
   return out;
@@ -313,7 +313,7 @@ Result<Schedule> parse_schedule(std::string_view text) {
       rest = rest.substr(comma + 1);
     }
     static const std::map<std::string, std::pair<size_t, size_t>, std::less<>> kArity = {
-        {"inline", {1, 1}},   {"split", {3, 3}}, {"split_overlap", {3, 3}},     {"reorder", {2, 1000}}, {"parallel", {2, 2}},
+        {"inline", {1, 1}},   {"split", {3, 3}}, {"split_overlap", {3, 3}}, {"split_padded", {3, 3}},     {"reorder", {2, 1000}}, {"parallel", {2, 2}},
         {"vectorize", {2, 2}}, {"unroll", {2, 2}}, {"cache_write", {2, 2}}};
     auto ar = kArity.find(p.kind);
     if (ar == kArity.end()) {
@@ -325,7 +325,7 @@ Result<Schedule> parse_schedule(std::string_view text) {
                                 << line;
     }
     p.stage = args[0];
-    if (p.kind == "split" || p.kind == "split_overlap") {
+    if (p.kind == "split" || p.kind == "split_overlap" || p.kind == "split_padded") {
       const std::string& f = args[2];
       bool digits = !f.empty() && f.find_first_not_of("0123456789") == std::string::npos;
       if (!digits || f.size() > 18) {

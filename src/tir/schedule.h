@@ -9,6 +9,13 @@
 //                                        is shifted back to end at the extent
 //                                        (overlapping the previous one) instead
 //                                        of being guarded
+//   split_padded(stage, axis, factor) -> like split, but only the stores to
+//                                        the stage's buffer are guarded: a
+//                                        reduction computes the padded tile in
+//                                        full and writes back its valid part.
+//                                        Legal only where every load along the
+//                                        axis reads a buffer padded to a
+//                                        multiple of the factor (GEMM panels)
 //   reorder(stage, a, b, c)           -> loops in this order (outermost first)
 //   parallel(stage, axis)
 //   vectorize(stage, axis)

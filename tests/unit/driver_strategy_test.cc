@@ -1,11 +1,12 @@
 // Every strategy candidate against the naive lowering, through the whole
-// pipeline: odd sizes (1, 3, 17, 1023), batch broadcasting, symbolic dims
+// pipeline: odd sizes (1, 3, 17, 1023; N not a multiple of the panel width), batch broadcasting, symbolic dims
 // bound at run time, Gemm's transB/alpha/beta/C, and knob values drawn at
 // random from each candidate's search space (tir::sample_knobs). The choice
 // is forced through a ChoiceSource, the interface a tuning database uses.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -102,6 +103,53 @@ Result<Tensor> run(std::unique_ptr<Graph> g, bool naive, const Tensor& x, int th
   return out[0];
 }
 
+// Runs every applicable candidate of `op` (knobs drawn at random from its
+// space, 1 and 2 threads) on the graph `make` builds and compares with the
+// naive result `want`; `k` is the number of products per output. Returns the
+// number of candidates tried.
+int check_candidates(const std::string& op, const std::function<std::unique_ptr<Graph>()>& make, const Tensor& x,
+                     const Tensor& want, int64_t k, std::mt19937_64& rng) {
+  auto probe = make();
+  ops::InferContext ictx;
+  ictx.graph = probe.get();
+  ictx.bounds = probe->bounds;
+  EXPECT_TRUE(ops::infer_shapes(*probe, ictx).is_ok());
+  const Node* node = probe->nodes()[0];
+  int tried = 0;
+  for (const strategy::Candidate* cand : strategy::candidates_for("", op)) {
+    std::string why;
+    if (cand->applies && !cand->applies(*node, &why)) continue;
+    ++tried;
+    tir::KnobSpace space = cand->space ? cand->space(*node) : tir::KnobSpace{};
+    for (int draw = 0; draw < (space.knobs.empty() ? 1 : 4); ++draw) {
+      auto knobs = tir::sample_knobs(space, rng);
+      EXPECT_TRUE(knobs.is_ok()) << knobs.status().to_string();
+      if (!knobs.is_ok()) return tried;
+      for (int threads : {1, 2}) {
+        strategy::Choice choice{cand->name, *knobs, "database", ""};
+        std::string impl;
+        auto got = run(make(), false, x, threads, choice, &impl);
+        std::string what = node->describe() + " " + cand->name + " " + tir::knobs_to_string(*knobs) + " input " +
+                           shape_to_string(*node->input(0)->type().shape) + " threads " + std::to_string(threads);
+        EXPECT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+        if (!got.is_ok()) return tried;
+        EXPECT_EQ(impl, cand->name + " " + tir::knobs_to_string(*knobs)) << what;
+        EXPECT_EQ(got->shape(), want.shape()) << what;
+        if (got->shape() != want.shape()) return tried;
+        for (int64_t i = 0; i < want.numel(); ++i) {
+          float g = got->data_as<float>()[i], w = want.data_as<float>()[i];
+          // Sums of k products in another order: a few ulps of the magnitude per product.
+          if (std::fabs(g - w) > 1e-6 * static_cast<double>(k) * (1 + std::fabs(w))) {
+            ADD_FAILURE() << what << ", element " << i << ": " << g << " vs naive " << w;
+            return tried;
+          }
+        }
+      }
+    }
+  }
+  return tried;
+}
+
 TEST(StrategyCandidates, GemmTemplatesMatchNaiveAtRandomKnobs) {
   const std::vector<GemmCase> cases = {
       {"MatMul", Shape{1, 17}, {17, 16}, false, false, {1, 17}},
@@ -114,6 +162,11 @@ TEST(StrategyCandidates, GemmTemplatesMatchNaiveAtRandomKnobs) {
       {"MatMul", Shape{1, var("m"), 9}, {9, 64}, false, false, {1, 3, 9}},
       {"Gemm", Shape{17, 33}, {48, 33}, true, true, {17, 33}},             // transB, C, alpha, beta
       {"Gemm", Shape{var("m"), 7}, {7, 16}, false, true, {1, 7}},
+      // N not a multiple of the panel width: zero-padded panels, guarded write-back.
+      {"MatMul", Shape{17, 17}, {17, 24}, false, false, {17, 17}},
+      {"MatMul", Shape{33}, {33, 50}, false, false, {33}},
+      {"MatMul", Shape{var("m"), 5}, {5, 3}, false, false, {3, 5}},
+      {"Gemm", Shape{9, 12}, {10, 12}, true, true, {9, 12}},
   };
   std::mt19937_64 rng(42);
   uint32_t seed = 1;
@@ -124,39 +177,61 @@ TEST(StrategyCandidates, GemmTemplatesMatchNaiveAtRandomKnobs) {
     Tensor x = random_tensor(c.a_run, seed++);
     auto want = run(gemm_graph(c, b, bias), true, x, 1, std::nullopt, nullptr);
     ASSERT_TRUE(want.is_ok()) << want.status().to_string();
-    // The space of the case's node (inferred, as select_kernels sees it).
-    auto probe = gemm_graph(c, b, bias);
-    ops::InferContext ictx;
-    ictx.graph = probe.get();
-    ictx.bounds = probe->bounds;
-    ASSERT_TRUE(ops::infer_shapes(*probe, ictx).is_ok());
-    const Node* node = probe->nodes()[0];
-    for (const strategy::Candidate* cand : strategy::candidates_for("", c.op)) {
-      std::string why;
-      if (cand->applies && !cand->applies(*node, &why)) continue;
-      tir::KnobSpace space = cand->space ? cand->space(*node) : tir::KnobSpace{};
-      for (int draw = 0; draw < 4; ++draw) {
-        auto knobs = tir::sample_knobs(space, rng);
-        ASSERT_TRUE(knobs.is_ok()) << knobs.status().to_string();
-        for (int threads : {1, 2}) {
-          strategy::Choice choice{cand->name, *knobs, "database", ""};
-          std::string impl;
-          auto got = run(gemm_graph(c, b, bias), false, x, threads, choice, &impl);
-          std::string what = c.op + " " + cand->name + " " + tir::knobs_to_string(*knobs) + " A" +
-                             std::to_string(c.a_run.size()) + "-D rows " + std::to_string(c.a_run.front()) +
-                             " threads " + std::to_string(threads);
-          ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
-          EXPECT_EQ(impl, cand->name + " " + tir::knobs_to_string(*knobs)) << what;
-          ASSERT_EQ(got->shape(), want->shape()) << what;
-          int64_t k = c.trans_b ? c.b[1] : c.b[0];
-          for (int64_t i = 0; i < want->numel(); ++i) {
-            float g = got->data_as<float>()[i], w = want->data_as<float>()[i];
-            // Sums of k products in another order: a few ulps of the magnitude per product.
-            ASSERT_NEAR(g, w, 1e-6 * static_cast<double>(k) * (1 + std::fabs(w))) << what << ", element " << i;
-          }
-        }
-      }
-    }
+    int64_t k = c.trans_b ? c.b[1] : c.b[0];
+    int tried = check_candidates(c.op, [&] { return gemm_graph(c, b, bias); }, x, *want, k, rng);
+    EXPECT_GE(tried, 2) << c.op;  // the packed and the default candidate
+  }
+}
+
+struct ConvCase {
+  Shape x;                       // may be symbolic ("h", "w")
+  std::vector<int64_t> w;        // [O, I, KH, KW]
+  int64_t stride, pad;
+  std::vector<int64_t> x_run;
+};
+
+std::unique_ptr<Graph> conv_graph(const ConvCase& c, const Tensor& w, const Tensor& bias) {
+  auto g = std::make_unique<Graph>();
+  g->source = "conv";
+  g->opsets[""] = 17;
+  Value* x = g->add_input("x", TensorType{DType::kFloat32, c.x});
+  Node* n = g->add_node("Conv", {x, g->add_constant("w", w), g->add_constant("bias", bias)}, {"y"});
+  auto ints = [](std::vector<int64_t> v) {
+    Attribute a;
+    a.kind = Attribute::Kind::kInts;
+    a.ints = std::move(v);
+    return a;
+  };
+  n->set_attr("kernel_shape", ints({c.w[2], c.w[3]}));
+  n->set_attr("strides", ints({c.stride, c.stride}));
+  n->set_attr("pads", ints({c.pad, c.pad, c.pad, c.pad}));
+  Node* relu = g->add_node("Relu", {n->output(0)}, {"r"});
+  g->set_outputs({relu->output(0)});
+  g->bounds["h"] = Interval{1, std::nullopt};
+  g->bounds["w"] = Interval{1, std::nullopt};
+  return g;
+}
+
+TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
+  const std::vector<ConvCase> cases = {
+      {Shape{1, 3, 17, 17}, {16, 3, 3, 3}, 1, 1, {1, 3, 17, 17}},
+      {Shape{1, 17, 7, 7}, {32, 17, 3, 3}, 2, 1, {1, 17, 7, 7}},
+      {Shape{1, 8, 1, 1}, {48, 8, 1, 1}, 1, 0, {1, 8, 1, 1}},
+      {Shape{2, 5, 9, 23}, {16, 5, 3, 3}, 1, 0, {2, 5, 9, 23}},
+      {Shape{1, 64, 3, 1023}, {16, 64, 1, 1}, 1, 0, {1, 64, 3, 1023}},
+      {Shape{1, 6, var("h"), var("w")}, {32, 6, 3, 3}, 1, 1, {1, 6, 5, 17}},  // symbolic plane
+  };
+  std::mt19937_64 rng(43);
+  uint32_t seed = 100;
+  for (const ConvCase& c : cases) {
+    Tensor w = random_tensor(c.w, seed++);
+    Tensor bias = random_tensor({c.w[0]}, seed++);
+    Tensor x = random_tensor(c.x_run, seed++);
+    auto want = run(conv_graph(c, w, bias), true, x, 1, std::nullopt, nullptr);
+    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+    int64_t k = c.w[1] * c.w[2] * c.w[3];
+    int tried = check_candidates("Conv", [&] { return conv_graph(c, w, bias); }, x, *want, k, rng);
+    EXPECT_GE(tried, 2);  // conv.panels and conv.ihwo/conv.direct apply to each case
   }
 }
 

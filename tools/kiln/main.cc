@@ -58,6 +58,11 @@ const char kUsage[] =
     "      --max-memory BYTES      memory one run may allocate, e.g. 4G (default: 80% of RAM)\n"
     "      --output-dir DIR        write every output as DIR/NAME.npy\n"
     "      --passes a,b,c          graph passes instead of the default pipeline ('none': no passes)\n"
+    "      --select measure        time every applicable implementation of each MatMul/Gemm/Conv at\n"
+    "                              compile time and keep the fastest (default: priority)\n"
+    "      --impl NAME[:KNOBS]     prefer an implementation where it applies (repeatable), e.g.\n"
+    "                              --impl conv.panels or --impl 'matmul.packed:mr=6 nr=64'\n"
+    "      (--select and --impl also apply to bench, profile and info --kernels)\n"
     "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--passes a,b] [--json]\n"
     "      compile, warm up, time repeated runs; print median, p10/p90, min\n"
     "  kiln opt FILE [--PASS ...] [--passes=a,b] [--default-pipeline] [--print-after-all] [--print-after=PASS]\n"
@@ -209,6 +214,8 @@ Result<CompileOptions> compile_options(const ParsedArgs& args) {
     }
     options.passes = list;
   }
+  if (auto sel = args.get("select")) options.select = *sel;
+  options.prefer_impls = args.get_all("impl");
   return options;
 }
 
@@ -380,7 +387,8 @@ Status write_outputs(const std::string& dir, const std::map<std::string, Tensor>
 
 Result<int> cmd_info(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "passes", "max-memory"};
+  spec.with_value = {"threads", "select", "impl", "passes", "max-memory"};
+  spec.repeatable = {"impl"};
   spec.flags = {"kernels"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "info"));
@@ -465,8 +473,8 @@ Result<int> run_test_data(Model& model, const std::string& dir, double atol, dou
 
 Result<int> cmd_run(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"input", "dim", "test-data", "threads", "atol", "rtol", "output-dir", "max-memory", "passes"};
-  spec.repeatable = {"input", "dim"};
+  spec.with_value = {"input", "dim", "test-data", "threads", "select", "impl", "atol", "rtol", "output-dir", "max-memory", "passes"};
+  spec.repeatable = {"input", "dim", "impl"};
   spec.flags = {"naive"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "run"));
@@ -528,8 +536,8 @@ std::string json_string(const std::string& s) {
 
 Result<int> cmd_bench(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "runs", "warmup", "dim", "input", "max-memory", "passes"};
-  spec.repeatable = {"dim", "input"};
+  spec.with_value = {"threads", "select", "impl", "runs", "warmup", "dim", "input", "max-memory", "passes"};
+  spec.repeatable = {"dim", "input", "impl"};
   spec.flags = {"json", "naive"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "bench"));
@@ -601,8 +609,8 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
 
 Result<int> cmd_profile(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "runs", "dim", "input", "top", "max-memory"};
-  spec.repeatable = {"dim", "input"};
+  spec.with_value = {"threads", "select", "impl", "runs", "dim", "input", "top", "max-memory"};
+  spec.repeatable = {"dim", "input", "impl"};
   spec.flags = {"naive"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "profile"));

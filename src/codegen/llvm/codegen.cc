@@ -19,6 +19,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <functional>
 #include <vector>
 
 #include "codegen/llvm/codegen_internal.h"
@@ -235,6 +236,26 @@ class Emitter {
   llvm::Value* libm_call(const char* name, llvm::Value* x);
   llvm::Value* libm_call2(const char* name, llvm::Value* x, llvm::Value* y);
 
+  // ---- explicit vectorization (a vectorized loop of constant extent W) ----
+  // The loop `for v in 0..W vectorized { store }` becomes straight-line code
+  // on <W x T> values: loads contiguous in v are vector loads, loads that do
+  // not depend on v are scalars broadcast once, other loads are gathers;
+  // stores likewise (scatter when strided). Returns false, emitting nothing,
+  // where the body is not a single store of supported expressions (then the
+  // loop carries LLVM's vectorize metadata instead).
+  bool emit_widened(const tir::Stmt& loop);
+  bool widenable(const Expr& e) const;
+  bool depends(const Expr& e) const;
+  llvm::Value* emit_w(const Expr& e);
+  llvm::Value* splat(llvm::Value* v) {
+    return v->getType()->isVectorTy() ? v : b_.CreateVectorSplat(wlanes_, v);
+  }
+  // Flat element offset of buffer `buf` at `indices` as an Expr (row-major).
+  Expr flat_index(const tir::Buffer& buf, const std::vector<Expr>& indices) const;
+  // Pointer(s) for a widened access: {scalar base pointer, true} when the
+  // offset is contiguous in the lane variable, else {vector of pointers, false}.
+  std::pair<llvm::Value*, bool> widened_address(const BufferRef& ref, const std::vector<Expr>& indices);
+
   // ---- statements ----
   void emit_stmt(const tir::Stmt& s);
   void emit_store(const tir::Stmt& s);
@@ -259,6 +280,8 @@ class Emitter {
   Frame* frame_ = nullptr;
   const ExprNode* reduction_root_ = nullptr;
   int parallel_count_ = 0;
+  std::string wvar_;      // lane variable of the loop being widened ("" outside)
+  unsigned wlanes_ = 0;
 };
 
 // ============================== expressions ==============================
@@ -328,6 +351,8 @@ llvm::Value* Emitter::convert(llvm::Value* v, DType from, DType to) {
   }
   if (from == to) return v;
   llvm::Type* t = checked_reg_type(to, "cast");
+  // Widened code (emit_widened) converts whole vectors; its dtypes are never narrow floats.
+  if (auto* vt = llvm::dyn_cast<llvm::VectorType>(v->getType())) t = llvm::VectorType::get(t, vt->getElementCount());
   if (!reg_type(from)) {
     fail(std::string("cast from non-compilable dtype ") + dtype_name(from));
     return poison(t);
@@ -942,6 +967,190 @@ llvm::Value* Emitter::emit_call(const Expr& e) {
   return poison(ty);
 }
 
+// ============================== explicit vectorization ==============================
+
+namespace {
+bool widenable_dtype(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kInt32 || t == DType::kInt64;
+}
+bool expr_uses_var(const Expr& e, const std::string& v) {
+  if (!e.defined()) return false;
+  if (e.kind() == ExprKind::kVar) return e->name == v;
+  for (const Expr& a : e->args)
+    if (expr_uses_var(a, v)) return true;
+  return false;
+}
+}  // namespace
+
+bool Emitter::depends(const Expr& e) const { return expr_uses_var(e, wvar_); }
+
+bool Emitter::widenable(const Expr& e) const {
+  if (!depends(e)) return true;  // emitted as a scalar by the ordinary path
+  const ExprNode& n = *e.get();
+  switch (n.kind) {
+    case ExprKind::kVar:
+      return n.dtype == DType::kInt64;
+    case ExprKind::kAdd: case ExprKind::kSub: case ExprKind::kMul: case ExprKind::kMin: case ExprKind::kMax:
+    case ExprKind::kFloorDiv: case ExprKind::kMod: case ExprKind::kDiv:
+      if (!widenable_dtype(n.dtype) || n.args.size() < 2) return false;
+      if (!dtype_is_float(n.dtype) && n.kind != ExprKind::kAdd && n.kind != ExprKind::kSub &&
+          n.kind != ExprKind::kMul && n.kind != ExprKind::kMin && n.kind != ExprKind::kMax) {
+        // Integer division only by a positive constant (no trap in any lane).
+        for (size_t i = 1; i < n.args.size(); ++i) {
+          auto c = n.args[i].as_const();
+          if (!c || *c <= 0) return false;
+        }
+      }
+      break;
+    case ExprKind::kLT: case ExprKind::kLE: case ExprKind::kEQ: case ExprKind::kNE:
+      if (!widenable_dtype(n.args[0].dtype())) return false;
+      break;
+    case ExprKind::kNot:
+      break;
+    case ExprKind::kAnd: case ExprKind::kOr:
+      if (may_trap(n.args[1])) return false;
+      break;
+    case ExprKind::kSelect:
+      // Both arms are evaluated in every lane: they must not fault.
+      if (may_trap(n.args[1]) || may_trap(n.args[2]) || !widenable_dtype(n.dtype)) return false;
+      break;
+    case ExprKind::kCast: {
+      DType from = n.args[0].dtype();
+      if (!(widenable_dtype(n.dtype) || n.dtype == DType::kBool)) return false;
+      if (!(widenable_dtype(from) || from == DType::kBool)) return false;
+      break;
+    }
+    case ExprKind::kLoad: {
+      if (!widenable_dtype(n.dtype)) return false;
+      break;
+    }
+    default:
+      return false;  // calls, immediates of odd types
+  }
+  for (const Expr& a : n.args)
+    if (!widenable(a)) return false;
+  return true;
+}
+
+Expr Emitter::flat_index(const tir::Buffer& buf, const std::vector<Expr>& indices) const {
+  if (indices.empty()) return int_imm(0);
+  if (indices.size() == 1) return indices[0];
+  Expr flat = indices[0];
+  for (size_t d = 1; d < indices.size(); ++d) flat = flat * buf.shape[d] + indices[d];
+  return simplify(flat);
+}
+
+std::pair<llvm::Value*, bool> Emitter::widened_address(const BufferRef& ref, const std::vector<Expr>& indices) {
+  llvm::Type* mt = mem_type(ref.buffer->dtype);
+  Expr flat = flat_index(*ref.buffer, indices);
+  Expr next = simplify(substitute(flat, {{wvar_, var(wvar_) + int_imm(1)}}) - flat);
+  auto stride = next.as_const();
+  if (stride && *stride == 1) {
+    Expr base = simplify(substitute(flat, {{wvar_, int_imm(0)}}));
+    llvm::Value* off = emit_as(base, DType::kInt64);
+    return {b_.CreateInBoundsGEP(mt, ref.ptr, off), true};
+  }
+  llvm::Value* offs = splat(emit_w(flat));
+  return {b_.CreateInBoundsGEP(mt, ref.ptr, offs), false};
+}
+
+llvm::Value* Emitter::emit_w(const Expr& e) {
+  if (!depends(e)) return emit(e);
+  const ExprNode& n = *e.get();
+  switch (n.kind) {
+    case ExprKind::kVar: {
+      std::vector<llvm::Constant*> lanes;
+      for (unsigned i = 0; i < wlanes_; ++i) lanes.push_back(llvm::ConstantInt::get(b_.getInt64Ty(), i));
+      return llvm::ConstantVector::get(lanes);
+    }
+    case ExprKind::kAdd: case ExprKind::kSub: case ExprKind::kMul: case ExprKind::kDiv:
+    case ExprKind::kFloorDiv: case ExprKind::kMod: case ExprKind::kMin: case ExprKind::kMax: {
+      auto arg = [&](const Expr& a) { return splat(convert(splat(emit_w(a)), a.dtype(), n.dtype)); };
+      llvm::Value* acc = arg(n.args[0]);
+      for (size_t i = 1; i < n.args.size(); ++i) acc = emit_binary(n.kind, n.dtype, acc, arg(n.args[i]), false);
+      return acc;
+    }
+    case ExprKind::kLT: case ExprKind::kLE: case ExprKind::kEQ: case ExprKind::kNE: {
+      DType t = n.args[0].dtype();
+      llvm::Value* a = splat(convert(splat(emit_w(n.args[0])), n.args[0].dtype(), t));
+      llvm::Value* c = splat(convert(splat(emit_w(n.args[1])), n.args[1].dtype(), t));
+      return emit_compare(n.kind, t, a, c);
+    }
+    case ExprKind::kAnd: case ExprKind::kOr: {
+      llvm::Value* a = splat(emit_w(n.args[0]));
+      llvm::Value* c = splat(emit_w(n.args[1]));
+      return n.kind == ExprKind::kAnd ? b_.CreateAnd(a, c) : b_.CreateOr(a, c);
+    }
+    case ExprKind::kNot:
+      return b_.CreateNot(splat(emit_w(n.args[0])));
+    case ExprKind::kSelect: {
+      llvm::Value* c = emit_w(n.args[0]);
+      llvm::Value* t = splat(convert(splat(emit_w(n.args[1])), n.args[1].dtype(), n.dtype));
+      llvm::Value* f = splat(convert(splat(emit_w(n.args[2])), n.args[2].dtype(), n.dtype));
+      return b_.CreateSelect(c, t, f);
+    }
+    case ExprKind::kCast:
+      return convert(splat(emit_w(n.args[0])), n.args[0].dtype(), n.dtype);
+    case ExprKind::kLoad: {
+      BufferRef* ref = find_buffer(n.name, static_cast<int>(n.int_value));
+      llvm::Type* vt = llvm::VectorType::get(mem_type(n.dtype), wlanes_, false);
+      if (!ref) return poison(vt);
+      auto [addr, contiguous] = widened_address(*ref, n.args);
+      llvm::Align align(dtype_size(ref->buffer->dtype));
+      llvm::Instruction* ld = contiguous ? static_cast<llvm::Instruction*>(b_.CreateAlignedLoad(vt, addr, align))
+                                         : b_.CreateMaskedGather(vt, addr, align);
+      set_alias_md(ld, *ref);
+      return ld;
+    }
+    default:
+      break;
+  }
+  fail("cannot widen expression " + e.to_string());
+  return poison(llvm::VectorType::get(b_.getFloatTy(), wlanes_, false));
+}
+
+bool Emitter::emit_widened(const tir::Stmt& loop) {
+  auto c = loop->extent.as_const();
+  if (!c || *c < 2 || *c > 256 || !wvar_.empty()) return false;
+  const tir::Stmt& st = loop->body;
+  if (!st || st->kind != tir::StmtKind::kStore) return false;
+  BufferRef* ref = find_buffer(st->buffer.name, st->buffer_index);
+  if (!ref) return false;
+  DType bt = ref->buffer->dtype;
+  if (!widenable_dtype(bt) || st->value.dtype() != bt) return false;
+  std::string saved_var = wvar_;
+  wvar_ = loop->var;
+  wlanes_ = static_cast<unsigned>(*c);
+  bool ok = widenable(st->value);
+  for (const Expr& i : st->indices) ok = ok && widenable(i);
+  // The stored buffer may be read in the value only at the stored element
+  // (a reduction update): lanes then never see each other's stores.
+  std::function<bool(const Expr&)> reads_other = [&](const Expr& e) {
+    if (!e.defined()) return false;
+    if (e.kind() == ExprKind::kLoad && e->name == st->buffer.name && e->int_value == st->buffer_index) {
+      if (e->args.size() != st->indices.size()) return true;
+      for (size_t i = 0; i < e->args.size(); ++i)
+        if (!(e->args[i] == st->indices[i])) return true;
+    }
+    for (const Expr& a : e->args)
+      if (reads_other(a)) return true;
+    return false;
+  };
+  ok = ok && !reads_other(st->value);
+  if (!ok) {
+    wvar_ = saved_var;
+    return false;
+  }
+  llvm::Value* v = splat(emit_w(st->value));
+  auto [addr, contiguous] = widened_address(*ref, st->indices);
+  llvm::Align align(dtype_size(bt));
+  llvm::Instruction* store = contiguous ? static_cast<llvm::Instruction*>(b_.CreateAlignedStore(v, addr, align))
+                                        : b_.CreateMaskedScatter(v, addr, align);
+  set_alias_md(store, *ref);
+  wvar_ = saved_var;
+  return true;
+}
+
 // ============================== statements ==============================
 
 void Emitter::emit_stmt(const tir::Stmt& s) {
@@ -1060,6 +1269,23 @@ void Emitter::emit_for(const tir::Stmt& s) {
   if (s->for_kind == tir::ForKind::kParallel && !frame_->in_parallel) {
     emit_parallel_for(s);
     return;
+  }
+  if (s->for_kind == tir::ForKind::kVectorized && emit_widened(s)) return;
+  if (s->for_kind == tir::ForKind::kUnrolled) {
+    // Fully unrolled here (a constant extent up to 32): each copy sees its
+    // row as a constant, so register tiles have constant offsets.
+    auto c = s->extent.as_const();
+    if (c && *c >= 0 && *c <= 32) {
+      std::optional<llvm::Value*> saved;
+      if (auto it = frame_->vars.find(s->var); it != frame_->vars.end()) saved = it->second;
+      for (int64_t j = 0; j < *c && error_.is_ok(); ++j) {
+        frame_->vars[s->var] = i64(j);
+        emit_stmt(s->body);
+      }
+      if (saved) frame_->vars[s->var] = *saved;
+      else frame_->vars.erase(s->var);
+      return;
+    }
   }
   llvm::Value* extent = emit_as(s->extent, DType::kInt64);
   emit_loop(s->var, i64(0), extent, &Emitter::loop_md, s);
