@@ -29,8 +29,11 @@ tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string&
 }
 
 int first_parallel(const std::vector<std::optional<int64_t>>& counts) {
+  // A known count above 1 first: a symbolic batch dim is often 1 at run time.
   for (size_t i = 0; i < counts.size(); ++i)
-    if (!counts[i] || *counts[i] > 1) return static_cast<int>(i);
+    if (counts[i] && *counts[i] > 1) return static_cast<int>(i);
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (!counts[i]) return static_cast<int>(i);
   return -1;
 }
 

@@ -19,8 +19,9 @@ tir::Primitive prim(std::string kind, std::string stage, std::vector<std::string
 tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string& stage,
                                      const std::vector<tir::Primitive>& prims);
 
-// The first loop with more than one iteration (an unknown count counts as
-// many), or -1: the loop a template parallelizes.
+// The loop a template parallelizes: the first with a known count above 1,
+// else the first with an unknown count (a symbolic batch dim is often 1 at
+// run time), else -1.
 int first_parallel(const std::vector<std::optional<int64_t>>& counts);
 
 void set_string_attr(Node& n, const std::string& name, const std::string& value);

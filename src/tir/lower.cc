@@ -542,6 +542,55 @@ struct Lowerer {
     Stmt final_nest = build_nest(inner, make_store(st.name, out_index, out_indices, result),
                                  final_guards, bound_outside, loop_vars);
     Stmt alloc = make_allocate(acc, make_seq({init_nest, update_nest, final_nest}));
+    // A tile whose guards hold at the last point of every inner loop holds
+    // them everywhere in the tile (each guard is value < limit with value
+    // non-decreasing in the inner loop variables): such full tiles run a copy
+    // without the guards, so the guard of a symbolic split is not evaluated
+    // per row inside the reduction loop; only the last tile pays for it.
+    std::vector<Expr> inner_guards, other_guards;
+    std::set<std::string> inner_vars;
+    for (const auto& l : inner) inner_vars.insert(l.var);
+    for (const Expr& g : plan.guards) {
+      bool uses_inner = false;
+      for (const std::string& v : free_vars(g)) uses_inner = uses_inner || inner_vars.count(v) != 0;
+      (uses_inner ? inner_guards : other_guards).push_back(g);
+    }
+    bool monotone = !inner_guards.empty();
+    ExprMap last;
+    for (const auto& l : inner) {
+      auto c = l.extent.as_const();
+      if (!c || *c < 1) monotone = false;
+      else last[l.var] = int_imm(*c - 1);
+    }
+    Expr full;
+    for (const Expr& g : inner_guards) {
+      if (!monotone) break;
+      if (g.kind() != ExprKind::kLT) {
+        monotone = false;
+        break;
+      }
+      for (const auto& l : inner) {
+        Expr step = simplify(substitute(g->args[0], {{l.var, var(l.var) + int_imm(1)}}) - g->args[0]);
+        auto c = step.as_const();
+        bool limit_free = true;
+        for (const std::string& v : free_vars(g->args[1])) limit_free = limit_free && !inner_vars.count(v);
+        if (!c || *c < 0 || !limit_free) monotone = false;
+      }
+      Expr at_last = simplify(substitute(g, last));
+      full = full.defined() ? logical_and(full, at_last) : at_last;
+    }
+    if (monotone && full.defined()) {
+      Stmt fast_init = build_nest(inner, make_store(acc.name, -1, acc_idx, init), other_guards, bound_outside, loop_vars);
+      Stmt fast_update = build_nest(update_loops,
+                                    make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, body)),
+                                    other_guards, bound_outside, loop_vars);
+      std::vector<Expr> fast_final_guards = other_guards;
+      fast_final_guards.insert(fast_final_guards.end(), plan.store_guards.begin(), plan.store_guards.end());
+      Stmt fast_final = build_nest(inner, make_store(st.name, out_index, out_indices, result), fast_final_guards,
+                                   bound_outside, loop_vars);
+      Stmt fast = make_allocate(acc, make_seq({fast_init, fast_update, fast_final}));
+      alloc = make_if(full, fast, alloc);
+    }
     return build_nest(outer, alloc, plan.guards, {}, loop_vars);
   }
 

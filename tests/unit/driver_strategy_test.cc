@@ -235,6 +235,48 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
   }
 }
 
+// --select measure times each applicable candidate and says so; --impl
+// prefers a candidate (with knobs) and rejects unknown names, listing the known.
+TEST(StrategySelection, MeasureAndPrefer) {
+  ConvCase c{Shape{1, 16, 14, 14}, {32, 16, 3, 3}, 1, 1, {1, 16, 14, 14}};
+  Tensor w = random_tensor(c.w, 7), bias = random_tensor({32}, 8);
+  CompileOptions opts;
+  opts.threads = 1;
+  opts.select = "measure";
+  auto measured = compile_graph(conv_graph(c, w, bias), opts);
+  ASSERT_TRUE(measured.is_ok()) << measured.status().to_string();
+  bool saw = false;
+  for (const KernelChoiceInfo& k : measured->kernel_choices) {
+    if (k.node.rfind("Conv", 0) != 0) continue;
+    saw = true;
+    EXPECT_EQ(k.source, "measured");
+    EXPECT_NE(k.why.find("fastest of conv.panels"), std::string::npos) << k.why;
+    EXPECT_NE(k.why.find("conv.direct"), std::string::npos) << k.why;
+  }
+  EXPECT_TRUE(saw);
+
+  CompileOptions prefer;
+  prefer.prefer_impls = {"conv.direct", "conv.panels:mr=2 nr=16"};
+  auto direct = compile_graph(conv_graph(c, w, bias), prefer);
+  ASSERT_TRUE(direct.is_ok()) << direct.status().to_string();
+  for (const KernelChoiceInfo& k : direct->kernel_choices)
+    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.source, "conv.direct database");
+  prefer.prefer_impls = {"conv.panels:mr=2 nr=16"};
+  auto panels = compile_graph(conv_graph(c, w, bias), prefer);
+  ASSERT_TRUE(panels.is_ok()) << panels.status().to_string();
+  for (const KernelChoiceInfo& k : panels->kernel_choices)
+    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels mr=2 nr=16");
+
+  prefer.prefer_impls = {"conv.winograd"};
+  auto bad = compile_graph(conv_graph(c, w, bias), prefer);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().to_string().find("unknown implementation 'conv.winograd' (known: "), std::string::npos)
+      << bad.status().to_string();
+  CompileOptions bad_select;
+  bad_select.select = "fastest";
+  EXPECT_FALSE(compile_graph(conv_graph(c, w, bias), bad_select).is_ok());
+}
+
 TEST(StrategyCandidates, KnobSpacesSampleAndParse) {
   tir::KnobSpace s;
   s.knobs = {{"mr", {1, 2, 4}}, {"nr", {16, 32}}};
