@@ -3,13 +3,15 @@
 
 For every model and thread count (default 1 and 2): Kiln via `kiln bench --json`
 (compile, warm-up, median of --runs), ONNX Runtime (ORT_ENABLE_ALL,
-intra_op_num_threads = N, inter_op_num_threads = 1) and PyTorch eager (the torch module
-the ONNX file comes from, torch.set_num_threads(N), inference_mode) on the same fixed
-inputs, median of --runs after --warmup runs. Prints a Markdown table with the ratio kiln/ORT per
-model and the geometric mean of the ratios (below 1: Kiln is faster).
+intra_op_num_threads = N, inter_op_num_threads = 1) and, with --torch, PyTorch eager (the
+torch module the ONNX file comes from, torch.set_num_threads(N), inference_mode) on the same
+fixed inputs, median of --runs after --warmup runs. Prints a Markdown table with the ratio
+kiln/ORT per model, each model's GFLOP per run and the share of this machine's FP32 peak
+(measured by kernel_bench --peak-only at the same thread count) that Kiln and ORT reach, and
+the geometric mean of the ratios (below 1: Kiln is faster).
 
     bench_models.py [--kiln BUILD/bin/kiln] [--models a,b] [--threads 1,2]
-                    [--runs 20] [--warmup 3] [--cache-dir DIR] [--ort-only] [--json FILE]
+                    [--runs 20] [--warmup 3] [--cache-dir DIR] [--ort-only] [--torch] [--json FILE]
 
 The export cache is the one the model tests use (build/models by default). Both sides
 get the same inputs: model_zoo.make_inputs, saved as .npy for `kiln bench --input`
@@ -73,6 +75,59 @@ def bench_torch(spec, feeds, threads, runs, warmup):
     return {"median_ms": statistics.median(times), "min_ms": min(times)}
 
 
+def model_gflop(path, feeds):
+    """Arithmetic of one run: 2 x multiply-adds of Conv, ConvTranspose, MatMul, Gemm
+    and LSTM/GRU/RNN, from symbolic shape inference with the inputs' real shapes."""
+    import onnx
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    model = onnx.load(path)
+    for inp in model.graph.input:
+        if inp.name in feeds:
+            dims = inp.type.tensor_type.shape.dim
+            for d, v in zip(dims, feeds[inp.name].shape):
+                d.ClearField("dim_param")
+                d.dim_value = int(v)
+    # ORT's symbolic inference follows shape arithmetic (Shape -> Gather -> Reshape)
+    # that onnx.shape_inference leaves unknown.
+    model = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    shapes = {}
+    for vi in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output):
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    for init in model.graph.initializer:
+        shapes[init.name] = list(init.dims)
+    macs = 0
+    for n in model.graph.node:
+        ins = [shapes.get(i) for i in n.input]
+        outs = [shapes.get(o) for o in n.output]
+        if not outs or outs[0] is None or None in outs[0]:
+            continue
+        out_elems = math.prod(outs[0])
+        if n.op_type in ("Conv", "ConvTranspose") and ins[1]:
+            w = ins[1]
+            macs += (out_elems if n.op_type == "Conv" else math.prod(ins[0])) * math.prod(w[1:])
+        elif n.op_type in ("MatMul", "Gemm") and ins[0] and None not in ins[0]:
+            trans_a = any(a.name == "transA" and a.i for a in n.attribute)
+            k = ins[0][-2] if (n.op_type == "Gemm" and trans_a) else ins[0][-1]
+            macs += out_elems * k
+        elif n.op_type in ("LSTM", "GRU", "RNN") and ins[0] and ins[1] and ins[2]:
+            gates = ins[1][1]            # num_directions x gates*H x I
+            seq, batch = ins[0][0], ins[0][1]
+            macs += ins[1][0] * seq * batch * gates * (ins[1][2] + ins[2][2])
+    return 2.0 * macs / 1e9
+
+
+def measured_peak(kiln, threads):
+    """This machine's FP32 peak at `threads`, measured by kernel_bench (None when absent)."""
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(kiln))), "benchmarks", "kernel_bench")
+    if not os.access(bench, os.X_OK):
+        return None
+    out = subprocess.run([bench, "--peak-only", "--json", "--threads", str(threads)],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["peak_gflops"]
+
+
 def bench_kiln(kiln, path, feeds, threads, runs, warmup, work, extra=()):
     cmd = [kiln, "bench", path, "--json", "--threads", str(threads), "--runs", str(runs),
            "--warmup", str(warmup), *extra]
@@ -97,7 +152,9 @@ def main():
     parser.add_argument("--gpt2-seq", type=int, default=128, help="GPT-2 sequence length")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--ort-only", action="store_true", help="time ONNX Runtime only")
-    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager column")
+    parser.add_argument("--torch", action="store_true",
+                        help="also time PyTorch eager (Debian's torch 1.13 build: erratic, not averaged)")
+    parser.add_argument("--no-torch", action="store_true", help="(the default) skip PyTorch eager")
     parser.add_argument("--json", default=None, help="also write all results to this file")
     args = parser.parse_args()
 
@@ -113,12 +170,17 @@ def main():
     work = os.path.join(model_zoo.cache_dir(args.cache_dir), "bench_inputs")
     os.makedirs(work, exist_ok=True)
 
+    peaks = {t: (None if args.ort_only else measured_peak(args.kiln, t)) for t in threads_list}
+    for t, p in peaks.items():
+        if p:
+            print(f"measured peak at {t} thread(s): {p:.1f} GFLOP/s (kernel_bench --peak-only)", file=sys.stderr)
     rows, results = [], []
     for name in names:
         spec = model_zoo.MODELS_BY_NAME[name]
         path = ensure_exported(spec, args.cache_dir)
         seq = args.gpt2_seq if spec.kind == "gpt2" else None
         feeds = model_zoo.make_inputs(spec, seq)
+        gflop = model_gflop(path, feeds)
         for threads in threads_list:
             ort_r = bench_ort(path, feeds, threads, args.runs, args.warmup)
             kiln_r, error = None, ""
@@ -127,27 +189,40 @@ def main():
                     kiln_r = bench_kiln(args.kiln, path, feeds, threads, args.runs, args.warmup, work)
                 except (RuntimeError, ValueError) as exc:
                     error = str(exc).splitlines()[-1][:120]
-            torch_r = None if args.no_torch else bench_torch(spec, feeds, threads, args.runs, args.warmup)
+            torch_r = bench_torch(spec, feeds, threads, args.runs, args.warmup) if args.torch else None
             ratio = kiln_r["median_ms"] / ort_r["median_ms"] if kiln_r else None
             torch_ratio = kiln_r["median_ms"] / torch_r["median_ms"] if kiln_r and torch_r else None
+            kiln_gflops = gflop / (kiln_r["median_ms"] * 1e-3) if kiln_r else None
+            ort_gflops = gflop / (ort_r["median_ms"] * 1e-3)
+            peak = peaks.get(threads)
             results.append({"model": name, "threads": threads, "ort": ort_r, "kiln": kiln_r,
-                            "torch": torch_r, "ratio": ratio, "torch_ratio": torch_ratio, "error": error})
+                            "torch": torch_r, "ratio": ratio, "torch_ratio": torch_ratio, "error": error,
+                            "gflop": gflop, "kiln_gflops": kiln_gflops, "ort_gflops": ort_gflops,
+                            "peak_gflops": peak})
             label = name + (f" (seq {seq})" if seq else "")
             kiln_cell = (f"{kiln_r['median_ms']:.2f}" if kiln_r else ("error" if error else "-"))
             compile_cell = f"{kiln_r['compile_s']:.1f}" if kiln_r else "-"
             ratio_cell = f"{ratio:.2f}" if ratio else "-"
             torch_cell = f"{torch_r['median_ms']:.2f}" if torch_r else "-"
             torch_ratio_cell = f"{torch_ratio:.2f}" if torch_ratio else "-"
+            gf_cell = f"{kiln_gflops:.1f}" if kiln_gflops else "-"
+            share_cell = f"{100 * kiln_gflops / peak:.0f}%" if kiln_gflops and peak else "-"
+            ort_share = f"{100 * ort_gflops / peak:.0f}%" if peak else "-"
+            torch_cols = f" {torch_cell} | {torch_ratio_cell} |" if args.torch else ""
             rows.append(f"| {label} | {threads} | {kiln_cell} | {ort_r['median_ms']:.2f} | "
-                        f"{ratio_cell} | {torch_cell} | {torch_ratio_cell} | {compile_cell} |"
-                        + (f" {error} |" if error else " |"))
+                        f"{ratio_cell} | {gflop:.2f} | {gf_cell} | {share_cell} | {ort_share} |{torch_cols} "
+                        f"{compile_cell} |" + (f" {error} |" if error else " |"))
             print(f"{label} threads={threads}: ort {ort_r['median_ms']:.2f} ms, kiln {kiln_cell} ms",
                   file=sys.stderr, flush=True)
 
     print(f"\nmedian of {args.runs} runs after {args.warmup} warm-up; "
           "ORT_ENABLE_ALL, inter_op 1\n")
-    print("| model | threads | kiln ms | ORT ms | kiln/ORT | torch ms | kiln/torch | kiln compile s | note |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("GFLOP: multiply-adds x 2 of Conv/MatMul/Gemm/RNN per run; share: Kiln's (and ORT's) GFLOP/s "
+          "over the peak kernel_bench measured at that thread count\n")
+    torch_head = " torch ms | kiln/torch |" if args.torch else ""
+    print(f"| model | threads | kiln ms | ORT ms | kiln/ORT | GFLOP | kiln GFLOP/s | kiln share of peak | "
+          f"ORT share of peak |{torch_head} kiln compile s | note |")
+    print("|---" * (11 + (2 if args.torch else 0)) + "|")
     print("\n".join(rows))
     for threads in threads_list:
         ratios = [r["ratio"] for r in results if r["threads"] == threads and r["ratio"]]
@@ -155,10 +230,6 @@ def main():
             geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
             print(f"\ngeometric mean kiln/ORT at {threads} thread(s): {geo:.3f} "
                   f"over {len(ratios)} model(s)")
-        tratios = [r["torch_ratio"] for r in results if r["threads"] == threads and r["torch_ratio"]]
-        if tratios:
-            geo = math.exp(sum(math.log(r) for r in tratios) / len(tratios))
-            print(f"geometric mean kiln/torch at {threads} thread(s): {geo:.3f} over {len(tratios)} model(s)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
