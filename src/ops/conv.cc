@@ -12,7 +12,8 @@
 // the operator strategy's candidates (src/strategy/conv.cc) on 2-D
 // convolutions with one group: "IHWO" (conv.ihwo) stores the weight as
 // [I, KH, KW, O], output channels contiguous; "P<nr>" (conv.panels) stores it
-// as panels of nr output channels [O / nr, I, KH, KW, nr]. It is indexed
+// as panels of nr output channels [ceil(O / nr), I, KH, KW, nr], zero past O
+// (whose value is then the int attribute kiln_out_channels). It is indexed
 // accordingly. Any other value of the attribute, or the attribute on another
 // kind of Conv, is an error.
 #include <cstdint>
@@ -98,7 +99,10 @@ Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr
                              << " needs a 2-D convolution with one group and weights [O/nr, I, KH, KW, nr]";
     }
     packed = nr;
-    return std::vector<Expr>{w[0] * Expr(nr), w[1], w[2], w[3]};
+    // Panels zero-padded past O: the true O is kept in kiln_out_channels.
+    Expr out_channels = w[0] * Expr(nr);
+    if (n.has_attr("kiln_out_channels")) out_channels = Expr(n.attr_int("kiln_out_channels", 0));
+    return std::vector<Expr>{out_channels, w[1], w[2], w[3]};
   }
   return node_invalid(n) << "unknown kiln_weight_layout '" << layout << "'";
 }

@@ -6,9 +6,12 @@
 // and tiles the output width by mr register rows, the panel loop outermost, so
 // each tile streams one contiguous weight panel and reuses every input value
 // nr / 16 times from registers. Applies to 2-D group-1 convolutions with a
-// constant f32 weight and output channels a multiple of 16; priority 30 with
-// at least 64 products per output, else 5 (its output vectors run across
-// channels, so stores are strided: a shallow reduction does not pay for them).
+// constant f32 weight (output channels not a multiple of nr: the last panel
+// is zero-padded, kiln_out_channels keeps O, and the channel split is
+// split_padded, guarding only the write-back); priority 30 with at least 64
+// products per output and at most a quarter of the 16-wide padded lanes idle,
+// else 5 (its output vectors run across channels, so stores are strided: a
+// shallow reduction does not pay for them).
 // Measured with kernel_bench (1 thread, explicit vector code): 3x3 64->64 56x56
 // 94.6 GFLOP/s (direct 80.6), 3x3 s2 64->128 90.0 (ihwo 86.9, direct 26.5),
 // 3x3 256->256 14x14 97.9 (direct 75.4), 3x3 512->512 7x7 94.7 (ihwo 73.2),
@@ -112,18 +115,18 @@ bool panels_applies(const Node& n, std::string* why) {
     if (why) *why = "weight is not f32";
     return false;
   }
-  if (w.shape()[0] % 16 != 0) {
-    if (why) *why = std::to_string(w.shape()[0]) + " output channels, not a multiple of 16";
-    return false;
-  }
   return true;
 }
 
 // Output vectors run across channels, so every tile is written with strided
 // stores: worth it over a reduction of at least 64 products per output.
+// Few output channels leave most vector lanes of the padded panel idle: the
+// 16-wide panels may waste at most a quarter of them (24 -> 32 channels).
 int panels_priority(const Node& n) {
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
-  return ws[1] * ws[2] * ws[3] >= 64 ? 30 : 5;
+  int64_t padded = (ws[0] + 15) / 16 * 16;
+  bool lanes_used = 4 * (padded - ws[0]) <= padded;
+  return ws[1] * ws[2] * ws[3] >= 64 && lanes_used ? 30 : 5;
 }
 
 tir::KnobSpace panels_space(const Node& n) {
@@ -132,6 +135,7 @@ tir::KnobSpace panels_space(const Node& n) {
   tir::Knob nr{"nr", {}};
   for (int64_t v : {16, 32, 48, 64})
     if (o % v == 0) nr.values.push_back(v);
+  if (nr.values.empty()) nr.values = {16, 32, 48, 64};  // the last panel is zero-padded
   s.knobs.push_back(tir::Knob{"mr", {1, 2, 4, 6, 7, 8, 12, 14}});
   s.knobs.push_back(nr);
   s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / 16 <= 24; };
@@ -140,7 +144,8 @@ tir::KnobSpace panels_space(const Node& n) {
 
 tir::Knobs panels_defaults(const Node& n) {
   int64_t o = out_channels(n);
-  int64_t nr = o % 32 == 0 ? 32 : 16;
+  // A width that divides O; else the one that pads least (16 on a tie).
+  int64_t nr = o % 32 == 0 ? 32 : o % 16 == 0 ? 16 : (o + 31) / 32 * 32 - o < (o + 15) / 16 * 16 - o ? 32 : 16;
   int64_t mr = 8;
   auto width = (*n.output(0)->type().shape)[3].as_const();
   // A row tile that covers narrow outputs whole (7 of a 7x7 plane); else 8 (or 12 with 16 lanes).
@@ -149,13 +154,15 @@ tir::Knobs panels_defaults(const Node& n) {
   return {{"mr", std::max<int64_t>(mr, 1)}, {"nr", nr}};
 }
 
-// [O, I, KH, KW] -> [O / nr, I, KH, KW, nr].
+// [O, I, KH, KW] -> [ceil(O / nr), I, KH, KW, nr], zero past O.
 Tensor pack_panels(const Tensor& t, int64_t nr) {
   const std::vector<int64_t>& s = t.shape();
   int64_t o = s[0], inner = s[1] * s[2] * s[3];
-  Tensor out(t.dtype(), {o / nr, s[1], s[2], s[3], nr});
+  int64_t panels = (o + nr - 1) / nr;
+  Tensor out(t.dtype(), {panels, s[1], s[2], s[3], nr});
   const float* src = t.data_as<float>();
   float* dst = out.data_as<float>();
+  std::fill(dst, dst + panels * inner * nr, 0.f);
   for (int64_t m = 0; m < o; ++m)
     for (int64_t r = 0; r < inner; ++r) dst[((m / nr) * inner + r) * nr + m % nr] = src[m * inner + r];
   return out;
@@ -164,6 +171,13 @@ Tensor pack_panels(const Tensor& t, int64_t nr) {
 Status panels_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
   int64_t nr = knobs.at("nr");
   Value* w = n.input(1);
+  int64_t o = w->constant().shape()[0];
+  if (o % nr != 0) {
+    Attribute c;
+    c.kind = Attribute::Kind::kInt;
+    c.i = o;
+    n.set_attr("kiln_out_channels", c);  // the panels hold O rounded up to nr
+  }
   Value* packed = g.add_constant(g.unique_name(w->name() + ".p" + std::to_string(nr)), pack_panels(w->constant(), nr));
   g.set_input(&n, 1, packed);
   set_string_attr(n, "kiln_weight_layout", "P" + std::to_string(nr));
@@ -181,8 +195,9 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
   const std::string &n_ax = st.axes[0], &c_ax = st.axes[1], &h_ax = st.axes[2], &w_ax = st.axes[3];
   auto c_ext = st.shape[1].as_const();
   std::string c_outer, c_inner = c_ax;
-  if (!c_ext || *c_ext > nr) {
-    prims.push_back(prim("split", stage, {c_ax}, nr));
+  if (!c_ext || *c_ext > nr || *c_ext % nr != 0) {
+    // Zero-padded panels: a partial last panel is computed in full, written back guarded.
+    prims.push_back(prim(c_ext && *c_ext % nr != 0 ? "split_padded" : "split", stage, {c_ax}, nr));
     c_outer = c_ax + ".o";
     c_inner = c_ax + ".i";
   }
@@ -197,7 +212,7 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
   std::vector<std::optional<int64_t>> counts = {st.shape[0].as_const()};
   if (!c_outer.empty()) {
     outer.push_back(c_outer);
-    counts.push_back(c_ext ? std::optional<int64_t>(*c_ext / nr) : std::nullopt);
+    counts.push_back(c_ext ? std::optional<int64_t>((*c_ext + nr - 1) / nr) : std::nullopt);
   }
   outer.push_back(h_ax);
   counts.push_back(st.shape[2].as_const());

@@ -220,6 +220,9 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
       {Shape{2, 5, 9, 23}, {16, 5, 3, 3}, 1, 0, {2, 5, 9, 23}},
       {Shape{1, 64, 3, 1023}, {16, 64, 1, 1}, 1, 0, {1, 64, 3, 1023}},
       {Shape{1, 6, var("h"), var("w")}, {32, 6, 3, 3}, 1, 1, {1, 6, 5, 17}},  // symbolic plane
+      // Output channels not a multiple of the panel width: zero-padded panels.
+      {Shape{1, 16, 13, 13}, {1000 / 8, 16, 1, 1}, 1, 0, {1, 16, 13, 13}},
+      {Shape{1, 9, 8, 8}, {24, 9, 3, 3}, 2, 1, {1, 9, 8, 8}},
   };
   std::mt19937_64 rng(43);
   uint32_t seed = 100;
