@@ -846,7 +846,8 @@ class PreferredImpls : public strategy::ChoiceSource {
         strategy::Choice ch;
         ch.candidate = name;
         ch.knobs = knobs ? *knobs : (c->default_knobs ? c->default_knobs(n) : tir::Knobs{});
-        ch.why = "preferred by --impl";
+        ch.source = "preferred";
+        ch.why = "--impl " + name;
         return ch;
       }
     }
@@ -954,7 +955,6 @@ Result<double> measure_choice(const Graph& parent, const Node& n, const strategy
 
 static Result<strategy::SelectOptions> select_options(const Graph& g, const CompileOptions& options) {
   strategy::SelectOptions so;
-  so.threads = options.threads;
   if (!options.prefer_impls.empty()) {
     KILN_ASSIGN_OR_RETURN(auto src, preferred_source(options.prefer_impls));
     so.sources.push_back(src);

@@ -101,7 +101,14 @@ Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr
     packed = nr;
     // Panels zero-padded past O: the true O is kept in kiln_out_channels.
     Expr out_channels = w[0] * Expr(nr);
-    if (n.has_attr("kiln_out_channels")) out_channels = Expr(n.attr_int("kiln_out_channels", 0));
+    if (n.has_attr("kiln_out_channels")) {
+      int64_t c = n.attr_int("kiln_out_channels", 0);
+      auto panels = w[0].as_const();
+      if (!panels || c <= (*panels - 1) * nr || c > *panels * nr)
+        return node_invalid(n) << "kiln_out_channels " << c << " does not fit the weight's " << (panels ? *panels : 0)
+                               << " panels of " << nr;
+      out_channels = Expr(c);
+    }
     return std::vector<Expr>{out_channels, w[1], w[2], w[3]};
   }
   return node_invalid(n) << "unknown kiln_weight_layout '" << layout << "'";

@@ -80,8 +80,14 @@ Result<Shape> logical_b_shape(const Node& n, Shape stored, bool gemm_trans_b) {
   if (nr == 0) return stored;
   if (stored.size() != 3) return node_invalid(n) << "B stored as panels must have rank 3";
   Expr k = stored[1], cols = stored[0] * Expr(nr);
-  // Panels padded past N: the true N is kept in kiln_b_columns.
-  if (n.has_attr("kiln_b_columns")) cols = Expr(n.attr_int("kiln_b_columns", 0));
+  // Panels padded past N: the true N is kept in kiln_b_columns, within the last panel.
+  if (n.has_attr("kiln_b_columns")) {
+    int64_t c = n.attr_int("kiln_b_columns", 0);
+    auto panels = stored[0].as_const();
+    if (!panels || c <= (*panels - 1) * nr || c > *panels * nr)
+      return node_invalid(n) << "kiln_b_columns " << c << " does not fit B's panels " << shape_to_string(stored);
+    cols = Expr(c);
+  }
   if (gemm_trans_b) return Shape{cols, k};
   return Shape{k, cols};
 }

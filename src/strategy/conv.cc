@@ -190,7 +190,8 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
   auto it = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& s) { return s.name == stage; });
   if (it == k.stages.end() || it->axes.size() != 4) return tir::default_schedule(k);
   const tir::ComputeDef& st = *it;
-  int64_t nr = knobs.at("nr"), mr = knobs.at("mr");
+  KILN_ASSIGN_OR_RETURN(int64_t nr, knob(knobs, "nr", "conv.panels"));
+  KILN_ASSIGN_OR_RETURN(int64_t mr, knob(knobs, "mr", "conv.panels"));
   std::vector<tir::Primitive> prims;
   const std::string &n_ax = st.axes[0], &c_ax = st.axes[1], &h_ax = st.axes[2], &w_ax = st.axes[3];
   auto c_ext = st.shape[1].as_const();
@@ -227,7 +228,7 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
   prims.push_back(prim("cache_write", stage, {outer.back()}));
   if (!w_ext || *w_ext > 1) prims.push_back(prim("unroll", stage, {w_inner}));
   prims.push_back(prim("vectorize", stage, {c_inner}));
-  if (int par = first_parallel(counts); par >= 0)
+  if (int par = tir::choose_parallel(counts); par >= 0)
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
   return replace_stage_schedule(k, stage, prims);
 }

@@ -136,7 +136,8 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   auto it = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& s) { return s.name == stage; });
   if (it == k.stages.end()) return invalid_argument() << "gemm.packed: kernel has no stage '" << stage << "'";
   const tir::ComputeDef& st = *it;
-  int64_t nr = knobs.at("nr"), mr = knobs.at("mr");
+  KILN_ASSIGN_OR_RETURN(int64_t nr, knob(knobs, "nr", "gemm.packed"));
+  KILN_ASSIGN_OR_RETURN(int64_t mr, knob(knobs, "mr", "gemm.packed"));
   size_t rank = st.axes.size();
   if (rank == 0) return tir::default_schedule(k);
   std::vector<tir::Primitive> prims;
@@ -186,7 +187,7 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   prims.push_back(prim("cache_write", stage, {outer.back()}));
   if (!m_inner.empty() && (!m_ext || *m_ext > 1)) prims.push_back(prim("unroll", stage, {m_inner}));
   prims.push_back(prim("vectorize", stage, {n_inner}));
-  if (int par = first_parallel(counts); par >= 0)
+  if (int par = tir::choose_parallel(counts); par >= 0)
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
   return replace_stage_schedule(k, stage, prims);
 }

@@ -124,7 +124,7 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
       bool ok = c && std::find(applicable.begin(), applicable.end(), c) != applicable.end() &&
                 knobs_valid(*c, *n, r->knobs);
       if (!ok) continue;  // a stale record (candidate gone or space changed) is ignored
-      r->source = "database";
+      if (r->source.empty()) r->source = "database";
       if (r->why.empty()) r->why = "record of " + src->name();
       choice = r;
       break;
@@ -179,8 +179,15 @@ Result<tir::Schedule> schedule_for(const tir::KernelDef& k, const std::string& s
     return invalid_argument() << anchor->op_type() << " '" << anchor->name() << "': unknown implementation '"
                               << choice->candidate << "'";
   }
+  std::string op = anchor->domain().empty() ? anchor->op_type() : anchor->domain() + ":" + anchor->op_type();
+  if (c->op != op) {
+    return invalid_argument() << anchor->op_type() << " '" << anchor->name() << "': implementation '" << c->name
+                              << "' is for " << c->op;
+  }
   if (!c->schedule) return tir::default_schedule(k);
-  return c->schedule(k, stage, choice->knobs);
+  auto s = c->schedule(k, stage, choice->knobs);
+  if (!s.is_ok()) return s.status().with_context(anchor->op_type() + " '" + anchor->name() + "'");
+  return s;
 }
 
 }  // namespace kiln::strategy

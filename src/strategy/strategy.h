@@ -73,7 +73,7 @@ std::vector<const Candidate*> all_candidates();
 struct Choice {
   std::string candidate;
   tir::Knobs knobs;
-  std::string source;  // "priority", "measured", "database", "forced"
+  std::string source;  // "priority", "measured", or the choice source's label ("database", "preferred")
   std::string why;     // one line for `kiln info --kernels`
 };
 
@@ -92,7 +92,6 @@ struct SelectOptions {
   std::vector<std::shared_ptr<ChoiceSource>> sources;
   // Times one node under a choice (seconds per run); set for --select=measure.
   std::function<Result<double>(const Node&, const Choice&)> measure;
-  int threads = 1;
 };
 
 // Chooses an implementation for every node that has candidates, records it

@@ -28,13 +28,11 @@ tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string&
   return s;
 }
 
-int first_parallel(const std::vector<std::optional<int64_t>>& counts) {
-  // A known count above 1 first: a symbolic batch dim is often 1 at run time.
-  for (size_t i = 0; i < counts.size(); ++i)
-    if (counts[i] && *counts[i] > 1) return static_cast<int>(i);
-  for (size_t i = 0; i < counts.size(); ++i)
-    if (!counts[i]) return static_cast<int>(i);
-  return -1;
+Result<int64_t> knob(const tir::Knobs& knobs, const std::string& name, const std::string& candidate) {
+  auto it = knobs.find(name);
+  if (it == knobs.end()) return invalid_argument() << candidate << ": knob '" << name << "' missing from kiln_knobs";
+  if (it->second < 1) return invalid_argument() << candidate << ": knob " << name << " = " << it->second << " < 1";
+  return it->second;
 }
 
 void set_string_attr(Node& n, const std::string& name, const std::string& value) {

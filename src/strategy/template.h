@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "support/status.h"
+#include "tir/knobs.h"
 #include "tir/schedule.h"
 
 namespace kiln::strategy {
@@ -19,10 +21,9 @@ tir::Primitive prim(std::string kind, std::string stage, std::vector<std::string
 tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string& stage,
                                      const std::vector<tir::Primitive>& prims);
 
-// The loop a template parallelizes: the first with a known count above 1,
-// else the first with an unknown count (a symbolic batch dim is often 1 at
-// run time), else -1.
-int first_parallel(const std::vector<std::optional<int64_t>>& counts);
+// A knob a template needs: an error (not an exception) when the recorded
+// choice lacks it or it is below 1 (a .kir file may carry any kiln_knobs).
+Result<int64_t> knob(const tir::Knobs& knobs, const std::string& name, const std::string& candidate);
 
 void set_string_attr(Node& n, const std::string& name, const std::string& value);
 

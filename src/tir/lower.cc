@@ -530,18 +530,22 @@ struct Lowerer {
     if (st.finalize.defined()) {
       result = to_loops(cast_to(st.dtype, substitute(st.finalize, {{"acc", acc_load}})));
     }
-    Stmt init_nest = build_nest(inner, make_store(acc.name, -1, acc_idx, init), plan.guards,
-                                bound_outside, loop_vars);
     std::vector<Loop> update_loops = plan.reduce;
     update_loops.insert(update_loops.end(), inner.begin(), inner.end());
-    Stmt update_nest =
-        build_nest(update_loops, make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, body)),
-                   plan.guards, bound_outside, loop_vars);
-    std::vector<Expr> final_guards = plan.guards;
-    final_guards.insert(final_guards.end(), plan.store_guards.begin(), plan.store_guards.end());
-    Stmt final_nest = build_nest(inner, make_store(st.name, out_index, out_indices, result),
-                                 final_guards, bound_outside, loop_vars);
-    Stmt alloc = make_allocate(acc, make_seq({init_nest, update_nest, final_nest}));
+    // The tile: init, update and write-back nests under `guards` (the
+    // write-back also under split_padded's store guards), in the accumulator.
+    auto tile = [&](const std::vector<Expr>& guards) {
+      Stmt init_nest = build_nest(inner, make_store(acc.name, -1, acc_idx, init), guards, bound_outside, loop_vars);
+      Stmt update_nest =
+          build_nest(update_loops, make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, body)), guards,
+                     bound_outside, loop_vars);
+      std::vector<Expr> final_guards = guards;
+      final_guards.insert(final_guards.end(), plan.store_guards.begin(), plan.store_guards.end());
+      Stmt final_nest = build_nest(inner, make_store(st.name, out_index, out_indices, result), final_guards,
+                                   bound_outside, loop_vars);
+      return make_allocate(acc, make_seq({init_nest, update_nest, final_nest}));
+    };
+    Stmt alloc = tile(plan.guards);
     // A tile whose guards hold at the last point of every inner loop holds
     // them everywhere in the tile (each guard is value < limit with value
     // non-decreasing in the inner loop variables): such full tiles run a copy
@@ -569,26 +573,16 @@ struct Lowerer {
         monotone = false;
         break;
       }
+      for (const std::string& v : free_vars(g->args[1])) monotone = monotone && !inner_vars.count(v);
       for (const auto& l : inner) {
-        Expr step = simplify(substitute(g->args[0], {{l.var, var(l.var) + int_imm(1)}}) - g->args[0]);
-        auto c = step.as_const();
-        bool limit_free = true;
-        for (const std::string& v : free_vars(g->args[1])) limit_free = limit_free && !inner_vars.count(v);
-        if (!c || *c < 0 || !limit_free) monotone = false;
+        auto step = simplify(substitute(g->args[0], {{l.var, var(l.var) + int_imm(1)}}) - g->args[0]).as_const();
+        monotone = monotone && step && *step >= 0;
       }
       Expr at_last = simplify(substitute(g, last));
       full = full.defined() ? logical_and(full, at_last) : at_last;
     }
     if (monotone && full.defined()) {
-      Stmt fast_init = build_nest(inner, make_store(acc.name, -1, acc_idx, init), other_guards, bound_outside, loop_vars);
-      Stmt fast_update = build_nest(update_loops,
-                                    make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, body)),
-                                    other_guards, bound_outside, loop_vars);
-      std::vector<Expr> fast_final_guards = other_guards;
-      fast_final_guards.insert(fast_final_guards.end(), plan.store_guards.begin(), plan.store_guards.end());
-      Stmt fast_final = build_nest(inner, make_store(st.name, out_index, out_indices, result), fast_final_guards,
-                                   bound_outside, loop_vars);
-      Stmt fast = make_allocate(acc, make_seq({fast_init, fast_update, fast_final}));
+      Stmt fast = tile(other_guards);
       alloc = make_if(full, fast, alloc);
     }
     return build_nest(outer, alloc, plan.guards, {}, loop_vars);

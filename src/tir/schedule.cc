@@ -67,17 +67,6 @@ bool unit_stride(const Expr& index, const std::string& v) {
   return prove_equal(next - index, Expr(1));
 }
 
-// Picks the loop to run in parallel among `loops` (outermost first, each with
-// its iteration count when known): the first with a known count of at least
-// 2, else the first with an unknown count (a symbolic batch is often 1 at run
-// time, so a known-large loop after it is the better bet). -1: none.
-int choose_parallel(const std::vector<std::optional<int64_t>>& loops) {
-  for (size_t i = 0; i < loops.size(); ++i)
-    if (loops[i] && *loops[i] > 1) return static_cast<int>(i);
-  for (size_t i = 0; i < loops.size(); ++i)
-    if (!loops[i]) return static_cast<int>(i);
-  return -1;
-}
 
 // Register tiling of a reduction stage along a vector axis v that indexes the
 // last (contiguous) dim of some load:
@@ -273,6 +262,14 @@ bool read_by_window(const KernelDef& k, size_t s) {
 }
 
 }  // namespace
+
+int choose_parallel(const std::vector<std::optional<int64_t>>& loops) {
+  for (size_t i = 0; i < loops.size(); ++i)
+    if (loops[i] && *loops[i] > 1) return static_cast<int>(i);
+  for (size_t i = 0; i < loops.size(); ++i)
+    if (!loops[i]) return static_cast<int>(i);
+  return -1;
+}
 
 std::string Schedule::to_string() const {
   std::string out;

@@ -25,6 +25,7 @@
 //                                        outside the loops below `axis`
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,13 @@ Schedule naive_schedule(const KernelDef& k);
 // Reductions whose innermost axis indexes a contiguous dim are register tiled
 // (rows x 16 vector lanes accumulated in a local tile, reduce loops outside it).
 Schedule default_schedule(const KernelDef& k);
+
+// Picks the loop to run in parallel among `loops` (outermost first, each with
+// its iteration count when known): the first with a known count of at least
+// 2, else the first with an unknown count (a symbolic batch is often 1 at run
+// time, so a known-large loop after it is the better bet). -1: none. The
+// default schedule and the strategy's templates use it.
+int choose_parallel(const std::vector<std::optional<int64_t>>& loops);
 
 // Lowers a kernel under a schedule. Errors for a schedule that names unknown
 // stages or axes, or is illegal (vectorize a reduce axis, ...).

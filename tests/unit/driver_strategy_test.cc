@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -263,7 +265,7 @@ TEST(StrategySelection, MeasureAndPrefer) {
   auto direct = compile_graph(conv_graph(c, w, bias), prefer);
   ASSERT_TRUE(direct.is_ok()) << direct.status().to_string();
   for (const KernelChoiceInfo& k : direct->kernel_choices)
-    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.source, "conv.direct database");
+    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.source + " " + k.why, "conv.direct preferred --impl conv.direct");
   prefer.prefer_impls = {"conv.panels:mr=2 nr=16"};
   auto panels = compile_graph(conv_graph(c, w, bias), prefer);
   ASSERT_TRUE(panels.is_ok()) << panels.status().to_string();
@@ -278,6 +280,44 @@ TEST(StrategySelection, MeasureAndPrefer) {
   CompileOptions bad_select;
   bad_select.select = "fastest";
   EXPECT_FALSE(compile_graph(conv_graph(c, w, bias), bad_select).is_ok());
+}
+
+// Choices and layouts recorded on a node (as a .kir file may carry them) are
+// checked where they are used: errors naming the node, never an exception or
+// a read past the packed weights.
+TEST(StrategySelection, BadRecordedChoicesAreErrors) {
+  auto compile_with = [](const std::map<std::string, std::string>& strings, std::optional<int64_t> columns,
+                         Tensor b) {
+    auto g = std::make_unique<Graph>();
+    g->source = "bad";
+    g->opsets[""] = 17;
+    Value* a = g->add_input("a", TensorType{DType::kFloat32, Shape{4, 8}});
+    Node* n = g->add_node("MatMul", {a, g->add_constant("b", std::move(b))}, {"y"}, "", "mm");
+    for (const auto& [k, v] : strings) {
+      Attribute at;
+      at.kind = Attribute::Kind::kString;
+      at.s = v;
+      n->set_attr(k, at);
+    }
+    if (columns) {
+      Attribute at;
+      at.kind = Attribute::Kind::kInt;
+      at.i = *columns;
+      n->set_attr("kiln_b_columns", at);
+    }
+    g->set_outputs({n->output(0)});
+    CompileOptions opts;
+    opts.passes = std::vector<std::string>{};
+    return compile_graph(std::move(g), opts).status();
+  };
+  Status st = compile_with({{"kiln_weight_layout", "P16"}}, 40, random_tensor({2, 8, 16}, 1));
+  EXPECT_NE(st.to_string().find("kiln_b_columns 40 does not fit"), std::string::npos) << st.to_string();
+  st = compile_with({{"kiln_impl", "matmul.packed"}, {"kiln_knobs", "mr=8"}}, std::nullopt, random_tensor({8, 32}, 2));
+  EXPECT_NE(st.to_string().find("knob 'nr' missing"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.to_string().find("MatMul 'mm'"), std::string::npos) << st.to_string();
+  st = compile_with({{"kiln_impl", "conv.panels"}}, std::nullopt, random_tensor({8, 32}, 3));
+  EXPECT_NE(st.to_string().find("implementation 'conv.panels' is for Conv"), std::string::npos) << st.to_string();
+  EXPECT_TRUE(compile_with({{"kiln_weight_layout", "P16"}}, 20, random_tensor({2, 8, 16}, 4)).is_ok());
 }
 
 TEST(StrategyCandidates, KnobSpacesSampleAndParse) {

@@ -490,6 +490,21 @@ TEST(OnnxImportErrors, DanglingInput) {
   EXPECT_TRUE(contains(st.message(), "'nowhere'")) << st.message();
 }
 
+// Kiln-internal attributes (kiln_weight_layout, kiln_impl, ...) describe the
+// compiler's own rewrites; a model file carrying one is refused.
+TEST(OnnxImportErrors, KilnInternalAttributeRefused) {
+  onnx::ModelProto m = conv_relu_model();
+  auto* a = m.mutable_graph()->mutable_node(0)->add_attribute();
+  a->set_name("kiln_weight_layout");
+  a->set_type(onnx::AttributeProto::STRING);
+  a->set_s("P16");
+  Status st = import_error(m, "internal.onnx");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidModel);
+  EXPECT_TRUE(contains(st.message(), "internal.onnx")) << st.message();
+  EXPECT_TRUE(contains(st.message(), "Conv 'conv1'")) << st.message();
+  EXPECT_TRUE(contains(st.message(), "'kiln_weight_layout' is internal to Kiln")) << st.message();
+}
+
 TEST(OnnxImportErrors, DanglingInputInsideSubgraph) {
   onnx::ModelProto m = new_model();
   auto* g = m.mutable_graph();

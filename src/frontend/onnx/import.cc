@@ -753,6 +753,11 @@ class Importer {
       std::map<std::string, Attribute> attrs;
       for (const auto& ap : np.attribute()) {
         if (attrs.count(ap.name())) return err() << where << ": attribute '" << ap.name() << "' is given twice";
+        // Kiln-internal attributes (weight layouts, implementation choices) are
+        // set by the compiler on its own graph; from a file they could name a
+        // layout the stored tensor does not have.
+        if (ap.name().rfind("kiln_", 0) == 0)
+          return err() << where << ": attribute '" << ap.name() << "' is internal to Kiln and not accepted in a model file";
         KILN_ASSIGN_OR_RETURN(Attribute a, attribute(ap, scope, where));
         attrs[ap.name()] = std::move(a);
       }
