@@ -1,14 +1,21 @@
 // Recurrent layers: RNN, GRU and LSTM (ONNX opsets 7 through 22).
 //
-// These run as runtime kernels: C++ with plain loops over directions, batch
-// entries and time steps, called by the VM like a compiled kernel. The time
-// loop is inherently sequential (step t reads the hidden state of step t-1),
-// which the compute-stage form of the loop IR cannot express; a compiled
-// version would instead loop over time in the VM with one compiled step
-// kernel (the gate matrix products and the cell update as stages), reusing
-// the matmul schedules. That is future work; the kernels here are plain and
-// unvectorized, fine for the small recurrent layers in the model zoo but not
-// fast.
+// These run as runtime kernels called by the VM like a compiled kernel. The
+// time loop is inherently sequential (step t reads the hidden state of step
+// t-1), which the compute-stage form of the loop IR cannot express. Two forms:
+// - As imported (W and R as ONNX stores them): plain loops over directions,
+//   batch entries and steps, dot products in 16 partial sums. This is the
+//   reference, and what runs where the graph pass below does not apply.
+// - Projected (attribute kiln_projected_input, made by the graph pass
+//   project-rnn-inputs): input 0 already holds x W^T + Wb for every step and
+//   direction, computed before the loop by one compiled, packed MatMul; W is
+//   absent; R is stored [nd, hidden, gates*hidden]. Each step adds h R^T + Rb:
+//   hidden units are split into blocks run in parallel on the model's thread
+//   pool (one parallel loop per step; two for GRU without linear_before_reset,
+//   whose hidden gate reads r * h of every unit), each block accumulating its
+//   gate columns in vector registers over rows of R^T, then updating its
+//   units' cell. Every unit's sum runs in the same order whatever the block
+//   split and thread count, so results do not depend on either.
 //
 // Semantics (the ONNX spec):
 // - layout 0: X [seq, batch, input], Y [seq, num_directions, batch, hidden],
@@ -32,12 +39,14 @@
 // Computation is in the input's dtype (f32 or f64).
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "ops/common.h"
+#include "support/thread_pool.h"
 
 namespace kiln::ops {
 
@@ -102,6 +111,7 @@ struct RnnAttrs {
   double clip = 0;
   bool linear_before_reset = false;
   bool input_forget = false;
+  bool projected = false;  // kiln_projected_input: input 0 is x W^T + Wb, R is [nd, H, G*H]
   std::vector<Activation> acts;  // activation_count(cell) per direction
 };
 
@@ -125,6 +135,7 @@ Result<RnnAttrs> parse_attrs(Cell cell, const Node& n) {
   }
   a.linear_before_reset = n.attr_int("linear_before_reset", 0) != 0;
   a.input_forget = n.attr_int("input_forget", 0) != 0;
+  a.projected = n.attr_int("kiln_projected_input", 0) != 0;
 
   std::vector<std::string> names;
   if (const Attribute* at = n.attr("activations")) names = at->strings;
@@ -193,21 +204,27 @@ Status infer_rnn(Cell cell, Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(RnnAttrs a, parse_attrs(cell, n));
   KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
-  KILN_ASSIGN_OR_RETURN(Shape w, input_shape(n, 1));
   KILN_ASSIGN_OR_RETURN(Shape r, input_shape(n, 2));
-  if (x.size() != 3 || w.size() != 3 || r.size() != 3) return node_invalid(n) << "X, W and R must be 3-D";
-  Expr hidden = a.hidden > 0 ? Expr(a.hidden) : r[2];
+  Expr hidden;
+  if (a.projected) {  // X: [.., .., nd*G*H] projections; R: panels [nd, ceil(H/pw), H, G, pw]
+    if (x.size() != 3 || r.size() != 5) return node_invalid(n) << "projected X must be 3-D and packed R 5-D";
+    hidden = a.hidden > 0 ? Expr(a.hidden) : r[2];
+  } else {
+    KILN_ASSIGN_OR_RETURN(Shape w, input_shape(n, 1));
+    if (x.size() != 3 || w.size() != 3 || r.size() != 3) return node_invalid(n) << "X, W and R must be 3-D";
+    hidden = a.hidden > 0 ? Expr(a.hidden) : r[2];
+    auto wd = simplify(w[0], ctx.bounds).as_const();
+    if (wd && *wd != a.num_directions) {
+      return node_invalid(n) << "W has " << *wd << " directions, the direction attribute " << a.num_directions;
+    }
+    auto wg = simplify(w[1], ctx.bounds).as_const();
+    if (wg && a.hidden > 0 && *wg != gate_count(cell) * a.hidden) {
+      return node_invalid(n) << "W has " << *wg << " rows, expected " << gate_count(cell) * a.hidden;
+    }
+  }
   Expr seq = a.layout == 0 ? x[0] : x[1];
   Expr batch = a.layout == 0 ? x[1] : x[0];
   Expr nd = Expr(a.num_directions);
-  auto wd = simplify(w[0], ctx.bounds).as_const();
-  if (wd && *wd != a.num_directions) {
-    return node_invalid(n) << "W has " << *wd << " directions, the direction attribute " << a.num_directions;
-  }
-  auto wg = simplify(w[1], ctx.bounds).as_const();
-  if (wg && a.hidden > 0 && *wg != gate_count(cell) * a.hidden) {
-    return node_invalid(n) << "W has " << *wg << " rows, expected " << gate_count(cell) * a.hidden;
-  }
   Shape y = a.layout == 0 ? Shape{seq, nd, batch, hidden} : Shape{batch, seq, nd, hidden};
   Shape state = a.layout == 0 ? Shape{nd, batch, hidden} : Shape{batch, nd, hidden};
   if (n.num_outputs() > 0) set_output(n, 0, xt.dtype, y, ctx);
@@ -216,9 +233,52 @@ Status infer_rnn(Cell cell, Node& n, InferContext& ctx) {
   return Status::ok();
 }
 
+// The optional inputs both forms share: B, sequence_lens, initial_h,
+// initial_c and peepholes, checked against the layer's sizes.
+template <typename T>
+struct RnnOptionals {
+  const T* B = nullptr;
+  std::vector<int64_t> lens;
+  std::vector<int64_t> state_shape;
+  const T* H0 = nullptr;
+  const T* C0 = nullptr;
+  const T* P = nullptr;
+};
+
+template <typename T>
+Status read_optionals(const RnnAttrs& a, const std::vector<Tensor>& in, int64_t S, int64_t NB, int64_t ND, int64_t G,
+                      int64_t H, RnnOptionals<T>& o) {
+  auto present = [&](size_t i) { return i < in.size() && in[i].defined(); };
+  if (present(3)) {
+    if (in[3].shape() != std::vector<int64_t>{ND, 2 * G * H}) return invalid_argument() << "B is " << in[3].describe();
+    o.B = in[3].data_as<T>();
+  }
+  o.lens.assign(static_cast<size_t>(NB), S);
+  if (present(4)) {
+    if (in[4].numel() != NB) return invalid_argument() << "sequence_lens is " << in[4].describe();
+    for (int64_t b = 0; b < NB; ++b) {
+      o.lens[b] = in[4].get_i64(b);
+      if (o.lens[b] < 0 || o.lens[b] > S) return invalid_argument() << "sequence_lens[" << b << "] = " << o.lens[b];
+    }
+  }
+  o.state_shape = a.layout == 0 ? std::vector<int64_t>{ND, NB, H} : std::vector<int64_t>{NB, ND, H};
+  if (present(5)) {
+    if (in[5].shape() != o.state_shape) return invalid_argument() << "initial_h is " << in[5].describe();
+    o.H0 = in[5].data_as<T>();
+  }
+  if (a.cell == Cell::kLstm && present(6)) {
+    if (in[6].shape() != o.state_shape) return invalid_argument() << "initial_c is " << in[6].describe();
+    o.C0 = in[6].data_as<T>();
+  }
+  if (a.cell == Cell::kLstm && present(7)) {
+    if (in[7].shape() != std::vector<int64_t>{ND, 3 * H}) return invalid_argument() << "P is " << in[7].describe();
+    o.P = in[7].data_as<T>();
+  }
+  return Status::ok();
+}
+
 template <typename T>
 Status run_rnn(const RnnAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>& out) {
-  auto present = [&](size_t i) { return i < in.size() && in[i].defined(); };
   const Tensor& xt = in[0];
   const Tensor& wt = in[1];
   const Tensor& rt = in[2];
@@ -236,35 +296,11 @@ Status run_rnn(const RnnAttrs& a, const std::vector<Tensor>& in, std::vector<Ten
   const T* X = xt.data_as<T>();
   const T* W = wt.data_as<T>();
   const T* R = rt.data_as<T>();
-  const T* B = nullptr;
-  if (present(3)) {
-    if (in[3].shape() != std::vector<int64_t>{ND, 2 * G * H}) return invalid_argument() << "B is " << in[3].describe();
-    B = in[3].data_as<T>();
-  }
-  std::vector<int64_t> lens(static_cast<size_t>(NB), S);
-  if (present(4)) {
-    if (in[4].numel() != NB) return invalid_argument() << "sequence_lens is " << in[4].describe();
-    for (int64_t b = 0; b < NB; ++b) {
-      lens[b] = in[4].get_i64(b);
-      if (lens[b] < 0 || lens[b] > S) return invalid_argument() << "sequence_lens[" << b << "] = " << lens[b];
-    }
-  }
-  std::vector<int64_t> state_shape = a.layout == 0 ? std::vector<int64_t>{ND, NB, H} : std::vector<int64_t>{NB, ND, H};
-  const T* H0 = nullptr;
-  const T* C0 = nullptr;
-  const T* P = nullptr;
-  if (present(5)) {
-    if (in[5].shape() != state_shape) return invalid_argument() << "initial_h is " << in[5].describe();
-    H0 = in[5].data_as<T>();
-  }
-  if (a.cell == Cell::kLstm && present(6)) {
-    if (in[6].shape() != state_shape) return invalid_argument() << "initial_c is " << in[6].describe();
-    C0 = in[6].data_as<T>();
-  }
-  if (a.cell == Cell::kLstm && present(7)) {
-    if (in[7].shape() != std::vector<int64_t>{ND, 3 * H}) return invalid_argument() << "P is " << in[7].describe();
-    P = in[7].data_as<T>();
-  }
+  RnnOptionals<T> opt;
+  KILN_RETURN_IF_ERROR(read_optionals(a, in, S, NB, ND, G, H, opt));
+  const T *B = opt.B, *H0 = opt.H0, *C0 = opt.C0, *P = opt.P;
+  const std::vector<int64_t>& lens = opt.lens;
+  const std::vector<int64_t>& state_shape = opt.state_shape;
 
   DType dt = xt.dtype();
   std::vector<int64_t> y_shape = a.layout == 0 ? std::vector<int64_t>{S, ND, NB, H} : std::vector<int64_t>{NB, S, ND, H};
@@ -348,11 +384,254 @@ Status run_rnn(const RnnAttrs& a, const std::vector<Tensor>& in, std::vector<Ten
   return Status::ok();
 }
 
+// ---- projected form ---------------------------------------------------------
+
+// R is packed by project-rnn-inputs into panels of kPanelBytes / sizeof(T)
+// hidden units: [nd, ceil(H / pw), H, G, pw], zero past H. Panel p row k holds
+// R[g*H + p*pw + u][k] for every gate g and unit u, so a block of pw units
+// streams one contiguous panel per step.
+constexpr int64_t kPanelBytes = 256;
+
+// acc[g][0 .. pw) += sum over k of h[k] * panel[k][g0 + g][..], k ascending,
+// for NG gates at once: NG x 4 vectors stay in registers while the panel
+// streams by. One chain of fused multiply-adds per element, so the result
+// does not depend on how units are split among threads.
+template <typename T, int NG>
+inline __attribute__((always_inline)) void gate_panel(T* acc, const T* panel, int64_t row_stride, const T* h,
+                                                      int64_t hidden) {
+  constexpr int kLanes = 64 / sizeof(T);
+  constexpr int64_t kPw = kPanelBytes / sizeof(T);
+  typedef T V __attribute__((vector_size(64), aligned(sizeof(T))));
+  V a[NG][4];
+  for (int g = 0; g < NG; ++g)
+    for (int v = 0; v < 4; ++v) std::memcpy(&a[g][v], acc + g * kPw + v * kLanes, sizeof(V));
+  for (int64_t k = 0; k < hidden; ++k) {
+    V hk = V{} + h[k];
+    const T* row = panel + k * row_stride;
+    for (int g = 0; g < NG; ++g)
+      for (int v = 0; v < 4; ++v) {
+        V w;
+        std::memcpy(&w, row + g * kPw + v * kLanes, sizeof(V));
+        a[g][v] += hk * w;
+      }
+  }
+  for (int g = 0; g < NG; ++g)
+    for (int v = 0; v < 4; ++v) std::memcpy(acc + g * kPw + v * kLanes, &a[g][v], sizeof(V));
+}
+
+template <typename T>
+inline __attribute__((always_inline)) void gate_panel_any(T* acc, int ng, const T* panel, int64_t row_stride,
+                                                          const T* h, int64_t hidden) {
+  switch (ng) {
+    case 1: gate_panel<T, 1>(acc, panel, row_stride, h, hidden); break;
+    case 2: gate_panel<T, 2>(acc, panel, row_stride, h, hidden); break;
+    case 3: gate_panel<T, 3>(acc, panel, row_stride, h, hidden); break;
+    default: gate_panel<T, 4>(acc, panel, row_stride, h, hidden); break;
+  }
+}
+
+// One body per instruction set (the project is built for baseline x86-64;
+// these clones use AVX-512 or AVX2 where the host has them).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void gate_panel_f32(float* acc, int ng,
+                                                                                  const float* panel,
+                                                                                  int64_t row_stride, const float* h,
+                                                                                  int64_t hidden) {
+  gate_panel_any<float>(acc, ng, panel, row_stride, h, hidden);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void gate_panel_f64(double* acc, int ng,
+                                                                                  const double* panel,
+                                                                                  int64_t row_stride, const double* h,
+                                                                                  int64_t hidden) {
+  gate_panel_any<double>(acc, ng, panel, row_stride, h, hidden);
+}
+void gate_panel_dispatch(float* acc, int ng, const float* panel, int64_t row_stride, const float* h, int64_t hidden) {
+  gate_panel_f32(acc, ng, panel, row_stride, h, hidden);
+}
+void gate_panel_dispatch(double* acc, int ng, const double* panel, int64_t row_stride, const double* h,
+                         int64_t hidden) {
+  gate_panel_f64(acc, ng, panel, row_stride, h, hidden);
+}
+
+template <typename T>
+struct ProjectedRun {
+  const RnnAttrs* a = nullptr;
+  int64_t S = 0, NB = 0, H = 0, G = 0, ND = 0;
+  const T* X = nullptr;   // projections [.., .., ND * G * H]
+  const T* RT = nullptr;  // panels [ND, ceil(H / pw), H, G, pw]
+  const T* B = nullptr;   // [ND, 2 * G * H] or null
+  const T* P = nullptr;   // peepholes [ND, 3 * H] or null
+  T* Y = nullptr;
+  const std::vector<int64_t>* lens = nullptr;
+  // Per step: direction, step index, state in and out.
+  int64_t d = 0, s = 0;
+  int phase = 0;  // GRU without linear_before_reset: 1 = z and r, 2 = the hidden gate
+  const T* h_in = nullptr;
+  T* h_out = nullptr;
+  T* c = nullptr;
+  T* hr = nullptr;  // GRU: r * h
+
+  const T* x_at(int64_t t, int64_t b) const {
+    return X + (a->layout == 0 ? (t * NB + b) : (b * S + t)) * ND * G * H + d * G * H;
+  }
+  T* y_at(int64_t t, int64_t b) const {
+    return Y + (a->layout == 0 ? ((t * ND + d) * NB + b) : ((b * S + t) * ND + d)) * H;
+  }
+  double clipped(double v) const { return a->has_clip ? std::max(-a->clip, std::min(a->clip, v)) : v; }
+
+  // Units [j0, j1) of every batch entry for this step.
+  void run_units(int64_t j0, int64_t j1) const {
+    constexpr int64_t kPw = kPanelBytes / sizeof(T);
+    int64_t width = j1 - j0;
+    const T* panel = RT + (d * ((H + kPw - 1) / kPw) + j0 / kPw) * H * G * kPw;
+    const T* rb = B ? B + d * 2 * G * H + G * H : nullptr;
+    const T* pd = P ? P + d * 3 * H : nullptr;
+    const Activation* act = &a->acts[static_cast<size_t>(d * activation_count(a->cell))];
+    bool reverse = a->reverse_only || d == 1;
+    T acc[4 * kPw];
+    for (int64_t b = 0; b < NB; ++b) {
+      int64_t len = (*lens)[static_cast<size_t>(b)];
+      const T* hb = h_in + b * H;
+      T* ho = h_out + b * H;
+      if (s >= len) {  // this entry has finished: its state carries over
+        if (phase != 1) std::copy(hb + j0, hb + j1, ho + j0);
+        continue;
+      }
+      int64_t t = reverse ? len - 1 - s : s;
+      const T* xp = x_at(t, b);
+      T* cb = c + b * H;
+      // Gates this pass computes, and the vector each reads h from.
+      int g0 = 0, ng = static_cast<int>(G);
+      const T* hv = hb;
+      if (a->cell == Cell::kGru && !a->linear_before_reset) {
+        if (phase == 1) ng = 2;
+        else { g0 = 2; ng = 1; hv = hr + b * H; }
+      }
+      for (int g = 0; g < ng; ++g)
+        for (int64_t j = 0; j < kPw; ++j) acc[g * kPw + j] = rb && j < width ? rb[(g0 + g) * H + j0 + j] : T(0);
+      gate_panel_dispatch(acc, ng, panel + g0 * kPw, G * kPw, hv, H);
+      T* yt = y_at(t, b);
+      for (int64_t jj = 0; jj < width; ++jj) {
+        int64_t j = j0 + jj;
+        if (a->cell == Cell::kRnn) {
+          ho[j] = static_cast<T>(apply(act[0], clipped(xp[j] + acc[jj])));
+        } else if (a->cell == Cell::kLstm) {
+          T pi = pd ? pd[j] : T(0), po = pd ? pd[H + j] : T(0), pf = pd ? pd[2 * H + j] : T(0);
+          T ig = static_cast<T>(apply(act[0], clipped(xp[j] + acc[jj] + pi * cb[j])));
+          T fg = a->input_forget ? T(1) - ig
+                                 : static_cast<T>(apply(act[0], clipped(xp[2 * H + j] + acc[2 * kPw + jj] + pf * cb[j])));
+          T cg = static_cast<T>(apply(act[1], clipped(xp[3 * H + j] + acc[3 * kPw + jj])));
+          T cn = fg * cb[j] + ig * cg;
+          T og = static_cast<T>(apply(act[0], clipped(xp[H + j] + acc[kPw + jj] + po * cn)));
+          cb[j] = cn;
+          ho[j] = og * static_cast<T>(apply(act[2], cn));
+        } else if (a->linear_before_reset) {  // GRU: h~ = g(x Wh + Wbh + r * (h Rh + Rbh))
+          T z = static_cast<T>(apply(act[0], clipped(xp[j] + acc[jj])));
+          T r = static_cast<T>(apply(act[0], clipped(xp[H + j] + acc[kPw + jj])));
+          T ht = static_cast<T>(apply(act[1], clipped(xp[2 * H + j] + r * acc[2 * kPw + jj])));
+          ho[j] = (T(1) - z) * ht + z * hb[j];
+        } else if (phase == 1) {  // GRU: z (kept in the output row until phase 2) and r * h
+          T z = static_cast<T>(apply(act[0], clipped(xp[j] + acc[jj])));
+          T r = static_cast<T>(apply(act[0], clipped(xp[H + j] + acc[kPw + jj])));
+          ho[j] = z;
+          hr[b * H + j] = r * hb[j];
+        } else {  // GRU phase 2: h~ = g(x Wh + Wbh + (r * h) Rh + Rbh)
+          T z = ho[j];
+          T ht = static_cast<T>(apply(act[1], clipped(xp[2 * H + j] + acc[jj])));
+          ho[j] = (T(1) - z) * ht + z * hb[j];
+        }
+        if (phase != 1) yt[j] = ho[j];
+      }
+    }
+  }
+
+  static void blocks(int64_t begin, int64_t end, void* env) {
+    const auto* self = static_cast<const ProjectedRun*>(env);
+    constexpr int64_t kPw = kPanelBytes / sizeof(T);
+    for (int64_t blk = begin; blk < end; ++blk) self->run_units(blk * kPw, std::min((blk + 1) * kPw, self->H));
+  }
+};
+
+template <typename T>
+Status run_projected(const RnnAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>& out) {
+  const Tensor& xt = in[0];
+  const Tensor& rt = in[2];
+  if (xt.rank() != 3) return invalid_argument() << "projected X must be 3-D";
+  ProjectedRun<T> run;
+  run.a = &a;
+  run.S = a.layout == 0 ? xt.shape()[0] : xt.shape()[1];
+  run.NB = a.layout == 0 ? xt.shape()[1] : xt.shape()[0];
+  run.ND = a.num_directions;
+  run.G = gate_count(a.cell);
+  constexpr int64_t kPw = kPanelBytes / sizeof(T);
+  if (rt.rank() != 5) return invalid_argument() << "packed R is " << rt.describe();
+  run.H = rt.shape()[2];
+  const int64_t S = run.S, NB = run.NB, ND = run.ND, G = run.G, H = run.H;
+  if (rt.shape() != std::vector<int64_t>{ND, (H + kPw - 1) / kPw, H, G, kPw})
+    return invalid_argument() << "packed R is " << rt.describe();
+  if (xt.shape()[2] != ND * G * H) return invalid_argument() << "projected X is " << xt.describe();
+  if (a.hidden > 0 && a.hidden != H) return invalid_argument() << "hidden_size " << a.hidden << ", R has " << H;
+  run.X = xt.data_as<T>();
+  run.RT = rt.data_as<T>();
+  RnnOptionals<T> opt;
+  KILN_RETURN_IF_ERROR(read_optionals(a, in, S, NB, ND, G, H, opt));
+  run.B = opt.B;
+  run.P = opt.P;
+  const T *H0 = opt.H0, *C0 = opt.C0;
+  const std::vector<int64_t>& lens = opt.lens;
+  const std::vector<int64_t>& state_shape = opt.state_shape;
+  run.lens = &lens;
+  auto state_off = [&](int64_t d, int64_t b) { return (a.layout == 0 ? (d * NB + b) : (b * ND + d)) * H; };
+  DType dt = xt.dtype();
+  std::vector<int64_t> y_shape = a.layout == 0 ? std::vector<int64_t>{S, ND, NB, H} : std::vector<int64_t>{NB, S, ND, H};
+  Tensor y(dt, y_shape), yh(dt, state_shape), yc(dt, state_shape);  // zero-filled
+  run.Y = y.data_as<T>();
+  std::vector<T> h0(static_cast<size_t>(NB * H)), h1(h0.size()), c(h0.size()), hr(h0.size());
+  int64_t max_len = 0;
+  for (int64_t l : lens) max_len = std::max(max_len, l);
+  int64_t blocks = (H + kPw - 1) / kPw;
+  ThreadPool* pool = current_thread_pool();
+  for (int64_t d = 0; d < ND; ++d) {
+    for (int64_t b = 0; b < NB; ++b)
+      for (int64_t j = 0; j < H; ++j) {
+        h0[b * H + j] = H0 ? H0[state_off(d, b) + j] : T(0);
+        c[b * H + j] = C0 ? C0[state_off(d, b) + j] : T(0);
+      }
+    run.d = d;
+    run.c = c.data();
+    run.hr = hr.data();
+    T* cur = h0.data();
+    T* next = h1.data();
+    for (int64_t s = 0; s < max_len; ++s) {
+      run.s = s;
+      run.h_in = cur;
+      run.h_out = next;
+      bool two_phase = a.cell == Cell::kGru && !a.linear_before_reset;
+      for (int phase = two_phase ? 1 : 0; phase <= (two_phase ? 2 : 0); ++phase) {
+        run.phase = phase;
+        if (pool != nullptr && blocks > 1) pool->parallel_for(blocks, &ProjectedRun<T>::blocks, &run);
+        else ProjectedRun<T>::blocks(0, blocks, &run);
+      }
+      std::swap(cur, next);
+    }
+    T* YH = yh.data_as<T>();
+    T* YC = yc.data_as<T>();
+    for (int64_t b = 0; b < NB; ++b) {
+      std::copy(cur + b * H, cur + (b + 1) * H, YH + state_off(d, b));
+      std::copy(c.begin() + b * H, c.begin() + (b + 1) * H, YC + state_off(d, b));
+    }
+  }
+  if (out.size() > 0) out[0] = std::move(y);
+  if (out.size() > 1) out[1] = std::move(yh);
+  if (out.size() > 2) out[2] = std::move(yc);
+  return Status::ok();
+}
+
 Result<RuntimeKernel> rnn_kernel(Cell cell, const Node& n) {
   KILN_ASSIGN_OR_RETURN(RnnAttrs a, parse_attrs(cell, n));
   std::string where = n.describe();
   return RuntimeKernel([a, where](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
-    if (in.size() < 3) return invalid_argument() << where << ": X, W and R are required";
+    if (in.size() < 3 || !in[0].defined() || !in[2].defined() || (!a.projected && !in[1].defined()))
+      return invalid_argument() << where << ": X, W and R are required";
     DType dt = in[0].dtype();
     for (size_t i : {1, 2, 3, 5, 6, 7}) {
       if (i < in.size() && in[i].defined() && in[i].dtype() != dt) {
@@ -360,8 +639,8 @@ Result<RuntimeKernel> rnn_kernel(Cell cell, const Node& n) {
                                   << dtype_name(dt);
       }
     }
-    Status st = dt == DType::kFloat32   ? run_rnn<float>(a, in, out)
-                : dt == DType::kFloat64 ? run_rnn<double>(a, in, out)
+    Status st = dt == DType::kFloat32   ? (a.projected ? run_projected<float>(a, in, out) : run_rnn<float>(a, in, out))
+                : dt == DType::kFloat64 ? (a.projected ? run_projected<double>(a, in, out) : run_rnn<double>(a, in, out))
                                         : unsupported() << "dtype " << dtype_name(dt) << " (f32 or f64 supported)";
     if (!st.is_ok()) return Status(st.code(), where + ": " + st.message());
     return st;

@@ -9,6 +9,7 @@
 #include "passes/eliminate_identities.h"
 #include "passes/fold_constants.h"
 #include "passes/fold_transposed_weights.h"
+#include "passes/project_rnn_inputs.h"
 #include "passes/simplify_algebra.h"
 #include "passes/sink_transposes.h"
 
@@ -49,6 +50,10 @@ const std::vector<PassInfo>& registered_passes() {
       {"combine-parallel-matmuls",
        "MatMuls, Gemms or Convs reading the same input with constant weights become one op and a Split",
        &combine_parallel_matmuls, true, "tests/ir/combine_parallel_matmuls.kir"},
+      {"project-rnn-inputs",
+       "RNN/GRU/LSTM input projections of every step become one MatMul (packed GEMM) before the time loop; "
+       "R packed in panels of hidden units for the per-step product",
+       &project_rnn_inputs, true, "tests/ir/project_rnn_inputs.kir"},
       {"eliminate-dead-code", "nodes whose outputs nothing reads, and unused constants, are removed",
        &eliminate_dead_code, false, "tests/ir/eliminate_dead_code.kir"},
       {"select-kernels",

@@ -549,7 +549,11 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         std::vector<Tensor> ins, outs;
         for (int r : in.inputs) ins.push_back(r >= 0 ? regs[r] : Tensor());
         outs.resize(in.outputs.size());
-        KILN_RETURN_IF_ERROR(p.host_kernels[in.callee](ins, outs).with_context(in.where));
+        // Host kernels may run parallel loops on the model's pool too (the recurrent ops do).
+        set_current_thread_pool(pool);
+        Status host_status = p.host_kernels[in.callee](ins, outs);
+        set_current_thread_pool(nullptr);
+        KILN_RETURN_IF_ERROR(std::move(host_status).with_context(in.where));
         for (size_t i = 0; i < in.outputs.size(); ++i) {
           int r = in.outputs[i];
           const RegisterInfo& info = p.registers[r];
