@@ -8,6 +8,7 @@
 #include "passes/eliminate_dead_code.h"
 #include "passes/eliminate_identities.h"
 #include "passes/fold_constants.h"
+#include "passes/flatten_matmul_batch.h"
 #include "passes/fold_transposed_weights.h"
 #include "passes/project_rnn_inputs.h"
 #include "passes/simplify_algebra.h"
@@ -50,6 +51,10 @@ const std::vector<PassInfo>& registered_passes() {
       {"combine-parallel-matmuls",
        "MatMuls, Gemms or Convs reading the same input with constant weights become one op and a Split",
        &combine_parallel_matmuls, true, "tests/ir/combine_parallel_matmuls.kir"},
+      {"flatten-matmul-batch",
+       "MatMul of A with constant batch dims by a constant matrix B becomes one product over all rows "
+       "(Reshape views around it)",
+       &flatten_matmul_batch, true, "tests/ir/flatten_matmul_batch.kir"},
       {"project-rnn-inputs",
        "RNN/GRU/LSTM input projections of every step become one MatMul (packed GEMM) before the time loop; "
        "R packed in panels of hidden units for the per-step product",

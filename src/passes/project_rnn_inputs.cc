@@ -58,12 +58,6 @@ Tensor input_bias(const Tensor& b, int64_t nd, int64_t gh) {
   return out;
 }
 
-Tensor int64_vector(const std::vector<int64_t>& v) {
-  Tensor t(DType::kInt64, {static_cast<int64_t>(v.size())});
-  std::copy(v.begin(), v.end(), t.data_as<int64_t>());
-  return t;
-}
-
 bool applies(const Node* n) {
   int gates = gates_of(n->op_type());
   if (!n->domain().empty() || gates == 0 || n->has_attr("kiln_projected_input")) return false;
@@ -101,24 +95,16 @@ Result<int> project_rnn_inputs(Graph& g, PassContext&) {
     // product (a 3-D MatMul would be seq products of batch rows each), then
     // viewed as [.., .., nd * gates * hidden] again: its shape comes from X's
     // first two dims (Shape/Gather/Concat, evaluated symbolically).
-    Value* rows_shape = g.add_constant(g.unique_name(base + ".rows_shape"), int64_vector({-1, in}));
-    Node* rows = g.insert_node_before(n, "Reshape", {x, rows_shape}, {g.unique_name(base + ".rows")});
+    Value* rows = view_as_rows(g, n, x, in, base);
     Value* wt = g.add_constant(g.unique_name(n->input(1)->name() + ".t"), transpose_w(w));
-    Node* mm = g.insert_node_before(n, "MatMul", {rows->output(0), wt}, {g.unique_name(base + ".proj")});
+    Node* mm = g.insert_node_before(n, "MatMul", {rows, wt}, {g.unique_name(base + ".proj")});
     Value* projected = mm->output(0);
     if (const Tensor* b = constant_of(n->input(3))) {
       Value* wb = g.add_constant(g.unique_name(n->input(3)->name() + ".wb"), input_bias(*b, nd, gh));
       Node* add = g.insert_node_before(n, "Add", {projected, wb}, {g.unique_name(base + ".proj_b")});
       projected = add->output(0);
     }
-    Node* shape = g.insert_node_before(n, "Shape", {x}, {g.unique_name(base + ".x_shape")});
-    Value* lead_idx = g.add_constant(g.unique_name(base + ".lead"), int64_vector({0, 1}));
-    Node* lead = g.insert_node_before(n, "Gather", {shape->output(0), lead_idx}, {g.unique_name(base + ".x_lead")});
-    Value* cols = g.add_constant(g.unique_name(base + ".cols"), int64_vector({nd * gh}));
-    Node* dims = g.insert_node_before(n, "Concat", {lead->output(0), cols}, {g.unique_name(base + ".proj_shape")});
-    dims->set_attr("axis", Attribute::of_int(0));
-    Node* view = g.insert_node_before(n, "Reshape", {projected, dims->output(0)}, {g.unique_name(base + ".proj_view")});
-    projected = view->output(0);
+    projected = view_with_leading_dims(g, n, projected, x, 2, nd * gh, base + ".proj");
     Value* rt = g.add_constant(g.unique_name(n->input(2)->name() + ".panels"),
                                pack_r(n->input(2)->constant(), gates_of(n->op_type())));
     g.set_input(n, 0, projected);

@@ -53,6 +53,30 @@ bool replace_value(Graph& g, Value* from, Value* to) {
   return true;
 }
 
+Tensor int64_vector(const std::vector<int64_t>& v) {
+  Tensor t(DType::kInt64, {static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), t.data_as<int64_t>());
+  return t;
+}
+
+Value* view_as_rows(Graph& g, Node* pos, Value* x, int64_t cols, const std::string& base) {
+  Value* shape = g.add_constant(g.unique_name(base + ".rows_shape"), int64_vector({-1, cols}));
+  return g.insert_node_before(pos, "Reshape", {x, shape}, {g.unique_name(base + ".rows")})->output(0);
+}
+
+Value* view_with_leading_dims(Graph& g, Node* pos, Value* y, Value* like, int64_t lead, int64_t last,
+                              const std::string& base) {
+  Node* shape = g.insert_node_before(pos, "Shape", {like}, {g.unique_name(base + ".like_shape")});
+  std::vector<int64_t> idx(static_cast<size_t>(lead));
+  for (int64_t i = 0; i < lead; ++i) idx[static_cast<size_t>(i)] = i;
+  Value* lead_idx = g.add_constant(g.unique_name(base + ".lead"), int64_vector(idx));
+  Node* dims = g.insert_node_before(pos, "Gather", {shape->output(0), lead_idx}, {g.unique_name(base + ".lead_dims")});
+  Value* tail = g.add_constant(g.unique_name(base + ".last"), int64_vector({last}));
+  Node* cat = g.insert_node_before(pos, "Concat", {dims->output(0), tail}, {g.unique_name(base + ".view_shape")});
+  cat->set_attr("axis", Attribute::of_int(0));
+  return g.insert_node_before(pos, "Reshape", {y, cat->output(0)}, {g.unique_name(base + ".view")})->output(0);
+}
+
 const Tensor* constant_of(const Value* v) { return v != nullptr && v->is_constant() ? &v->constant() : nullptr; }
 
 std::optional<std::vector<int64_t>> constant_ints(const Value* v) {

@@ -50,6 +50,18 @@ const Tensor* constant_of(const Value* v);
 // The integers of a constant int32/int64 tensor (any rank), or nullopt.
 std::optional<std::vector<int64_t>> constant_ints(const Value* v);
 
+// A 1-D int64 constant tensor (shapes for Reshape, indices for Gather).
+Tensor int64_vector(const std::vector<int64_t>& v);
+
+// Row views, for products that should see one [rows, cols] operand:
+// `x` viewed as [-1, cols] (a Reshape inserted before `pos`), and `y` viewed
+// with the first `lead` dims of `like` followed by `last` (Reshape to
+// Concat(Gather(Shape(like), 0..lead-1), [last]): shape ops that shape
+// inference evaluates symbolically, so no kernel runs). `base` names them.
+Value* view_as_rows(Graph& g, Node* pos, Value* x, int64_t cols, const std::string& base);
+Value* view_with_leading_dims(Graph& g, Node* pos, Value* y, Value* like, int64_t lead, int64_t last,
+                              const std::string& base);
+
 // Shapes of two values proven equal (same rank, each dim equal under the bounds).
 bool same_shape(const Value* a, const Value* b, const SymbolBounds& bounds);
 
