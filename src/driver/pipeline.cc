@@ -372,7 +372,7 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
     func_index = static_cast<int>(state_->funcs.size());
     KernelChoiceInfo info;
     info.kernel = func->name;
-    info.node = describe(group.nodes.back());
+    info.node = describe(anchor ? anchor : group.nodes.back());
     if (choice) {
       info.impl = choice->candidate;
       info.knobs = tir::knobs_to_string(choice->knobs);

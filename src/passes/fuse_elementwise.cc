@@ -3,6 +3,7 @@
 #include <map>
 
 #include "ops/registry.h"
+#include "strategy/strategy.h"
 
 namespace kiln::passes {
 
@@ -11,6 +12,14 @@ namespace {
 bool is_elementwise(const Node* n) {
   const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
   return def != nullptr && (def->is_elementwise || def->is_view) && def->lower;
+}
+
+// A node whose implementation the operator strategy chose, with a schedule
+// template (templates fuse an elementwise tail into the tile's write-back).
+bool is_anchor(const Node* n) {
+  if (!n->has_attr(strategy::kImplAttr) || n->num_outputs() != 1) return false;
+  const strategy::Candidate* c = strategy::find_candidate(n->attr_string(strategy::kImplAttr, ""));
+  return c != nullptr && c->schedule != nullptr;
 }
 
 bool is_graph_output(const Graph& g, const Value* v) {
@@ -28,9 +37,31 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
   // group_of[n] = the root node whose group n belongs to. Walk consumers
   // before producers (reverse order) so a producer can look up its consumer's root.
   std::map<const Node*, const Node*> root_of;
+  std::set<const Node*> members_anchor;  // groups that already took an anchor (one per kernel)
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* n = *it;
     root_of[n] = n;
+    if (enable && is_anchor(n)) {
+      // A MatMul/Gemm/Conv with a chosen implementation joins the elementwise
+      // group that reads it, when every use is in that one group: its
+      // template computes the group in the tile's write-back.
+      const Value* out = n->output(0);
+      if (out == nullptr || out->uses().empty() || is_graph_output(g, out)) continue;
+      const Node* root = nullptr;
+      bool one_group = true;
+      for (const auto& [user, slot] : out->uses()) {
+        (void)slot;
+        if (!compiled.count(user) || !is_elementwise(user) || user->has_attr(strategy::kImplAttr)) {
+          one_group = false;
+          break;
+        }
+        const Node* r = root_of[user];
+        if (root != nullptr && r != root) one_group = false;
+        root = r;
+      }
+      if (one_group && root != nullptr && members_anchor.insert(root).second) root_of[n] = root;
+      continue;
+    }
     if (!enable || !is_elementwise(n) || n->num_outputs() != 1) continue;
     const Value* out = n->output(0);
     if (out == nullptr || out->uses().size() != 1 || is_graph_output(g, out)) continue;

@@ -12,7 +12,11 @@ tir::Primitive prim(std::string kind, std::string stage, std::vector<std::string
 }
 
 tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string& stage,
-                                     const std::vector<tir::Primitive>& prims) {
+                                     const std::vector<tir::Primitive>& given) {
+  // The templates' reductions take their elementwise consumer (bias,
+  // activation, residual add) into the register tile's write-back.
+  std::vector<tir::Primitive> prims = given;
+  prims.push_back(prim("fuse_epilogue", stage, {}));
   tir::Schedule base = tir::default_schedule(k);
   tir::Schedule s;
   bool placed = false;

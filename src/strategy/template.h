@@ -17,7 +17,8 @@ namespace kiln::strategy {
 tir::Primitive prim(std::string kind, std::string stage, std::vector<std::string> axes, int64_t factor = 0);
 
 // The default schedule of `k` with the primitives of `stage` replaced by
-// `prims`: the kernel's other stages (fused producers and epilogues) keep theirs.
+// `prims` plus fuse_epilogue(stage): the kernel's other stages (fused
+// producers) keep theirs; an elementwise consumer is computed in the tile.
 tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string& stage,
                                      const std::vector<tir::Primitive>& prims);
 

@@ -36,6 +36,9 @@ struct StagePlan {
   // (a reduction computes its padded tile in full and writes back the valid part).
   std::vector<Expr> store_guards;
   std::string cache_axis;  // empty: no cache_write
+  bool fuse_epilogue = false;  // fuse_epilogue asked for
+  int epilogue = -1;           // the stage computed in this one's write-back
+  int fused_into = -1;         // this stage is computed in that stage's write-back
 };
 
 bool is_reduction(const ComputeDef& st) {
@@ -375,7 +378,71 @@ struct Lowerer {
       plan.touched = true;
       return Status::ok();
     }
+    if (p.kind == "fuse_epilogue") {
+      if (!is_reduction(st)) {
+        return invalid_argument() << "schedule: fuse_epilogue(" << p.stage << ") of a stage that is not a reduction";
+      }
+      plan.fuse_epilogue = true;
+      return Status::ok();
+    }
     return invalid_argument() << "schedule: unknown primitive '" << p.kind << "'";
+  }
+
+  // Whether e loads stage `name` anywhere.
+  static bool loads_stage(const Expr& e, const std::string& name) {
+    if (!e.defined()) return false;
+    if (e.kind() == ExprKind::kLoad && e->int_value == -1 && e->name == name) return true;
+    for (const Expr& a : e->args)
+      if (loads_stage(a, name)) return true;
+    return false;
+  }
+  // Every load of stage `name` in e is at exactly the point (axes...) of a
+  // stage of that shape: index i is the variable axes[i], or 0 where the
+  // extent is 1 (a broadcast index of a unit dim).
+  static bool loads_pointwise(const Expr& e, const std::string& name, const std::vector<std::string>& axes,
+                              const std::vector<Expr>& shape) {
+    if (!e.defined()) return true;
+    if (e.kind() == ExprKind::kLoad && e->int_value == -1 && e->name == name) {
+      if (e->args.size() != axes.size()) return false;
+      for (size_t i = 0; i < axes.size(); ++i) {
+        const Expr& a = e->args[i];
+        bool at_axis = a.kind() == ExprKind::kVar && a->name == axes[i];
+        auto c = a.as_const();
+        auto extent = shape[i].as_const();
+        if (!at_axis && !(c && *c == 0 && extent && *extent == 1)) return false;
+      }
+    }
+    for (const Expr& a : e->args)
+      if (!loads_pointwise(a, name, axes, shape)) return false;
+    return true;
+  }
+
+  // After inlining: pairs each fuse_epilogue stage with the stage it can
+  // compute in its write-back (see schedule.h), when there is one.
+  void plan_epilogues() {
+    for (size_t r = 0; r < stages.size(); ++r) {
+      if (!plans[r].fuse_epilogue || plans[r].inlined || param_index.count(stages[r].name)) continue;
+      size_t e = r + 1;
+      while (e < stages.size() && plans[e].inlined) ++e;
+      if (e == stages.size() || plans[e].fused_into >= 0) continue;
+      const ComputeDef& R = stages[r];
+      const ComputeDef& E = stages[e];
+      if (is_reduction(E) || E.axes.size() != R.axes.size()) continue;
+      bool ok = loads_pointwise(E.body, R.name, E.axes, E.shape);
+      for (size_t a = 0; a < R.shape.size() && ok; ++a) {
+        auto d = simplify(E.shape[a] - R.shape[a]).as_const();
+        ok = d && *d == 0;
+      }
+      // Nothing else reads R (inlined stages were substituted into their readers).
+      for (size_t c = r + 1; c < stages.size() && ok; ++c) {
+        if (c == e || plans[c].inlined) continue;
+        ok = !loads_stage(stages[c].body, R.name) && !loads_stage(stages[c].init, R.name) &&
+             !loads_stage(stages[c].finalize, R.name);
+      }
+      if (!ok) continue;
+      plans[r].epilogue = static_cast<int>(e);
+      plans[e].fused_into = static_cast<int>(r);
+    }
   }
 
   // Substitutes inlined stages into the bodies of all later stages, in order.
@@ -530,6 +597,23 @@ struct Lowerer {
     if (st.finalize.defined()) {
       result = to_loops(cast_to(st.dtype, substitute(st.finalize, {{"acc", acc_load}})));
     }
+    // The write-back: this stage's value, or the fused epilogue computed from it.
+    std::string store_name = st.name;
+    int store_index = out_index;
+    if (plan.epilogue >= 0) {
+      const ComputeDef& E = stages[static_cast<size_t>(plan.epilogue)];
+      ExprMap at;
+      for (size_t a = 0; a < E.axes.size(); ++a) at[E.axes[a]] = out_indices[a];
+      Expr acc_value = result;
+      Expr v = rewrite(substitute(cast_to(E.dtype, E.body), at), [&](const Expr& n) -> Expr {
+        if (n.kind() == ExprKind::kLoad && n->int_value == -1 && n->name == st.name) return acc_value;
+        return Expr();
+      });
+      result = simplify(v, loop_bounds);
+      store_name = E.name;
+      auto pe = param_index.find(E.name);
+      store_index = pe == param_index.end() ? -1 : pe->second;
+    }
     std::vector<Loop> update_loops = plan.reduce;
     update_loops.insert(update_loops.end(), inner.begin(), inner.end());
     // The tile: init, update and write-back nests under `guards` (the
@@ -541,7 +625,7 @@ struct Lowerer {
                      bound_outside, loop_vars);
       std::vector<Expr> final_guards = guards;
       final_guards.insert(final_guards.end(), plan.store_guards.begin(), plan.store_guards.end());
-      Stmt final_nest = build_nest(inner, make_store(st.name, out_index, out_indices, result), final_guards,
+      Stmt final_nest = build_nest(inner, make_store(store_name, store_index, out_indices, result), final_guards,
                                    bound_outside, loop_vars);
       return make_allocate(acc, make_seq({init_nest, update_nest, final_nest}));
     };
@@ -589,13 +673,18 @@ struct Lowerer {
   }
 
   Result<Stmt> lower_from(size_t s) {
-    while (s < stages.size() && plans[s].inlined) ++s;
+    // Inlined stages have no nest; a fused epilogue is written by its reduction's nest.
+    while (s < stages.size() && (plans[s].inlined || plans[s].fused_into >= 0)) ++s;
     if (s == stages.size()) return Stmt();
     KILN_ASSIGN_OR_RETURN(Stmt nest, lower_stage(static_cast<int>(s)));
     KILN_ASSIGN_OR_RETURN(Stmt rest, lower_from(s + 1));
     Stmt body = rest ? make_seq({nest, rest}) : nest;
-    if (!param_index.count(stages[s].name)) {
-      Buffer b{stages[s].name, stages[s].dtype, stages[s].shape};
+    // The buffer this nest writes, when it is an intermediate: the stage's own,
+    // or that of the epilogue it computes (then its own is never written).
+    int e = plans[s].epilogue;
+    const ComputeDef& written = e >= 0 ? stages[static_cast<size_t>(e)] : stages[s];
+    if (!param_index.count(written.name)) {
+      Buffer b{written.name, written.dtype, written.shape};
       body = make_allocate(b, body);
     }
     return body;
@@ -633,6 +722,7 @@ Result<PrimFunc> lower(const KernelDef& k, const Schedule& s) {
   KILN_RETURN_IF_ERROR(l.init());
   for (const Primitive& p : s.prims) KILN_RETURN_IF_ERROR(l.apply(p));
   KILN_RETURN_IF_ERROR(l.inline_stages());
+  l.plan_epilogues();
   PrimFunc f;
   f.name = k.name;
   f.params = k.params;

@@ -23,6 +23,15 @@
 //   cache_write(stage, axis)          -> accumulate the stage in a local buffer
 //                                        allocated at `axis`, moving reduce loops
 //                                        outside the loops below `axis`
+//   fuse_epilogue(stage)              -> for a reduction: the next stage that is
+//                                        not inlined, when it is elementwise over
+//                                        the same shape and reads this stage only
+//                                        at its own point (bias, activation,
+//                                        residual add), is computed in this
+//                                        stage's write-back (on the register tile)
+//                                        and stored in its place: this stage's
+//                                        buffer is never written. Otherwise
+//                                        nothing changes (a request, always legal)
 #pragma once
 
 #include <optional>
@@ -35,7 +44,7 @@
 namespace kiln::tir {
 
 struct Primitive {
-  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write
+  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write, fuse_epilogue
   std::string stage;
   std::vector<std::string> axes;
   int64_t factor = 0;

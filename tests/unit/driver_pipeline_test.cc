@@ -71,8 +71,9 @@ TEST(Pipeline, StaticShapesFusedAndPlanned) {
       auto compiled = compile_graph(mlp_graph(3, w, b), opts);
       ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
       EXPECT_TRUE(compiled->program->static_plan);
-      // Fused: MatMul, then one kernel for Add/Relu/Mul/Sigmoid/Add (5 nodes).
-      if (!naive) EXPECT_EQ(compiled->stats.num_kernels, 2);
+      // Fused: one kernel for MatMul and its elementwise tail Add/Relu/Mul/Sigmoid/Add
+      // (computed in the GEMM tile's write-back; the tail reads the product twice).
+      if (!naive) EXPECT_EQ(compiled->stats.num_kernels, 1);
       runtime::VM vm(compiled->program, threads);
       auto out = vm.run({x});
       ASSERT_TRUE(out.is_ok()) << out.status().to_string();
@@ -85,7 +86,8 @@ TEST(Pipeline, SymbolicBatchRunsAtSeveralSizes) {
   Tensor w = random_tensor({7, 19}, 4), b = random_tensor({19}, 5);
   auto compiled = compile_graph(mlp_graph(var("batch"), w, b), CompileOptions{});
   ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
-  EXPECT_FALSE(compiled->program->static_plan);
+  // One kernel, no intermediate: only the output's [batch, 19] is sized at run time.
+  EXPECT_EQ(compiled->stats.num_kernels, 1);
   runtime::VM vm(compiled->program, 2);
   for (int64_t n : {1, 17, 64}) {
     Tensor x = random_tensor({n, 7}, static_cast<uint32_t>(n));

@@ -68,6 +68,22 @@ bool may_trap(const Expr& e) {
   return false;
 }
 
+// Like may_trap, but loads do not count (a widened select arm reads them
+// under the arm's lane mask): integer division by a non-constant.
+bool may_trap_besides_loads(const Expr& e) {
+  if (e.kind() == ExprKind::kLoad) return false;
+  if ((e.kind() == ExprKind::kDiv || e.kind() == ExprKind::kFloorDiv || e.kind() == ExprKind::kMod) &&
+      !dtype_is_float(e.dtype())) {
+    for (size_t i = 1; i < e->args.size(); ++i) {
+      auto c = e->args[i].as_const();
+      if (!c || *c == 0) return true;
+    }
+  }
+  for (const Expr& a : e->args)
+    if (may_trap_besides_loads(a)) return true;
+  return false;
+}
+
 bool is_signed_int(DType t) { return dtype_is_int(t) && dtype_is_signed(t); }
 
 // Widest element (bits) loaded or stored in a statement; 0 if none.
@@ -255,6 +271,10 @@ class Emitter {
   // Pointer(s) for a widened access: {scalar base pointer, true} when the
   // offset is contiguous in the lane variable, else {vector of pointers, false}.
   std::pair<llvm::Value*, bool> widened_address(const BufferRef& ref, const std::vector<Expr>& indices);
+  llvm::Value* strided_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
+  // Lanes a widened load may read (inside a select arm); null: all.
+  llvm::Value* wmask_ = nullptr;
+  llvm::Value* clamped_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
 
   // ---- statements ----
   void emit_stmt(const tir::Stmt& s);
@@ -1011,8 +1031,13 @@ bool Emitter::widenable(const Expr& e) const {
       if (may_trap(n.args[1])) return false;
       break;
     case ExprKind::kSelect:
-      // Both arms are evaluated in every lane: they must not fault.
-      if (may_trap(n.args[1]) || may_trap(n.args[2]) || !widenable_dtype(n.dtype)) return false;
+      // Both arms are evaluated in every lane: they must not fault. Their loads
+      // are masked to the lanes that choose the arm.
+      if (may_trap_besides_loads(n.args[1]) || may_trap_besides_loads(n.args[2]) || !widenable_dtype(n.dtype))
+        return false;
+      // Masked arms only on vectors of a power-of-two width: masks of odd
+      // widths (a 114-wide row) legalize badly, LLVM's own vectorizer does better.
+      if ((may_trap(n.args[1]) || may_trap(n.args[2])) && (wlanes_ & (wlanes_ - 1)) != 0) return false;
       break;
     case ExprKind::kCast: {
       DType from = n.args[0].dtype();
@@ -1054,6 +1079,94 @@ std::pair<llvm::Value*, bool> Emitter::widened_address(const BufferRef& ref, con
   return {b_.CreateInBoundsGEP(mt, ref.ptr, offs), false};
 }
 
+// Lanes a constant 2 to 4 elements apart (a stride-2 convolution or pooling
+// window along the vector): one masked load of the span they cover, then the
+// lanes picked out by a shuffle, instead of a gather. The mask stops at the
+// last lane's element, so nothing past it is read.
+llvm::Value* Emitter::strided_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt) {
+  Expr flat = flat_index(*ref.buffer, indices);
+  auto stride = simplify(substitute(flat, {{wvar_, var(wvar_) + int_imm(1)}}) - flat).as_const();
+  if (!stride || *stride < 2 || *stride > 4) return nullptr;
+  unsigned s = static_cast<unsigned>(*stride);
+  llvm::Type* mt = mem_type(ref.buffer->dtype);
+  Expr base = simplify(substitute(flat, {{wvar_, int_imm(0)}}));
+  llvm::Value* ptr = b_.CreateInBoundsGEP(mt, ref.ptr, emit_as(base, DType::kInt64));
+  unsigned wide = wlanes_ * s, span = (wlanes_ - 1) * s + 1;
+  std::vector<llvm::Constant*> mask;
+  for (unsigned i = 0; i < wide; ++i) mask.push_back(b_.getInt1(i < span));
+  llvm::Type* wt = llvm::VectorType::get(mt, wide, false);
+  llvm::Instruction* ld = b_.CreateMaskedLoad(wt, ptr, llvm::Align(dtype_size(ref.buffer->dtype)),
+                                              llvm::ConstantVector::get(mask), llvm::PoisonValue::get(wt));
+  set_alias_md(ld, ref);
+  std::vector<int> pick;
+  for (unsigned i = 0; i < wlanes_; ++i) pick.push_back(static_cast<int>(i * s));
+  (void)vt;
+  return b_.CreateShuffleVector(ld, pick);
+}
+
+// An index clamped into range, max(lo, min(hi, i)) with i contiguous along
+// the vector (a padded convolution input, an edge-replicating window): the
+// lanes where no clamp acts are one masked contiguous load, the others (the
+// edges) a masked gather at the clamped index. Each lane reads exactly the
+// element the scalar code reads.
+llvm::Value* Emitter::clamped_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt) {
+  std::vector<Expr> conds;
+  std::vector<Expr> bare;
+  for (const Expr& idx : indices) {
+    Expr e = idx;
+    while ((e.kind() == ExprKind::kMax || e.kind() == ExprKind::kMin) && e->args.size() == 2 && depends(e)) {
+      const Expr &a = e->args[0], &b = e->args[1];
+      bool a_dep = depends(a), b_dep = depends(b);
+      if (a_dep == b_dep) break;
+      const Expr& bound = a_dep ? b : a;
+      const Expr& inner = a_dep ? a : b;
+      // max(lo, x) is x where lo <= x; min(hi, x) is x where x <= hi.
+      conds.push_back(e.kind() == ExprKind::kMax ? le(bound, inner) : le(inner, bound));
+      e = inner;
+    }
+    bare.push_back(e);
+  }
+  if (conds.empty()) return nullptr;
+  Expr flat = flat_index(*ref.buffer, bare);
+  auto stride = simplify(substitute(flat, {{wvar_, var(wvar_) + int_imm(1)}}) - flat).as_const();
+  if (!stride || *stride != 1) return nullptr;
+  for (const Expr& c : conds)
+    if (!widenable(c)) return nullptr;
+  llvm::Value* in_range = splat(emit_w(conds[0]));
+  for (size_t i = 1; i < conds.size(); ++i) in_range = b_.CreateAnd(in_range, splat(emit_w(conds[i])));
+  llvm::Value* at_edge = b_.CreateNot(in_range);
+  if (wmask_) {  // in a select arm: only the lanes that take it
+    in_range = b_.CreateAnd(in_range, wmask_);
+    at_edge = b_.CreateAnd(at_edge, wmask_);
+  }
+  llvm::Align align(dtype_size(ref.buffer->dtype));
+  llvm::Type* mt = mem_type(ref.buffer->dtype);
+  auto [edge_addr, contiguous] = widened_address(ref, indices);
+  if (contiguous) return nullptr;  // the clamps did not change the access
+  // Most vectors have no lane at an edge: the gather runs only when one does.
+  llvm::BasicBlock* from = b_.GetInsertBlock();
+  llvm::BasicBlock* gather_bb = llvm::BasicBlock::Create(ctx_, "edge.gather", frame_->fn);
+  llvm::BasicBlock* join_bb = llvm::BasicBlock::Create(ctx_, "edge.join", frame_->fn);
+  b_.CreateCondBr(b_.CreateOrReduce(at_edge), gather_bb, join_bb);
+  b_.SetInsertPoint(gather_bb);
+  llvm::Instruction* gathered =
+      b_.CreateMaskedGather(vt, edge_addr, align, at_edge, llvm::PoisonValue::get(vt));
+  set_alias_md(gathered, ref);
+  llvm::BasicBlock* gather_end = b_.GetInsertBlock();
+  b_.CreateBr(join_bb);
+  b_.SetInsertPoint(join_bb);
+  llvm::PHINode* edges = b_.CreatePHI(vt, 2);
+  edges->addIncoming(llvm::PoisonValue::get(vt), from);
+  edges->addIncoming(gathered, gather_end);
+  // Lane 0's unclamped element may lie before the buffer (a masked lane): a
+  // plain GEP, not inbounds.
+  Expr base = simplify(substitute(flat, {{wvar_, int_imm(0)}}));
+  llvm::Value* ptr = b_.CreateGEP(mt, ref.ptr, emit_as(base, DType::kInt64));
+  llvm::Instruction* inner = b_.CreateMaskedLoad(vt, ptr, align, in_range, edges);
+  set_alias_md(inner, ref);
+  return inner;
+}
+
 llvm::Value* Emitter::emit_w(const Expr& e) {
   if (!depends(e)) return emit(e);
   const ExprNode& n = *e.get();
@@ -1084,9 +1197,18 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
     case ExprKind::kNot:
       return b_.CreateNot(splat(emit_w(n.args[0])));
     case ExprKind::kSelect: {
-      llvm::Value* c = emit_w(n.args[0]);
-      llvm::Value* t = splat(convert(splat(emit_w(n.args[1])), n.args[1].dtype(), n.dtype));
-      llvm::Value* f = splat(convert(splat(emit_w(n.args[2])), n.args[2].dtype(), n.dtype));
+      llvm::Value* c = splat(emit_w(n.args[0]));
+      // An arm's loads read only the lanes that take the arm (as the scalar
+      // code's branch would): the lane mask narrows while it is emitted.
+      auto arm = [&](const Expr& a, llvm::Value* lanes) {
+        llvm::Value* saved = wmask_;
+        if (may_trap(a)) wmask_ = saved ? b_.CreateAnd(saved, lanes) : lanes;
+        llvm::Value* v = splat(convert(splat(emit_w(a)), a.dtype(), n.dtype));
+        wmask_ = saved;
+        return v;
+      };
+      llvm::Value* t = arm(n.args[1], c);
+      llvm::Value* f = arm(n.args[2], b_.CreateNot(c));
       return b_.CreateSelect(c, t, f);
     }
     case ExprKind::kCast:
@@ -1095,10 +1217,20 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
       BufferRef* ref = find_buffer(n.name, static_cast<int>(n.int_value));
       llvm::Type* vt = llvm::VectorType::get(mem_type(n.dtype), wlanes_, false);
       if (!ref) return poison(vt);
+      if (!wmask_)
+        if (llvm::Value* v = strided_load(*ref, n.args, vt)) return v;
+      if (llvm::Value* v = clamped_load(*ref, n.args, vt)) return v;
       auto [addr, contiguous] = widened_address(*ref, n.args);
       llvm::Align align(dtype_size(ref->buffer->dtype));
-      llvm::Instruction* ld = contiguous ? static_cast<llvm::Instruction*>(b_.CreateAlignedLoad(vt, addr, align))
-                                         : b_.CreateMaskedGather(vt, addr, align);
+      llvm::Instruction* ld;
+      if (wmask_) {  // in a select arm: only the lanes that take it
+        llvm::Value* none = llvm::PoisonValue::get(vt);
+        ld = contiguous ? b_.CreateMaskedLoad(vt, addr, align, wmask_, none)
+                        : b_.CreateMaskedGather(vt, addr, align, wmask_, none);
+      } else {
+        ld = contiguous ? static_cast<llvm::Instruction*>(b_.CreateAlignedLoad(vt, addr, align))
+                        : b_.CreateMaskedGather(vt, addr, align);
+      }
       set_alias_md(ld, *ref);
       return ld;
     }
