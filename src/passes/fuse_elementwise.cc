@@ -15,7 +15,7 @@ bool is_elementwise(const Node* n) {
 }
 
 // A node whose implementation the operator strategy chose, with a schedule
-// template (templates fuse an elementwise tail into the tile's write-back).
+// template (every template fuses an elementwise tail into the write-back).
 bool is_anchor(const Node* n) {
   if (!n->has_attr(strategy::kImplAttr) || n->num_outputs() != 1) return false;
   const strategy::Candidate* c = strategy::find_candidate(n->attr_string(strategy::kImplAttr, ""));

@@ -7,7 +7,7 @@
 // `compiled` (the driver compiles one only between two elementwise nodes)
 // joins like an elementwise op: its reindexing is inlined too. A node the
 // operator strategy gave an implementation with a schedule template (kiln_impl:
-// matmul.packed, gemm.packed, conv.panels) joins the group of its consumers when all of them are elementwise nodes of
+// every MatMul/Gemm/Conv candidate has one) joins the group of its consumers when all of them are elementwise nodes of
 // one group (at most one such node per group): its template then computes the
 // group's elementwise tail on the register tile (tir fuse_epilogue). Every
 // other compiled node is a group of its own.

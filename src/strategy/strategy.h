@@ -57,8 +57,11 @@ struct Candidate {
   // per node after the choice; may add constants and set attributes.
   std::function<Status(Graph&, Node&, const tir::Knobs&)> transform;
   // Schedule template: the schedule of the kernel whose anchor stage (the
-  // reduction this node defines, `stage`) the candidate implements. Other
-  // stages of the kernel (fused epilogues) are inlined. Null: the default schedule.
+  // reduction this node defines, `stage`) the candidate implements. The
+  // kernel also holds the elementwise group that reads the node, when all its
+  // uses are in one (passes/fuse_elementwise.h): templates end with
+  // fuse_epilogue(stage) so it is computed in the write-back. Null: the
+  // default schedule, and the node does not join its consumers' group.
   std::function<Result<tir::Schedule>(const tir::KernelDef&, const std::string& stage, const tir::Knobs&)>
       schedule;
 };

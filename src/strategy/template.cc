@@ -32,6 +32,13 @@ tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string&
   return s;
 }
 
+Result<tir::Schedule> default_template(const tir::KernelDef& k, const std::string& stage, const tir::Knobs&) {
+  tir::Schedule s = tir::default_schedule(k);
+  for (const tir::ComputeDef& st : k.stages)
+    if (st.name == stage && !st.reduce_axes.empty()) s.prims.push_back(prim("fuse_epilogue", stage, {}));
+  return s;
+}
+
 Result<int64_t> knob(const tir::Knobs& knobs, const std::string& name, const std::string& candidate) {
   auto it = knobs.find(name);
   if (it == knobs.end()) return invalid_argument() << candidate << ": knob '" << name << "' missing from kiln_knobs";
