@@ -275,6 +275,7 @@ class Emitter {
   // Lanes a widened load may read (inside a select arm); null: all.
   llvm::Value* wmask_ = nullptr;
   llvm::Value* clamped_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
+  llvm::Value* span_load(const BufferRef& ref, const Expr& base, unsigned stride, llvm::Value* lanes);
 
   // ---- statements ----
   void emit_stmt(const tir::Stmt& s);
@@ -1079,36 +1080,53 @@ std::pair<llvm::Value*, bool> Emitter::widened_address(const BufferRef& ref, con
   return {b_.CreateInBoundsGEP(mt, ref.ptr, offs), false};
 }
 
-// Lanes a constant 2 to 4 elements apart (a stride-2 convolution or pooling
-// window along the vector): one masked load of the span they cover, then the
-// lanes picked out by a shuffle, instead of a gather. The mask stops at the
-// last lane's element, so nothing past it is read.
-llvm::Value* Emitter::strided_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt) {
-  Expr flat = flat_index(*ref.buffer, indices);
-  auto stride = simplify(substitute(flat, {{wvar_, var(wvar_) + int_imm(1)}}) - flat).as_const();
-  if (!stride || *stride < 2 || *stride > 4) return nullptr;
-  unsigned s = static_cast<unsigned>(*stride);
+// Lanes at base + i*s for a constant s in 1..4, i < W, each read only where
+// `lanes` (null: all) is set: for s = 1 one masked load, else one masked load
+// of the span they cover (the mask set at every s-th element only) and the
+// lanes picked out by a shuffle. Unread lanes are poison. The base pointer is
+// a plain GEP (lane 0 may be an unread lane before the buffer).
+llvm::Value* Emitter::span_load(const BufferRef& ref, const Expr& base, unsigned s, llvm::Value* lanes) {
   llvm::Type* mt = mem_type(ref.buffer->dtype);
-  Expr base = simplify(substitute(flat, {{wvar_, int_imm(0)}}));
-  llvm::Value* ptr = b_.CreateInBoundsGEP(mt, ref.ptr, emit_as(base, DType::kInt64));
-  unsigned wide = wlanes_ * s, span = (wlanes_ - 1) * s + 1;
-  std::vector<llvm::Constant*> mask;
-  for (unsigned i = 0; i < wide; ++i) mask.push_back(b_.getInt1(i < span));
+  llvm::Align align(dtype_size(ref.buffer->dtype));
+  llvm::Value* ptr = b_.CreateGEP(mt, ref.ptr, emit_as(base, DType::kInt64));
+  unsigned wide = wlanes_ * s;
   llvm::Type* wt = llvm::VectorType::get(mt, wide, false);
-  llvm::Instruction* ld = b_.CreateMaskedLoad(wt, ptr, llvm::Align(dtype_size(ref.buffer->dtype)),
-                                              llvm::ConstantVector::get(mask), llvm::PoisonValue::get(wt));
+  llvm::Value* mask;
+  if (lanes == nullptr) {
+    std::vector<llvm::Constant*> bits;
+    for (unsigned j = 0; j < wide; ++j) bits.push_back(b_.getInt1(j % s == 0));
+    mask = llvm::ConstantVector::get(bits);
+  } else if (s == 1) {
+    mask = lanes;
+  } else {  // lane i's bit at element i*s, false between
+    std::vector<int> spread;
+    for (unsigned j = 0; j < wide; ++j) spread.push_back(j % s == 0 ? static_cast<int>(j / s) : static_cast<int>(wlanes_));
+    mask = b_.CreateShuffleVector(lanes, llvm::Constant::getNullValue(lanes->getType()), spread);
+  }
+  llvm::Instruction* ld = b_.CreateMaskedLoad(wt, ptr, align, mask, llvm::PoisonValue::get(wt));
   set_alias_md(ld, ref);
+  if (s == 1) return ld;
   std::vector<int> pick;
   for (unsigned i = 0; i < wlanes_; ++i) pick.push_back(static_cast<int>(i * s));
-  (void)vt;
   return b_.CreateShuffleVector(ld, pick);
 }
 
-// An index clamped into range, max(lo, min(hi, i)) with i contiguous along
-// the vector (a padded convolution input, an edge-replicating window): the
-// lanes where no clamp acts are one masked contiguous load, the others (the
-// edges) a masked gather at the clamped index. Each lane reads exactly the
-// element the scalar code reads.
+// Lanes a constant 2 to 4 elements apart (a stride-2 convolution or pooling
+// window along the vector): one masked load of the span and a shuffle,
+// instead of a gather; inside a select arm, only the arm's lanes.
+llvm::Value* Emitter::strided_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type*) {
+  Expr flat = flat_index(*ref.buffer, indices);
+  auto stride = simplify(substitute(flat, {{wvar_, var(wvar_) + int_imm(1)}}) - flat).as_const();
+  if (!stride || *stride < 2 || *stride > 4) return nullptr;
+  return span_load(ref, simplify(substitute(flat, {{wvar_, int_imm(0)}})), static_cast<unsigned>(*stride), wmask_);
+}
+
+// An index clamped into range, max(lo, min(hi, i)) with i 1 to 4 elements
+// apart along the vector (a padded convolution input or pooling window, an
+// edge-replicating pad): the lanes where no clamp acts are one masked span
+// load, the others (the edges) a masked gather at the clamped index, run only
+// when a vector has such a lane. Each lane reads exactly the element the
+// scalar code reads.
 llvm::Value* Emitter::clamped_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt) {
   std::vector<Expr> conds;
   std::vector<Expr> bare;
@@ -1129,9 +1147,11 @@ llvm::Value* Emitter::clamped_load(const BufferRef& ref, const std::vector<Expr>
   if (conds.empty()) return nullptr;
   Expr flat = flat_index(*ref.buffer, bare);
   auto stride = simplify(substitute(flat, {{wvar_, var(wvar_) + int_imm(1)}}) - flat).as_const();
-  if (!stride || *stride != 1) return nullptr;
+  if (!stride || *stride < 1 || *stride > 4) return nullptr;
   for (const Expr& c : conds)
     if (!widenable(c)) return nullptr;
+  auto [edge_addr, contiguous] = widened_address(ref, indices);
+  if (contiguous) return nullptr;  // the clamps did not change the access
   llvm::Value* in_range = splat(emit_w(conds[0]));
   for (size_t i = 1; i < conds.size(); ++i) in_range = b_.CreateAnd(in_range, splat(emit_w(conds[i])));
   llvm::Value* at_edge = b_.CreateNot(in_range);
@@ -1140,10 +1160,6 @@ llvm::Value* Emitter::clamped_load(const BufferRef& ref, const std::vector<Expr>
     at_edge = b_.CreateAnd(at_edge, wmask_);
   }
   llvm::Align align(dtype_size(ref.buffer->dtype));
-  llvm::Type* mt = mem_type(ref.buffer->dtype);
-  auto [edge_addr, contiguous] = widened_address(ref, indices);
-  if (contiguous) return nullptr;  // the clamps did not change the access
-  // Most vectors have no lane at an edge: the gather runs only when one does.
   llvm::BasicBlock* from = b_.GetInsertBlock();
   llvm::BasicBlock* gather_bb = llvm::BasicBlock::Create(ctx_, "edge.gather", frame_->fn);
   llvm::BasicBlock* join_bb = llvm::BasicBlock::Create(ctx_, "edge.join", frame_->fn);
@@ -1158,13 +1174,9 @@ llvm::Value* Emitter::clamped_load(const BufferRef& ref, const std::vector<Expr>
   llvm::PHINode* edges = b_.CreatePHI(vt, 2);
   edges->addIncoming(llvm::PoisonValue::get(vt), from);
   edges->addIncoming(gathered, gather_end);
-  // Lane 0's unclamped element may lie before the buffer (a masked lane): a
-  // plain GEP, not inbounds.
-  Expr base = simplify(substitute(flat, {{wvar_, int_imm(0)}}));
-  llvm::Value* ptr = b_.CreateGEP(mt, ref.ptr, emit_as(base, DType::kInt64));
-  llvm::Instruction* inner = b_.CreateMaskedLoad(vt, ptr, align, in_range, edges);
-  set_alias_md(inner, ref);
-  return inner;
+  llvm::Value* inner = span_load(ref, simplify(substitute(flat, {{wvar_, int_imm(0)}})),
+                                 static_cast<unsigned>(*stride), in_range);
+  return b_.CreateSelect(in_range, inner, edges);
 }
 
 llvm::Value* Emitter::emit_w(const Expr& e) {
@@ -1217,9 +1229,8 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
       BufferRef* ref = find_buffer(n.name, static_cast<int>(n.int_value));
       llvm::Type* vt = llvm::VectorType::get(mem_type(n.dtype), wlanes_, false);
       if (!ref) return poison(vt);
-      if (!wmask_)
-        if (llvm::Value* v = strided_load(*ref, n.args, vt)) return v;
       if (llvm::Value* v = clamped_load(*ref, n.args, vt)) return v;
+      if (llvm::Value* v = strided_load(*ref, n.args, vt)) return v;
       auto [addr, contiguous] = widened_address(*ref, n.args);
       llvm::Align align(dtype_size(ref->buffer->dtype));
       llvm::Instruction* ld;
