@@ -430,26 +430,54 @@ inline __attribute__((always_inline)) void gate_panel_any(T* acc, int ng, const 
   }
 }
 
-// One body per instruction set (the project is built for baseline x86-64;
-// these clones use AVX-512 or AVX2 where the host has them).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void gate_panel_f32(float* acc, int ng,
-                                                                                  const float* panel,
-                                                                                  int64_t row_stride, const float* h,
-                                                                                  int64_t hidden) {
-  gate_panel_any<float>(acc, ng, panel, row_stride, h, hidden);
+// One body per instruction set (the project is built for baseline x86-64),
+// chosen at run time from the host's features. Plain dispatch, not
+// target_clones: an ifunc resolver runs before the sanitizer runtimes start.
+#define KILN_GATE_PANEL(T, suffix, target_attr)                                                             \
+  target_attr void gate_panel_##suffix(T* acc, int ng, const T* panel, int64_t row_stride, const T* h,     \
+                                       int64_t hidden) {                                                    \
+    gate_panel_any<T>(acc, ng, panel, row_stride, h, hidden);                                               \
+  }
+#if defined(__x86_64__)
+KILN_GATE_PANEL(float, f32_avx512, __attribute__((target("avx512f"))))
+KILN_GATE_PANEL(float, f32_avx2, __attribute__((target("avx2,fma"))))
+KILN_GATE_PANEL(double, f64_avx512, __attribute__((target("avx512f"))))
+KILN_GATE_PANEL(double, f64_avx2, __attribute__((target("avx2,fma"))))
+#endif
+KILN_GATE_PANEL(float, f32_base, )
+KILN_GATE_PANEL(double, f64_base, )
+#undef KILN_GATE_PANEL
+
+enum class Isa { kBase, kAvx2, kAvx512 };
+Isa host_isa() {
+#if defined(__x86_64__)
+  static const Isa isa = __builtin_cpu_supports("avx512f")                                   ? Isa::kAvx512
+                         : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Isa::kAvx2
+                                                                                            : Isa::kBase;
+  return isa;
+#else
+  return Isa::kBase;
+#endif
 }
-__attribute__((target_clones("avx512f", "avx2", "default"))) void gate_panel_f64(double* acc, int ng,
-                                                                                  const double* panel,
-                                                                                  int64_t row_stride, const double* h,
-                                                                                  int64_t hidden) {
-  gate_panel_any<double>(acc, ng, panel, row_stride, h, hidden);
-}
+
 void gate_panel_dispatch(float* acc, int ng, const float* panel, int64_t row_stride, const float* h, int64_t hidden) {
-  gate_panel_f32(acc, ng, panel, row_stride, h, hidden);
+  switch (host_isa()) {
+#if defined(__x86_64__)
+    case Isa::kAvx512: return gate_panel_f32_avx512(acc, ng, panel, row_stride, h, hidden);
+    case Isa::kAvx2: return gate_panel_f32_avx2(acc, ng, panel, row_stride, h, hidden);
+#endif
+    default: return gate_panel_f32_base(acc, ng, panel, row_stride, h, hidden);
+  }
 }
 void gate_panel_dispatch(double* acc, int ng, const double* panel, int64_t row_stride, const double* h,
                          int64_t hidden) {
-  gate_panel_f64(acc, ng, panel, row_stride, h, hidden);
+  switch (host_isa()) {
+#if defined(__x86_64__)
+    case Isa::kAvx512: return gate_panel_f64_avx512(acc, ng, panel, row_stride, h, hidden);
+    case Isa::kAvx2: return gate_panel_f64_avx2(acc, ng, panel, row_stride, h, hidden);
+#endif
+    default: return gate_panel_f64_base(acc, ng, panel, row_stride, h, hidden);
+  }
 }
 
 template <typename T>
