@@ -9,11 +9,12 @@
 // - Projected (attribute kiln_projected_input, made by the graph pass
 //   project-rnn-inputs): input 0 already holds x W^T + Wb for every step and
 //   direction, computed before the loop by one compiled, packed MatMul; W is
-//   absent; R is stored [nd, hidden, gates*hidden]. Each step adds h R^T + Rb:
+//   absent; R is packed in panels of hidden units (layout below, at
+//   kPanelBytes). Each step adds h R^T + Rb:
 //   hidden units are split into blocks run in parallel on the model's thread
 //   pool (one parallel loop per step; two for GRU without linear_before_reset,
 //   whose hidden gate reads r * h of every unit), each block accumulating its
-//   gate columns in vector registers over rows of R^T, then updating its
+//   gate columns in vector registers over its panel of R, then updating its
 //   units' cell. Every unit's sum runs in the same order whatever the block
 //   split and thread count, so results do not depend on either.
 //
@@ -111,7 +112,7 @@ struct RnnAttrs {
   double clip = 0;
   bool linear_before_reset = false;
   bool input_forget = false;
-  bool projected = false;  // kiln_projected_input: input 0 is x W^T + Wb, R is [nd, H, G*H]
+  bool projected = false;  // kiln_projected_input: input 0 is x W^T + Wb, R is packed in panels
   std::vector<Activation> acts;  // activation_count(cell) per direction
 };
 
@@ -198,6 +199,27 @@ Result<RnnAttrs> parse_attrs(Cell cell, const Node& n) {
     a.acts.push_back(act);
   }
   return a;
+}
+
+// The cell math both forms share. An activation of a gate pre-activation,
+// clipped to [-clip, clip] when the layer has clip.
+template <typename T>
+T activate(const RnnAttrs& a, const Activation& act, double pre) {
+  if (a.has_clip) pre = std::max(-a.clip, std::min(a.clip, pre));
+  return static_cast<T>(apply(act, pre));
+}
+
+// One LSTM unit from its gate pre-activations (x W + h R + biases, order
+// i, o, f, c) and peepholes: updates the cell state c, returns h.
+template <typename T>
+T lstm_unit(const RnnAttrs& a, const Activation* act, T i, T o, T f, T g, T pi, T po, T pf, T& c) {
+  T ig = activate<T>(a, act[0], i + pi * c);
+  T fg = a.input_forget ? T(1) - ig : activate<T>(a, act[0], f + pf * c);
+  T cg = activate<T>(a, act[1], g);
+  T cn = fg * c + ig * cg;
+  T og = activate<T>(a, act[0], o + po * cn);
+  c = cn;
+  return og * static_cast<T>(apply(act[2], cn));
 }
 
 Status infer_rnn(Cell cell, Node& n, InferContext& ctx) {
@@ -314,7 +336,6 @@ Status run_rnn(const RnnAttrs& a, const std::vector<Tensor>& in, std::vector<Ten
   auto y_at = [&](int64_t t, int64_t d, int64_t b) {
     return Y + (a.layout == 0 ? ((t * ND + d) * NB + b) : ((b * S + t) * ND + d)) * H;
   };
-  auto clipped = [&](double v) { return a.has_clip ? std::max(-a.clip, std::min(a.clip, v)) : v; };
 
   std::vector<T> h(H), c(H), gates(G * H), hr(H), z(H), r(H), hh(H);
   for (int64_t d = 0; d < ND; ++d) {
@@ -342,12 +363,12 @@ Status run_rnn(const RnnAttrs& a, const std::vector<Tensor>& in, std::vector<Ten
         };
         if (a.cell == Cell::kRnn) {
           for (int64_t j = 0; j < H; ++j) gates[j] += rec(j, h.data());
-          for (int64_t j = 0; j < H; ++j) h[j] = static_cast<T>(apply(act[0], clipped(gates[j])));
+          for (int64_t j = 0; j < H; ++j) h[j] = activate<T>(a, act[0], gates[j]);
         } else if (a.cell == Cell::kGru) {
           // z, r first; then the hidden gate, which needs r.
           for (int64_t j = 0; j < H; ++j) {
-            z[j] = static_cast<T>(apply(act[0], clipped(gates[j] + rec(j, h.data()))));
-            r[j] = static_cast<T>(apply(act[0], clipped(gates[H + j] + rec(H + j, h.data()))));
+            z[j] = activate<T>(a, act[0], gates[j] + rec(j, h.data()));
+            r[j] = activate<T>(a, act[0], gates[H + j] + rec(H + j, h.data()));
           }
           if (a.linear_before_reset) {
             for (int64_t j = 0; j < H; ++j) hh[j] = gates[2 * H + j] + r[j] * rec(2 * H + j, h.data());
@@ -356,20 +377,14 @@ Status run_rnn(const RnnAttrs& a, const std::vector<Tensor>& in, std::vector<Ten
             for (int64_t j = 0; j < H; ++j) hh[j] = gates[2 * H + j] + rec(2 * H + j, hr.data());
           }
           for (int64_t j = 0; j < H; ++j) {
-            T ht = static_cast<T>(apply(act[1], clipped(hh[j])));
+            T ht = activate<T>(a, act[1], hh[j]);
             h[j] = (T(1) - z[j]) * ht + z[j] * h[j];
           }
         } else {
           for (int64_t g = 0; g < 4 * H; ++g) gates[g] += rec(g, h.data());
           for (int64_t j = 0; j < H; ++j) {
             T pi = Pd ? Pd[j] : T(0), po = Pd ? Pd[H + j] : T(0), pf = Pd ? Pd[2 * H + j] : T(0);
-            T ig = static_cast<T>(apply(act[0], clipped(gates[j] + pi * c[j])));
-            T fg = a.input_forget ? T(1) - ig : static_cast<T>(apply(act[0], clipped(gates[2 * H + j] + pf * c[j])));
-            T cg = static_cast<T>(apply(act[1], clipped(gates[3 * H + j])));
-            T cn = fg * c[j] + ig * cg;
-            T og = static_cast<T>(apply(act[0], clipped(gates[H + j] + po * cn)));
-            c[j] = cn;
-            h[j] = og * static_cast<T>(apply(act[2], cn));
+            h[j] = lstm_unit<T>(a, act, gates[j], gates[H + j], gates[2 * H + j], gates[3 * H + j], pi, po, pf, c[j]);
           }
         }
         std::copy(h.begin(), h.end(), y_at(t, d, b));
@@ -504,7 +519,6 @@ struct ProjectedRun {
   T* y_at(int64_t t, int64_t b) const {
     return Y + (a->layout == 0 ? ((t * ND + d) * NB + b) : ((b * S + t) * ND + d)) * H;
   }
-  double clipped(double v) const { return a->has_clip ? std::max(-a->clip, std::min(a->clip, v)) : v; }
 
   // Units [j0, j1) of every batch entry for this step.
   void run_units(int64_t j0, int64_t j1) const {
@@ -541,30 +555,24 @@ struct ProjectedRun {
       for (int64_t jj = 0; jj < width; ++jj) {
         int64_t j = j0 + jj;
         if (a->cell == Cell::kRnn) {
-          ho[j] = static_cast<T>(apply(act[0], clipped(xp[j] + acc[jj])));
+          ho[j] = activate<T>(*a, act[0], xp[j] + acc[jj]);
         } else if (a->cell == Cell::kLstm) {
           T pi = pd ? pd[j] : T(0), po = pd ? pd[H + j] : T(0), pf = pd ? pd[2 * H + j] : T(0);
-          T ig = static_cast<T>(apply(act[0], clipped(xp[j] + acc[jj] + pi * cb[j])));
-          T fg = a->input_forget ? T(1) - ig
-                                 : static_cast<T>(apply(act[0], clipped(xp[2 * H + j] + acc[2 * kPw + jj] + pf * cb[j])));
-          T cg = static_cast<T>(apply(act[1], clipped(xp[3 * H + j] + acc[3 * kPw + jj])));
-          T cn = fg * cb[j] + ig * cg;
-          T og = static_cast<T>(apply(act[0], clipped(xp[H + j] + acc[kPw + jj] + po * cn)));
-          cb[j] = cn;
-          ho[j] = og * static_cast<T>(apply(act[2], cn));
+          ho[j] = lstm_unit<T>(*a, act, xp[j] + acc[jj], xp[H + j] + acc[kPw + jj], xp[2 * H + j] + acc[2 * kPw + jj],
+                               xp[3 * H + j] + acc[3 * kPw + jj], pi, po, pf, cb[j]);
         } else if (a->linear_before_reset) {  // GRU: h~ = g(x Wh + Wbh + r * (h Rh + Rbh))
-          T z = static_cast<T>(apply(act[0], clipped(xp[j] + acc[jj])));
-          T r = static_cast<T>(apply(act[0], clipped(xp[H + j] + acc[kPw + jj])));
-          T ht = static_cast<T>(apply(act[1], clipped(xp[2 * H + j] + r * acc[2 * kPw + jj])));
+          T z = activate<T>(*a, act[0], xp[j] + acc[jj]);
+          T r = activate<T>(*a, act[0], xp[H + j] + acc[kPw + jj]);
+          T ht = activate<T>(*a, act[1], xp[2 * H + j] + r * acc[2 * kPw + jj]);
           ho[j] = (T(1) - z) * ht + z * hb[j];
         } else if (phase == 1) {  // GRU: z (kept in the output row until phase 2) and r * h
-          T z = static_cast<T>(apply(act[0], clipped(xp[j] + acc[jj])));
-          T r = static_cast<T>(apply(act[0], clipped(xp[H + j] + acc[kPw + jj])));
+          T z = activate<T>(*a, act[0], xp[j] + acc[jj]);
+          T r = activate<T>(*a, act[0], xp[H + j] + acc[kPw + jj]);
           ho[j] = z;
           hr[b * H + j] = r * hb[j];
         } else {  // GRU phase 2: h~ = g(x Wh + Wbh + (r * h) Rh + Rbh)
           T z = ho[j];
-          T ht = static_cast<T>(apply(act[1], clipped(xp[2 * H + j] + acc[jj])));
+          T ht = activate<T>(*a, act[1], xp[2 * H + j] + acc[jj]);
           ho[j] = (T(1) - z) * ht + z * hb[j];
         }
         if (phase != 1) yt[j] = ho[j];

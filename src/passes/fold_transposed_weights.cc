@@ -1,35 +1,12 @@
 #include "passes/fold_transposed_weights.h"
 
-#include <cstring>
 #include <numeric>
+
+#include "passes/rewrite.h"
 
 namespace kiln::passes {
 
 namespace {
-
-// Transposes a constant tensor by `perm` (element bytes copied as they are).
-Tensor transpose_tensor(const Tensor& t, const std::vector<int64_t>& perm) {
-  int64_t rank = t.rank();
-  std::vector<int64_t> out_shape(rank);
-  for (int64_t i = 0; i < rank; ++i) out_shape[i] = t.shape()[perm[i]];
-  Tensor out(t.dtype(), out_shape);
-  std::vector<int64_t> in_strides(rank, 1);
-  for (int64_t i = rank - 2; i >= 0; --i) in_strides[i] = in_strides[i + 1] * t.shape()[i + 1];
-  int64_t esize = dtype_size(t.dtype());
-  std::vector<int64_t> idx(rank, 0);
-  const char* src = static_cast<const char*>(t.data());
-  char* dst = static_cast<char*>(out.data());
-  for (int64_t flat = 0; flat < out.numel(); ++flat) {
-    int64_t off = 0;
-    for (int64_t i = 0; i < rank; ++i) off += idx[i] * in_strides[perm[i]];
-    std::memcpy(dst + flat * esize, src + off * esize, static_cast<size_t>(esize));
-    for (int64_t i = rank - 1; i >= 0; --i) {
-      if (++idx[i] < out_shape[i]) break;
-      idx[i] = 0;
-    }
-  }
-  return out;
-}
 
 bool foldable(const Value* v) {
   return v != nullptr && v->is_constant() && v->constant().dtype() != DType::kString;

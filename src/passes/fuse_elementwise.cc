@@ -14,13 +14,9 @@ bool is_elementwise(const Node* n) {
   return def != nullptr && (def->is_elementwise || def->is_view) && def->lower;
 }
 
-// A node whose implementation the operator strategy chose, with a schedule
-// template (every template fuses an elementwise tail into the write-back).
-bool is_anchor(const Node* n) {
-  if (!n->has_attr(strategy::kImplAttr) || n->num_outputs() != 1) return false;
-  const strategy::Candidate* c = strategy::find_candidate(n->attr_string(strategy::kImplAttr, ""));
-  return c != nullptr && c->schedule != nullptr;
-}
+// A node whose implementation the operator strategy chose: its schedule
+// (strategy::schedule_for) computes an elementwise tail in the write-back.
+bool is_anchor(const Node* n) { return n->has_attr(strategy::kImplAttr) && n->num_outputs() == 1; }
 
 bool is_graph_output(const Graph& g, const Value* v) {
   for (const Value* o : g.outputs())
@@ -37,7 +33,7 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
   // group_of[n] = the root node whose group n belongs to. Walk consumers
   // before producers (reverse order) so a producer can look up its consumer's root.
   std::map<const Node*, const Node*> root_of;
-  std::set<const Node*> members_anchor;  // groups that already took an anchor (one per kernel)
+  std::set<const Node*> anchored_roots;  // groups that already took an anchor (one per kernel)
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* n = *it;
     root_of[n] = n;
@@ -49,8 +45,8 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
       if (out == nullptr || out->uses().empty() || is_graph_output(g, out)) continue;
       const Node* root = nullptr;
       bool one_group = true;
-      for (const auto& [user, slot] : out->uses()) {
-        (void)slot;
+      for (const auto& use : out->uses()) {
+        const Node* user = use.first;
         if (!compiled.count(user) || !is_elementwise(user) || user->has_attr(strategy::kImplAttr)) {
           one_group = false;
           break;
@@ -59,7 +55,7 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
         if (root != nullptr && r != root) one_group = false;
         root = r;
       }
-      if (one_group && root != nullptr && members_anchor.insert(root).second) root_of[n] = root;
+      if (one_group && root != nullptr && anchored_roots.insert(root).second) root_of[n] = root;
       continue;
     }
     if (!enable || !is_elementwise(n) || n->num_outputs() != 1) continue;

@@ -6,11 +6,12 @@
 // tensors in memory). A view (Reshape, Flatten, Squeeze, Unsqueeze) in
 // `compiled` (the driver compiles one only between two elementwise nodes)
 // joins like an elementwise op: its reindexing is inlined too. A node the
-// operator strategy gave an implementation with a schedule template (kiln_impl:
-// every MatMul/Gemm/Conv candidate has one) joins the group of its consumers when all of them are elementwise nodes of
-// one group (at most one such node per group): its template then computes the
-// group's elementwise tail on the register tile (tir fuse_epilogue). Every
-// other compiled node is a group of its own.
+// operator strategy gave an implementation (kiln_impl: MatMul, Gemm, Conv)
+// joins the group of its consumers when all of them are elementwise nodes of
+// one group (at most one such node per group): its schedule
+// (strategy::schedule_for) then computes the group's elementwise tail on the
+// register tile (tir fuse_epilogue). Every other compiled node is a group of
+// its own.
 #pragma once
 
 #include <set>

@@ -1,6 +1,5 @@
 #include "passes/project_rnn_inputs.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "passes/rewrite.h"
@@ -12,20 +11,6 @@ namespace {
 int gates_of(const std::string& op) { return op == "LSTM" ? 4 : op == "GRU" ? 3 : op == "RNN" ? 1 : 0; }
 
 bool is_real(DType t) { return t == DType::kFloat32 || t == DType::kFloat64; }
-
-// W [nd, gh, in] -> W^T [in, nd * gh] (element bytes copied as they are).
-Tensor transpose_w(const Tensor& w) {
-  int64_t nd = w.shape()[0], gh = w.shape()[1], in = w.shape()[2];
-  Tensor out(w.dtype(), {in, nd * gh});
-  size_t es = dtype_size(w.dtype());
-  const char* src = static_cast<const char*>(w.data());
-  char* dst = static_cast<char*>(out.data());
-  for (int64_t d = 0; d < nd; ++d)
-    for (int64_t g = 0; g < gh; ++g)
-      for (int64_t i = 0; i < in; ++i)
-        std::memcpy(dst + (i * nd * gh + d * gh + g) * es, src + ((d * gh + g) * in + i) * es, es);
-  return out;
-}
 
 // R [nd, G*H, H] -> panels [nd, ceil(H / pw), H, G, pw] of pw = 256 bytes of
 // hidden units (64 f32, 32 f64), zero past H: a block of pw units streams one
@@ -96,7 +81,9 @@ Result<int> project_rnn_inputs(Graph& g, PassContext&) {
     // viewed as [.., .., nd * gates * hidden] again: its shape comes from X's
     // first two dims (Shape/Gather/Concat, evaluated symbolically).
     Value* rows = view_as_rows(g, n, x, in, base);
-    Value* wt = g.add_constant(g.unique_name(n->input(1)->name() + ".t"), transpose_w(w));
+    // W [nd, gh, in] -> W^T [in, nd * gh]: direction d's gates at columns d * gh.
+    Value* wt = g.add_constant(g.unique_name(n->input(1)->name() + ".t"),
+                               transpose_tensor(w, {2, 0, 1}).reshaped({in, nd * gh}));
     Node* mm = g.insert_node_before(n, "MatMul", {rows, wt}, {g.unique_name(base + ".proj")});
     Value* projected = mm->output(0);
     if (const Tensor* b = constant_of(n->input(3))) {

@@ -1,6 +1,7 @@
 #include "passes/rewrite.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "passes/eliminate_dead_code.h"
@@ -51,6 +52,29 @@ bool replace_value(Graph& g, Value* from, Value* to) {
   }
   g.replace_all_uses(from, to);
   return true;
+}
+
+Tensor transpose_tensor(const Tensor& t, const std::vector<int64_t>& perm) {
+  int64_t rank = t.rank();
+  std::vector<int64_t> out_shape(rank);
+  for (int64_t i = 0; i < rank; ++i) out_shape[i] = t.shape()[perm[i]];
+  Tensor out(t.dtype(), out_shape);
+  std::vector<int64_t> in_strides(rank, 1);
+  for (int64_t i = rank - 2; i >= 0; --i) in_strides[i] = in_strides[i + 1] * t.shape()[i + 1];
+  int64_t esize = dtype_size(t.dtype());
+  std::vector<int64_t> idx(rank, 0);
+  const char* src = static_cast<const char*>(t.data());
+  char* dst = static_cast<char*>(out.data());
+  for (int64_t flat = 0; flat < out.numel(); ++flat) {
+    int64_t off = 0;
+    for (int64_t i = 0; i < rank; ++i) off += idx[i] * in_strides[perm[i]];
+    std::memcpy(dst + flat * esize, src + off * esize, static_cast<size_t>(esize));
+    for (int64_t i = rank - 1; i >= 0; --i) {
+      if (++idx[i] < out_shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return out;
 }
 
 Tensor int64_vector(const std::vector<int64_t>& v) {

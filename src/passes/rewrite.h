@@ -50,6 +50,9 @@ const Tensor* constant_of(const Value* v);
 // The integers of a constant int32/int64 tensor (any rank), or nullopt.
 std::optional<std::vector<int64_t>> constant_ints(const Value* v);
 
+// A constant tensor transposed by `perm` (element bytes copied as they are).
+Tensor transpose_tensor(const Tensor& t, const std::vector<int64_t>& perm);
+
 // A 1-D int64 constant tensor (shapes for Reshape, indices for Gather).
 Tensor int64_vector(const std::vector<int64_t>& v);
 

@@ -258,7 +258,6 @@ void register_conv_candidates() {
   packed.applies = ihwo_applies;
   packed.priority_for = ihwo_priority;
   packed.transform = ihwo_transform;
-  packed.schedule = default_template;
   register_candidate(std::move(packed));
 
   Candidate direct;
@@ -266,7 +265,6 @@ void register_conv_candidates() {
   direct.op = "Conv";
   direct.priority = 10;
   direct.summary = "weights as stored [O, I, KH, KW]; vectorized over the output width";
-  direct.schedule = default_template;
   register_candidate(std::move(direct));
 }
 

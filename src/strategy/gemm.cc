@@ -198,7 +198,6 @@ void register_default(const std::string& name, const std::string& op) {
   c.op = op;
   c.priority = 10;
   c.summary = "default schedule: register-tiled reduction over the operands as stored";
-  c.schedule = default_template;
   register_candidate(std::move(c));
 }
 

@@ -184,9 +184,16 @@ Result<tir::Schedule> schedule_for(const tir::KernelDef& k, const std::string& s
     return invalid_argument() << anchor->op_type() << " '" << anchor->name() << "': implementation '" << c->name
                               << "' is for " << c->op;
   }
-  if (!c->schedule) return tir::default_schedule(k);
-  auto s = c->schedule(k, stage, choice->knobs);
-  if (!s.is_ok()) return s.status().with_context(anchor->op_type() + " '" + anchor->name() + "'");
+  tir::Schedule s;
+  if (c->schedule) {
+    auto templ = c->schedule(k, stage, choice->knobs);
+    if (!templ.is_ok()) return templ.status().with_context(anchor->op_type() + " '" + anchor->name() + "'");
+    s = std::move(*templ);
+  } else {
+    s = tir::default_schedule(k);
+  }
+  for (const tir::ComputeDef& st : k.stages)
+    if (st.name == stage && !st.reduce_axes.empty()) s.prims.push_back(prim("fuse_epilogue", stage, {}));
   return s;
 }
 

@@ -57,11 +57,9 @@ struct Candidate {
   // per node after the choice; may add constants and set attributes.
   std::function<Status(Graph&, Node&, const tir::Knobs&)> transform;
   // Schedule template: the schedule of the kernel whose anchor stage (the
-  // reduction this node defines, `stage`) the candidate implements. The
-  // kernel also holds the elementwise group that reads the node, when all its
-  // uses are in one (passes/fuse_elementwise.h): templates end with
-  // fuse_epilogue(stage) so it is computed in the write-back. Null: the
-  // default schedule, and the node does not join its consumers' group.
+  // reduction this node defines, `stage`) the candidate implements. Other
+  // stages of the kernel (fused producers) keep the default schedule. Null:
+  // the default schedule.
   std::function<Result<tir::Schedule>(const tir::KernelDef&, const std::string& stage, const tir::Knobs&)>
       schedule;
 };
@@ -108,7 +106,10 @@ void record_choice(Node& n, const Choice& c);
 
 // The schedule of a kernel whose anchor stage `stage` was defined by node
 // `anchor` (null: no anchor). Falls back to tir::default_schedule where the
-// node has no choice or the candidate has no template.
+// node has no choice or the candidate has no template. With a choice, the
+// schedule ends with fuse_epilogue(stage): the kernel also holds the
+// elementwise group that reads the node when all its uses are in one
+// (passes/fuse_elementwise.h), and that group is computed in the write-back.
 Result<tir::Schedule> schedule_for(const tir::KernelDef& k, const std::string& stage, const Node* anchor);
 
 // Registers the built-in candidates (idempotent; the functions above call it).

@@ -12,11 +12,7 @@ tir::Primitive prim(std::string kind, std::string stage, std::vector<std::string
 }
 
 tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string& stage,
-                                     const std::vector<tir::Primitive>& given) {
-  // The templates' reductions take their elementwise consumer (bias,
-  // activation, residual add) into the register tile's write-back.
-  std::vector<tir::Primitive> prims = given;
-  prims.push_back(prim("fuse_epilogue", stage, {}));
+                                     const std::vector<tir::Primitive>& prims) {
   tir::Schedule base = tir::default_schedule(k);
   tir::Schedule s;
   bool placed = false;
@@ -29,13 +25,6 @@ tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string&
     s.prims.push_back(p);
   }
   if (!placed) s.prims.insert(s.prims.end(), prims.begin(), prims.end());
-  return s;
-}
-
-Result<tir::Schedule> default_template(const tir::KernelDef& k, const std::string& stage, const tir::Knobs&) {
-  tir::Schedule s = tir::default_schedule(k);
-  for (const tir::ComputeDef& st : k.stages)
-    if (st.name == stage && !st.reduce_axes.empty()) s.prims.push_back(prim("fuse_epilogue", stage, {}));
   return s;
 }
 

@@ -17,16 +17,9 @@ namespace kiln::strategy {
 tir::Primitive prim(std::string kind, std::string stage, std::vector<std::string> axes, int64_t factor = 0);
 
 // The default schedule of `k` with the primitives of `stage` replaced by
-// `prims` plus fuse_epilogue(stage): the kernel's other stages (fused
-// producers) keep theirs; an elementwise consumer is computed in the tile.
+// `prims`: the kernel's other stages (fused producers and epilogues) keep theirs.
 tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string& stage,
                                      const std::vector<tir::Primitive>& prims);
-
-// The template of candidates without one of their own (conv.direct,
-// conv.ihwo, matmul.default, gemm.default): the default schedule, plus
-// fuse_epilogue(stage), so that their elementwise tail is computed in the
-// write-back too.
-Result<tir::Schedule> default_template(const tir::KernelDef& k, const std::string& stage, const tir::Knobs& knobs);
 
 // A knob a template needs: an error (not an exception) when the recorded
 // choice lacks it or it is below 1 (a .kir file may carry any kiln_knobs).

@@ -45,11 +45,14 @@ namespace kiln::codegen::detail {
 namespace {
 
 // True when evaluating `e` may fault or be undefined if its guard is false:
-// loads (index out of bounds) and integer division by a non-constant.
-bool may_trap(const Expr& e) {
+// loads (index out of bounds; not counted with count_loads false, for a
+// widened select arm that reads them under the arm's lane mask) and integer
+// division by a non-constant.
+bool may_trap(const Expr& e, bool count_loads = true) {
   switch (e.kind()) {
     case ExprKind::kLoad:
-      return true;
+      if (count_loads) return true;
+      break;
     case ExprKind::kDiv:
     case ExprKind::kFloorDiv:
     case ExprKind::kMod:
@@ -64,23 +67,7 @@ bool may_trap(const Expr& e) {
       break;
   }
   for (const Expr& a : e->args)
-    if (may_trap(a)) return true;
-  return false;
-}
-
-// Like may_trap, but loads do not count (a widened select arm reads them
-// under the arm's lane mask): integer division by a non-constant.
-bool may_trap_besides_loads(const Expr& e) {
-  if (e.kind() == ExprKind::kLoad) return false;
-  if ((e.kind() == ExprKind::kDiv || e.kind() == ExprKind::kFloorDiv || e.kind() == ExprKind::kMod) &&
-      !dtype_is_float(e.dtype())) {
-    for (size_t i = 1; i < e->args.size(); ++i) {
-      auto c = e->args[i].as_const();
-      if (!c || *c == 0) return true;
-    }
-  }
-  for (const Expr& a : e->args)
-    if (may_trap_besides_loads(a)) return true;
+    if (may_trap(a, count_loads)) return true;
   return false;
 }
 
@@ -1034,8 +1021,7 @@ bool Emitter::widenable(const Expr& e) const {
     case ExprKind::kSelect:
       // Both arms are evaluated in every lane: they must not fault. Their loads
       // are masked to the lanes that choose the arm.
-      if (may_trap_besides_loads(n.args[1]) || may_trap_besides_loads(n.args[2]) || !widenable_dtype(n.dtype))
-        return false;
+      if (may_trap(n.args[1], false) || may_trap(n.args[2], false) || !widenable_dtype(n.dtype)) return false;
       // Masked arms only on vectors of a power-of-two width: masks of odd
       // widths (a 114-wide row) legalize badly, LLVM's own vectorizer does better.
       if ((may_trap(n.args[1]) || may_trap(n.args[2])) && (wlanes_ & (wlanes_ - 1)) != 0) return false;
