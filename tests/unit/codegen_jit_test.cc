@@ -740,6 +740,11 @@ TEST(CodegenJitMath, AccuracyF32) {
         continue;
       }
       double ref = fn.ref(static_cast<double>(x));
+      if ((std::string(fn.name) == "exp" || std::string(fn.name) == "sigmoid") && ref < 0x1p-126) {
+        // Results below FLT_MIN are flushed to 0 (no subnormal arithmetic); see exp_f32.
+        ASSERT_EQ(got[k], 0.0f) << fn.name << "(" << x << ")";
+        continue;
+      }
       double u = ulp_error(got[k], ref);
       if (std::string(fn.name) == "tanh" && std::fabs(x) < 0.625f && x != 0) {
         // Near 0 the relative error is the measure (tanh x ~ x).

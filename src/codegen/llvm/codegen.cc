@@ -620,12 +620,18 @@ llvm::Value* Emitter::horner(llvm::Value* x, std::initializer_list<double> coeff
 }
 
 // exp(x), f32: n = round(x / ln2), r = x - n ln2 (two-part ln2), exp(r) by the
-// Cephes minimax polynomial, times 2^n built in two halves so that results in
-// the subnormal range round only once. Max error about 1 ulp.
+// Cephes minimax polynomial, times 2^n built in two halves. Max error about
+// 1 ulp over normal results. Results below FLT_MIN (x < -126 ln2) are 0, as in
+// MLAS: an arithmetic result in the subnormal range costs a microcode assist
+// of about 150 cycles per operation on Intel cores, so a masked softmax row
+// (scores of -3.4e38) ran 20x slower than an unmasked one. The input is
+// clamped at -126 ln2 rounded toward zero, where r >= 0 and 2^n is normal, so
+// no lane computes a subnormal, and those lanes are then selected to 0.
 llvm::Value* Emitter::exp_f32(llvm::Value* x) {
   llvm::Type* f = x->getType();
   llvm::Type* i32 = b_.getInt32Ty();
-  llvm::Value* xc = b_.CreateMinNum(b_.CreateMaxNum(x, fc(f, -104.0)), fc(f, 89.0));
+  llvm::Value* lowest = fc(f, -87.33654f);  // float(-126 ln2) rounded toward zero
+  llvm::Value* xc = b_.CreateMinNum(b_.CreateMaxNum(x, lowest), fc(f, 89.0));
   llvm::Value* n = unary(llvm::Intrinsic::roundeven, b_.CreateFMul(xc, fc(f, 1.44269504088896341)));
   llvm::Value* r = fmuladd(n, fc(f, -0.693359375), xc);
   r = fmuladd(n, fc(f, 2.12194440e-4), r);
@@ -639,6 +645,7 @@ llvm::Value* Emitter::exp_f32(llvm::Value* x) {
     return b_.CreateBitCast(b_.CreateShl(b_.CreateAdd(k, ic(i32, 127)), 23), f);
   };
   llvm::Value* res = b_.CreateFMul(b_.CreateFMul(y, pow2(h)), pow2(b_.CreateSub(ni, h)));
+  res = b_.CreateSelect(b_.CreateFCmpOLT(x, lowest), fc(f, 0.0), res);
   return b_.CreateSelect(isnan(x), x, res);
 }
 
