@@ -832,7 +832,7 @@ std::vector<std::string> pipeline_for(const CompileOptions& options) {
 namespace {
 
 // CompileOptions::prefer_impls as a choice source: the first preferred
-// candidate that applies to a node (its knobs given, or its defaults).
+// candidate that applies to a node, with its default knobs where not given.
 class PreferredImpls : public strategy::ChoiceSource {
  public:
   explicit PreferredImpls(std::vector<std::pair<std::string, std::optional<tir::Knobs>>> prefs)
@@ -845,7 +845,10 @@ class PreferredImpls : public strategy::ChoiceSource {
         if (c->name != name) continue;
         strategy::Choice ch;
         ch.candidate = name;
-        ch.knobs = knobs ? *knobs : (c->default_knobs ? c->default_knobs(n) : tir::Knobs{});
+        // Knobs given override the candidate's defaults; those not given keep them.
+        ch.knobs = c->default_knobs ? c->default_knobs(n) : tir::Knobs{};
+        if (knobs)
+          for (const auto& [k, v] : *knobs) ch.knobs[k] = v;
         ch.source = "preferred";
         ch.why = "--impl " + name;
         return ch;
