@@ -38,7 +38,7 @@ const std::vector<PassInfo>& registered_passes() {
        "do nothing or cancel, proven by symbolic shapes",
        &eliminate_identities, true, "tests/ir/eliminate_identities.kir"},
       {"simplify-algebra",
-       "x*1, x/1, x+0, x-0, -(-x); Conv followed by BatchNormalization or a per-channel Mul/Add folded into the "
+       "x*1, x/1, x+0, x-0, -(-x); x^2 and x^3 as multiplies; Conv followed by BatchNormalization or a per-channel Mul/Add folded into the "
        "weights and bias",
        &simplify_algebra, true, "tests/ir/simplify_algebra.kir"},
       {"fold-constants",
