@@ -518,6 +518,33 @@ TEST(CodegenJit, GuardedLoadInSelect) {
   }
 }
 
+// A guarded store in a vectorized loop (the tail of a split axis) is one
+// store masked to the lanes in range, its loads masked too: nothing past n is
+// read or written (the sentinels stay), and every element below n is.
+TEST(CodegenJit, GuardedStoreInVectorLoopIsMasked) {
+  Expr n = var("n"), o = var("o"), i = var("i");
+  PrimFunc f;
+  f.name = "tail";
+  f.params = {buf("a", {n}), buf("out", {n})};
+  f.sym_names = {"n"};
+  Expr at = i + o * 16;
+  Stmt store = tir::make_store("out", 1, {at}, ld("a", 0, {at}) * float_imm(2.0));
+  f.body = tir::make_for("o", floordiv(n + 15, int_imm(16)), ForKind::kSerial,
+                         tir::make_for("i", int_imm(16), ForKind::kVectorized, tir::make_if(lt(at, n), store)));
+  auto mod = compile_ok({f});
+  ASSERT_TRUE(mod);
+  EXPECT_NE(mod->llvm_ir().find("llvm.masked.store"), std::string::npos);
+  for (int64_t nv : {1, 3, 16, 17, 1023}) {
+    Aligned<float> a(nv, 0.0f, NAN), out(nv, 0.0f, 9.0f);
+    for (int64_t t = 0; t < nv; ++t) a[t] = static_cast<float>(t + 1);
+    void* bufs[] = {a.data(), out.data()};
+    int64_t syms[] = {nv};
+    mod->lookup("tail")(bufs, syms);
+    for (int64_t t = 0; t < nv; ++t) ASSERT_EQ(out[t], 2.0f * static_cast<float>(t + 1)) << "n=" << nv;
+    EXPECT_TRUE(out.sentinels_intact());
+  }
+}
+
 // compile() may run on several threads at once (LLVM is initialized once).
 TEST(CodegenJit, ConcurrentCompiles) {
   std::vector<std::thread> threads;

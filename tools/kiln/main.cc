@@ -63,8 +63,9 @@ const char kUsage[] =
     "      --impl NAME[:KNOBS]     prefer an implementation where it applies (repeatable), e.g.\n"
     "                              --impl conv.panels or --impl 'matmul.packed:mr=6 nr=64'\n"
     "      (--select and --impl also apply to bench, profile and info --kernels)\n"
-    "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--passes a,b] [--json]\n"
+    "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--passes a,b] [--json] [--dump-ir]\n"
     "      compile, warm up, time repeated runs; print median, p10/p90, min\n"
+    "      (--dump-ir: the loop IR and optimized LLVM IR of every kernel to stderr)\n"
     "  kiln opt FILE [--PASS ...] [--passes=a,b] [--default-pipeline] [--print-after-all] [--print-after=PASS]\n"
     "           [--disable=a,b] [--verify-each] [--time-passes] [--fuse-elementwise] [--lower] [--naive]\n"
     "           [-o OUT.kir|OUT.onnx] [--list-passes [--markdown]]\n"
@@ -194,6 +195,7 @@ Result<CompileOptions> compile_options(const ParsedArgs& args) {
     options.threads = static_cast<int>(threads);
   }
   options.naive = args.has("naive");
+  options.dump_ir = args.has("dump-ir");
   if (auto m = args.get("max-memory")) {
     KILN_ASSIGN_OR_RETURN(options.max_memory_bytes, parse_byte_size(*m));
     if (options.max_memory_bytes <= 0) return invalid_argument() << "--max-memory must be positive";
@@ -538,7 +540,7 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
   OptionSpec spec;
   spec.with_value = {"threads", "select", "impl", "runs", "warmup", "dim", "input", "max-memory", "passes"};
   spec.repeatable = {"dim", "input", "impl"};
-  spec.flags = {"json", "naive"};
+  spec.flags = {"json", "naive", "dump-ir"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "bench"));
   KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));

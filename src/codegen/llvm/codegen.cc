@@ -1248,7 +1248,16 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
 bool Emitter::emit_widened(const tir::Stmt& loop) {
   auto c = loop->extent.as_const();
   if (!c || *c < 2 || *c > 256 || !wvar_.empty()) return false;
-  const tir::Stmt& st = loop->body;
+  // A guarded store (`if (cond) store`, the tail of a split axis) is a store
+  // masked to the lanes where cond holds, its loads masked likewise; only for
+  // power-of-two widths (masks of odd widths legalize poorly).
+  Expr cond;
+  tir::Stmt st = loop->body;
+  if (st && st->kind == tir::StmtKind::kIfThenElse && !st->else_case && st->then_case &&
+      st->then_case->kind == tir::StmtKind::kStore && (*c & (*c - 1)) == 0) {
+    cond = st->cond;
+    st = st->then_case;
+  }
   if (!st || st->kind != tir::StmtKind::kStore) return false;
   BufferRef* ref = find_buffer(st->buffer.name, st->buffer_index);
   if (!ref) return false;
@@ -1257,7 +1266,7 @@ bool Emitter::emit_widened(const tir::Stmt& loop) {
   std::string saved_var = wvar_;
   wvar_ = loop->var;
   wlanes_ = static_cast<unsigned>(*c);
-  bool ok = widenable(st->value);
+  bool ok = widenable(st->value) && (!cond.defined() || widenable(cond));
   for (const Expr& i : st->indices) ok = ok && widenable(i);
   // The stored buffer may be read in the value only at the stored element
   // (a reduction update): lanes then never see each other's stores.
@@ -1277,11 +1286,20 @@ bool Emitter::emit_widened(const tir::Stmt& loop) {
     wvar_ = saved_var;
     return false;
   }
+  llvm::Value* mask = cond.defined() ? splat(emit_w(cond)) : nullptr;
+  llvm::Value* saved_mask = wmask_;
+  wmask_ = mask;
   llvm::Value* v = splat(emit_w(st->value));
   auto [addr, contiguous] = widened_address(*ref, st->indices);
+  wmask_ = saved_mask;
   llvm::Align align(dtype_size(bt));
-  llvm::Instruction* store = contiguous ? static_cast<llvm::Instruction*>(b_.CreateAlignedStore(v, addr, align))
-                                        : b_.CreateMaskedScatter(v, addr, align);
+  llvm::Instruction* store;
+  if (mask) {
+    store = contiguous ? b_.CreateMaskedStore(v, addr, align, mask) : b_.CreateMaskedScatter(v, addr, align, mask);
+  } else {
+    store = contiguous ? static_cast<llvm::Instruction*>(b_.CreateAlignedStore(v, addr, align))
+                       : b_.CreateMaskedScatter(v, addr, align);
+  }
   set_alias_md(store, *ref);
   wvar_ = saved_var;
   return true;
