@@ -36,6 +36,7 @@ struct StagePlan {
   // (a reduction computes its padded tile in full and writes back the valid part).
   std::vector<Expr> store_guards;
   std::string cache_axis;  // empty: no cache_write
+  std::string rfactor_axis;  // empty: no rfactor; else a reduce loop accumulated in vector lanes
   bool fuse_epilogue = false;  // fuse_epilogue asked for
   int epilogue = -1;           // the stage computed in this one's write-back
   int fused_into = -1;         // this stage is computed in that stage's write-back
@@ -255,9 +256,9 @@ struct Lowerer {
         return invalid_argument() << "schedule: split(" << p.stage << ", " << old.var
                                   << ") of a loop already marked " << for_kind_name(old.kind);
       }
-      if (old.var == plan.cache_axis) {
+      if (old.var == plan.cache_axis || old.var == plan.rfactor_axis) {
         return invalid_argument() << "schedule: split(" << p.stage << ", " << old.var
-                                  << ") of the cache_write axis";
+                                  << ") of the " << (old.var == plan.cache_axis ? "cache_write" : "rfactor") << " axis";
       }
       std::string outer = old.var + ".o", inner = old.var + ".i";
       for (const std::string& n : {outer, inner}) {
@@ -375,6 +376,24 @@ struct Lowerer {
                                   << ") at a reduce axis";
       }
       plan.cache_axis = p.axes[0];
+      plan.touched = true;
+      return Status::ok();
+    }
+    if (p.kind == "rfactor") {
+      if (p.axes.size() != 1) return invalid_argument() << "schedule: rfactor takes one axis";
+      KILN_ASSIGN_OR_RETURN(auto where, find_loop(plan, p, p.axes[0]));
+      if (!where.first) {
+        return invalid_argument() << "schedule: rfactor(" << p.stage << ", " << p.axes[0] << ") of a spatial axis";
+      }
+      if (!plan.rfactor_axis.empty()) {
+        return invalid_argument() << "schedule: rfactor(" << p.stage << ") applied twice";
+      }
+      auto c = plan.reduce[where.second].extent.as_const();
+      if (!c || *c < 1 || *c > 64) {
+        return invalid_argument() << "schedule: rfactor(" << p.stage << ", " << p.axes[0]
+                                  << ") needs a constant extent of 1 to 64 (split the axis first)";
+      }
+      plan.rfactor_axis = p.axes[0];
       plan.touched = true;
       return Status::ok();
     }
@@ -593,6 +612,35 @@ struct Lowerer {
     Expr acc_load = load(acc.name, -1, acc.dtype, acc_idx);
     Expr init = st.init.defined() ? to_loops(cast_to(st.dtype, st.init))
                                   : default_init(st.combiner, st.dtype);
+    std::vector<Loop> reduce_loops = plan.reduce;
+    // rfactor: the reduce loop rf runs innermost, vectorized, each lane
+    // accumulating its own partial (from the combiner's neutral element) in
+    // lanes[inner..., rf]; the lanes are then combined, from `init`, into acc,
+    // which the write-back reads as without rfactor.
+    std::optional<Loop> rf;
+    Buffer lanes;
+    std::vector<Expr> lane_idx = acc_idx;
+    if (!plan.rfactor_axis.empty()) {
+      auto it = std::find_if(reduce_loops.begin(), reduce_loops.end(),
+                             [&](const Loop& l) { return l.var == plan.rfactor_axis; });
+      if (it == reduce_loops.end()) {
+        return invalid_argument() << "schedule: rfactor(" << st.name << ", " << plan.rfactor_axis
+                                  << "): the axis no longer exists";
+      }
+      for (const Loop& l : inner)
+        if (l.kind == ForKind::kVectorized) {
+          return invalid_argument() << "schedule: rfactor(" << st.name << ") and vectorize(" << st.name << ", "
+                                    << l.var << "): one vector loop per stage";
+        }
+      rf = *it;
+      rf->kind = ForKind::kVectorized;
+      reduce_loops.erase(it);
+      lanes.name = st.name + ".lanes";
+      lanes.dtype = st.dtype;
+      lanes.shape = acc.shape;
+      lanes.shape.push_back(rf->extent);
+      lane_idx.push_back(var(rf->var));
+    }
     Expr result = acc_load;
     if (st.finalize.defined()) {
       result = to_loops(cast_to(st.dtype, substitute(st.finalize, {{"acc", acc_load}})));
@@ -614,20 +662,40 @@ struct Lowerer {
       auto pe = param_index.find(E.name);
       store_index = pe == param_index.end() ? -1 : pe->second;
     }
-    std::vector<Loop> update_loops = plan.reduce;
+    std::vector<Loop> update_loops = reduce_loops;
     update_loops.insert(update_loops.end(), inner.begin(), inner.end());
+    if (rf) update_loops.push_back(*rf);
     // The tile: init, update and write-back nests under `guards` (the
     // write-back also under split_padded's store guards), in the accumulator.
     auto tile = [&](const std::vector<Expr>& guards) {
       Stmt init_nest = build_nest(inner, make_store(acc.name, -1, acc_idx, init), guards, bound_outside, loop_vars);
-      Stmt update_nest =
-          build_nest(update_loops, make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, body)), guards,
-                     bound_outside, loop_vars);
       std::vector<Expr> final_guards = guards;
       final_guards.insert(final_guards.end(), plan.store_guards.begin(), plan.store_guards.end());
       Stmt final_nest = build_nest(inner, make_store(store_name, store_index, out_indices, result), final_guards,
                                    bound_outside, loop_vars);
-      return make_allocate(acc, make_seq({init_nest, update_nest, final_nest}));
+      if (!rf) {
+        Stmt update_nest =
+            build_nest(update_loops, make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, body)), guards,
+                       bound_outside, loop_vars);
+        return make_allocate(acc, make_seq({init_nest, update_nest, final_nest}));
+      }
+      // Guards that involve reduce loops (the tail of a split reduce axis) mask
+      // lanes of the update only: unplaceable in the other nests, where every
+      // lane is written (a masked-off lane keeps the neutral element).
+      std::vector<Loop> lane_loops = inner;
+      lane_loops.push_back(*rf);
+      Expr lane_load = load(lanes.name, -1, lanes.dtype, lane_idx);
+      Stmt lanes_init = build_nest(lane_loops, make_store(lanes.name, -1, lane_idx, default_init(st.combiner, st.dtype)),
+                                   guards, bound_outside, loop_vars);
+      Stmt update_nest = build_nest(update_loops, make_store(lanes.name, -1, lane_idx, combine(st.combiner, lane_load, body)),
+                                    guards, bound_outside, loop_vars);
+      Loop serial_rf = *rf;
+      serial_rf.kind = ForKind::kSerial;
+      std::vector<Loop> fold_loops = {serial_rf};  // outside any vector loop of `inner`
+      fold_loops.insert(fold_loops.end(), inner.begin(), inner.end());
+      Stmt fold_nest = build_nest(fold_loops, make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, lane_load)),
+                                  guards, bound_outside, loop_vars);
+      return make_allocate(acc, make_allocate(lanes, make_seq({lanes_init, update_nest, init_nest, fold_nest, final_nest})));
     };
     Stmt alloc = tile(plan.guards);
     // A tile whose guards hold at the last point of every inner loop holds

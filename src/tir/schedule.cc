@@ -316,6 +316,51 @@ bool read_by_window(const KernelDef& k, size_t s) {
   return false;
 }
 
+// A reduction along a contiguous dim (softmax's row max and sum, layer
+// norm's mean, a ReduceSum over the last axis): some load reads the innermost
+// reduce axis with unit stride in its last index and the innermost spatial
+// axis (extent > 1) in another index, so vectorizing the spatial axis would
+// gather one element per row. Instead the reduce axis is split into vector
+// lanes (rfactor): contiguous loads, one combine of the lanes per output.
+// Returns false (and adds nothing) where the pattern does not apply or the
+// reduce axis is shorter than half a vector.
+bool rfactor_reduction(const ComputeDef& st, Schedule& s) {
+  size_t n = st.axes.size();
+  if (n == 0 || st.reduce_axes.empty()) return false;
+  int64_t elem = static_cast<int64_t>(dtype_size(st.dtype));
+  if (elem <= 0 || elem > 8) return false;
+  const int64_t vec = 64 / elem;
+  const std::string& r = st.reduce_axes.back();
+  auto rext = st.reduce_extents.back().as_const();
+  if (rext && *rext < vec / 2) return false;
+  int vi = -1;
+  for (size_t i = n; i-- > 0 && vi < 0;) {
+    auto c = st.shape[i].as_const();
+    if (!c || *c > 1) vi = static_cast<int>(i);
+  }
+  if (vi < 0) return false;
+  const std::string& v = st.axes[static_cast<size_t>(vi)];
+  bool gathers = false;
+  rewrite(st.body, [&](const Expr& e) -> Expr {
+    if (e.kind() != ExprKind::kLoad || e->args.empty() || !unit_stride(e->args.back(), r)) return Expr();
+    for (size_t a = 0; a + 1 < e->args.size(); ++a)
+      for (const std::string& f : free_vars(e->args[a])) gathers = gathers || f == v;
+    return Expr();
+  });
+  if (!gathers) return false;
+  std::string lanes = r;
+  if (!rext || *rext > vec) {
+    s.prims.push_back(prim("split", st.name, {r}, vec));
+    lanes = r + ".i";
+  }
+  s.prims.push_back(prim("rfactor", st.name, {lanes}));
+  std::vector<std::optional<int64_t>> counts;
+  for (size_t a = 0; a < n; ++a) counts.push_back(st.shape[a].as_const());
+  int par = choose_parallel(counts);
+  if (par >= 0) s.prims.push_back(prim("parallel", st.name, {st.axes[static_cast<size_t>(par)]}));
+  return true;
+}
+
 }  // namespace
 
 int choose_parallel(const std::vector<std::optional<int64_t>>& loops) {
@@ -366,7 +411,7 @@ Result<Schedule> parse_schedule(std::string_view text) {
     }
     static const std::map<std::string, std::pair<size_t, size_t>, std::less<>> kArity = {
         {"inline", {1, 1}},   {"split", {3, 3}}, {"split_overlap", {3, 3}}, {"split_padded", {3, 3}},     {"reorder", {2, 1000}}, {"parallel", {2, 2}},
-        {"vectorize", {2, 2}}, {"unroll", {2, 2}}, {"cache_write", {2, 2}}, {"fuse_epilogue", {1, 1}}};
+        {"vectorize", {2, 2}}, {"unroll", {2, 2}}, {"cache_write", {2, 2}}, {"fuse_epilogue", {1, 1}}, {"rfactor", {2, 2}}};
     auto ar = kArity.find(p.kind);
     if (ar == kArity.end()) {
       return invalid_argument() << "schedule line " << line_no << ": unknown primitive '" << p.kind
@@ -411,7 +456,7 @@ Schedule default_schedule(const KernelDef& k) {
     const std::string& innermost = st.axes[n - 1];
     auto inner_extent = st.shape[n - 1].as_const();
     if (is_reduction(st)) {
-      if (tile_reduction(k, st, s)) continue;
+      if (rfactor_reduction(st, s) || tile_reduction(k, st, s)) continue;
       size_t limit = n;
       if (n >= 2 && (!inner_extent || *inner_extent >= 8)) {
         s.prims.push_back(prim("cache_write", st.name, {st.axes[n - 2]}));

@@ -23,6 +23,17 @@
 //   cache_write(stage, axis)          -> accumulate the stage in a local buffer
 //                                        allocated at `axis`, moving reduce loops
 //                                        outside the loops below `axis`
+//   rfactor(stage, axis)              -> for a reduce axis of constant extent
+//                                        (at most 64, usually the inner half of a
+//                                        split): the reduction runs it innermost
+//                                        as vector lanes, each accumulating a
+//                                        partial in a local buffer, combined
+//                                        into the result after the reduce loops.
+//                                        For a reduction along a contiguous dim
+//                                        (softmax's row max, layer norm's mean),
+//                                        which otherwise vectorizes across rows
+//                                        with gathers. Reassociates the combiner
+//                                        (sum, prod, max, min)
 //   fuse_epilogue(stage)              -> for a reduction: the next stage that is
 //                                        not inlined, when it is elementwise over
 //                                        the same shape and reads this stage only
@@ -44,7 +55,7 @@
 namespace kiln::tir {
 
 struct Primitive {
-  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write, fuse_epilogue
+  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write, rfactor, fuse_epilogue
   std::string stage;
   std::vector<std::string> axes;
   int64_t factor = 0;
