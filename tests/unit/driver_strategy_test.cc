@@ -190,6 +190,7 @@ struct ConvCase {
   std::vector<int64_t> w;        // [O, I, KH, KW]
   int64_t stride, pad;
   std::vector<int64_t> x_run;
+  int64_t group = 1;
 };
 
 std::unique_ptr<Graph> conv_graph(const ConvCase& c, const Tensor& w, const Tensor& bias) {
@@ -207,6 +208,12 @@ std::unique_ptr<Graph> conv_graph(const ConvCase& c, const Tensor& w, const Tens
   n->set_attr("kernel_shape", ints({c.w[2], c.w[3]}));
   n->set_attr("strides", ints({c.stride, c.stride}));
   n->set_attr("pads", ints({c.pad, c.pad, c.pad, c.pad}));
+  if (c.group != 1) {
+    Attribute group;
+    group.kind = Attribute::Kind::kInt;
+    group.i = c.group;
+    n->set_attr("group", group);
+  }
   Node* relu = g->add_node("Relu", {n->output(0)}, {"r"});
   g->set_outputs({relu->output(0)});
   g->bounds["h"] = Interval{1, std::nullopt};
@@ -225,6 +232,13 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
       // Output channels not a multiple of the panel width: zero-padded panels.
       {Shape{1, 16, 13, 13}, {1000 / 8, 16, 1, 1}, 1, 0, {1, 16, 13, 13}},
       {Shape{1, 9, 8, 8}, {24, 9, 3, 3}, 2, 1, {1, 9, 8, 8}},
+      // Depthwise (conv.depthwise and conv.direct): odd planes, stride 2, a
+      // plane wide enough to inline the padding, a symbolic plane, 5x5, 1x1.
+      {Shape{1, 5, 17, 17}, {5, 1, 3, 3}, 1, 1, {1, 5, 17, 17}, 5},
+      {Shape{1, 3, 3, 1023}, {3, 1, 3, 3}, 2, 1, {1, 3, 3, 1023}, 3},
+      {Shape{1, 2, 5, 112}, {2, 1, 3, 3}, 1, 1, {1, 2, 5, 112}, 2},
+      {Shape{1, 4, var("h"), var("w")}, {4, 1, 5, 5}, 1, 2, {1, 4, 9, 37}, 4},
+      {Shape{1, 7, 1, 1}, {7, 1, 3, 3}, 1, 1, {1, 7, 1, 1}, 7},
   };
   std::mt19937_64 rng(43);
   uint32_t seed = 100;
@@ -236,7 +250,7 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
     ASSERT_TRUE(want.is_ok()) << want.status().to_string();
     int64_t k = c.w[1] * c.w[2] * c.w[3];
     int tried = check_candidates("Conv", [&] { return conv_graph(c, w, bias); }, x, *want, k, rng);
-    EXPECT_GE(tried, 2);  // conv.panels and conv.ihwo/conv.direct apply to each case
+    EXPECT_GE(tried, 2);  // conv.panels or conv.depthwise, and conv.ihwo/conv.direct, apply to each case
   }
 }
 

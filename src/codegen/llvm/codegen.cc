@@ -261,6 +261,7 @@ class Emitter {
   llvm::Value* strided_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
   // Lanes a widened load may read (inside a select arm); null: all.
   llvm::Value* wmask_ = nullptr;
+  Expr merge_lane_terms(const Expr& e) const;
   llvm::Value* clamped_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
   llvm::Value* span_load(const BufferRef& ref, const Expr& base, unsigned stride, llvm::Value* lanes);
 
@@ -1120,11 +1121,58 @@ llvm::Value* Emitter::strided_load(const BufferRef& ref, const std::vector<Expr>
 // load, the others (the edges) a masked gather at the clamped index, run only
 // when a vector has such a lane. Each lane reads exactly the element the
 // scalar code reads.
+// A min (max) of several terms that depend on the lane variable, all a
+// lane-invariant distance apart, as one term: min(d0, d1, ..., b...) ->
+// min(b..., d0 + min(d1 - d0, ..., 0)). The simplifier distributes a split's
+// min(40, 16*o) into a clamp (min(55, i + 39) and i + 16*o - 1 under one min),
+// which otherwise hides the clamp from clamped_load.
+Expr Emitter::merge_lane_terms(const Expr& e) const {
+  ExprKind k = e.kind();
+  if ((k != ExprKind::kMin && k != ExprKind::kMax) || !depends(e)) return e;
+  std::vector<Expr> terms;
+  std::function<void(const Expr&)> collect = [&](const Expr& x) {
+    if (x.kind() == k) {
+      for (const Expr& a : x->args) collect(a);
+    } else {
+      terms.push_back(x);
+    }
+  };
+  collect(e);
+  std::vector<Expr> lane, fixed;
+  for (const Expr& t : terms) (depends(t) ? lane : fixed).push_back(t);
+  if (lane.size() < 2) return e;
+  std::vector<Expr> offsets = {int_imm(0, lane[0].dtype())};
+  for (size_t i = 1; i < lane.size(); ++i) {
+    Expr d = simplify(lane[i] - lane[0]);
+    if (depends(d)) return e;
+    offsets.push_back(d);
+  }
+  auto fold = [&](std::vector<Expr> xs) {
+    Expr r = xs[0];
+    for (size_t i = 1; i < xs.size(); ++i) r = k == ExprKind::kMin ? min(r, xs[i]) : max(r, xs[i]);
+    return r;
+  };
+  Expr merged = lane[0] + fold(offsets);
+  if (fixed.empty()) return merged;
+  return k == ExprKind::kMin ? min(fold(fixed), merged) : max(fold(fixed), merged);
+}
+
 llvm::Value* Emitter::clamped_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt) {
   std::vector<Expr> conds;
   std::vector<Expr> bare;
   for (const Expr& idx : indices) {
     Expr e = idx;
+    // Each level of the clamp may hide its lane terms (see merge_lane_terms).
+    auto level = [&](const Expr& x) {
+      if (x.kind() != ExprKind::kMax && x.kind() != ExprKind::kMin) return x;
+      Expr m = merge_lane_terms(x);
+      if (m.kind() != x.kind() || m->args.size() != 2) return x;
+      Expr a = m->args[0], b = m->args[1];
+      if (depends(a) && !depends(b)) std::swap(a, b);
+      if (!depends(a) && depends(b)) b = merge_lane_terms(b);
+      return x.kind() == ExprKind::kMin ? min(a, b) : max(a, b);
+    };
+    e = level(e);
     while ((e.kind() == ExprKind::kMax || e.kind() == ExprKind::kMin) && e->args.size() == 2 && depends(e)) {
       const Expr &a = e->args[0], &b = e->args[1];
       bool a_dep = depends(a), b_dep = depends(b);
@@ -1133,7 +1181,7 @@ llvm::Value* Emitter::clamped_load(const BufferRef& ref, const std::vector<Expr>
       const Expr& inner = a_dep ? a : b;
       // max(lo, x) is x where lo <= x; min(hi, x) is x where x <= hi.
       conds.push_back(e.kind() == ExprKind::kMax ? le(bound, inner) : le(inner, bound));
-      e = inner;
+      e = level(inner);
     }
     bare.push_back(e);
   }
