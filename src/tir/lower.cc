@@ -605,6 +605,14 @@ struct Lowerer {
     if (inner.empty()) {
       acc.shape.push_back(int_imm(1));
       acc_idx.push_back(int_imm(0));
+    } else if (auto c = inner.back().extent.as_const(); c && inner.back().kind == ForKind::kVectorized &&
+                                                           inner.size() > 1 && (*c & (*c - 1)) != 0) {
+      // Rows of a vector width that is not a power of two (14 of a 14x14
+      // plane) start at power-of-two offsets, so that LLVM keeps each row of
+      // the tile in a register instead of storing and reloading it per step.
+      int64_t padded = 1;
+      while (padded < *c) padded *= 2;
+      acc.shape.back() = int_imm(padded);
     }
     std::set<std::string> bound_outside;
     for (const auto& l : outer) bound_outside.insert(l.var);

@@ -545,6 +545,32 @@ TEST(CodegenJit, GuardedStoreInVectorLoopIsMasked) {
   }
 }
 
+// f32 math calls in a vectorized loop of constant width (an activation in a
+// convolution's write-back, 14 lanes for a 14-wide plane) are emitted on
+// vectors of that width, and give what the scalar expansions give.
+TEST(CodegenJit, MathCallsInVectorLoop) {
+  Expr i = var("i");
+  PrimFunc f;
+  f.name = "act14";
+  f.params = {buf("a", {int_imm(14)}), buf("out", {int_imm(14)})};
+  Expr a = ld("a", 0, {i});
+  Expr v = call("sigmoid", f32, {a}) + call("exp", f32, {a}) * call("tanh", f32, {a}) + call("erf", f32, {a});
+  f.body = tir::make_for("i", int_imm(14), ForKind::kVectorized, tir::make_store("out", 1, {i}, v));
+  auto mod = compile_ok({f});
+  ASSERT_TRUE(mod);
+  EXPECT_NE(mod->llvm_ir().find("<14 x float>"), std::string::npos);
+  Aligned<float> x(14), out(14, 0, 9.0f);
+  for (int t = 0; t < 14; ++t) x[t] = -6.5f + t;
+  void* bufs[] = {x.data(), out.data()};
+  mod->lookup("act14")(bufs, nullptr);
+  for (int t = 0; t < 14; ++t) {
+    double xv = x[t];
+    double want = 1 / (1 + std::exp(-xv)) + std::exp(xv) * std::tanh(xv) + std::erf(xv);
+    EXPECT_NEAR(out[t], want, 1e-5 * (1 + std::fabs(want))) << "x=" << xv;
+  }
+  EXPECT_TRUE(out.sentinels_intact());
+}
+
 // compile() may run on several threads at once (LLVM is initialized once).
 TEST(CodegenJit, ConcurrentCompiles) {
   std::vector<std::thread> threads;

@@ -183,6 +183,11 @@ class Emitter {
     return ty;
   }
   llvm::Value* fc(llvm::Type* t, double v) { return llvm::ConstantFP::get(t, v); }
+  // `scalar`, or a vector of it with as many lanes as `like` has.
+  static llvm::Type* same_lanes(llvm::Type* scalar, llvm::Type* like) {
+    if (auto* vt = llvm::dyn_cast<llvm::VectorType>(like)) return llvm::VectorType::get(scalar, vt->getElementCount());
+    return scalar;
+  }
   llvm::Value* ic(llvm::Type* t, int64_t v) {
     return llvm::ConstantInt::get(t, static_cast<uint64_t>(v), true);
   }
@@ -262,6 +267,7 @@ class Emitter {
   // Lanes a widened load may read (inside a select arm); null: all.
   llvm::Value* wmask_ = nullptr;
   Expr merge_lane_terms(const Expr& e) const;
+  llvm::Value* unary_math_f32(const std::string& name, llvm::Value* a);
   llvm::Value* clamped_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
   llvm::Value* span_load(const BufferRef& ref, const Expr& base, unsigned stride, llvm::Value* lanes);
 
@@ -630,7 +636,7 @@ llvm::Value* Emitter::horner(llvm::Value* x, std::initializer_list<double> coeff
 // no lane computes a subnormal, and those lanes are then selected to 0.
 llvm::Value* Emitter::exp_f32(llvm::Value* x) {
   llvm::Type* f = x->getType();
-  llvm::Type* i32 = b_.getInt32Ty();
+  llvm::Type* i32 = same_lanes(b_.getInt32Ty(), x->getType());
   llvm::Value* lowest = fc(f, -87.33654f);  // float(-126 ln2) rounded toward zero
   llvm::Value* xc = b_.CreateMinNum(b_.CreateMaxNum(x, lowest), fc(f, 89.0));
   llvm::Value* n = unary(llvm::Intrinsic::roundeven, b_.CreateFMul(xc, fc(f, 1.44269504088896341)));
@@ -654,7 +660,7 @@ llvm::Value* Emitter::exp_f32(llvm::Value* x) {
 // polynomial in (m - 1), plus e ln2 in two parts. Subnormals are pre-scaled.
 llvm::Value* Emitter::log_f32(llvm::Value* x) {
   llvm::Type* f = x->getType();
-  llvm::Type* i32 = b_.getInt32Ty();
+  llvm::Type* i32 = same_lanes(b_.getInt32Ty(), x->getType());
   llvm::Value* sub = b_.CreateFCmpOLT(x, fc(f, 1.17549435e-38));
   llvm::Value* xs = b_.CreateSelect(sub, b_.CreateFMul(x, fc(f, 8388608.0)), x);
   llvm::Value* bits = b_.CreateBitCast(xs, i32);
@@ -698,13 +704,13 @@ llvm::Value* Emitter::tanh_f32(llvm::Value* x) {
 }
 
 // sigmoid(x) = 1 / (1 + exp(-x)), computed from e = exp(-|x|) so that large
-// negative inputs give e / (1 + e) without overflow.
+// negative inputs give e * (1 / (1 + e)) without overflow.
 llvm::Value* Emitter::sigmoid_f32(llvm::Value* x) {
   llvm::Type* f = x->getType();
   llvm::Value* e = exp_f32(b_.CreateFNeg(unary(llvm::Intrinsic::fabs, x)));
   llvm::Value* d = b_.CreateFAdd(fc(f, 1.0), e);
   llvm::Value* pos = b_.CreateFDiv(fc(f, 1.0), d);
-  llvm::Value* neg = b_.CreateFDiv(e, d);
+  llvm::Value* neg = b_.CreateFMul(e, pos);  // e / (1 + e) with one division for both signs
   return b_.CreateSelect(b_.CreateFCmpOLT(x, fc(f, 0.0)), neg, pos);
 }
 
@@ -957,8 +963,10 @@ llvm::Value* Emitter::emit_call(const Expr& e) {
     fail("intrinsic " + name + " needs a float dtype: " + e.to_string());
     return poison(ty);
   }
-  if (name == "sqrt") return unary(llvm::Intrinsic::sqrt, a);
   bool f32 = t == DType::kFloat32 || dtype_is_narrow_float(t);
+  if (f32)
+    if (llvm::Value* r = unary_math_f32(name, a)) return r;
+  if (name == "sqrt") return unary(llvm::Intrinsic::sqrt, a);
   if (name == "exp") return f32 ? exp_f32(a) : libm_call("exp", a);
   if (name == "log") return f32 ? log_f32(a) : libm_call("log", a);
   if (name == "tanh") return f32 ? tanh_f32(a) : libm_call("tanh", a);
@@ -981,6 +989,28 @@ llvm::Value* Emitter::emit_call(const Expr& e) {
   }
   fail("unknown intrinsic '" + name + "'");
   return poison(ty);
+}
+
+// One-argument float math on f32 scalars or vectors (the inline expansions
+// above, which are element-wise); null for another name.
+llvm::Value* Emitter::unary_math_f32(const std::string& name, llvm::Value* a) {
+  if (name == "neg") return b_.CreateFNeg(a);
+  if (name == "abs") return unary(llvm::Intrinsic::fabs, a);
+  if (name == "sqrt") return unary(llvm::Intrinsic::sqrt, a);
+  if (name == "floor") return unary(llvm::Intrinsic::floor, a);
+  if (name == "ceil") return unary(llvm::Intrinsic::ceil, a);
+  if (name == "round") return unary(llvm::Intrinsic::roundeven, a);
+  if (name == "exp") return exp_f32(a);
+  if (name == "log") return log_f32(a);
+  if (name == "tanh") return tanh_f32(a);
+  if (name == "erf") return erf_f32(a);
+  if (name == "sigmoid") return sigmoid_f32(a);
+  if (name == "sin") return sincos_f32(a, false);
+  if (name == "cos") return sincos_f32(a, true);
+  if (name == "atan") return atan_f32(a);
+  if (name == "asin") return asin_f32(a);
+  if (name == "acos") return acos_f32(a);
+  return nullptr;
 }
 
 // ============================== explicit vectorization ==============================
@@ -1044,8 +1074,18 @@ bool Emitter::widenable(const Expr& e) const {
       if (!widenable_dtype(n.dtype)) return false;
       break;
     }
+    case ExprKind::kCall: {
+      // f32 math with an inline expansion (exp, sigmoid, tanh, ...): an activation in a write-back.
+      // (sin and cos reduce their argument in scalar double: not here.)
+      static const std::set<std::string> kUnary = {"neg", "abs",  "sqrt", "floor",   "ceil", "round", "exp",
+                                                   "log", "tanh", "erf",  "sigmoid", "atan", "asin",  "acos"};
+      if (n.dtype != DType::kFloat32 || n.args.size() != 1 || n.args[0].dtype() != DType::kFloat32 ||
+          !kUnary.count(n.name))
+        return false;
+      break;
+    }
     default:
-      return false;  // calls, immediates of odd types
+      return false;  // other calls, immediates of odd types
   }
   for (const Expr& a : n.args)
     if (!widenable(a)) return false;
@@ -1266,6 +1306,8 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
     }
     case ExprKind::kCast:
       return convert(splat(emit_w(n.args[0])), n.args[0].dtype(), n.dtype);
+    case ExprKind::kCall:
+      return unary_math_f32(n.name, splat(emit_w(n.args[0])));
     case ExprKind::kLoad: {
       BufferRef* ref = find_buffer(n.name, static_cast<int>(n.int_value));
       llvm::Type* vt = llvm::VectorType::get(mem_type(n.dtype), wlanes_, false);
