@@ -22,14 +22,20 @@ inline void cpu_relax() {
 }
 }  // namespace
 
-// A job is published by storing a new ticket: (epoch << 40) | next chunk.
-// Workers claim chunk c by a compare-and-swap that only succeeds while the
-// ticket still carries the job's epoch, so a worker that is late for one job
-// can never run (or count) a chunk of another. Job fields are atomics because
-// a late worker may read them while the next job is being published.
+// A job is published by storing a new ticket: (epoch << 40) | (back << 20) |
+// front, the chunks not yet claimed being [front, back). The caller claims
+// chunks from the front, workers from the back, each by a compare-and-swap
+// that only succeeds while the ticket still carries the job's epoch, so a
+// worker that is late for one job can never run (or count) a chunk of
+// another. Claiming from opposite ends keeps, with two threads, the caller on
+// the first part of every loop and the worker on the last, so consecutive
+// kernels split their data alike and each core mostly reads what it wrote.
+// Job fields are atomics because a late worker may read them while the next
+// job is being published.
 struct ThreadPool::Impl {
   static constexpr int kEpochShift = 40;
-  static constexpr uint64_t kChunkMask = (uint64_t{1} << kEpochShift) - 1;
+  static constexpr int kBackShift = 20;
+  static constexpr uint64_t kIndexMask = (uint64_t{1} << kBackShift) - 1;
 
   std::vector<std::thread> workers;
   std::mutex mu;
@@ -41,14 +47,13 @@ struct ThreadPool::Impl {
   std::atomic<void*> env{nullptr};
   std::atomic<int64_t> n{0};
   std::atomic<int64_t> chunk{1};
-  std::atomic<int64_t> num_chunks{0};
   std::atomic<int64_t> done{0};
 
   // Held by the caller that owns the workers for one job. Callers that find
   // the pool busy run their loop serially instead of waiting (see parallel_for).
   std::mutex job_mu;
 
-  void run_chunks(uint64_t epoch) {
+  void run_chunks(uint64_t epoch, bool from_back) {
     for (;;) {
       uint64_t t = ticket.load(std::memory_order_acquire);
       if ((t >> kEpochShift) != epoch) return;
@@ -56,10 +61,12 @@ struct ThreadPool::Impl {
       void* e = env.load(std::memory_order_relaxed);
       int64_t total = n.load(std::memory_order_relaxed);
       int64_t size = chunk.load(std::memory_order_relaxed);
-      int64_t count = num_chunks.load(std::memory_order_relaxed);
-      int64_t c = static_cast<int64_t>(t & kChunkMask);
-      if (c >= count) return;
-      if (!ticket.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
+      int64_t front = static_cast<int64_t>(t & kIndexMask);
+      int64_t back = static_cast<int64_t>((t >> kBackShift) & kIndexMask);
+      if (front >= back) return;
+      int64_t c = from_back ? back - 1 : front;
+      uint64_t next = from_back ? t - (uint64_t{1} << kBackShift) : t + 1;
+      if (!ticket.compare_exchange_weak(t, next, std::memory_order_acq_rel)) continue;
       int64_t b = c * size;
       int64_t end = b + size < total ? b + size : total;
       f(b, end, e);
@@ -83,7 +90,7 @@ struct ThreadPool::Impl {
       }
       if (stop.load()) return;
       seen = epoch;
-      run_chunks(epoch);
+      run_chunks(epoch, true);
     }
   }
 };
@@ -133,19 +140,19 @@ void ThreadPool::parallel_for(int64_t n, void (*fn)(int64_t, int64_t, void*), vo
   s.env.store(env, std::memory_order_relaxed);
   s.n.store(n, std::memory_order_relaxed);
   s.chunk.store(chunk, std::memory_order_relaxed);
-  s.num_chunks.store(count, std::memory_order_relaxed);
   s.done.store(0, std::memory_order_relaxed);
   uint64_t epoch = (s.ticket.load(std::memory_order_relaxed) >> Impl::kEpochShift) + 1;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    s.ticket.store(epoch << Impl::kEpochShift, std::memory_order_release);
+    s.ticket.store((epoch << Impl::kEpochShift) | (static_cast<uint64_t>(count) << Impl::kBackShift),
+                   std::memory_order_release);
   }
   s.cv.notify_all();
-  s.run_chunks(epoch);
+  s.run_chunks(epoch, false);
   while (s.done.load(std::memory_order_acquire) < count) cpu_relax();
   // Close the job: a late worker's compare-and-swap on the old ticket fails,
   // so it cannot claim a chunk while the next job's fields are written.
-  s.ticket.store((epoch << Impl::kEpochShift) | Impl::kChunkMask, std::memory_order_release);
+  s.ticket.store(epoch << Impl::kEpochShift, std::memory_order_release);  // front 0 >= back 0: nothing left
   t_in_job = false;
 }
 
