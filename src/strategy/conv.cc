@@ -158,6 +158,7 @@ tir::KnobSpace panels_space(const Node& n) {
   s.knobs.push_back(tir::Knob{"mr", {1, 2, 4, 6, 7, 8, 12, 14}});
   s.knobs.push_back(nr);
   s.knobs.push_back(tir::Knob{"rows", {0, 1}});
+  s.knobs.push_back(tir::Knob{"prefetch", {0, 1}});
   s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / 16 <= 24; };
   return s;
 }
@@ -175,7 +176,8 @@ tir::Knobs panels_defaults(const Node& n) {
   // A row tile that covers narrow outputs whole (7 of a 7x7 plane); else 8 (or 12 with 16 lanes).
   if (width && *width <= 14) mr = *width <= 8 ? *width : 7;
   if (mr * nr / 16 > 24) mr = 24 * 16 / nr;
-  return {{"mr", std::max<int64_t>(mr, 1)}, {"nr", nr}, {"rows", panels_split_rows(n) ? 1 : 0}};
+  // prefetch: the next weight panel streams in while the current one is used.
+  return {{"mr", std::max<int64_t>(mr, 1)}, {"nr", nr}, {"rows", panels_split_rows(n) ? 1 : 0}, {"prefetch", 1}};
 }
 
 // [O, I, KH, KW] -> [ceil(O / nr), I, KH, KW, nr], zero past O.
@@ -252,8 +254,10 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
   prims.push_back(prim("cache_write", stage, {outer.back()}));
   if (!w_ext || *w_ext > 1) prims.push_back(prim("unroll", stage, {w_inner}));
   prims.push_back(prim("vectorize", stage, {c_inner}));
+  auto pf = knobs.find("prefetch");  // rows and prefetch are absent in choices recorded before they existed
+  if (pf != knobs.end() && pf->second == 1 && !c_outer.empty()) prims.push_back(prim("prefetch", stage, {c_outer}));
   auto h_count = st.shape[2].as_const();
-  auto rows = knobs.find("rows");  // absent in choices recorded before the knob existed
+  auto rows = knobs.find("rows");
   if (rows != knobs.end() && rows->second == 1 && (!h_count || *h_count > 1)) {
     prims.push_back(prim("parallel", stage, {h_ax}));
   } else if (int par = tir::choose_parallel(counts); par >= 0) {

@@ -80,6 +80,7 @@ tir::KnobSpace gemm_packed_space(const Node& n) {
   if (nr.values.empty()) nr.values = {16, 32, 48, 64};
   s.knobs.push_back(tir::Knob{"mr", {1, 2, 3, 4, 6, 8, 12}});
   s.knobs.push_back(nr);
+  s.knobs.push_back(tir::Knob{"prefetch", {0, 1}});
   s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / 16 <= 24; };
   return s;
 }
@@ -90,11 +91,13 @@ tir::Knobs gemm_packed_defaults(const Node& n) {
   if (rows && *rows == 1) {
     // Matrix-vector: one row, the widest panel (independent accumulators per vector).
     for (int64_t v : {64, 48, 32, 16})
-      if (cols % v == 0) return {{"mr", 1}, {"nr", v}};
-    return {{"mr", 1}, {"nr", 64}};
+      if (cols % v == 0) return {{"mr", 1}, {"nr", v}, {"prefetch", 0}};
+    return {{"mr", 1}, {"nr", 64}, {"prefetch", 0}};
   }
   int64_t nr = cols % 32 == 0 ? 32 : cols % 16 == 0 ? 16 : 32;
-  return {{"mr", 8}, {"nr", nr}};
+  // Several row tiles use each panel: the first would otherwise wait on
+  // memory for all of it (weights that do not stay in cache between runs).
+  return {{"mr", 8}, {"nr", nr}, {"prefetch", 1}};
 }
 
 // B [K, N] (or [N, K] with transB) -> panels [ceil(N / nr), K, nr], the
@@ -189,6 +192,8 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   prims.push_back(prim("vectorize", stage, {n_inner}));
   if (int par = tir::choose_parallel(counts); par >= 0)
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
+  auto pf = knobs.find("prefetch");  // absent in choices recorded before the knob existed
+  if (pf != knobs.end() && pf->second == 1 && !n_outer.empty()) prims.push_back(prim("prefetch", stage, {n_outer}));
   return replace_stage_schedule(k, stage, prims);
 }
 

@@ -537,6 +537,8 @@ class Interpreter {
       case StmtKind::kSeq:
         for (const Stmt& c : s->seq) exec(c);
         return;
+      case StmtKind::kPrefetch:  // a cache hint: nothing to compute
+        return;
     }
   }
 

@@ -37,6 +37,7 @@ struct StagePlan {
   std::vector<Expr> store_guards;
   std::string cache_axis;  // empty: no cache_write
   std::string rfactor_axis;  // empty: no rfactor; else a reduce loop accumulated in vector lanes
+  std::string prefetch_axis;  // empty: no prefetch; else the spatial loop whose next iteration's data is prefetched
   bool fuse_epilogue = false;  // fuse_epilogue asked for
   int epilogue = -1;           // the stage computed in this one's write-back
   int fused_into = -1;         // this stage is computed in that stage's write-back
@@ -397,6 +398,19 @@ struct Lowerer {
       plan.touched = true;
       return Status::ok();
     }
+    if (p.kind == "prefetch") {
+      if (p.axes.size() != 1) return invalid_argument() << "schedule: prefetch takes one axis";
+      if (!is_reduction(st)) {
+        return invalid_argument() << "schedule: prefetch(" << p.stage << ") of a stage that is not a reduction";
+      }
+      KILN_ASSIGN_OR_RETURN(auto where, find_loop(plan, p, p.axes[0]));
+      if (where.first) {
+        return invalid_argument() << "schedule: prefetch(" << p.stage << ", " << p.axes[0] << ") of a reduce axis";
+      }
+      plan.prefetch_axis = p.axes[0];
+      plan.touched = true;
+      return Status::ok();
+    }
     if (p.kind == "fuse_epilogue") {
       if (!is_reduction(st)) {
         return invalid_argument() << "schedule: fuse_epilogue(" << p.stage << ") of a stage that is not a reduction";
@@ -528,6 +542,68 @@ struct Lowerer {
       body = make_for(loops[i].var, loops[i].extent, loops[i].kind, body);
     }
     return body;
+  }
+
+  // `nest` with `prefix` run at the start of each iteration of loop `var`
+  // (found through the loops and guards of the nest).
+  static Stmt prepend_in_loop(const Stmt& nest, const std::string& var, const std::vector<Stmt>& prefix) {
+    if (!nest) return nest;
+    if (nest->kind == StmtKind::kFor) {
+      if (nest->var == var) {
+        std::vector<Stmt> body = prefix;
+        body.push_back(nest->body);
+        return make_for(nest->var, nest->extent, nest->for_kind, make_seq(body));
+      }
+      return make_for(nest->var, nest->extent, nest->for_kind, prepend_in_loop(nest->body, var, prefix));
+    }
+    if (nest->kind == StmtKind::kIfThenElse && !nest->else_case)
+      return make_if(nest->cond, prepend_in_loop(nest->then_case, var, prefix));
+    return nest;
+  }
+
+  // Prefetches, for each step of the reduction, of what the next iteration
+  // of spatial loop `axis` will read from the stage's params whose index
+  // depends on it (a GEMM's next weight panel, streamed from memory while the
+  // current one is used from cache): the load at the current reduce point,
+  // with `axis` one further and the inner loops at 0, spanning the vector
+  // loop where the load is contiguous along it.
+  std::vector<Stmt> prefetches(const Expr& body, const std::string& axis, const std::vector<Loop>& inner) {
+    std::vector<Stmt> out;
+    std::set<std::string> seen;
+    ExprMap at;
+    at[axis] = var(axis) + int_imm(1);
+    std::string vec;
+    int64_t lanes = 1;
+    for (const Loop& l : inner) {
+      at[l.var] = int_imm(0);
+      auto c = l.extent.as_const();
+      if (l.kind == ForKind::kVectorized && c) {
+        vec = l.var;
+        lanes = *c;
+      }
+    }
+    rewrite(body, [&](const Expr& e) -> Expr {
+      if (e.kind() != ExprKind::kLoad || e->int_value < 0 || e->args.empty()) return Expr();
+      bool uses = false;
+      for (const Expr& a : e->args)
+        for (const std::string& v : free_vars(a)) uses = uses || v == axis;
+      if (!uses) return Expr();
+      std::vector<Expr> idx;
+      for (const Expr& a : e->args) idx.push_back(simplify(substitute(a, at)));
+      int64_t span = 1;
+      if (!vec.empty()) {
+        bool contiguous = true;
+        for (size_t i = 0; i + 1 < e->args.size(); ++i)
+          for (const std::string& v : free_vars(e->args[i])) contiguous = contiguous && v != vec;
+        auto step = simplify(substitute(e->args.back(), {{vec, var(vec) + int_imm(1)}}) - e->args.back()).as_const();
+        if (contiguous && step && *step == 1) span = lanes;
+      }
+      std::string key = e->name;
+      for (const Expr& i : idx) key += "," + i.to_string();
+      if (seen.insert(key).second) out.push_back(make_prefetch(e->name, static_cast<int>(e->int_value), e->dtype, idx, span));
+      return Expr();
+    });
+    return out;
   }
 
   Result<Stmt> lower_stage(int s) {
@@ -685,6 +761,8 @@ struct Lowerer {
         Stmt update_nest =
             build_nest(update_loops, make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, body)), guards,
                        bound_outside, loop_vars);
+        if (!plan.prefetch_axis.empty() && !reduce_loops.empty())
+          update_nest = prepend_in_loop(update_nest, reduce_loops.back().var, prefetches(body, plan.prefetch_axis, inner));
         return make_allocate(acc, make_seq({init_nest, update_nest, final_nest}));
       }
       // Guards that involve reduce loops (the tail of a split reduce axis) mask

@@ -34,6 +34,13 @@
 //                                        which otherwise vectorizes across rows
 //                                        with gathers. Reassociates the combiner
 //                                        (sum, prod, max, min)
+//   prefetch(stage, axis)             -> for a reduction: each reduce step also
+//                                        prefetches (into L2) what the next
+//                                        iteration of spatial loop `axis` will
+//                                        read from the params whose index uses
+//                                        it, so a GEMM's next weight panel
+//                                        streams from memory while the current
+//                                        one is used from cache. A hint only
 //   fuse_epilogue(stage)              -> for a reduction: the next stage that is
 //                                        not inlined, when it is elementwise over
 //                                        the same shape and reads this stage only
@@ -55,7 +62,7 @@
 namespace kiln::tir {
 
 struct Primitive {
-  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write, rfactor, fuse_epilogue
+  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write, rfactor, prefetch, fuse_epilogue
   std::string stage;
   std::vector<std::string> axes;
   int64_t factor = 0;

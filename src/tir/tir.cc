@@ -62,6 +62,18 @@ Stmt make_if(Expr cond, Stmt then_case, Stmt else_case) {
   return n;
 }
 
+Stmt make_prefetch(std::string buffer, int buffer_index, DType dtype, std::vector<Expr> indices, int64_t elements) {
+  KILN_CHECK(elements >= 1) << "prefetch of " << buffer << ": " << elements << " elements";
+  auto n = std::make_shared<StmtNode>();
+  n->kind = StmtKind::kPrefetch;
+  n->buffer.name = std::move(buffer);
+  n->buffer.dtype = dtype;
+  n->buffer_index = buffer_index;
+  n->indices = std::move(indices);
+  n->extent = int_imm(elements);
+  return n;
+}
+
 Stmt make_seq(std::vector<Stmt> seq) {
   std::vector<Stmt> flat;
   for (auto& s : seq) {
@@ -128,6 +140,10 @@ void print_stmt_to(std::ostringstream& os, const Stmt& s, int indent) {
       break;
     case StmtKind::kSeq:
       for (const auto& c : s->seq) print_stmt_to(os, c, indent);
+      break;
+    case StmtKind::kPrefetch:
+      os << pad << "prefetch " << s->buffer.name << "#" << s->buffer_index << print_shape(s->indices) << " x"
+         << print_expr(s->extent) << "\n";
       break;
   }
 }

@@ -27,7 +27,7 @@ struct Buffer {
   std::vector<Expr> shape;
 };
 
-enum class StmtKind : uint8_t { kFor, kStore, kAllocate, kIfThenElse, kSeq };
+enum class StmtKind : uint8_t { kFor, kStore, kAllocate, kIfThenElse, kSeq, kPrefetch };
 enum class ForKind : uint8_t { kSerial, kParallel, kVectorized, kUnrolled };
 const char* for_kind_name(ForKind k);
 
@@ -47,6 +47,8 @@ struct StmtNode {
   int buffer_index = -1;
   std::vector<Expr> indices;
   Expr value;
+  // kPrefetch: a hint to bring `extent` elements of buffer[buffer_index] from
+  // `indices` on into the cache (no effect on results; may point past the end)
   // kIfThenElse
   Expr cond;
   Stmt then_case, else_case;  // else_case may be null
@@ -60,6 +62,7 @@ Stmt make_store(std::string buffer, int buffer_index, std::vector<Expr> indices,
 Stmt make_allocate(Buffer buffer, Stmt body);
 Stmt make_if(Expr cond, Stmt then_case, Stmt else_case = nullptr);
 Stmt make_seq(std::vector<Stmt> seq);
+Stmt make_prefetch(std::string buffer, int buffer_index, DType dtype, std::vector<Expr> indices, int64_t elements);
 
 // A compiled unit. Calling convention of the generated function:
 //   void name(void** buffers, const int64_t* syms)

@@ -571,6 +571,29 @@ TEST(CodegenJit, MathCallsInVectorLoop) {
   EXPECT_TRUE(out.sentinels_intact());
 }
 
+// A prefetch is a hint: one llvm.prefetch per 64-byte line of its span, no
+// effect on results, and no fault when it points past the end of the buffer.
+TEST(CodegenJit, PrefetchIsAHint) {
+  Expr i = var("i");
+  PrimFunc f;
+  f.name = "pf";
+  f.params = {buf("a", {int_imm(64)}), buf("out", {int_imm(64)})};
+  Stmt pf = tir::make_prefetch("a", 0, f32, {i + int_imm(1 << 20)}, 32);  // far past the end
+  f.body = tir::make_for("i", int_imm(64), ForKind::kSerial,
+                         tir::make_seq({pf, tir::make_store("out", 1, {i}, ld("a", 0, {i}) + float_imm(1.0))}));
+  auto mod = compile_ok({f});
+  ASSERT_TRUE(mod);
+  const std::string& ir = mod->llvm_ir();
+  EXPECT_NE(ir.find("llvm.prefetch"), std::string::npos);
+  EXPECT_NE(tir::print_stmt(f.body).find("prefetch a#0[i + 1048576] x32"), std::string::npos) << tir::print_stmt(f.body);
+  Aligned<float> a(64), out(64, 0, 9.0f);
+  for (int t = 0; t < 64; ++t) a[t] = static_cast<float>(t);
+  void* bufs[] = {a.data(), out.data()};
+  mod->lookup("pf")(bufs, nullptr);
+  for (int t = 0; t < 64; ++t) ASSERT_EQ(out[t], static_cast<float>(t + 1));
+  EXPECT_TRUE(out.sentinels_intact());
+}
+
 // compile() may run on several threads at once (LLVM is initialized once).
 TEST(CodegenJit, ConcurrentCompiles) {
   std::vector<std::thread> threads;
