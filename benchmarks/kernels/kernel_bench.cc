@@ -3,7 +3,9 @@
 // GFLOP/s with the share of this machine's FP32 peak, which the benchmark
 // measures first (machine_peak.h: a register-resident FMA loop on as many
 // threads). Matrix-vector products are memory bound: they report the weight
-// bytes streamed per second as a share of the measured read bandwidth.
+// bytes streamed per second as a share of the measured read bandwidth. It
+// also times an empty parallel region on the kernels' thread pool (the
+// runtime overhead every parallel loop pays).
 //
 //   kernel_bench [--threads N] [--naive] [--dump] [--filter SUBSTRING] [--json]
 //                [--select measure] [--impl NAME[:KNOBS] ...]
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "support/thread_pool.h"
 #include "driver/pipeline.h"
 #include "kernels/machine_peak.h"
 #include "runtime/vm.h"
@@ -98,6 +101,23 @@ Case conv_case(std::string name, int64_t cin, int64_t cout, int64_t hw, int64_t 
   return c;
 }
 
+// The cost of a parallel loop whose iterations do nothing, on the pool that
+// compiled kernels use (kiln_parallel_for): publish, wake or reach the
+// workers, and wait for every chunk. Median of 20000 after a warm-up.
+double empty_parallel_region_us(int threads) {
+  kiln::ThreadPool* pool = kiln::shared_thread_pool(threads);
+  auto noop = [](int64_t, int64_t, void*) {};
+  for (int i = 0; i < 2000; ++i) pool->parallel_for(threads, noop, nullptr);
+  std::vector<double> us;
+  for (int i = 0; i < 20000; ++i) {
+    auto s = std::chrono::steady_clock::now();
+    pool->parallel_for(threads, noop, nullptr);
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s).count());
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,12 +146,16 @@ int main(int argc, char** argv) {
     }
   }
   kiln::bench::MachinePeak peak = kiln::bench::measure_machine_peak(threads);
+  double region_us = empty_parallel_region_us(threads);
   if (json) {
-    std::printf("{\"threads\": %d, \"isa\": \"%s\", \"peak_gflops\": %.1f, \"bandwidth_gbs\": %.1f, \"kernels\": [",
-                threads, peak.isa, peak.gflops, peak.gbytes_s);
+    std::printf("{\"threads\": %d, \"isa\": \"%s\", \"peak_gflops\": %.1f, \"bandwidth_gbs\": %.1f, "
+                "\"empty_parallel_region_us\": %.3f, \"kernels\": [",
+                threads, peak.isa, peak.gflops, peak.gbytes_s, region_us);
   } else {
     std::printf("measured peak at %d thread(s): %.1f GFLOP/s FP32 (%s FMA loop), %.1f GB/s read bandwidth\n",
                 threads, peak.gflops, peak.isa, peak.gbytes_s);
+    std::printf("empty parallel region at %d thread(s): %.3f us (median; the pool kernels run on)\n", threads,
+                region_us);
   }
   if (peak_only) {
     if (json) std::printf("]}\n");
