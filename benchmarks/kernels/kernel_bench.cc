@@ -177,6 +177,8 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("depthwise 3x3 32 112x112", 32, 32, 112, 3, 1, 32));
   cases.push_back(conv_case("depthwise 3x3 s2 96 112x112", 96, 96, 112, 3, 2, 96));
   cases.push_back(conv_case("depthwise 3x3 144 56x56", 144, 144, 56, 3, 1, 144));
+  cases.push_back(conv_case("depthwise 3x3 s2 144 56x56", 144, 144, 56, 3, 2, 144));
+  cases.push_back(conv_case("depthwise 3x3 s2 576 14x14", 576, 576, 14, 3, 2, 576));
   cases.push_back(conv_case("depthwise 5x5 240 28x28", 240, 240, 28, 5, 1, 240));
   cases.push_back(conv_case("depthwise 5x5 672 14x14", 672, 672, 14, 5, 1, 672));
   cases.push_back(conv_case("depthwise 3x3 960 7x7", 960, 960, 7, 3, 1, 960));

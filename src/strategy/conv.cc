@@ -298,14 +298,18 @@ tir::KnobSpace depthwise_space(const Node&) {
 // Inlined padding costs a clamped load per tap (masks on every edge tile),
 // the padded copy a pass over the input: measured with kernel_bench, inlining
 // won on 112-wide inputs (3x3 32ch 0.32 -> 0.15 ms, 3x3 s2 96ch 0.72 -> 0.29)
-// and lost on 56 and 28 (3x3 144ch 56x56 0.41 -> 0.58, 5x5 240ch 28x28
-// 0.17 -> 0.61), where most 16-wide tiles touch an edge.
+// and on strided ones (3x3 s2 144ch 56x56 0.27 -> 0.10; 576ch 14x14 even),
+// where the copy is of an input four times the output; it lost on stride 1
+// at 56 and 28 (3x3 144ch 56x56 0.41 -> 0.58, 5x5 240ch 28x28 0.17 -> 0.61),
+// where most 16-wide tiles touch an edge.
 tir::Knobs depthwise_defaults(const Node& n) {
   int64_t inline_pad = 0;
   const TensorType& xt = n.input(0)->type();
+  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
+  bool strided = std::any_of(strides.begin(), strides.end(), [](int64_t s) { return s > 1; });
   if (xt.shape && xt.shape->size() == 4) {
     auto w = (*xt.shape)[3].as_const();
-    inline_pad = w && *w >= 96 ? 1 : 0;
+    inline_pad = strided || (w && *w >= 96) ? 1 : 0;
   }
   return {{"rows", 4}, {"inline_pad", inline_pad}};
 }
