@@ -94,7 +94,10 @@ tir::Knobs gemm_packed_defaults(const Node& n) {
       if (cols % v == 0) return {{"mr", 1}, {"nr", v}, {"prefetch", 0}};
     return {{"mr", 1}, {"nr", 64}, {"prefetch", 0}};
   }
-  int64_t nr = cols % 32 == 0 ? 32 : cols % 16 == 0 ? 16 : 32;
+  // 32 columns (16 accumulators with mr = 8; 16 columns leave 8, too few to
+  // hide the FMA latency) unless padding N to 32 wastes more than an eighth.
+  int64_t pad32 = (cols + 31) / 32 * 32 - cols;
+  int64_t nr = cols % 32 == 0 || pad32 * 8 <= cols ? 32 : cols % 16 == 0 ? 16 : 32;
   // Several row tiles use each panel: the first would otherwise wait on
   // memory for all of it (weights that do not stay in cache between runs).
   return {{"mr", 8}, {"nr", nr}, {"prefetch", 1}};
