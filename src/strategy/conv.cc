@@ -143,7 +143,7 @@ bool panels_split_rows(const Node& n) {
   for (const auto& d : *xt.shape) {
     auto c = d.as_const();
     if (!c) return true;  // symbolic image sizes: assume the activation is the larger
-    input *= *c;
+    if (*c < 0 || __builtin_mul_overflow(input, *c, &input)) return true;
   }
   return input > weights;
 }
@@ -180,7 +180,7 @@ tir::Knobs panels_defaults(const Node& n) {
   // 18 with 6; 35 and 147 divide by 7.
   if (width && *width <= 14) {
     mr = *width <= 8 ? *width : 7;
-  } else if (width) {
+  } else if (width && *width < (int64_t{1} << 40)) {  // (a fuzzed shape may be near INT64_MAX)
     double best = 0;
     for (auto [rows, rate] : {std::pair<int64_t, double>{8, 1.0}, {7, 0.97}, {6, 0.92}}) {
       double cost = static_cast<double>((*width + rows - 1) / rows * rows) / rate;
@@ -331,7 +331,7 @@ tir::Knobs depthwise_defaults(const Node& n) {
   // 0.19 ms in kernel_bench).
   int64_t rows = 4;
   auto h = (*n.output(0)->type().shape)[2].as_const();
-  if (h && *h > 4) {
+  if (h && *h > 4 && *h < (int64_t{1} << 40)) {
     int64_t best = (*h + 3) / 4 * 4;
     for (int64_t r : {7, 6, 5})
       if ((*h + r - 1) / r * r < best) {

@@ -98,8 +98,7 @@ std::optional<int64_t> buffer_elements(const KernelDef& k, const std::string& na
   int64_t n = 1;
   for (const Expr& d : *shape) {
     auto c = d.as_const();
-    if (!c) return std::nullopt;
-    n *= *c;
+    if (!c || *c < 0 || __builtin_mul_overflow(n, *c, &n)) return std::nullopt;  // symbolic, or past int64
   }
   return n;
 }
@@ -124,8 +123,7 @@ int choose_parallel_by_footprint(const KernelDef& k, const std::vector<LoadVars>
     for (const LoadVars& l : loads) {
       if (!l.all.count(axis_of[i]) || !seen.insert(l.name).second) continue;
       auto e = buffer_elements(k, l.name);
-      if (!e) return choose_parallel(counts);
-      size += *e;
+      if (!e || __builtin_add_overflow(size, *e, &size)) return choose_parallel(counts);
     }
     if (size > best_size) {
       best = static_cast<int>(i);
