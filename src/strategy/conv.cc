@@ -180,15 +180,8 @@ tir::Knobs panels_defaults(const Node& n) {
   // 18 with 6; 35 and 147 divide by 7.
   if (width && *width <= 14) {
     mr = *width <= 8 ? *width : 7;
-  } else if (width && *width < (int64_t{1} << 40)) {  // (a fuzzed shape may be near INT64_MAX)
-    double best = 0;
-    for (auto [rows, rate] : {std::pair<int64_t, double>{8, 1.0}, {7, 0.97}, {6, 0.92}}) {
-      double cost = static_cast<double>((*width + rows - 1) / rows * rows) / rate;
-      if (best == 0 || cost < best) {
-        best = cost;
-        mr = rows;
-      }
-    }
+  } else if (width) {
+    mr = least_overlap_tile(*width, {{8, 1.0}, {7, 0.97}, {6, 0.92}});
   }
   if (mr * nr / 16 > 24) mr = 24 * 16 / nr;
   // prefetch: the next weight panel streams in while the current one is used.
@@ -269,11 +262,9 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
   prims.push_back(prim("cache_write", stage, {outer.back()}));
   if (!w_ext || *w_ext > 1) prims.push_back(prim("unroll", stage, {w_inner}));
   prims.push_back(prim("vectorize", stage, {c_inner}));
-  auto pf = knobs.find("prefetch");  // rows and prefetch are absent in choices recorded before they existed
-  if (pf != knobs.end() && pf->second == 1 && !c_outer.empty()) prims.push_back(prim("prefetch", stage, {c_outer}));
+  if (knob_on(knobs, "prefetch") && !c_outer.empty()) prims.push_back(prim("prefetch", stage, {c_outer}));
   auto h_count = st.shape[2].as_const();
-  auto rows = knobs.find("rows");
-  if (rows != knobs.end() && rows->second == 1 && (!h_count || *h_count > 1)) {
+  if (knob_on(knobs, "rows") && (!h_count || *h_count > 1)) {
     prims.push_back(prim("parallel", stage, {h_ax}));
   } else if (int par = tir::choose_parallel(counts); par >= 0) {
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
@@ -329,16 +320,8 @@ tir::Knobs depthwise_defaults(const Node& n) {
   // Row tiles of 4, or of 7, 6 or 5 where fewer rows are computed twice (the
   // last tile overlaps): 7 on 14- and 7-high planes (5x5 672ch 14x14: 0.27 ->
   // 0.19 ms in kernel_bench).
-  int64_t rows = 4;
   auto h = (*n.output(0)->type().shape)[2].as_const();
-  if (h && *h > 4 && *h < (int64_t{1} << 40)) {
-    int64_t best = (*h + 3) / 4 * 4;
-    for (int64_t r : {7, 6, 5})
-      if ((*h + r - 1) / r * r < best) {
-        best = (*h + r - 1) / r * r;
-        rows = r;
-      }
-  }
+  int64_t rows = h ? least_overlap_tile(*h, {{4, 1.0}, {7, 1.0}, {6, 1.0}, {5, 1.0}}) : 4;
   return {{"rows", rows}, {"inline_pad", inline_pad}};
 }
 
@@ -352,8 +335,7 @@ Result<tir::Schedule> depthwise_schedule(const tir::KernelDef& k, const std::str
   if (it == k.stages.end() || it->axes.size() != 4 || it->reduce_axes.size() != 3) return tir::default_schedule(k);
   const tir::ComputeDef& st = *it;
   KILN_ASSIGN_OR_RETURN(int64_t rows, knob(knobs, "rows", "conv.depthwise"));
-  auto ip = knobs.find("inline_pad");
-  bool inline_pad = ip != knobs.end() && ip->second == 1;
+  bool inline_pad = knob_on(knobs, "inline_pad");
   const int64_t lanes = 16;
   std::vector<tir::Primitive> prims;
   const std::string &n_ax = st.axes[0], &c_ax = st.axes[1], &h_ax = st.axes[2], &w_ax = st.axes[3];

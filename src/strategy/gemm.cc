@@ -195,8 +195,7 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   prims.push_back(prim("vectorize", stage, {n_inner}));
   if (int par = tir::choose_parallel(counts); par >= 0)
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
-  auto pf = knobs.find("prefetch");  // absent in choices recorded before the knob existed
-  if (pf != knobs.end() && pf->second == 1 && !n_outer.empty()) prims.push_back(prim("prefetch", stage, {n_outer}));
+  if (knob_on(knobs, "prefetch") && !n_outer.empty()) prims.push_back(prim("prefetch", stage, {n_outer}));
   return replace_stage_schedule(k, stage, prims);
 }
 

@@ -35,6 +35,25 @@ Result<int64_t> knob(const tir::Knobs& knobs, const std::string& name, const std
   return it->second;
 }
 
+bool knob_on(const tir::Knobs& knobs, const std::string& name) {
+  auto it = knobs.find(name);
+  return it != knobs.end() && it->second == 1;
+}
+
+int64_t least_overlap_tile(int64_t extent, const std::vector<std::pair<int64_t, double>>& tiles) {
+  int64_t best = tiles.front().first;
+  if (extent < 1 || extent >= (int64_t{1} << 40)) return best;
+  double best_cost = 0;
+  for (auto [size, rate] : tiles) {
+    double cost = static_cast<double>((extent + size - 1) / size * size) / rate;
+    if (best_cost == 0 || cost < best_cost) {
+      best_cost = cost;
+      best = size;
+    }
+  }
+  return best;
+}
+
 void set_string_attr(Node& n, const std::string& name, const std::string& value) {
   Attribute a;
   a.kind = Attribute::Kind::kString;

@@ -27,4 +27,13 @@ Result<int64_t> knob(const tir::Knobs& knobs, const std::string& name, const std
 
 void set_string_attr(Node& n, const std::string& name, const std::string& value);
 
+// A 0/1 knob that is on; absent (a choice recorded before the knob existed) is off.
+bool knob_on(const tir::Knobs& knobs, const std::string& name);
+
+// Of `tiles` (size, relative rate), the one that tiles `extent` at the least
+// cost: the positions computed (the last tile overlaps the one before it,
+// ceil(extent / size) * size) over the rate. The first wins a tie; the first
+// too for extents too large to matter (a fuzzed shape near INT64_MAX).
+int64_t least_overlap_tile(int64_t extent, const std::vector<std::pair<int64_t, double>>& tiles);
+
 }  // namespace kiln::strategy

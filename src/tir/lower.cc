@@ -751,6 +751,13 @@ struct Lowerer {
     if (rf) update_loops.push_back(*rf);
     // The tile: init, update and write-back nests under `guards` (the
     // write-back also under split_padded's store guards), in the accumulator.
+    // prefetch: at the top of each step of the innermost (non-lane) reduce loop.
+    auto with_prefetch = [&](Stmt update_nest) {
+      if (plan.prefetch_axis.empty() || reduce_loops.empty()) return update_nest;
+      std::vector<Loop> below = inner;
+      if (rf) below.push_back(*rf);
+      return prepend_in_loop(update_nest, reduce_loops.back().var, prefetches(body, plan.prefetch_axis, below));
+    };
     auto tile = [&](const std::vector<Expr>& guards) {
       Stmt init_nest = build_nest(inner, make_store(acc.name, -1, acc_idx, init), guards, bound_outside, loop_vars);
       std::vector<Expr> final_guards = guards;
@@ -758,11 +765,9 @@ struct Lowerer {
       Stmt final_nest = build_nest(inner, make_store(store_name, store_index, out_indices, result), final_guards,
                                    bound_outside, loop_vars);
       if (!rf) {
-        Stmt update_nest =
+        Stmt update_nest = with_prefetch(
             build_nest(update_loops, make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, body)), guards,
-                       bound_outside, loop_vars);
-        if (!plan.prefetch_axis.empty() && !reduce_loops.empty())
-          update_nest = prepend_in_loop(update_nest, reduce_loops.back().var, prefetches(body, plan.prefetch_axis, inner));
+                       bound_outside, loop_vars));
         return make_allocate(acc, make_seq({init_nest, update_nest, final_nest}));
       }
       // Guards that involve reduce loops (the tail of a split reduce axis) mask
@@ -773,8 +778,9 @@ struct Lowerer {
       Expr lane_load = load(lanes.name, -1, lanes.dtype, lane_idx);
       Stmt lanes_init = build_nest(lane_loops, make_store(lanes.name, -1, lane_idx, default_init(st.combiner, st.dtype)),
                                    guards, bound_outside, loop_vars);
-      Stmt update_nest = build_nest(update_loops, make_store(lanes.name, -1, lane_idx, combine(st.combiner, lane_load, body)),
-                                    guards, bound_outside, loop_vars);
+      Stmt update_nest = with_prefetch(build_nest(
+          update_loops, make_store(lanes.name, -1, lane_idx, combine(st.combiner, lane_load, body)), guards,
+          bound_outside, loop_vars));
       Loop serial_rf = *rf;
       serial_rf.kind = ForKind::kSerial;
       std::vector<Loop> fold_loops = {serial_rf};  // outside any vector loop of `inner`

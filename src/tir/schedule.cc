@@ -68,25 +68,6 @@ bool unit_stride(const Expr& index, const std::string& v) {
 }
 
 
-// Register tiling of a reduction stage along a vector axis v that indexes the
-// last (contiguous) dim of some load:
-//   split v by the vector width V and a "row" axis r by R, move both tile
-//   loops innermost, accumulate the R x V tile in a local buffer (cache_write
-//   at the last outer loop, which moves the reduce loops outside the tile
-//   loops), unroll the rows and vectorize v. The row axis is the innermost
-//   other spatial axis that some load depending on v does not use (output
-//   channels of a conv, rows of a matmul), so that each loaded vector is
-//   reused R times from registers; without one, rows of the next outer axis
-//   give independent accumulators. Tiles that do not divide an extent overlap
-//   the previous tile (split_overlap) instead of being guarded.
-// v is the innermost axis when some load reads it with unit stride and it is
-// at least V/2 long (or symbolic). Otherwise, when another axis of at least V is
-// read with unit stride (the output channels of a convolution whose weights
-// are packed [I, KH, KW, O], on a narrow plane or with a strided input), that
-// axis is v, the row axis is the output height (see below) split into tiles
-// that divide it, and the output is stored with a stride, once per element.
-// Otherwise v is the innermost axis if some load's last index uses it at all.
-// Returns false (and adds nothing) where the pattern does not apply.
 // Elements of the buffer `name` (a param or a stage of k); nullopt when symbolic.
 std::optional<int64_t> buffer_elements(const KernelDef& k, const std::string& name) {
   const std::vector<Expr>* shape = nullptr;
@@ -133,6 +114,25 @@ int choose_parallel_by_footprint(const KernelDef& k, const std::vector<LoadVars>
   return best;
 }
 
+// Register tiling of a reduction stage along a vector axis v that indexes the
+// last (contiguous) dim of some load:
+//   split v by the vector width V and a "row" axis r by R, move both tile
+//   loops innermost, accumulate the R x V tile in a local buffer (cache_write
+//   at the last outer loop, which moves the reduce loops outside the tile
+//   loops), unroll the rows and vectorize v. The row axis is the innermost
+//   other spatial axis that some load depending on v does not use (output
+//   channels of a conv, rows of a matmul), so that each loaded vector is
+//   reused R times from registers; without one, rows of the next outer axis
+//   give independent accumulators. Tiles that do not divide an extent overlap
+//   the previous tile (split_overlap) instead of being guarded.
+// v is the innermost axis when some load reads it with unit stride and it is
+// at least V/2 long (or symbolic). Otherwise, when another axis of at least V is
+// read with unit stride (the output channels of a convolution whose weights
+// are packed [I, KH, KW, O], on a narrow plane or with a strided input), that
+// axis is v, the row axis is the output height (see below) split into tiles
+// that divide it, and the output is stored with a stride, once per element.
+// Otherwise v is the innermost axis if some load's last index uses it at all.
+// Returns false (and adds nothing) where the pattern does not apply.
 bool tile_reduction(const KernelDef& k, const ComputeDef& st, Schedule& s) {
   size_t n = st.axes.size();
   if (n < 2) return false;

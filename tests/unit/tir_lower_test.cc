@@ -435,6 +435,40 @@ TEST(TirLower, MatmulSchedules) {
   for (int t = 0; t < 40; ++t) expect_matches(k, random_schedule(k, rng), {}, ref, t);
 }
 
+// rfactor (a reduce axis in vector lanes, with a guarded tail) and prefetch
+// (a hint at the top of each reduce step, with or without rfactor) give the
+// same results as the reference, and print where the schedule put them.
+TEST(TirLower, RfactorAndPrefetch) {
+  KernelDef k = matmul(7, 19, 5);
+  auto ref = [](const HostData& r) { return matmul_ref(r, 7, 19, 5); };
+  for (const char* hand : {
+           "rfactor(C, k)\n",
+           "split(C, k, 2)\nrfactor(C, k.i)\n",
+           "split(C, k, 4)\nrfactor(C, k.i)\ncache_write(C, j)\nparallel(C, i)\n",
+           "split_overlap(C, j, 4)\nreorder(C, j.o, i, j.i)\ncache_write(C, j.o)\nprefetch(C, j.o)\n"
+           "vectorize(C, j.i)\n",
+           "split(C, k, 2)\nrfactor(C, k.i)\nprefetch(C, j)\n",
+       }) {
+    auto s = parse_schedule(hand);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    expect_matches(k, *s, {}, ref);
+  }
+  auto f = lower(k, *parse_schedule("split(C, k, 2)\nrfactor(C, k.i)\nprefetch(C, j)\n"));
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  std::string text = print_func(*f);
+  size_t ko = text.find("for k.o in 0..3 {");
+  ASSERT_NE(ko, std::string::npos) << text;
+  EXPECT_NE(text.find("prefetch B#1[2*k.o, j + 1] x1", ko), std::string::npos) << text;
+  EXPECT_NE(text.find("for k.i in 0..2 vectorized", ko), std::string::npos) << text;
+  EXPECT_NE(text.find("if (k.i + 2*k.o < 5)", ko), std::string::npos) << text;
+  // rfactor of a spatial axis, or of a reduce axis without a small constant extent, is an error.
+  for (const char* bad : {"rfactor(C, i)\n", "split(C, k, 2)\nrfactor(C, k.o)\nrfactor(C, k.i)\n"}) {
+    auto s = parse_schedule(bad);
+    ASSERT_TRUE(s.is_ok());
+    EXPECT_FALSE(lower(k, *s).is_ok()) << bad;
+  }
+}
+
 TEST(TirLower, SoftmaxLikeMultiStage) {
   KernelDef k = softmax(4, 11);
   auto ref = [](const HostData& r) { return softmax_ref(r, 4, 11); };

@@ -270,7 +270,7 @@ class Emitter {
   // Lanes a widened load may read (inside a select arm); null: all.
   llvm::Value* wmask_ = nullptr;
   Expr merge_lane_terms(const Expr& e) const;
-  llvm::Value* unary_math_f32(const std::string& name, llvm::Value* a);
+  llvm::Value* float_unary(const std::string& name, llvm::Value* a, bool f32);
   llvm::Value* clamped_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
   llvm::Value* span_load(const BufferRef& ref, const Expr& base, unsigned stride, llvm::Value* lanes);
 
@@ -932,18 +932,15 @@ llvm::Value* Emitter::emit_call(const Expr& e) {
     return round_narrow(emit_as(e->args[0], DType::kFloat32), t, false);
   }
   llvm::Value* a = emit_as(e->args[0], t);
-  if (name == "neg") return is_float ? b_.CreateFNeg(a) : b_.CreateNeg(a);
+  bool f32 = t == DType::kFloat32 || dtype_is_narrow_float(t);
+  if (is_float && want == 1)
+    if (llvm::Value* r = float_unary(name, a, f32)) return r;
+  if (name == "neg") return b_.CreateNeg(a);
   if (name == "abs") {
-    if (is_float) return unary(llvm::Intrinsic::fabs, a);
     if (!is_signed_int(t)) return a;
     return b_.CreateBinaryIntrinsic(llvm::Intrinsic::abs, a, b_.getFalse());
   }
-  if (name == "floor" || name == "ceil" || name == "round") {
-    if (!is_float) return a;
-    auto id = name == "floor" ? llvm::Intrinsic::floor
-              : name == "ceil" ? llvm::Intrinsic::ceil : llvm::Intrinsic::roundeven;
-    return unary(id, a);
-  }
+  if (name == "floor" || name == "ceil" || name == "round") return a;  // integers
   if (name == "bitand" || name == "bitor" || name == "bitxor" || name == "shl" || name == "shr") {
     if (!dtype_is_int(t)) {
       fail("intrinsic " + name + " needs integer operands: " + e.to_string());
@@ -967,10 +964,24 @@ llvm::Value* Emitter::emit_call(const Expr& e) {
     fail("intrinsic " + name + " needs a float dtype: " + e.to_string());
     return poison(ty);
   }
-  bool f32 = t == DType::kFloat32 || dtype_is_narrow_float(t);
-  if (f32)
-    if (llvm::Value* r = unary_math_f32(name, a)) return r;
+  if (name == "pow") {
+    llvm::Value* c = emit_as(e->args[1], t);
+    return f32 ? pow_f32(a, c) : libm_call2("pow", a, c);
+  }
+  fail("unknown intrinsic '" + name + "'");
+  return poison(ty);
+}
+
+// One-argument float math: f32 (and narrow floats, computed in f32) by the
+// inline expansions above, which are element-wise and so take scalars or
+// vectors alike; f64 by scalar libm calls. Null for another name.
+llvm::Value* Emitter::float_unary(const std::string& name, llvm::Value* a, bool f32) {
+  if (name == "neg") return b_.CreateFNeg(a);
+  if (name == "abs") return unary(llvm::Intrinsic::fabs, a);
   if (name == "sqrt") return unary(llvm::Intrinsic::sqrt, a);
+  if (name == "floor") return unary(llvm::Intrinsic::floor, a);
+  if (name == "ceil") return unary(llvm::Intrinsic::ceil, a);
+  if (name == "round") return unary(llvm::Intrinsic::roundeven, a);
   if (name == "exp") return f32 ? exp_f32(a) : libm_call("exp", a);
   if (name == "log") return f32 ? log_f32(a) : libm_call("log", a);
   if (name == "tanh") return f32 ? tanh_f32(a) : libm_call("tanh", a);
@@ -980,40 +991,14 @@ llvm::Value* Emitter::emit_call(const Expr& e) {
   if (name == "atan") return f32 ? atan_f32(a) : libm_call("atan", a);
   if (name == "asin") return f32 ? asin_f32(a) : libm_call("asin", a);
   if (name == "acos") return f32 ? acos_f32(a) : libm_call("acos", a);
-  if (name == "pow") {
-    llvm::Value* c = emit_as(e->args[1], t);
-    return f32 ? pow_f32(a, c) : libm_call2("pow", a, c);
-  }
   if (name == "sigmoid") {
     if (f32) return sigmoid_f32(a);
+    llvm::Type* ty = a->getType();
     llvm::Value* ex = libm_call("exp", b_.CreateFNeg(unary(llvm::Intrinsic::fabs, a)));
     llvm::Value* den = b_.CreateFAdd(fc(ty, 1.0), ex);
     return b_.CreateSelect(b_.CreateFCmpOLT(a, fc(ty, 0.0)), b_.CreateFDiv(ex, den),
                            b_.CreateFDiv(fc(ty, 1.0), den));
   }
-  fail("unknown intrinsic '" + name + "'");
-  return poison(ty);
-}
-
-// One-argument float math on f32 scalars or vectors (the inline expansions
-// above, which are element-wise); null for another name.
-llvm::Value* Emitter::unary_math_f32(const std::string& name, llvm::Value* a) {
-  if (name == "neg") return b_.CreateFNeg(a);
-  if (name == "abs") return unary(llvm::Intrinsic::fabs, a);
-  if (name == "sqrt") return unary(llvm::Intrinsic::sqrt, a);
-  if (name == "floor") return unary(llvm::Intrinsic::floor, a);
-  if (name == "ceil") return unary(llvm::Intrinsic::ceil, a);
-  if (name == "round") return unary(llvm::Intrinsic::roundeven, a);
-  if (name == "exp") return exp_f32(a);
-  if (name == "log") return log_f32(a);
-  if (name == "tanh") return tanh_f32(a);
-  if (name == "erf") return erf_f32(a);
-  if (name == "sigmoid") return sigmoid_f32(a);
-  if (name == "sin") return sincos_f32(a, false);
-  if (name == "cos") return sincos_f32(a, true);
-  if (name == "atan") return atan_f32(a);
-  if (name == "asin") return asin_f32(a);
-  if (name == "acos") return acos_f32(a);
   return nullptr;
 }
 
@@ -1311,7 +1296,7 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
     case ExprKind::kCast:
       return convert(splat(emit_w(n.args[0])), n.args[0].dtype(), n.dtype);
     case ExprKind::kCall:
-      return unary_math_f32(n.name, splat(emit_w(n.args[0])));
+      return float_unary(n.name, splat(emit_w(n.args[0])), true);
     case ExprKind::kLoad: {
       BufferRef* ref = find_buffer(n.name, static_cast<int>(n.int_value));
       llvm::Type* vt = llvm::VectorType::get(mem_type(n.dtype), wlanes_, false);
