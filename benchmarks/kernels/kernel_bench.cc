@@ -171,6 +171,13 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("conv 3x3 64->64 56x56", 64, 64, 56, 3, 1, 1));
   cases.push_back(conv_case("conv 3x3 s2 64->128 56x56", 64, 128, 56, 3, 2, 1));
   cases.push_back(conv_case("conv 1x1 256->64 56x56", 256, 64, 56, 1, 1, 1));
+  cases.push_back(conv_case("conv 1x1 64->256 56x56", 64, 256, 56, 1, 1, 1));
+  cases.push_back(conv_case("conv 1x1 512->128 28x28", 512, 128, 28, 1, 1, 1));
+  cases.push_back(conv_case("conv 1x1 1024->256 14x14", 1024, 256, 14, 1, 1, 1));
+  cases.push_back(conv_case("conv 1x1 s2 256->512 56x56", 256, 512, 56, 1, 2, 1));
+  cases.push_back(conv_case("conv 1x1 s2 1024->2048 14x14", 1024, 2048, 14, 1, 2, 1));
+  cases.push_back(conv_case("conv 1x1 24->144 56x56", 24, 144, 56, 1, 1, 1));
+  cases.push_back(conv_case("conv 1x1 144->24 56x56", 144, 24, 56, 1, 1, 1));
   cases.push_back(conv_case("conv 3x3 256->256 14x14", 256, 256, 14, 3, 1, 1));
   cases.push_back(conv_case("conv 3x3 512->512 7x7", 512, 512, 7, 3, 1, 1));
   cases.push_back(conv_case("conv 1x1 2048->512 7x7", 2048, 512, 7, 1, 1, 1));

@@ -14,8 +14,10 @@
 // [I, KH, KW, O], output channels contiguous; "P<nr>" (conv.panels) stores it
 // as panels of nr output channels [ceil(O / nr), I, KH, KW, nr], zero past O
 // (whose value is then the int attribute kiln_out_channels). It is indexed
-// accordingly. Any other value of the attribute, or the attribute on another
+// accordingly. The int attribute kiln_subsample = 1 (a kernel of size 1)
+// copies the input at the strided positions into a dense stage first. Any other value of the attribute, or the attribute on another
 // kind of Conv, is an error.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -172,26 +174,34 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
   std::vector<Expr> x_idx = {iv[0], ci};
   std::vector<Expr> w_idx = {iv[1], rv[0]};
   std::vector<tir::ComputeDef> stages;
+  // kiln_subsample (a 1x1 kernel): the strided input is copied into a dense
+  // [N, C, out...] stage first, so that the reduction reads it contiguously.
+  bool subsample = n.attr_int("kiln_subsample", 0) != 0;
+  if (subsample && !std::all_of(kernel.begin(), kernel.end(), [](const Expr& k) { return k.as_const() == 1; }))
+    return node_invalid(n) << "kiln_subsample needs a kernel of size 1";
+  bool copy = g.may_pad || subsample;
   for (size_t d = 0; d < rank; ++d) {
     Expr pos = iv[d + 2] * g.stride[d] + rv[d + 1] * g.dilation[d];
-    x_idx.push_back(g.may_pad ? pos : pos - g.pad_begin[d]);
+    x_idx.push_back(subsample ? iv[d + 2] : copy ? pos : pos - g.pad_begin[d]);
     w_idx.push_back(rv[d + 1]);
   }
   if (packed < 0) w_idx = {rv[0], rv[1], rv[2], iv[1]};  // [I, KH, KW, O]
   if (packed > 0)                                         // [O / nr, I, KH, KW, nr]
     w_idx = {floordiv(iv[1], Expr(packed)), rv[0], rv[1], rv[2], mod(iv[1], Expr(packed))};
   Expr x_value;
-  if (g.may_pad) {
+  if (copy) {
     // A zero-padded copy of the input, just large enough for every window:
-    // the reduction then reads it without bound checks (contiguous windows).
+    // the reduction then reads it without bound checks (contiguous windows);
+    // subsampled, one element per output position.
     std::vector<std::string> paxes = fresh_axes(ctx, rank + 2, "p");
     std::vector<Expr> pv = axis_vars(paxes);
     std::vector<Expr> pshape = {x.shape[0], x.shape[1]};
     std::vector<Expr> src = {pv[0], pv[1]};
     Expr valid;
     for (size_t d = 0; d < rank; ++d) {
-      pshape.push_back(simplify((g.out[d] - 1) * g.stride[d] + (kernel[d] - 1) * g.dilation[d] + 1));
-      Expr pos = pv[d + 2] - g.pad_begin[d];
+      pshape.push_back(subsample ? g.out[d]
+                                 : simplify((g.out[d] - 1) * g.stride[d] + (kernel[d] - 1) * g.dilation[d] + 1));
+      Expr pos = (subsample ? pv[d + 2] * g.stride[d] : pv[d + 2]) - g.pad_begin[d];
       Expr ok = logical_and(le(Expr(0), pos), lt(pos, g.in[d]));
       valid = valid.defined() ? logical_and(valid, ok) : ok;
       src.push_back(clamp_index(pos, g.in[d]));

@@ -202,21 +202,18 @@ Tensor pack_panels(const Tensor& t, int64_t nr) {
   return out;
 }
 
-Status panels_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
-  int64_t nr = knobs.at("nr");
+// Packs the weight into panels of `nr` output channels (layout "P<nr>").
+Status pack_weight_panels(Graph& g, Node& n, int64_t nr) {
   Value* w = n.input(1);
   int64_t o = w->constant().shape()[0];
-  if (o % nr != 0) {
-    Attribute c;
-    c.kind = Attribute::Kind::kInt;
-    c.i = o;
-    n.set_attr("kiln_out_channels", c);  // the panels hold O rounded up to nr
-  }
+  if (o % nr != 0) set_int_attr(n, "kiln_out_channels", o);  // the panels hold O rounded up to nr
   Value* packed = g.add_constant(g.unique_name(w->name() + ".p" + std::to_string(nr)), pack_panels(w->constant(), nr));
   g.set_input(&n, 1, packed);
   set_string_attr(n, "kiln_weight_layout", "P" + std::to_string(nr));
   return Status::ok();
 }
+
+Status panels_transform(Graph& g, Node& n, const tir::Knobs& knobs) { return pack_weight_panels(g, n, knobs.at("nr")); }
 
 // Output axes [n, co, oh, ow]: co split into panels of nr (vector lanes), ow
 // tiled by mr (register rows); loops n, co.o, oh, ow.o | reduce | ow.i, co.i.
@@ -270,6 +267,161 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
   }
   return replace_stage_schedule(k, stage, prims);
+}
+
+// ---- conv.wvec --------------------------------------------------------------
+
+bool one_by_one(const Node& n) {
+  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  return ws[2] == 1 && ws[3] == 1;
+}
+
+// Stride 1 along the width, so that vw consecutive output columns read vw
+// consecutive input columns (one vector load per tap and input channel); or a
+// 1x1 kernel with any strides, which reads a subsampled copy of the input
+// (the conv's attribute kiln_subsample).
+bool wvec_applies(const Node& n, std::string* why) {
+  if (!panels_applies(n, why)) return false;
+  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
+  std::vector<int64_t> dil = n.attr_ints("dilations", {1, 1});
+  if (!one_by_one(n) && (strides.size() != 2 || strides[1] != 1 || dil.size() != 2 || dil[1] != 1)) {
+    if (why) *why = "strided or dilated along the width";
+    return false;
+  }
+  return true;
+}
+
+tir::KnobSpace wvec_space(const Node&) {
+  tir::KnobSpace s;
+  s.knobs.push_back(tir::Knob{"mr", {1, 2, 4, 6, 8, 12}});
+  s.knobs.push_back(tir::Knob{"vw", {16, 32, 64}});
+  s.knobs.push_back(tir::Knob{"rows", {1, 2, 4}});
+  s.knobs.push_back(tir::Knob{"order", {0, 1}});
+  s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("rows") * k.at("vw") / 16 <= 24; };
+  return s;
+}
+
+tir::Knobs wvec_defaults(const Node& n) {
+  int64_t o = out_channels(n);
+  auto width = (*n.output(0)->type().shape)[3].as_const();
+  // Vectors no wider than the row (a 28-wide row in one 32-lane vector is
+  // 28 lanes: LLVM splits such vectors into pieces).
+  int64_t vw = 32;
+  if (width) {
+    std::vector<std::pair<int64_t, double>> tiles;
+    for (auto [v, rate] : {std::pair<int64_t, double>{32, 1.0}, {64, 1.0}, {16, 0.9}})
+      if (v <= *width) tiles.emplace_back(v, rate);
+    vw = tiles.empty() ? 16 : least_overlap_tile(*width, tiles);
+  }
+  // 16 to 24 accumulators: two rows of one-vector tiles.
+  int64_t rows = vw == 16 ? 2 : 1;
+  std::vector<std::pair<int64_t, double>> mrs;
+  for (auto [m, rate] : {std::pair<int64_t, double>{8, 1.0}, {12, 1.05}, {6, 0.95}, {4, 0.85}})
+    if (m * rows * vw / 16 <= 24) mrs.emplace_back(m, rate);
+  int64_t mr = least_overlap_tile(o, mrs);
+  return {{"mr", mr}, {"vw", vw}, {"rows", rows}, {"order", 1}};
+}
+
+// Weights in panels of mr channels; a strided 1x1 kernel reads a subsampled copy.
+Status wvec_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
+  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
+  if (one_by_one(n) && std::any_of(strides.begin(), strides.end(), [](int64_t s) { return s != 1; }))
+    set_int_attr(n, "kiln_subsample", 1);
+  return pack_weight_panels(g, n, knobs.at("mr"));
+}
+
+// Measured with kernel_bench (1 and 2 threads, interleaved, min of 3): 1x1
+// convolutions with rows at least 16 wide ran faster than conv.panels (256->64
+// 56x56 1.14 -> 0.96 ms, 64->256 56x56 1.25 -> 1.00, 512->128 28x28 1.05 ->
+// 0.90, 144->24 56x56 0.38 -> 0.24); a 3x3 64->64 56x56 ran slower (1.57 ->
+// 1.80: panels reuse each loaded input across 9 taps' weights in registers).
+// Strided 1x1 convolutions (subsampled) did not win (256->512 s2 56x56 2.72
+// -> 2.89 ms), nor rows whose vectors compute over 15% more columns than
+// the row has (17, 35: the last vector overlaps the one before it).
+int wvec_priority(const Node& n) {
+  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
+  bool unit_stride = std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 1; });
+  auto width = (*n.output(0)->type().shape)[3].as_const();
+  if (!one_by_one(n) || !unit_stride || !width || *width < 16) return 4;
+  int64_t vw = wvec_defaults(n).at("vw");
+  int64_t computed = (*width + vw - 1) / vw * vw;
+  return computed * 100 <= *width * 115 ? 35 : 4;
+}
+
+// Output axes [n, co, oh, ow]: co split into tiles of mr (unrolled: each
+// weight a broadcast from the mr-channel panel), ow into vectors of vw
+// columns, oh into `rows`; loops n, [co.o], oh.o, ow.o, [co.o] | reduce |
+// co.i, oh.i, ow.i. order=1 walks the channel tiles innermost, so one strip
+// of input (all input channels x vw columns) is reused by every channel tile
+// from cache and the weights (one pass per strip) are re-read instead.
+Result<tir::Schedule> wvec_schedule(const tir::KernelDef& k, const std::string& stage, const tir::Knobs& knobs) {
+  auto it = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& s) { return s.name == stage; });
+  if (it == k.stages.end() || it->axes.size() != 4) return tir::default_schedule(k);
+  const tir::ComputeDef& st = *it;
+  KILN_ASSIGN_OR_RETURN(int64_t mr, knob(knobs, "mr", "conv.wvec"));
+  KILN_ASSIGN_OR_RETURN(int64_t vw, knob(knobs, "vw", "conv.wvec"));
+  KILN_ASSIGN_OR_RETURN(int64_t rows, knob(knobs, "rows", "conv.wvec"));
+  bool channels_inner = knob_on(knobs, "order");
+  std::vector<tir::Primitive> prims;
+  const std::string &n_ax = st.axes[0], &c_ax = st.axes[1], &h_ax = st.axes[2], &w_ax = st.axes[3];
+  // Splits axis a of `extent` by f unless one tile covers it: {outer (or
+  // empty), inner (or empty: f = 1), outer count}.
+  struct Tiled {
+    std::string outer, inner;
+    std::optional<int64_t> count;
+  };
+  auto tile = [&](const std::string& a, const Expr& extent, int64_t f) -> Tiled {
+    auto c = extent.as_const();
+    if (f == 1) return {a, "", c};
+    if (c && *c <= f) return {"", a, 1};
+    prims.push_back(prim(!c || *c % f == 0 ? "split" : "split_overlap", stage, {a}, f));
+    return {a + ".o", a + ".i", c ? std::optional<int64_t>((*c + f - 1) / f) : std::nullopt};
+  };
+  // The weight panels hold O rounded up to mr: a partial last tile is
+  // computed in full, written back guarded.
+  auto c_ext = st.shape[1].as_const();
+  Tiled c{"", c_ax, 1};
+  if (!c_ext || *c_ext > mr || *c_ext % mr != 0) {
+    prims.push_back(prim(c_ext && *c_ext % mr != 0 ? "split_padded" : "split", stage, {c_ax}, mr));
+    c = {c_ax + ".o", c_ax + ".i", c_ext ? std::optional<int64_t>((*c_ext + mr - 1) / mr) : std::nullopt};
+  }
+  Tiled w = tile(w_ax, st.shape[3], vw);
+  Tiled h = tile(h_ax, st.shape[2], rows);
+  std::vector<std::string> outer = {n_ax};
+  std::vector<std::optional<int64_t>> counts = {st.shape[0].as_const()};
+  auto push = [&](const Tiled& t) {
+    if (t.outer.empty()) return;
+    outer.push_back(t.outer);
+    counts.push_back(t.count);
+  };
+  if (!channels_inner) push(c);
+  push(h);
+  push(w);
+  if (channels_inner) push(c);
+  std::vector<std::string> order = outer;
+  for (const std::string& a : {c.inner, h.inner, w.inner})
+    if (!a.empty()) order.push_back(a);
+  prims.push_back(prim("reorder", stage, order));
+  prims.push_back(prim("cache_write", stage, {outer.back()}));
+  if (!c_ext || *c_ext > 1) prims.push_back(prim("unroll", stage, {c.inner}));
+  auto h_ext = st.shape[2].as_const();
+  if (!h.inner.empty() && (!h_ext || *h_ext > 1)) prims.push_back(prim("unroll", stage, {h.inner}));
+  prims.push_back(prim("vectorize", stage, {w.inner}));
+  if (int par = tir::choose_parallel(counts); par >= 0)
+    prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
+  tir::Schedule s = replace_stage_schedule(k, stage, prims);
+  // A subsampled input (kiln_subsample) is read without a window, so the
+  // default schedule would inline it back into strided loads: it is computed
+  // in full instead, parallel over channels, vectorized along the row.
+  auto pad = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& c) { return c.name == stage + ".pad"; });
+  if (pad == k.stages.end() || pad->axes.size() != 4) return s;
+  for (size_t i = 0; i < s.prims.size(); ++i) {
+    if (s.prims[i].kind != "inline" || s.prims[i].stage != pad->name) continue;
+    s.prims[i] = prim("parallel", pad->name, {pad->axes[1]});
+    s.prims.insert(s.prims.begin() + static_cast<long>(i) + 1, prim("vectorize", pad->name, {pad->axes[3]}));
+    break;
+  }
+  return s;
 }
 
 // ---- conv.depthwise ---------------------------------------------------------
@@ -390,6 +542,20 @@ void register_conv_candidates() {
   dw.default_knobs = depthwise_defaults;
   dw.schedule = depthwise_schedule;
   register_candidate(std::move(dw));
+
+  Candidate wvec;
+  wvec.name = "conv.wvec";
+  wvec.op = "Conv";
+  wvec.priority = 4;
+  wvec.summary = "weights packed [O/mr, I, KH, KW, mr]; mr output channels (broadcasts) x rows x vw output "
+                 "columns (vector lanes) register tile, contiguous stores";
+  wvec.applies = wvec_applies;
+  wvec.priority_for = wvec_priority;
+  wvec.space = wvec_space;
+  wvec.default_knobs = wvec_defaults;
+  wvec.transform = wvec_transform;
+  wvec.schedule = wvec_schedule;
+  register_candidate(std::move(wvec));
 
   Candidate panels;
   panels.name = "conv.panels";

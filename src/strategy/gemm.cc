@@ -126,12 +126,7 @@ Status gemm_packed_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
   Value* b = n.input(1);
   bool tb = is_gemm(n) && n.attr_int("transB", 0) != 0;
   int64_t cols = constant_b_columns(n, nullptr);
-  if (cols % nr != 0) {
-    Attribute c;
-    c.kind = Attribute::Kind::kInt;
-    c.i = cols;
-    n.set_attr("kiln_b_columns", c);  // the panels hold N rounded up to nr
-  }
+  if (cols % nr != 0) set_int_attr(n, "kiln_b_columns", cols);  // the panels hold N rounded up to nr
   Value* packed = g.add_constant(g.unique_name(b->name() + ".p" + std::to_string(nr)), pack_panels(b->constant(), tb, nr));
   g.set_input(&n, 1, packed);
   set_string_attr(n, "kiln_weight_layout", "P" + std::to_string(nr));

@@ -61,4 +61,11 @@ void set_string_attr(Node& n, const std::string& name, const std::string& value)
   n.set_attr(name, a);
 }
 
+void set_int_attr(Node& n, const std::string& name, int64_t value) {
+  Attribute a;
+  a.kind = Attribute::Kind::kInt;
+  a.i = value;
+  n.set_attr(name, a);
+}
+
 }  // namespace kiln::strategy

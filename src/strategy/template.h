@@ -26,6 +26,7 @@ tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string&
 Result<int64_t> knob(const tir::Knobs& knobs, const std::string& name, const std::string& candidate);
 
 void set_string_attr(Node& n, const std::string& name, const std::string& value);
+void set_int_attr(Node& n, const std::string& name, int64_t value);
 
 // A 0/1 knob that is on; absent (a choice recorded before the knob existed) is off.
 bool knob_on(const tir::Knobs& knobs, const std::string& name);

@@ -232,6 +232,13 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
       // Output channels not a multiple of the panel width: zero-padded panels.
       {Shape{1, 16, 13, 13}, {1000 / 8, 16, 1, 1}, 1, 0, {1, 16, 13, 13}},
       {Shape{1, 9, 8, 8}, {24, 9, 3, 3}, 2, 1, {1, 9, 8, 8}},
+      // 1x1 (conv.wvec: vectors along the row; strided ones read a subsampled
+      // copy, padded ones a zero border): rows of 33, 2, a symbolic plane.
+      {Shape{1, 7, 3, 33}, {20, 7, 1, 1}, 1, 0, {1, 7, 3, 33}},
+      {Shape{1, 8, 11, 37}, {13, 8, 1, 1}, 2, 0, {1, 8, 11, 37}},
+      {Shape{1, 5, 6, 17}, {9, 5, 1, 1}, 3, 1, {1, 5, 6, 17}},
+      {Shape{1, 6, var("h"), var("w")}, {17, 6, 1, 1}, 2, 0, {1, 6, 5, 35}},
+      {Shape{1, 3, 4, 2}, {40, 3, 1, 1}, 1, 0, {1, 3, 4, 2}},
       // Depthwise (conv.depthwise and conv.direct): odd planes, stride 2, a
       // plane wide enough to inline the padding, a symbolic plane, 5x5, 1x1.
       {Shape{1, 5, 17, 17}, {5, 1, 3, 3}, 1, 1, {1, 5, 17, 17}, 5},
