@@ -104,9 +104,37 @@ Status ihwo_transform(Graph& g, Node& n, const tir::Knobs&) {
   return Status::ok();
 }
 
+// A subsampled input (kiln_subsample) is read without a window, so the
+// default schedule would inline it back into strided loads: it is computed
+// in full instead, parallel over channels, vectorized along the row.
+tir::Schedule materialize_subsampled(const tir::KernelDef& k, const std::string& stage, tir::Schedule s) {
+  auto pad = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& c) { return c.name == stage + ".pad"; });
+  if (pad == k.stages.end() || pad->axes.size() != 4) return s;
+  for (size_t i = 0; i < s.prims.size(); ++i) {
+    if (s.prims[i].kind != "inline" || s.prims[i].stage != pad->name) continue;
+    s.prims[i] = prim("parallel", pad->name, {pad->axes[1]});
+    s.prims.insert(s.prims.begin() + static_cast<long>(i) + 1, prim("vectorize", pad->name, {pad->axes[3]}));
+    break;
+  }
+  return s;
+}
+
 // ---- conv.panels ------------------------------------------------------------
 
 int64_t out_channels(const Node& n) { return n.input(1)->constant().shape()[0]; }
+
+bool one_by_one(const Node& n) {
+  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  return ws[2] == 1 && ws[3] == 1;
+}
+
+// A 1x1 kernel with strides: its input may be subsampled into a dense copy
+// first (the Conv attribute kiln_subsample), so the reduction reads it
+// contiguously instead of every stride-th element of every row.
+bool strided_one_by_one(const Node& n) {
+  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
+  return one_by_one(n) && std::any_of(strides.begin(), strides.end(), [](int64_t s) { return s != 1; });
+}
 
 bool panels_applies(const Node& n, std::string* why) {
   if (!ihwo_applies(n, why)) return false;
@@ -159,6 +187,7 @@ tir::KnobSpace panels_space(const Node& n) {
   s.knobs.push_back(nr);
   s.knobs.push_back(tir::Knob{"rows", {0, 1}});
   s.knobs.push_back(tir::Knob{"prefetch", {0, 1}});
+  if (strided_one_by_one(n)) s.knobs.push_back(tir::Knob{"subsample", {0, 1}});
   s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / 16 <= 24; };
   return s;
 }
@@ -185,7 +214,9 @@ tir::Knobs panels_defaults(const Node& n) {
   }
   if (mr * nr / 16 > 24) mr = 24 * 16 / nr;
   // prefetch: the next weight panel streams in while the current one is used.
-  return {{"mr", std::max<int64_t>(mr, 1)}, {"nr", nr}, {"rows", panels_split_rows(n) ? 1 : 0}, {"prefetch", 1}};
+  tir::Knobs k = {{"mr", std::max<int64_t>(mr, 1)}, {"nr", nr}, {"rows", panels_split_rows(n) ? 1 : 0}, {"prefetch", 1}};
+  if (strided_one_by_one(n)) k["subsample"] = 1;
+  return k;
 }
 
 // [O, I, KH, KW] -> [ceil(O / nr), I, KH, KW, nr], zero past O.
@@ -213,7 +244,10 @@ Status pack_weight_panels(Graph& g, Node& n, int64_t nr) {
   return Status::ok();
 }
 
-Status panels_transform(Graph& g, Node& n, const tir::Knobs& knobs) { return pack_weight_panels(g, n, knobs.at("nr")); }
+Status panels_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
+  if (knob_on(knobs, "subsample") && strided_one_by_one(n)) set_int_attr(n, "kiln_subsample", 1);
+  return pack_weight_panels(g, n, knobs.at("nr"));
+}
 
 // Output axes [n, co, oh, ow]: co split into panels of nr (vector lanes), ow
 // tiled by mr (register rows); loops n, co.o, oh, ow.o | reduce | ow.i, co.i.
@@ -266,15 +300,10 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
   } else if (int par = tir::choose_parallel(counts); par >= 0) {
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
   }
-  return replace_stage_schedule(k, stage, prims);
+  return materialize_subsampled(k, stage, replace_stage_schedule(k, stage, prims));
 }
 
 // ---- conv.wvec --------------------------------------------------------------
-
-bool one_by_one(const Node& n) {
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
-  return ws[2] == 1 && ws[3] == 1;
-}
 
 // Stride 1 along the width, so that vw consecutive output columns read vw
 // consecutive input columns (one vector load per tap and input channel); or a
@@ -324,9 +353,7 @@ tir::Knobs wvec_defaults(const Node& n) {
 
 // Weights in panels of mr channels; a strided 1x1 kernel reads a subsampled copy.
 Status wvec_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
-  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
-  if (one_by_one(n) && std::any_of(strides.begin(), strides.end(), [](int64_t s) { return s != 1; }))
-    set_int_attr(n, "kiln_subsample", 1);
+  if (strided_one_by_one(n)) set_int_attr(n, "kiln_subsample", 1);
   return pack_weight_panels(g, n, knobs.at("mr"));
 }
 
@@ -339,10 +366,8 @@ Status wvec_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
 // -> 2.89 ms), nor rows whose vectors compute over 15% more columns than
 // the row has (17, 35: the last vector overlaps the one before it).
 int wvec_priority(const Node& n) {
-  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
-  bool unit_stride = std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 1; });
   auto width = (*n.output(0)->type().shape)[3].as_const();
-  if (!one_by_one(n) || !unit_stride || !width || *width < 16) return 4;
+  if (!one_by_one(n) || strided_one_by_one(n) || !width || *width < 16) return 4;
   int64_t vw = wvec_defaults(n).at("vw");
   int64_t computed = (*width + vw - 1) / vw * vw;
   return computed * 100 <= *width * 115 ? 35 : 4;
@@ -409,19 +434,7 @@ Result<tir::Schedule> wvec_schedule(const tir::KernelDef& k, const std::string& 
   prims.push_back(prim("vectorize", stage, {w.inner}));
   if (int par = tir::choose_parallel(counts); par >= 0)
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
-  tir::Schedule s = replace_stage_schedule(k, stage, prims);
-  // A subsampled input (kiln_subsample) is read without a window, so the
-  // default schedule would inline it back into strided loads: it is computed
-  // in full instead, parallel over channels, vectorized along the row.
-  auto pad = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& c) { return c.name == stage + ".pad"; });
-  if (pad == k.stages.end() || pad->axes.size() != 4) return s;
-  for (size_t i = 0; i < s.prims.size(); ++i) {
-    if (s.prims[i].kind != "inline" || s.prims[i].stage != pad->name) continue;
-    s.prims[i] = prim("parallel", pad->name, {pad->axes[1]});
-    s.prims.insert(s.prims.begin() + static_cast<long>(i) + 1, prim("vectorize", pad->name, {pad->axes[3]}));
-    break;
-  }
-  return s;
+  return materialize_subsampled(k, stage, replace_stage_schedule(k, stage, prims));
 }
 
 // ---- conv.depthwise ---------------------------------------------------------
