@@ -176,6 +176,7 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("conv 1x1 1024->256 14x14", 1024, 256, 14, 1, 1, 1));
   cases.push_back(conv_case("conv 1x1 s2 256->512 56x56", 256, 512, 56, 1, 2, 1));
   cases.push_back(conv_case("conv 1x1 s2 1024->2048 14x14", 1024, 2048, 14, 1, 2, 1));
+  cases.push_back(conv_case("conv 1x1 512->1000 13x13", 512, 1000, 13, 1, 1, 1));
   cases.push_back(conv_case("conv 1x1 24->144 56x56", 24, 144, 56, 1, 1, 1));
   cases.push_back(conv_case("conv 1x1 144->24 56x56", 144, 24, 56, 1, 1, 1));
   cases.push_back(conv_case("conv 3x3 256->256 14x14", 256, 256, 14, 3, 1, 1));

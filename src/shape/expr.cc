@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <numeric>
 #include <set>
 #include <unordered_map>
@@ -1578,9 +1579,9 @@ class Simplifier {
       case ExprKind::kAdd: {
         Poly p = to_poly(n->args[0]);
         for (size_t i = 1; i < n->args.size(); ++i) p = poly_add(std::move(p), to_poly(n->args[i]));
-        return p;
+        return fold_div_mod(std::move(p));
       }
-      case ExprKind::kSub: return poly_sub(to_poly(n->args[0]), to_poly(n->args[1]));
+      case ExprKind::kSub: return fold_div_mod(poly_sub(to_poly(n->args[0]), to_poly(n->args[1])));
       case ExprKind::kMul: {
         Poly p = to_poly(n->args[0]);
         for (size_t i = 1; i < n->args.size(); ++i) p = poly_mul(p, to_poly(n->args[i]));
@@ -1599,6 +1600,44 @@ class Simplifier {
         if (v.dtype() == DType::kInt64 && v.kind() != n->kind) return to_poly(v);
         return poly_atom(v);
       }
+    }
+  }
+
+  // c*k*(x floordiv k) + c*(y mod k) = c*x when x - y is a multiple of k
+  // (then y mod k = x mod k): a row-major index over (x floordiv k, x mod k),
+  // as a fused loop gives, is x again. x and y may differ in terms that the
+  // two atoms normalized differently (mod drops multiples of k).
+  Poly fold_div_mod(Poly p) {
+    while (true) {
+      // One pair (mod term, floordiv term) that folds, found before anything is erased.
+      std::optional<Monomial> mod_key, div_key;
+      Poly x;
+      int64_t c = 0;
+      for (const auto& [mm, mc] : p.terms) {
+        if (mod_key) break;
+        if (mm.size() != 1 || mm[0].kind() != ExprKind::kMod) continue;
+        auto k = mm[0]->args[1].as_const();
+        int64_t ck = 0;
+        if (!k || *k < 2 || __builtin_mul_overflow(mc, *k, &ck)) continue;
+        for (const auto& [dm, dc] : p.terms) {
+          if (dm.size() != 1 || dm[0].kind() != ExprKind::kFloorDiv || dc != ck) continue;
+          if (dm[0]->args[1].as_const() != k) continue;
+          Poly xd = to_poly(dm[0]->args[0]);
+          Poly diff = poly_sub(xd, to_poly(mm[0]->args[0]));
+          bool multiple = diff.constant % *k == 0;
+          for (const auto& [m, coef] : diff.terms) multiple = multiple && coef % *k == 0;
+          if (!multiple) continue;
+          mod_key = mm;
+          div_key = dm;
+          x = std::move(xd);
+          c = mc;
+          break;
+        }
+      }
+      if (!mod_key) return p;
+      p.terms.erase(*mod_key);
+      p.terms.erase(*div_key);
+      p = poly_add(std::move(p), poly_scale(x, c));
     }
   }
 

@@ -320,35 +320,55 @@ bool wvec_applies(const Node& n, std::string* why) {
   return true;
 }
 
-tir::KnobSpace wvec_space(const Node&) {
+tir::KnobSpace wvec_space(const Node& n) {
   tir::KnobSpace s;
   s.knobs.push_back(tir::Knob{"mr", {1, 2, 4, 6, 8, 12}});
   s.knobs.push_back(tir::Knob{"vw", {16, 32, 64}});
   s.knobs.push_back(tir::Knob{"rows", {1, 2, 4}});
   s.knobs.push_back(tir::Knob{"order", {0, 1}});
+  if (one_by_one(n)) s.knobs.push_back(tir::Knob{"flat", {0, 1}});
   s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("rows") * k.at("vw") / 16 <= 24; };
   return s;
 }
 
+// The output positions a vector runs along: the row, or for a 1x1 kernel the
+// whole plane (knob flat: rows and columns fused into one contiguous axis).
+std::optional<int64_t> wvec_extent(const Node& n, bool flat) {
+  const Shape& ys = *n.output(0)->type().shape;
+  auto h = ys[2].as_const(), w = ys[3].as_const();
+  if (!flat) return w;
+  int64_t hw = 0;
+  if (!h || !w || __builtin_mul_overflow(*h, *w, &hw)) return std::nullopt;
+  return hw;
+}
+
 tir::Knobs wvec_defaults(const Node& n) {
   int64_t o = out_channels(n);
-  auto width = (*n.output(0)->type().shape)[3].as_const();
+  bool flat = one_by_one(n);
+  auto extent = wvec_extent(n, flat);
   // Vectors no wider than the row (a 28-wide row in one 32-lane vector is
   // 28 lanes: LLVM splits such vectors into pieces).
   int64_t vw = 32;
-  if (width) {
+  if (extent) {
     std::vector<std::pair<int64_t, double>> tiles;
-    for (auto [v, rate] : {std::pair<int64_t, double>{32, 1.0}, {64, 1.0}, {16, 0.9}})
-      if (v <= *width) tiles.emplace_back(v, rate);
-    vw = tiles.empty() ? 16 : least_overlap_tile(*width, tiles);
+    for (auto [v, rate] : {std::pair<int64_t, double>{32, 1.0}, {64, 0.98}, {16, 0.9}})
+      if (v <= *extent) tiles.emplace_back(v, rate);
+    vw = tiles.empty() ? 16 : least_overlap_tile(*extent, tiles);
   }
   // 16 to 24 accumulators: two rows of one-vector tiles.
-  int64_t rows = vw == 16 ? 2 : 1;
+  int64_t rows = vw == 16 && !flat ? 2 : 1;
   std::vector<std::pair<int64_t, double>> mrs;
   for (auto [m, rate] : {std::pair<int64_t, double>{8, 1.0}, {12, 1.05}, {6, 0.95}, {4, 0.85}})
     if (m * rows * vw / 16 <= 24) mrs.emplace_back(m, rate);
   int64_t mr = least_overlap_tile(o, mrs);
-  return {{"mr", mr}, {"vw", vw}, {"rows", rows}, {"order", 1}};
+  // Channel tiles innermost (each input strip read once, the weights once per
+  // strip) unless the weights outweigh the input: squeezenet's 512->1000
+  // classifier on 13x13 (2 MB of weights, 0.35 MB of input) ran 2.14 -> 1.42
+  // ms with the weights' tile outermost.
+  int64_t order = panels_split_rows(n) ? 1 : 0;
+  tir::Knobs k = {{"mr", mr}, {"vw", vw}, {"rows", rows}, {"order", order}};
+  if (flat) k["flat"] = 1;
+  return k;
 }
 
 // Weights in panels of mr channels; a strided 1x1 kernel reads a subsampled copy.
@@ -357,20 +377,22 @@ Status wvec_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
   return pack_weight_panels(g, n, knobs.at("mr"));
 }
 
-// Measured with kernel_bench (1 and 2 threads, interleaved, min of 3): 1x1
-// convolutions with rows at least 16 wide ran faster than conv.panels (256->64
-// 56x56 1.14 -> 0.96 ms, 64->256 56x56 1.25 -> 1.00, 512->128 28x28 1.05 ->
-// 0.90, 144->24 56x56 0.38 -> 0.24); a 3x3 64->64 56x56 ran slower (1.57 ->
-// 1.80: panels reuse each loaded input across 9 taps' weights in registers).
-// Strided 1x1 convolutions (subsampled) did not win (256->512 s2 56x56 2.72
-// -> 2.89 ms), nor rows whose vectors compute over 15% more columns than
-// the row has (17, 35: the last vector overlaps the one before it).
+// Measured with kernel_bench (1 thread, interleaved, min of 3), 1x1
+// convolutions with the plane fused into one pixel axis against conv.panels:
+// 256->64 56x56 1.40 -> 0.76 ms, 64->256 56x56 1.30 -> 0.82, 512->128 28x28
+// 1.56 -> 0.73, 1024->256 14x14 1.15 -> 0.79, 144->24 56x56 0.39 -> 0.19,
+// strided (subsampled) 256->512 s2 56x56 2.83 -> 1.46; even on 24->144
+// 56x56 (0.26 both). It lost where the last vector of the plane overlaps
+// much of the one before it (2048->512 7x7: 49 pixels in 64 lanes, 0.81 ->
+// 1.34), and on a 3x3 64->64 56x56 (1.57 -> 1.80: panels reuse each loaded
+// input across 9 taps' weights in registers). Priority 35 (over panels) for
+// 1x1 kernels whose plane is computed with at most 15% overlap.
 int wvec_priority(const Node& n) {
-  auto width = (*n.output(0)->type().shape)[3].as_const();
-  if (!one_by_one(n) || strided_one_by_one(n) || !width || *width < 16) return 4;
+  auto extent = wvec_extent(n, one_by_one(n));
+  if (!one_by_one(n) || !extent || *extent < 16) return 4;
   int64_t vw = wvec_defaults(n).at("vw");
-  int64_t computed = (*width + vw - 1) / vw * vw;
-  return computed * 100 <= *width * 115 ? 35 : 4;
+  int64_t computed = (*extent + vw - 1) / vw * vw;
+  return computed * 100 <= *extent * 115 ? 35 : 4;
 }
 
 // Output axes [n, co, oh, ow]: co split into tiles of mr (unrolled: each
@@ -410,8 +432,16 @@ Result<tir::Schedule> wvec_schedule(const tir::KernelDef& k, const std::string& 
     prims.push_back(prim(c_ext && *c_ext % mr != 0 ? "split_padded" : "split", stage, {c_ax}, mr));
     c = {c_ax + ".o", c_ax + ".i", c_ext ? std::optional<int64_t>((*c_ext + mr - 1) / mr) : std::nullopt};
   }
-  Tiled w = tile(w_ax, st.shape[3], vw);
-  Tiled h = tile(h_ax, st.shape[2], rows);
+  Tiled w, h;
+  if (knob_on(knobs, "flat")) {
+    // One pixel axis: the rows of a 1x1 convolution's output and input are
+    // contiguous, so vectors run across row ends.
+    prims.push_back(prim("fuse", stage, {h_ax, w_ax}));
+    w = tile(h_ax + "_" + w_ax, simplify(st.shape[2] * st.shape[3]), vw);
+  } else {
+    w = tile(w_ax, st.shape[3], vw);
+    h = tile(h_ax, st.shape[2], rows);
+  }
   std::vector<std::string> outer = {n_ax};
   std::vector<std::optional<int64_t>> counts = {st.shape[0].as_const()};
   auto push = [&](const Tiled& t) {
@@ -430,7 +460,8 @@ Result<tir::Schedule> wvec_schedule(const tir::KernelDef& k, const std::string& 
   prims.push_back(prim("cache_write", stage, {outer.back()}));
   if (!c_ext || *c_ext > 1) prims.push_back(prim("unroll", stage, {c.inner}));
   auto h_ext = st.shape[2].as_const();
-  if (!h.inner.empty() && (!h_ext || *h_ext > 1)) prims.push_back(prim("unroll", stage, {h.inner}));
+  if (!h.inner.empty() && (!h_ext || *h_ext > 1) && !knob_on(knobs, "flat"))
+    prims.push_back(prim("unroll", stage, {h.inner}));
   prims.push_back(prim("vectorize", stage, {w.inner}));
   if (int par = tir::choose_parallel(counts); par >= 0)
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));

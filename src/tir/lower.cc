@@ -317,6 +317,45 @@ struct Lowerer {
       plan.touched = true;
       return Status::ok();
     }
+    if (p.kind == "fuse") {
+      // fuse(stage, a, b): adjacent spatial loops a (outer) and b become one
+      // loop a_b over extent(a) * extent(b); a = a_b floordiv extent(b), b =
+      // a_b mod extent(b). Accesses row-major in (a, b) become contiguous in
+      // a_b (the simplifier folds extent(b) * (x floordiv extent(b)) + x mod
+      // extent(b) back to x).
+      if (p.axes.size() != 2) return invalid_argument() << "schedule: fuse takes two axes";
+      KILN_ASSIGN_OR_RETURN(auto wa, find_loop(plan, p, p.axes[0]));
+      KILN_ASSIGN_OR_RETURN(auto wb, find_loop(plan, p, p.axes[1]));
+      if (wa.first || wb.first) {
+        return invalid_argument() << "schedule: fuse(" << p.stage << ", " << p.axes[0] << ", " << p.axes[1]
+                                  << ") of a reduce axis";
+      }
+      if (wb.second != wa.second + 1) {
+        return invalid_argument() << "schedule: fuse(" << p.stage << ", " << p.axes[0] << ", " << p.axes[1]
+                                  << ") of loops that are not adjacent, outer first";
+      }
+      for (const std::string& a : p.axes) {
+        const Loop& l = plan.spatial[a == p.axes[0] ? wa.second : wb.second];
+        if (l.kind != ForKind::kSerial || a == plan.cache_axis || a == plan.prefetch_axis) {
+          return invalid_argument() << "schedule: fuse(" << p.stage << ", " << a
+                                    << ") of a loop already marked or cached";
+        }
+      }
+      std::string fused = p.axes[0] + "_" + p.axes[1];
+      if (find_loop(plan, p, fused).is_ok()) {
+        return invalid_argument() << "schedule: fuse(" << p.stage << "): axis " << fused << " exists";
+      }
+      Expr inner_extent = plan.spatial[wb.second].extent;
+      Expr extent = simplify(plan.spatial[wa.second].extent * inner_extent);
+      ExprMap repl{{p.axes[0], floordiv(var(fused), inner_extent)}, {p.axes[1], mod(var(fused), inner_extent)}};
+      plan.spatial[wa.second] = Loop{fused, extent};
+      plan.spatial.erase(plan.spatial.begin() + static_cast<long>(wb.second));
+      for (auto& [axis, v] : plan.axis_value) v = simplify(substitute(v, repl));
+      for (auto& g : plan.guards) g = simplify(substitute(g, repl));
+      for (auto& g : plan.store_guards) g = simplify(substitute(g, repl));
+      plan.touched = true;
+      return Status::ok();
+    }
     if (p.kind == "reorder") {
       if (p.axes.empty()) return invalid_argument() << "schedule: reorder names no axes";
       std::vector<size_t> positions;

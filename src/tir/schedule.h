@@ -17,6 +17,10 @@
 //                                        axis reads a buffer padded to a
 //                                        multiple of the factor (GEMM panels)
 //   reorder(stage, a, b, c)           -> loops in this order (outermost first)
+//   fuse(stage, a, b)                 -> adjacent spatial loops a (outer) and b
+//                                        become one loop a_b of extent(a) *
+//                                        extent(b): a 1x1 convolution's rows and
+//                                        columns as one contiguous pixel axis
 //   parallel(stage, axis)
 //   vectorize(stage, axis)
 //   unroll(stage, axis)

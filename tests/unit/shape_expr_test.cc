@@ -44,6 +44,24 @@ TEST(ShapeExpr, ReshapeBackProvesEqual) {
   EXPECT_FALSE(prove_equal(floordiv(a * b, b), b, bounds));
 }
 
+// A row-major index over (x floordiv k, x mod k), as a fused loop gives, is x.
+TEST(ShapeExpr, DivModPairFoldsBack) {
+  Expr f = var("f"), o = var("o"), i = var("i"), c = var("c");
+  EXPECT_EQ(simp(floordiv(f, 56) * 56 + mod(f, 56)), "f");
+  EXPECT_EQ(simp((c * 28 + floordiv(f, 28)) * 28 + mod(f, 28)), "784*c + f");
+  // After a split of the fused loop: mod and floordiv normalize their
+  // arguments differently (mod drops multiples of k), the fold still applies.
+  Expr split = o * 32 + i;
+  EXPECT_EQ(simp(floordiv(split, 7) * 7 + mod(split, 7)), "i + 32*o");
+  Expr overlap = min(o * 32, Expr(3136 - 32)) + i;
+  EXPECT_EQ(simp(3 * (floordiv(overlap, 56) * 56 + mod(overlap, 56))), simp(3 * overlap));
+  // Not a pair: other multiplier, other divisor, arguments that differ by a non-multiple.
+  EXPECT_NE(simp(floordiv(f, 56) * 55 + mod(f, 56)), "f");
+  EXPECT_NE(simp(floordiv(f, 56) * 56 + mod(f, 28)), "f");
+  EXPECT_NE(simp(floordiv(f, 56) * 56 + mod(f + 1, 56)), "f + 1");
+  EXPECT_EQ(simp(floordiv(f, 56) * 56 + mod(f + 56, 56)), "f");
+}
+
 TEST(ShapeExpr, ConcatGivesSum) {
   Expr m = var("m"), n = var("n");
   EXPECT_EQ(simp(m + n), "m + n");

@@ -469,6 +469,37 @@ TEST(TirLower, RfactorAndPrefetch) {
   }
 }
 
+// fuse: C's rows and columns as one loop of 7 * 19, split, vectorized and
+// tiled like any other axis, gives the reference's results.
+TEST(TirLower, FuseAdjacentSpatialLoops) {
+  KernelDef k = matmul(7, 19, 5);
+  auto ref = [](const HostData& r) { return matmul_ref(r, 7, 19, 5); };
+  for (const char* hand : {
+           "fuse(C, i, j)\n",
+           "fuse(C, i, j)\nsplit(C, i_j, 16)\ncache_write(C, i_j.o)\nvectorize(C, i_j.i)\nparallel(C, i_j.o)\n",
+           "fuse(C, i, j)\nsplit_overlap(C, i_j, 32)\ncache_write(C, i_j.o)\nvectorize(C, i_j.i)\n",
+           "split(C, j, 4)\nfuse(C, i, j.o)\nreorder(C, i_j.o, j.i)\ncache_write(C, i_j.o)\nunroll(C, j.i)\n",
+       }) {
+    auto s = parse_schedule(hand);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    expect_matches(k, *s, {}, ref);
+  }
+  auto f = lower(k, *parse_schedule("fuse(C, i, j)\nsplit(C, i_j, 16)\ncache_write(C, i_j.o)\nvectorize(C, i_j.i)\n"));
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  std::string text = print_func(*f);
+  EXPECT_NE(text.find("for i_j.o in 0..9 {"), std::string::npos) << text;
+  EXPECT_NE(text.find("if (i_j.i + 16*i_j.o < 133)"), std::string::npos) << text;
+  // Not adjacent, the wrong order, a reduce axis, a name that exists, a
+  // marked or cached loop: errors.
+  for (const char* bad : {"reorder(C, j, i)\nfuse(C, i, j)\n", "fuse(C, j, i)\n", "fuse(C, j, k)\n",
+                          "fuse(C, i, j)\nfuse(C, i_j, i_j)\n", "vectorize(C, j)\nfuse(C, i, j)\n",
+                          "cache_write(C, j)\nfuse(C, i, j)\n"}) {
+    auto s = parse_schedule(bad);
+    ASSERT_TRUE(s.is_ok()) << bad;
+    EXPECT_FALSE(lower(k, *s).is_ok()) << bad;
+  }
+}
+
 TEST(TirLower, SoftmaxLikeMultiStage) {
   KernelDef k = softmax(4, 11);
   auto ref = [](const HostData& r) { return softmax_ref(r, 4, 11); };
