@@ -180,6 +180,8 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("conv 1x1 24->144 56x56", 24, 144, 56, 1, 1, 1));
   cases.push_back(conv_case("conv 1x1 144->24 56x56", 144, 24, 56, 1, 1, 1));
   cases.push_back(conv_case("conv 3x3 256->256 14x14", 256, 256, 14, 3, 1, 1));
+  cases.push_back(conv_case("conv 3x3 32->64 147x147", 32, 64, 147, 3, 1, 1));
+  cases.push_back(conv_case("conv 3x3 s2 288->384 35x35", 288, 384, 35, 3, 2, 1));
   cases.push_back(conv_case("conv 3x3 512->512 7x7", 512, 512, 7, 3, 1, 1));
   cases.push_back(conv_case("conv 1x1 2048->512 7x7", 2048, 512, 7, 1, 1, 1));
   cases.push_back(conv_case("depthwise 3x3 32 112x112", 32, 32, 112, 3, 1, 32));
