@@ -8,10 +8,15 @@
 namespace kiln::passes {
 
 namespace {
-// Elementwise ops, and views the driver chose to compile between two of them.
+// Elementwise ops, and views the driver chose to compile between two of them;
+// also BatchNormalization in inference form (one output), an affine map per
+// channel: densenet's BN -> ReLU before each convolution was two passes over
+// the activation.
 bool is_elementwise(const Node* n) {
   const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
-  return def != nullptr && (def->is_elementwise || def->is_view) && def->lower;
+  if (def == nullptr || !def->lower) return false;
+  if (def->is_elementwise || def->is_view) return true;
+  return n->domain().empty() && n->op_type() == "BatchNormalization" && n->num_outputs() == 1;
 }
 
 // A node whose implementation the operator strategy chose: its schedule
