@@ -545,6 +545,39 @@ TEST(CodegenJit, GuardedStoreInVectorLoopIsMasked) {
   }
 }
 
+// A select whose condition is the same for every lane of a vectorized loop
+// (a Concat choosing its part by the outer channel loop) branches to the arm
+// it takes, on any vector width (56: not a power of two), with no masked
+// loads of the arm it does not take: out[c, j] is a[c, j]
+// for c < 2 and b[c - 2, j] after, and neither input is read past its end
+// (their sentinels stay; the clamped index keeps the other arm in bounds).
+TEST(CodegenJit, UniformSelectInVectorLoopBranches) {
+  Expr c = var("c"), j = var("j");
+  for (int64_t width : {56, 16}) {
+    PrimFunc f;
+    f.name = "concat" + std::to_string(width);
+    Expr w = int_imm(width);
+    f.params = {buf("a", {int_imm(2), w}), buf("b", {int_imm(3), w}), buf("out", {int_imm(5), w})};
+    Expr from_a = ld("a", 0, {min(c, int_imm(1)), j});
+    Expr from_b = ld("b", 1, {max(int_imm(0), c - int_imm(2)), j});
+    f.body = tir::make_for("c", int_imm(5), ForKind::kSerial,
+                           tir::make_for("j", w, ForKind::kVectorized,
+                                         tir::make_store("out", 2, {c, j}, select(lt(c, int_imm(2)), from_a, from_b))));
+    auto mod = compile_ok({f});
+    ASSERT_TRUE(mod);
+    EXPECT_EQ(mod->llvm_ir().find("llvm.masked.load"), std::string::npos) << width;
+    Aligned<float> a(2 * width, 0.0f, NAN), b(3 * width, 0.0f, NAN), out(5 * width, 0.0f, 9.0f);
+    for (int64_t t = 0; t < 2 * width; ++t) a[t] = static_cast<float>(t + 1);
+    for (int64_t t = 0; t < 3 * width; ++t) b[t] = static_cast<float>(-t - 1);
+    void* bufs[] = {a.data(), b.data(), out.data()};
+    mod->lookup(f.name)(bufs, nullptr);
+    for (int64_t t = 0; t < 5 * width; ++t) ASSERT_EQ(out[t], t < 2 * width ? a[t] : b[t - 2 * width]) << width << " " << t;
+    EXPECT_TRUE(out.sentinels_intact());
+    EXPECT_TRUE(a.sentinels_intact());
+    EXPECT_TRUE(b.sentinels_intact());
+  }
+}
+
 // f32 math calls in a vectorized loop of constant width (an activation in a
 // convolution's write-back, 14 lanes for a 14-wide plane) are emitted on
 // vectors of that width, and give what the scalar expansions give.

@@ -1051,7 +1051,9 @@ bool Emitter::widenable(const Expr& e) const {
       if (may_trap(n.args[1], false) || may_trap(n.args[2], false) || !widenable_dtype(n.dtype)) return false;
       // Masked arms only on vectors of a power-of-two width: masks of odd
       // widths (a 114-wide row) legalize badly, LLVM's own vectorizer does better.
-      if ((may_trap(n.args[1]) || may_trap(n.args[2])) && (wlanes_ & (wlanes_ - 1)) != 0) return false;
+      // (A condition the same for every lane branches instead: no masks.)
+      if ((may_trap(n.args[1]) || may_trap(n.args[2])) && (wlanes_ & (wlanes_ - 1)) != 0 && depends(n.args[0]))
+        return false;
       break;
     case ExprKind::kCast: {
       DType from = n.args[0].dtype();
@@ -1279,6 +1281,29 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
     case ExprKind::kNot:
       return b_.CreateNot(splat(emit_w(n.args[0])));
     case ExprKind::kSelect: {
+      if (!depends(n.args[0]) && (may_trap(n.args[1]) || may_trap(n.args[2]))) {
+        // The same arm for every lane (a Concat's part, chosen by an outer
+        // loop): a branch evaluates only that arm, instead of masked loads of
+        // every part for every vector.
+        llvm::Value* cond = emit_as(n.args[0], DType::kBool);
+        llvm::BasicBlock* then_bb = llvm::BasicBlock::Create(ctx_, "wsel.then", frame_->fn);
+        llvm::BasicBlock* else_bb = llvm::BasicBlock::Create(ctx_, "wsel.else", frame_->fn);
+        llvm::BasicBlock* done = llvm::BasicBlock::Create(ctx_, "wsel.done", frame_->fn);
+        b_.CreateCondBr(cond, then_bb, else_bb);
+        b_.SetInsertPoint(then_bb);
+        llvm::Value* tv = splat(convert(splat(emit_w(n.args[1])), n.args[1].dtype(), n.dtype));
+        llvm::BasicBlock* then_end = b_.GetInsertBlock();
+        b_.CreateBr(done);
+        b_.SetInsertPoint(else_bb);
+        llvm::Value* ev = splat(convert(splat(emit_w(n.args[2])), n.args[2].dtype(), n.dtype));
+        llvm::BasicBlock* else_end = b_.GetInsertBlock();
+        b_.CreateBr(done);
+        b_.SetInsertPoint(done);
+        llvm::PHINode* phi = b_.CreatePHI(tv->getType(), 2);
+        phi->addIncoming(tv, then_end);
+        phi->addIncoming(ev, else_end);
+        return phi;
+      }
       llvm::Value* c = splat(emit_w(n.args[0]));
       // An arm's loads read only the lanes that take the arm (as the scalar
       // code's branch would): the lane mask narrows while it is emitted.
