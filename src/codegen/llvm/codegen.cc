@@ -215,6 +215,9 @@ class Emitter {
   llvm::Value* emit_binary(ExprKind k, DType t, llvm::Value* a, llvm::Value* b, bool reduction);
   llvm::Value* emit_compare(ExprKind k, DType t, llvm::Value* a, llvm::Value* b);
   llvm::Value* emit_select(const Expr& e);
+  // cond ? then_value() : else_value(), each emitted only on its branch.
+  llvm::Value* branch_select(llvm::Value* cond, const std::function<llvm::Value*()>& then_value,
+                             const std::function<llvm::Value*()>& else_value);
   llvm::Value* emit_logical(const Expr& e);
   llvm::Value* emit_load(const Expr& e);
   llvm::Value* emit_call(const Expr& e);
@@ -544,16 +547,21 @@ llvm::Value* Emitter::emit_select(const Expr& e) {
   if (!may_trap(e->args[1]) && !may_trap(e->args[2]))
     return b_.CreateSelect(cond, emit_as(e->args[1], t), emit_as(e->args[2], t));
   // An arm with a load is only evaluated when chosen (it may be out of bounds otherwise).
+  return branch_select(cond, [&] { return emit_as(e->args[1], t); }, [&] { return emit_as(e->args[2], t); });
+}
+
+llvm::Value* Emitter::branch_select(llvm::Value* cond, const std::function<llvm::Value*()>& then_value,
+                                    const std::function<llvm::Value*()>& else_value) {
   llvm::BasicBlock* then_bb = llvm::BasicBlock::Create(ctx_, "sel.then", frame_->fn);
   llvm::BasicBlock* else_bb = llvm::BasicBlock::Create(ctx_, "sel.else", frame_->fn);
   llvm::BasicBlock* done = llvm::BasicBlock::Create(ctx_, "sel.done", frame_->fn);
   b_.CreateCondBr(cond, then_bb, else_bb);
   b_.SetInsertPoint(then_bb);
-  llvm::Value* tv = emit_as(e->args[1], t);
+  llvm::Value* tv = then_value();
   llvm::BasicBlock* then_end = b_.GetInsertBlock();
   b_.CreateBr(done);
   b_.SetInsertPoint(else_bb);
-  llvm::Value* ev = emit_as(e->args[2], t);
+  llvm::Value* ev = else_value();
   llvm::BasicBlock* else_end = b_.GetInsertBlock();
   b_.CreateBr(done);
   b_.SetInsertPoint(done);
@@ -1285,24 +1293,9 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
         // The same arm for every lane (a Concat's part, chosen by an outer
         // loop): a branch evaluates only that arm, instead of masked loads of
         // every part for every vector.
-        llvm::Value* cond = emit_as(n.args[0], DType::kBool);
-        llvm::BasicBlock* then_bb = llvm::BasicBlock::Create(ctx_, "wsel.then", frame_->fn);
-        llvm::BasicBlock* else_bb = llvm::BasicBlock::Create(ctx_, "wsel.else", frame_->fn);
-        llvm::BasicBlock* done = llvm::BasicBlock::Create(ctx_, "wsel.done", frame_->fn);
-        b_.CreateCondBr(cond, then_bb, else_bb);
-        b_.SetInsertPoint(then_bb);
-        llvm::Value* tv = splat(convert(splat(emit_w(n.args[1])), n.args[1].dtype(), n.dtype));
-        llvm::BasicBlock* then_end = b_.GetInsertBlock();
-        b_.CreateBr(done);
-        b_.SetInsertPoint(else_bb);
-        llvm::Value* ev = splat(convert(splat(emit_w(n.args[2])), n.args[2].dtype(), n.dtype));
-        llvm::BasicBlock* else_end = b_.GetInsertBlock();
-        b_.CreateBr(done);
-        b_.SetInsertPoint(done);
-        llvm::PHINode* phi = b_.CreatePHI(tv->getType(), 2);
-        phi->addIncoming(tv, then_end);
-        phi->addIncoming(ev, else_end);
-        return phi;
+        auto arm = [&](const Expr& a) { return splat(convert(splat(emit_w(a)), a.dtype(), n.dtype)); };
+        return branch_select(emit_as(n.args[0], DType::kBool), [&] { return arm(n.args[1]); },
+                             [&] { return arm(n.args[2]); });
       }
       llvm::Value* c = splat(emit_w(n.args[0]));
       // An arm's loads read only the lanes that take the arm (as the scalar
