@@ -17,6 +17,16 @@
 // 3x3 256->256 14x14 97.9 (direct 75.4), 3x3 512->512 7x7 94.7 (ihwo 73.2),
 // 1x1 2048->512 7x7 88.6 (ihwo 65.8).
 //
+// conv.wvec: the weight packed into panels of mr output channels (layout
+// "P<mr>", read as broadcasts); the template (wvec_schedule) computes an mr x
+// vw tile with vectors along the output positions, so stores are contiguous.
+// For 1x1 kernels (knob flat) the output plane is one pixel axis (tir fuse);
+// strided 1x1 kernels read a subsampled dense copy of the input (Conv
+// attribute kiln_subsample). Priority 35, over conv.panels, for 1x1 kernels
+// whose plane is computed with at most 15% overlap (wvec_priority).
+//
+// conv.depthwise: see depthwise_schedule.
+//
 // conv.ihwo: the constant weight W[O, I, KH, KW] of a 2-D convolution with one
 // group is stored [I, KH, KW, O] (attribute kiln_weight_layout "IHWO",
 // understood by ops/conv.cc), so the default schedule vectorizes along the
