@@ -838,6 +838,7 @@ class PreferredImpls : public strategy::ChoiceSource {
   explicit PreferredImpls(std::vector<std::pair<std::string, std::optional<tir::Knobs>>> prefs)
       : prefs_(std::move(prefs)) {}
   std::string name() const override { return "--impl"; }
+  bool strict() const override { return true; }
   std::optional<strategy::Choice> lookup(const Node& n,
                                          const std::vector<const strategy::Candidate*>& applicable) override {
     for (const auto& [name, knobs] : prefs_) {

@@ -123,6 +123,10 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
       const Candidate* c = find_candidate(r->candidate);
       bool ok = c && std::find(applicable.begin(), applicable.end(), c) != applicable.end() &&
                 knobs_valid(*c, *n, r->knobs);
+      if (!ok && src->strict() && c) {
+        return invalid_argument() << n->describe() << ": " << src->name() << " " << r->candidate << " with knobs '"
+                                  << tir::knobs_to_string(r->knobs) << "': outside the candidate's knob space";
+      }
       if (!ok) continue;  // a stale record (candidate gone or space changed) is ignored
       if (r->source.empty()) r->source = "database";
       if (r->why.empty()) r->why = "record of " + src->name();

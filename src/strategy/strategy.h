@@ -87,6 +87,10 @@ class ChoiceSource {
   // The workload key is the node's op, attributes and input types (shapes
   // with bounds); std::nullopt: no record.
   virtual std::optional<Choice> lookup(const Node& n, const std::vector<const Candidate*>& applicable) = 0;
+  // A choice of a strict source (what a user asked for, --impl) whose knobs
+  // lie outside the candidate's space is an error; a non-strict source's (a
+  // stale database record) is ignored.
+  virtual bool strict() const { return false; }
 };
 
 struct SelectOptions {

@@ -299,6 +299,18 @@ TEST(StrategySelection, MeasureAndPrefer) {
   for (const KernelChoiceInfo& k : rows->kernel_choices)
     if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels mr=7 nr=32 prefetch=1 rows=1");  // mr: 7 of the 14-wide rows
 
+  // Knobs outside the candidate's space (mr = 5; a knob it does not have) are
+  // an error naming the node, not a silent fall back to the priority choice.
+  for (const char* outside : {"conv.panels:mr=5", "conv.panels:tiles=3"}) {
+    prefer.prefer_impls = {outside};
+    auto wrong = compile_graph(conv_graph(c, w, bias), prefer);
+    ASSERT_FALSE(wrong.is_ok()) << outside;
+    EXPECT_NE(wrong.status().to_string().find("Conv"), std::string::npos) << wrong.status().to_string();
+    EXPECT_NE(wrong.status().to_string().find("--impl conv.panels with knobs"), std::string::npos)
+        << wrong.status().to_string();
+    EXPECT_NE(wrong.status().to_string().find("outside the candidate's knob space"), std::string::npos)
+        << wrong.status().to_string();
+  }
   prefer.prefer_impls = {"conv.winograd"};
   auto bad = compile_graph(conv_graph(c, w, bias), prefer);
   ASSERT_FALSE(bad.is_ok());
