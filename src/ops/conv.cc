@@ -14,9 +14,11 @@
 // [I, KH, KW, O], output channels contiguous; "P<nr>" (conv.panels) stores it
 // as panels of nr output channels [ceil(O / nr), I, KH, KW, nr], zero past O
 // (whose value is then the int attribute kiln_out_channels). It is indexed
-// accordingly. The int attribute kiln_subsample = 1 (a kernel of size 1)
-// copies the input at the strided positions into a dense stage first. Any other value of the attribute, or the attribute on another
-// kind of Conv, is an error.
+// accordingly. Any other value of the attribute, or the attribute on another
+// kind of Conv, is an error. The int attribute kiln_subsample = 1 (set by the
+// strategy on strided convolutions with a kernel of size 1; on a larger kernel
+// an error) copies the input at the strided positions into a dense stage
+// first, which the reduction then reads contiguously.
 #include <algorithm>
 #include <cstdint>
 #include <string>

@@ -114,9 +114,10 @@ Status ihwo_transform(Graph& g, Node& n, const tir::Knobs&) {
   return Status::ok();
 }
 
-// A subsampled input (kiln_subsample) is read without a window, so the
-// default schedule would inline it back into strided loads: it is computed
-// in full instead, parallel over channels, vectorized along the row.
+// A 1x1 kernel's input copy (subsampled by kiln_subsample, or zero-padded) is
+// read without a window, so the default schedule would inline it back into
+// the reduction (strided loads for a subsampled one): it is computed in full
+// instead, parallel over channels, vectorized along the row.
 tir::Schedule materialize_subsampled(const tir::KernelDef& k, const std::string& stage, tir::Schedule s) {
   auto pad = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& c) { return c.name == stage + ".pad"; });
   if (pad == k.stages.end() || pad->axes.size() != 4) return s;
@@ -352,19 +353,22 @@ std::optional<int64_t> wvec_extent(const Node& n, bool flat) {
   return hw;
 }
 
+// The default vector width over `extent` positions: 32, 64 or 16 lanes,
+// whichever computes the fewest positions twice, no wider than the extent (a
+// 28-wide row in one 32-lane vector is 28 lanes: LLVM splits such vectors
+// into pieces).
+int64_t wvec_width(std::optional<int64_t> extent) {
+  if (!extent) return 32;
+  std::vector<std::pair<int64_t, double>> tiles;
+  for (auto [v, rate] : {std::pair<int64_t, double>{32, 1.0}, {64, 0.98}, {16, 0.9}})
+    if (v <= *extent) tiles.emplace_back(v, rate);
+  return tiles.empty() ? 16 : least_overlap_tile(*extent, tiles);
+}
+
 tir::Knobs wvec_defaults(const Node& n) {
   int64_t o = out_channels(n);
   bool flat = one_by_one(n);
-  auto extent = wvec_extent(n, flat);
-  // Vectors no wider than the row (a 28-wide row in one 32-lane vector is
-  // 28 lanes: LLVM splits such vectors into pieces).
-  int64_t vw = 32;
-  if (extent) {
-    std::vector<std::pair<int64_t, double>> tiles;
-    for (auto [v, rate] : {std::pair<int64_t, double>{32, 1.0}, {64, 0.98}, {16, 0.9}})
-      if (v <= *extent) tiles.emplace_back(v, rate);
-    vw = tiles.empty() ? 16 : least_overlap_tile(*extent, tiles);
-  }
+  int64_t vw = wvec_width(wvec_extent(n, flat));
   // 16 to 24 accumulators: two rows of one-vector tiles.
   int64_t rows = vw == 16 && !flat ? 2 : 1;
   std::vector<std::pair<int64_t, double>> mrs;
@@ -400,7 +404,7 @@ Status wvec_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
 int wvec_priority(const Node& n) {
   auto extent = wvec_extent(n, one_by_one(n));
   if (!one_by_one(n) || !extent || *extent < 16) return 4;
-  int64_t vw = wvec_defaults(n).at("vw");
+  int64_t vw = wvec_width(extent);
   int64_t computed = (*extent + vw - 1) / vw * vw;
   return computed * 100 <= *extent * 115 ? 35 : 4;
 }
@@ -470,8 +474,7 @@ Result<tir::Schedule> wvec_schedule(const tir::KernelDef& k, const std::string& 
   prims.push_back(prim("cache_write", stage, {outer.back()}));
   if (!c_ext || *c_ext > 1) prims.push_back(prim("unroll", stage, {c.inner}));
   auto h_ext = st.shape[2].as_const();
-  if (!h.inner.empty() && (!h_ext || *h_ext > 1) && !knob_on(knobs, "flat"))
-    prims.push_back(prim("unroll", stage, {h.inner}));
+  if (!h.inner.empty() && (!h_ext || *h_ext > 1)) prims.push_back(prim("unroll", stage, {h.inner}));
   prims.push_back(prim("vectorize", stage, {w.inner}));
   if (int par = tir::choose_parallel(counts); par >= 0)
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
