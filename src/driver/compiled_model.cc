@@ -136,6 +136,7 @@ Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, 
       case runtime::OpCode::kCall: what = prog.kernels[in.callee].name; break;
       case runtime::OpCode::kCallHost: what = "host kernel"; break;
       case runtime::OpCode::kView: what = "view"; break;
+      case runtime::OpCode::kBind: what = "in place"; break;
       case runtime::OpCode::kShapeOf: what = "shape"; break;
       case runtime::OpCode::kCopy: what = "copy"; break;
       case runtime::OpCode::kCheckIndices: what = "index check"; break;

@@ -144,6 +144,17 @@ class ProgramBuilder {
   std::vector<const Value*> capture_inputs_;
   // Values of this graph read by subgraphs (implicit inputs of control-flow nodes).
   std::set<const Value*> captured_;
+  // Concat kernels whose inputs are contiguous blocks of the output (every dim
+  // before the axis is 1): plan_memory may place the inputs in the output's
+  // slices and turn the call into a kBind.
+  struct ConcatSite {
+    size_t instr = 0;
+    int output = -1;
+    std::vector<int> inputs;
+    std::vector<int64_t> offsets;  // byte offset of each input in the output
+  };
+  std::vector<ConcatSite> concat_sites_;
+  std::optional<ConcatSite> concat_site(const passes::FusedGroup& group);
 };
 
 int ProgramBuilder::reg(const Value* v) {
@@ -441,6 +452,10 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
       prog_->instrs.push_back(std::move(chk));
     }
   }
+  if (std::optional<ConcatSite> site = concat_site(group)) {
+    site->instr = prog_->instrs.size();
+    concat_sites_.push_back(std::move(*site));
+  }
   runtime::Instr in;
   in.op = runtime::OpCode::kCall;
   in.callee = func_index;
@@ -449,6 +464,40 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
   in.where = describe(group.nodes.back());
   prog_->instrs.push_back(std::move(in));
   return Status::ok();
+}
+
+// A lone Concat with static shapes whose inputs are contiguous blocks of its
+// output, each starting 64-byte aligned (kernels assume aligned buffers).
+std::optional<ProgramBuilder::ConcatSite> ProgramBuilder::concat_site(const passes::FusedGroup& group) {
+  if (group.nodes.size() != 1) return std::nullopt;
+  const Node* n = group.nodes[0];
+  if (!n->domain().empty() || n->op_type() != "Concat" || n->num_outputs() != 1 || n->output(0) == nullptr)
+    return std::nullopt;
+  const Value* out = n->output(0);
+  if (!out->type().shape || !shape_is_static(*out->type().shape)) return std::nullopt;
+  const Shape& os = *out->type().shape;
+  int64_t rank = static_cast<int64_t>(os.size());
+  int64_t axis = n->attr_int("axis", 0);
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank) return std::nullopt;
+  for (int64_t d = 0; d < axis; ++d)
+    if (*os[d].as_const() != 1) return std::nullopt;
+  ConcatSite site;
+  site.output = reg(out);
+  int64_t offset = 0;
+  for (size_t i = 0; i < n->num_inputs(); ++i) {
+    const Value* v = n->input(i);
+    if (v == nullptr || !v->type().shape || !shape_is_static(*v->type().shape) || v->dtype() != out->dtype())
+      return std::nullopt;
+    std::vector<int64_t> dims;
+    for (const Expr& d : *v->type().shape) dims.push_back(*d.as_const());
+    std::optional<int64_t> nb = checked_nbytes(v->dtype(), dims);
+    if (!nb || *nb == 0 || offset % 64 != 0) return std::nullopt;
+    site.inputs.push_back(reg(v));
+    site.offsets.push_back(offset);
+    offset += *nb;
+  }
+  return site;
 }
 
 Status ProgramBuilder::emit_node(const Node* n, Mode mode) {
@@ -657,14 +706,53 @@ void ProgramBuilder::plan_memory() {
   }
   p.static_plan = all_static;
   if (!all_static) return;
+  std::vector<int> first(nr, -1), last(nr, -1);
+  for (int r : planned) {
+    first[r] = def_at[r];
+    last[r] = std::max(root_last[r], def_at[r]);
+  }
+  // Concats in place: each input is written by its producer straight into its
+  // slice of the output, and the Concat only binds the output. The output's
+  // buffer then lives from the first input's definition to the last use of
+  // any of them. An input qualifies when it is planned, defined before the
+  // Concat, appears once, and is in no other in-place Concat (densenet's
+  // features feed several: the first Concat takes them, the others copy).
+  std::vector<int> host(nr, -1);  // host[r]: the output whose buffer holds r
+  std::vector<int64_t> slice(nr, 0);
+  std::set<int> is_planned(planned.begin(), planned.end());
+  for (const ConcatSite& site : concat_sites_) {
+    if (!is_planned.count(site.output) || host[site.output] >= 0) continue;
+    bool ok = true;
+    std::set<int> seen;
+    for (int r : site.inputs)
+      ok = ok && is_planned.count(r) && host[r] < 0 && r != site.output && seen.insert(r).second &&
+           def_at[r] < static_cast<int>(site.instr);
+    if (!ok) continue;
+    for (size_t i = 0; i < site.inputs.size(); ++i) {
+      int r = site.inputs[i];
+      host[r] = site.output;
+      slice[r] = site.offsets[i];
+      first[site.output] = std::min(first[site.output], first[r]);
+      last[site.output] = std::max(last[site.output], last[r]);
+    }
+    host[site.output] = site.output;
+    runtime::Instr& in = p.instrs[site.instr];
+    in.op = runtime::OpCode::kBind;
+    in.callee = -1;
+    in.inputs.clear();
+  }
   std::vector<runtime::BufferLifetime> lifetimes;
+  std::vector<int> owners;
   for (size_t i = 0; i < planned.size(); ++i) {
     int r = planned[i];
-    int last = std::max(root_last[r], def_at[r]);
-    lifetimes.push_back({bytes[i], def_at[r], last});
+    if (host[r] >= 0 && host[r] != r) continue;
+    owners.push_back(r);
+    lifetimes.push_back({bytes[i], first[r], last[r]});
   }
   runtime::MemoryPlan plan = runtime::plan_memory(lifetimes);
-  for (size_t i = 0; i < planned.size(); ++i) p.registers[planned[i]].arena_offset = plan.offsets[i];
+  for (size_t i = 0; i < owners.size(); ++i) p.registers[owners[i]].arena_offset = plan.offsets[i];
+  for (int r : planned)
+    if (host[r] >= 0 && host[r] != r) p.registers[r].arena_offset = p.registers[host[r]].arena_offset + slice[r];
   p.arena_bytes = plan.arena_bytes;
 }
 

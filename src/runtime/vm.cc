@@ -586,6 +586,9 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         regs[out] = src.reshaped(std::move(shape));
         break;
       }
+      case OpCode::kBind:
+        for (int r : in.outputs) KILN_RETURN_IF_ERROR(allocate(r).with_context(in.where));
+        break;
       case OpCode::kShapeOf: {
         int out = in.outputs[0];
         KILN_RETURN_IF_ERROR(allocate(out).with_context(in.where));

@@ -10,6 +10,9 @@
 //   kCallHost  call a C++ kernel; it allocates its outputs, whose dims bind
 //              fresh (data-dependent) symbols
 //   kView      output register = input's storage with the output's shape
+//   kBind      output registers take their planned arena storage; nothing is
+//              computed (a Concat whose inputs the memory plan placed in the
+//              slices of its output: the producers already wrote the result)
 //   kShapeOf   output = an integer tensor whose elements are symbolic Exprs
 //              evaluated now (shape subgraphs resolved at compile time)
 //   kCopy      output = a fresh copy of the input (graph outputs that alias
@@ -69,7 +72,7 @@ using KernelFn = void (*)(void** buffers, const int64_t* syms);
 using HostKernel = std::function<Status(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs)>;
 
 enum class OpCode : uint8_t {
-  kCall, kCallHost, kView, kShapeOf, kCopy, kCheckIndices, kCheckBroadcast, kJump, kBranch, kRet, kIf, kLoop, kScan
+  kCall, kCallHost, kView, kBind, kShapeOf, kCopy, kCheckIndices, kCheckBroadcast, kJump, kBranch, kRet, kIf, kLoop, kScan
 };
 
 struct Instr {

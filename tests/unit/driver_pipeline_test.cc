@@ -147,5 +147,67 @@ TEST(Pipeline, UnsupportedOpsAreListedAtOnce) {
   EXPECT_NE(msg.find("FancyOpB (node 'second')"), std::string::npos) << msg;
 }
 
+// y = exp(concat(a, b)) with a, b two elementwise maps of x [1, C, 4, 4]
+// (or, for the cases that may not go in place, x itself or a twice). Concat
+// on axis 1 of a batch of 1: every input is a contiguous block of the output,
+// and the memory plan puts a and b there (the Concat becomes a kBind).
+std::unique_ptr<Graph> concat_graph(int64_t channels, const std::string& mode) {
+  auto g = std::make_unique<Graph>();
+  g->source = "concat";
+  g->opsets[""] = 17;
+  Value* x = g->add_input("x", TensorType{DType::kFloat32, Shape{1, channels, 4, 4}});
+  Value* a = g->add_node("Relu", {x}, {"a"})->output(0);
+  Value* b = g->add_node("Sigmoid", {x}, {"b"})->output(0);
+  std::vector<Value*> ins = {a, b};
+  if (mode == "input") ins = {x, a};
+  if (mode == "twice") ins = {a, a};
+  Node* cat = g->add_node("Concat", ins, {"c"});
+  Attribute axis;
+  axis.kind = Attribute::Kind::kInt;
+  axis.i = 1;
+  cat->set_attr("axis", axis);
+  Node* y = g->add_node("Exp", {cat->output(0)}, {"y"});
+  // b and the concat are also read after the Concat, from their slices.
+  Node* z = g->add_node("Add", {y->output(0), cat->output(0)}, {"z"});
+  g->set_outputs({z->output(0), g->add_node("Neg", {b}, {"nb"})->output(0)});
+  return g;
+}
+
+TEST(Pipeline, ConcatInputsArePlannedInTheOutputsSlices) {
+  struct Case {
+    int64_t channels;
+    std::string mode;
+    int binds;  // Concats turned into kBind
+  };
+  // 16 channels x 16 floats: blocks of 1 KiB; 3 channels: 192 bytes, still
+  // 64-byte aligned; 1 channel: 64 bytes. "input" and "twice" stay copies.
+  for (const Case& c : {Case{16, "maps", 1}, Case{3, "maps", 1}, Case{1, "maps", 1}, Case{16, "input", 0},
+                        Case{16, "twice", 0}}) {
+    Tensor x = random_tensor({1, c.channels, 4, 4}, 7);
+    auto compiled = compile_graph(concat_graph(c.channels, c.mode), CompileOptions{});
+    ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+    int binds = 0;
+    for (const runtime::Instr& in : compiled->program->instrs) binds += in.op == runtime::OpCode::kBind;
+    EXPECT_EQ(binds, c.binds) << c.channels << " " << c.mode;
+    runtime::VM vm(compiled->program, 2);
+    for (int run = 0; run < 2; ++run) {
+      auto out = vm.run({x});
+      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+      int64_t block = c.channels * 16;
+      std::vector<float> z(2 * block), nb(block);
+      for (int64_t i = 0; i < block; ++i) {
+        float v = x.data_as<float>()[i];
+        float a = std::max(v, 0.f), b = 1.f / (1.f + std::exp(-v));
+        float first = c.mode == "input" ? v : a, second = c.mode == "maps" ? b : a;
+        z[i] = std::exp(first) + first;
+        z[block + i] = std::exp(second) + second;
+        nb[i] = -b;
+      }
+      expect_close((*out)[0], z);
+      expect_close((*out)[1], nb);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::driver
