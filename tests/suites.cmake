@@ -79,5 +79,5 @@ foreach(kir ${KILN_IR_TESTS})
   add_test(NAME ir_${name}
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ir/run_ir_test.py ${kir}
             --kiln $<TARGET_FILE:kiln> --filecheck ${KILN_FILECHECK})
-  set_tests_properties(ir_${name} PROPERTIES LABELS ir TIMEOUT 300)
+  set_tests_properties(ir_${name} PROPERTIES LABELS ir TIMEOUT 300 ENVIRONMENT KILN_TARGET=avx512)
 endforeach()

@@ -927,15 +927,15 @@ class PreferredImpls : public strategy::ChoiceSource {
       : prefs_(std::move(prefs)) {}
   std::string name() const override { return "--impl"; }
   bool strict() const override { return true; }
-  std::optional<strategy::Choice> lookup(const Node& n,
-                                         const std::vector<const strategy::Candidate*>& applicable) override {
+  std::optional<strategy::Choice> lookup(const Node& n, const std::vector<const strategy::Candidate*>& applicable,
+                                         const Target& target) override {
     for (const auto& [name, knobs] : prefs_) {
       for (const strategy::Candidate* c : applicable) {
         if (c->name != name) continue;
         strategy::Choice ch;
         ch.candidate = name;
         // Knobs given override the candidate's defaults; those not given keep them.
-        ch.knobs = c->default_knobs ? c->default_knobs(n) : tir::Knobs{};
+        ch.knobs = c->default_knobs ? c->default_knobs(n, target) : tir::Knobs{};
         if (knobs)
           for (const auto& [k, v] : *knobs) ch.knobs[k] = v;
         ch.source = "preferred";

@@ -87,7 +87,7 @@ bool ihwo_applies(const Node& n, std::string* why) {
   return true;
 }
 
-int ihwo_priority(const Node& n) {
+int ihwo_priority(const Node& n, const Target&) {
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
   if (ws[2] > 3 || ws[3] > 3 || ws[1] * ws[2] * ws[3] < 64) return 5;
   const Shape& ys = *n.output(0)->type().shape;
@@ -160,10 +160,12 @@ bool panels_applies(const Node& n, std::string* why) {
 // Output vectors run across channels, so every tile is written with strided
 // stores: worth it over a reduction of at least 64 products per output.
 // Few output channels leave most vector lanes of the padded panel idle: the
-// 16-wide panels may waste at most a quarter of them (24 -> 32 channels).
-int panels_priority(const Node& n) {
+// one-vector panels may waste at most a quarter of them (24 -> 32 channels
+// with AVX-512's 16 lanes).
+int panels_priority(const Node& n, const Target& t) {
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
-  int64_t padded = (ws[0] + 15) / 16 * 16;
+  const int64_t lanes = t.lanes();
+  int64_t padded = (ws[0] + lanes - 1) / lanes * lanes;
   bool lanes_used = 4 * (padded - ws[0]) <= padded;
   return ws[1] * ws[2] * ws[3] >= 64 && lanes_used ? 30 : 5;
 }
@@ -187,43 +189,53 @@ bool panels_split_rows(const Node& n) {
   return input > weights;
 }
 
-tir::KnobSpace panels_space(const Node& n) {
+tir::KnobSpace panels_space(const Node& n, const Target& t) {
   int64_t o = out_channels(n);
+  const int64_t lanes = t.lanes(), acc = t.accumulators();
   tir::KnobSpace s;
   tir::Knob nr{"nr", {}};
-  for (int64_t v : {16, 32, 48, 64})
+  for (int64_t v : {lanes, 2 * lanes, 3 * lanes, 4 * lanes})
     if (o % v == 0) nr.values.push_back(v);
-  if (nr.values.empty()) nr.values = {16, 32, 48, 64};  // the last panel is zero-padded
-  s.knobs.push_back(tir::Knob{"mr", {1, 2, 4, 6, 7, 8, 12, 14}});
+  if (nr.values.empty()) nr.values = {lanes, 2 * lanes, 3 * lanes, 4 * lanes};  // the last panel is zero-padded
+  s.knobs.push_back(tir::Knob{"mr", {1, 2, 3, 4, 5, 6, 7, 8, 12, 14}});
   s.knobs.push_back(nr);
   s.knobs.push_back(tir::Knob{"rows", {0, 1}});
   s.knobs.push_back(tir::Knob{"prefetch", {0, 1}});
   if (strided_one_by_one(n)) s.knobs.push_back(tir::Knob{"subsample", {0, 1}});
-  s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / 16 <= 24; };
+  s.valid = [lanes, acc](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / lanes <= acc; };
   return s;
 }
 
-tir::Knobs panels_defaults(const Node& n) {
+tir::Knobs panels_defaults(const Node& n, const Target& t) {
   int64_t o = out_channels(n);
-  // 32 channels (two vectors: twice the accumulators of 16, enough to hide
-  // the FMA latency with a row tile of 7) unless padding to 32 wastes more
-  // than an eighth of the lanes; then 16. squeezenet's 512->1000 1x1 conv
-  // ran at half the peak with 16 (7 accumulators).
-  int64_t pad32 = (o + 31) / 32 * 32 - o;
-  int64_t nr = pad32 * 8 <= o ? 32 : 16;
-  int64_t mr = 8;
+  const int64_t lanes = t.lanes(), acc = t.accumulators();
+  // Two vectors of channels (twice the accumulators of one, enough to hide
+  // the FMA latency with a row tile of 7) unless padding to two vectors
+  // wastes more than an eighth of the lanes; then one. squeezenet's 512->1000
+  // 1x1 conv ran at half the peak with 16 channels (7 accumulators).
+  int64_t two = 2 * lanes;
+  int64_t pad = (o + two - 1) / two * two - o;
+  int64_t nr = pad * 8 <= o ? two : lanes;
+  // Rows of the register tile: at most what the register file holds (12
+  // with AVX-512 and two vectors, 6 with AVX2).
+  int64_t cap = std::max<int64_t>(acc / (nr / lanes), 1);
+  int64_t mr = std::min<int64_t>(8, cap);
   auto width = (*n.output(0)->type().shape)[3].as_const();
   // A row tile that covers narrow outputs whole (7 of a 7x7 plane). Wider
-  // rows: 8, 7 or 6, whichever computes the fewest columns (the last tile
-  // overlaps the one before it) per accumulator-rate (fewer rows hide less
-  // of the FMA latency): inception's 17-wide rows took 24 columns with 8,
-  // 18 with 6; 35 and 147 divide by 7.
-  if (width && *width <= 14) {
-    mr = *width <= 8 ? *width : 7;
-  } else if (width) {
-    mr = least_overlap_tile(*width, {{8, 1.0}, {7, 0.97}, {6, 0.92}});
+  // rows: 8, 7 or 6 (5 or 4 where fewer fit), whichever computes the fewest
+  // columns (the last tile overlaps the one before it) per accumulator-rate
+  // (fewer rows hide less of the FMA latency): inception's 17-wide rows took
+  // 24 columns with 8, 18 with 6; 35 and 147 divide by 7.
+  std::vector<std::pair<int64_t, double>> tiles;
+  for (auto [m, rate] : {std::pair<int64_t, double>{8, 1.0}, {7, 0.97}, {6, 0.92}, {5, 0.88}, {4, 0.85}})
+    if (m <= cap) tiles.emplace_back(m, rate);
+  if (width && *width <= std::min<int64_t>(cap, 8)) {
+    mr = *width;
+  } else if (width && *width <= 14 && cap >= 7) {
+    mr = 7;
+  } else if (width && !tiles.empty()) {
+    mr = least_overlap_tile(*width, tiles);
   }
-  if (mr * nr / 16 > 24) mr = 24 * 16 / nr;
   // prefetch: the next weight panel streams in while the current one is used.
   tir::Knobs k = {{"mr", std::max<int64_t>(mr, 1)}, {"nr", nr}, {"rows", panels_split_rows(n) ? 1 : 0}, {"prefetch", 1}};
   if (strided_one_by_one(n)) k["subsample"] = 1;
@@ -331,14 +343,15 @@ bool wvec_applies(const Node& n, std::string* why) {
   return true;
 }
 
-tir::KnobSpace wvec_space(const Node& n) {
+tir::KnobSpace wvec_space(const Node& n, const Target& t) {
+  const int64_t lanes = t.lanes(), acc = t.accumulators();
   tir::KnobSpace s;
-  s.knobs.push_back(tir::Knob{"mr", {1, 2, 4, 6, 8, 12}});
-  s.knobs.push_back(tir::Knob{"vw", {16, 32, 64}});
+  s.knobs.push_back(tir::Knob{"mr", {1, 2, 3, 4, 6, 8, 12}});
+  s.knobs.push_back(tir::Knob{"vw", {lanes, 2 * lanes, 4 * lanes}});
   s.knobs.push_back(tir::Knob{"rows", {1, 2, 4}});
   s.knobs.push_back(tir::Knob{"order", {0, 1}});
   if (one_by_one(n)) s.knobs.push_back(tir::Knob{"flat", {0, 1}});
-  s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("rows") * k.at("vw") / 16 <= 24; };
+  s.valid = [lanes, acc](const tir::Knobs& k) { return k.at("mr") * k.at("rows") * k.at("vw") / lanes <= acc; };
   return s;
 }
 
@@ -353,27 +366,30 @@ std::optional<int64_t> wvec_extent(const Node& n, bool flat) {
   return hw;
 }
 
-// The default vector width over `extent` positions: 32, 64 or 16 lanes,
-// whichever computes the fewest positions twice, no wider than the extent (a
-// 28-wide row in one 32-lane vector is 28 lanes: LLVM splits such vectors
-// into pieces).
-int64_t wvec_width(std::optional<int64_t> extent) {
-  if (!extent) return 32;
+// The default vector width over `extent` positions: two, four or one target
+// vectors (32, 64 or 16 lanes with AVX-512), whichever computes the fewest
+// positions twice, no wider than the extent (a 28-wide row in one 32-lane
+// vector is 28 lanes: LLVM splits such vectors into pieces).
+int64_t wvec_width(std::optional<int64_t> extent, const Target& t) {
+  const int64_t lanes = t.lanes();
+  if (!extent) return 2 * lanes;
   std::vector<std::pair<int64_t, double>> tiles;
-  for (auto [v, rate] : {std::pair<int64_t, double>{32, 1.0}, {64, 0.98}, {16, 0.9}})
+  for (auto [v, rate] : {std::pair<int64_t, double>{2 * lanes, 1.0}, {4 * lanes, 0.98}, {lanes, 0.9}})
     if (v <= *extent) tiles.emplace_back(v, rate);
-  return tiles.empty() ? 16 : least_overlap_tile(*extent, tiles);
+  return tiles.empty() ? lanes : least_overlap_tile(*extent, tiles);
 }
 
-tir::Knobs wvec_defaults(const Node& n) {
+tir::Knobs wvec_defaults(const Node& n, const Target& t) {
   int64_t o = out_channels(n);
+  const int64_t lanes = t.lanes(), acc = t.accumulators();
   bool flat = one_by_one(n);
-  int64_t vw = wvec_width(wvec_extent(n, flat));
-  // 16 to 24 accumulators: two rows of one-vector tiles.
-  int64_t rows = vw == 16 && !flat ? 2 : 1;
+  int64_t vw = wvec_width(wvec_extent(n, flat), t);
+  // Two thirds of the register file or more in accumulators (16 to 24 of
+  // AVX-512's 32): two rows of one-vector tiles.
+  int64_t rows = vw == lanes && !flat ? 2 : 1;
   std::vector<std::pair<int64_t, double>> mrs;
-  for (auto [m, rate] : {std::pair<int64_t, double>{8, 1.0}, {12, 1.05}, {6, 0.95}, {4, 0.85}})
-    if (m * rows * vw / 16 <= 24) mrs.emplace_back(m, rate);
+  for (auto [m, rate] : {std::pair<int64_t, double>{8, 1.0}, {12, 1.05}, {6, 0.95}, {4, 0.85}, {3, 0.8}})
+    if (m * rows * vw / lanes <= acc) mrs.emplace_back(m, rate);
   int64_t mr = least_overlap_tile(o, mrs);
   // Channel tiles innermost (each input strip read once, the weights once per
   // strip) unless the weights outweigh the input: squeezenet's 512->1000
@@ -401,10 +417,10 @@ Status wvec_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
 // 1.34), and on a 3x3 64->64 56x56 (1.57 -> 1.80: panels reuse each loaded
 // input across 9 taps' weights in registers). Priority 35 (over panels) for
 // 1x1 kernels whose plane is computed with at most 15% overlap.
-int wvec_priority(const Node& n) {
+int wvec_priority(const Node& n, const Target& t) {
   auto extent = wvec_extent(n, one_by_one(n));
-  if (!one_by_one(n) || !extent || *extent < 16) return 4;
-  int64_t vw = wvec_width(extent);
+  if (!one_by_one(n) || !extent || *extent < t.lanes()) return 4;
+  int64_t vw = wvec_width(extent, t);
   int64_t computed = (*extent + vw - 1) / vw * vw;
   return computed * 100 <= *extent * 115 ? 35 : 4;
 }
@@ -503,7 +519,7 @@ bool depthwise_applies(const Node& n, std::string* why) {
   return true;
 }
 
-tir::KnobSpace depthwise_space(const Node&) {
+tir::KnobSpace depthwise_space(const Node&, const Target&) {
   tir::KnobSpace s;
   s.knobs.push_back(tir::Knob{"rows", {1, 2, 4, 5, 6, 7, 8}});
   s.knobs.push_back(tir::Knob{"inline_pad", {0, 1}});
@@ -517,7 +533,7 @@ tir::KnobSpace depthwise_space(const Node&) {
 // where the copy is of an input four times the output; it lost on stride 1
 // at 56 and 28 (3x3 144ch 56x56 0.41 -> 0.58, 5x5 240ch 28x28 0.17 -> 0.61),
 // where most 16-wide tiles touch an edge.
-tir::Knobs depthwise_defaults(const Node& n) {
+tir::Knobs depthwise_defaults(const Node& n, const Target& t) {
   int64_t inline_pad = 0;
   const TensorType& xt = n.input(0)->type();
   std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
@@ -530,7 +546,13 @@ tir::Knobs depthwise_defaults(const Node& n) {
   // last tile overlaps): 7 on 14- and 7-high planes (5x5 672ch 14x14: 0.27 ->
   // 0.19 ms in kernel_bench).
   auto h = (*n.output(0)->type().shape)[2].as_const();
-  int64_t rows = h ? least_overlap_tile(*h, {{4, 1.0}, {7, 1.0}, {6, 1.0}, {5, 1.0}}) : 4;
+  // The tile is rows x 16 lanes: rows vectors of AVX-512, twice as many of
+  // AVX2 (at most 6 rows then, 12 accumulators).
+  int64_t per_row = std::max(16 / t.lanes(), 1);
+  std::vector<std::pair<int64_t, double>> tiles;
+  for (int64_t r : {4, 7, 6, 5})
+    if (r * per_row <= t.accumulators()) tiles.emplace_back(r, 1.0);
+  int64_t rows = h ? least_overlap_tile(*h, tiles) : 4;
   return {{"rows", rows}, {"inline_pad", inline_pad}};
 }
 

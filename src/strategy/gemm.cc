@@ -11,8 +11,10 @@
 //   (cache_write at m.o) and written once, through the fused epilogue
 //   (Gemm's alpha, beta and C); the first outer loop with work is parallel.
 // A partial last panel is split_padded: computed in full, written back
-// guarded. Knobs: nr in {16, 32, 48, 64} dividing N (all four when none does), mr in {1, 2, 3, 4, 6, 8, 12} with
-// at most 24 accumulator vectors (mr * nr / 16).
+// guarded. Knobs: nr of one to four target vectors (16, 32, 48, 64 with
+// AVX-512; 8 to 32 with AVX2) dividing N (all four when none does), mr in {1,
+// 2, 3, 4, 6, 8, 12} with at most Target::accumulators() accumulator vectors
+// (24 with AVX-512, 12 with AVX2).
 //
 // matmul.default / gemm.default: the default schedule (any operands).
 #include <algorithm>
@@ -69,38 +71,44 @@ bool gemm_packed_applies(const Node& n, std::string* why) {
   return true;
 }
 
-tir::KnobSpace gemm_packed_space(const Node& n) {
+tir::KnobSpace gemm_packed_space(const Node& n, const Target& t) {
   int64_t cols = constant_b_columns(n, nullptr);
+  const int64_t lanes = t.lanes(), acc = t.accumulators();
   tir::KnobSpace s;
-  // Panel widths that divide N, or all of them when none does (the last
-  // panel is then zero-padded and its write-back guarded).
+  // Panel widths of one to four vectors that divide N, or all of them when
+  // none does (the last panel is then zero-padded and its write-back guarded).
   tir::Knob nr{"nr", {}};
-  for (int64_t v : {16, 32, 48, 64})
+  for (int64_t v : {lanes, 2 * lanes, 3 * lanes, 4 * lanes})
     if (cols > 0 && cols % v == 0) nr.values.push_back(v);
-  if (nr.values.empty()) nr.values = {16, 32, 48, 64};
+  if (nr.values.empty()) nr.values = {lanes, 2 * lanes, 3 * lanes, 4 * lanes};
   s.knobs.push_back(tir::Knob{"mr", {1, 2, 3, 4, 6, 8, 12}});
   s.knobs.push_back(nr);
   s.knobs.push_back(tir::Knob{"prefetch", {0, 1}});
-  s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / 16 <= 24; };
+  s.valid = [lanes, acc](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / lanes <= acc; };
   return s;
 }
 
-tir::Knobs gemm_packed_defaults(const Node& n) {
+tir::Knobs gemm_packed_defaults(const Node& n, const Target& t) {
   int64_t cols = constant_b_columns(n, nullptr);
+  const int64_t lanes = t.lanes(), acc = t.accumulators();
   std::optional<int64_t> rows = output_rows(n);
   if (rows && *rows == 1) {
     // Matrix-vector: one row, the widest panel (independent accumulators per vector).
-    for (int64_t v : {64, 48, 32, 16})
+    for (int64_t v : {4 * lanes, 3 * lanes, 2 * lanes, lanes})
       if (cols % v == 0) return {{"mr", 1}, {"nr", v}, {"prefetch", 0}};
-    return {{"mr", 1}, {"nr", 64}, {"prefetch", 0}};
+    return {{"mr", 1}, {"nr", 4 * lanes}, {"prefetch", 0}};
   }
-  // 32 columns (16 accumulators with mr = 8; 16 columns leave 8, too few to
-  // hide the FMA latency) unless padding N to 32 wastes more than an eighth.
-  int64_t pad32 = (cols + 31) / 32 * 32 - cols;
-  int64_t nr = cols % 32 == 0 || pad32 * 8 <= cols ? 32 : cols % 16 == 0 ? 16 : 32;
+  // Two vectors of columns (16 accumulators with mr = 8 on AVX-512; one
+  // vector leaves 8, too few to hide the FMA latency) unless padding N to
+  // two vectors wastes more than an eighth. Rows: 8, or as many as the
+  // register file holds (6 with AVX2's 16 registers: 12 accumulators).
+  int64_t two = 2 * lanes;
+  int64_t pad = (cols + two - 1) / two * two - cols;
+  int64_t nr = cols % two == 0 || pad * 8 <= cols ? two : cols % lanes == 0 ? lanes : two;
+  int64_t mr = std::min<int64_t>(8, acc / (nr / lanes));
   // Several row tiles use each panel: the first would otherwise wait on
   // memory for all of it (weights that do not stay in cache between runs).
-  return {{"mr", 8}, {"nr", nr}, {"prefetch", 1}};
+  return {{"mr", mr}, {"nr", nr}, {"prefetch", 1}};
 }
 
 // B [K, N] (or [N, K] with transB) -> panels [ceil(N / nr), K, nr], the

@@ -24,14 +24,16 @@ Registry& registry() {
 
 std::string key(const std::string& domain, const std::string& op) { return domain.empty() ? op : domain + ":" + op; }
 
-int priority_of(const Candidate& c, const Node& n) { return c.priority_for ? c.priority_for(n) : c.priority; }
-
-tir::Knobs default_knobs_of(const Candidate& c, const Node& n) {
-  return c.default_knobs ? c.default_knobs(n) : tir::Knobs{};
+int priority_of(const Candidate& c, const Node& n, const Target& t) {
+  return c.priority_for ? c.priority_for(n, t) : c.priority;
 }
 
-bool knobs_valid(const Candidate& c, const Node& n, const tir::Knobs& k) {
-  tir::KnobSpace space = c.space ? c.space(n) : tir::KnobSpace{};
+tir::Knobs default_knobs_of(const Candidate& c, const Node& n, const Target& t) {
+  return c.default_knobs ? c.default_knobs(n, t) : tir::Knobs{};
+}
+
+bool knobs_valid(const Candidate& c, const Node& n, const Target& t, const tir::Knobs& k) {
+  tir::KnobSpace space = c.space ? c.space(n, t) : tir::KnobSpace{};
   return space.contains(k);
 }
 
@@ -114,15 +116,15 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
     }
     if (applicable.empty()) continue;
     std::stable_sort(applicable.begin(), applicable.end(), [&](const Candidate* a, const Candidate* b) {
-      return priority_of(*a, *n) > priority_of(*b, *n);
+      return priority_of(*a, *n, options.target) > priority_of(*b, *n, options.target);
     });
     std::optional<Choice> choice;
     for (const auto& src : options.sources) {
-      std::optional<Choice> r = src->lookup(*n, applicable);
+      std::optional<Choice> r = src->lookup(*n, applicable, options.target);
       if (!r) continue;
       const Candidate* c = find_candidate(r->candidate);
       bool ok = c && std::find(applicable.begin(), applicable.end(), c) != applicable.end() &&
-                knobs_valid(*c, *n, r->knobs);
+                knobs_valid(*c, *n, options.target, r->knobs);
       if (!ok && src->strict() && c) {
         return invalid_argument() << n->describe() << ": " << src->name() << " " << r->candidate << " with knobs '"
                                   << tir::knobs_to_string(r->knobs) << "': outside the candidate's knob space";
@@ -137,7 +139,7 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
       std::string timings;
       double best = 0;
       for (const Candidate* c : applicable) {
-        Choice trial{c->name, default_knobs_of(*c, *n), "measured", ""};
+        Choice trial{c->name, default_knobs_of(*c, *n, options.target), "measured", ""};
         auto t = options.measure(*n, trial);
         if (!t.is_ok()) {
           timings += (timings.empty() ? "" : ", ") + c->name + " failed";
@@ -153,12 +155,12 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
     }
     if (!choice) {
       const Candidate* c = applicable.front();
-      choice = Choice{c->name, default_knobs_of(*c, *n), "priority", ""};
-      choice->why = "priority " + std::to_string(priority_of(*c, *n));
+      choice = Choice{c->name, default_knobs_of(*c, *n, options.target), "priority", ""};
+      choice->why = "priority " + std::to_string(priority_of(*c, *n, options.target));
       if (applicable.size() > 1) {
         choice->why += " over";
         for (size_t i = 1; i < applicable.size(); ++i)
-          choice->why += " " + applicable[i]->name + " " + std::to_string(priority_of(*applicable[i], *n));
+          choice->why += " " + applicable[i]->name + " " + std::to_string(priority_of(*applicable[i], *n, options.target));
       }
       for (const std::string& r : rejected) choice->why += "; not " + r;
     }

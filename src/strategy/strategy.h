@@ -30,6 +30,7 @@
 
 #include "graph/graph.h"
 #include "support/status.h"
+#include "support/target.h"
 #include "tir/knobs.h"
 #include "tir/schedule.h"
 
@@ -49,10 +50,11 @@ struct Candidate {
   std::function<bool(const Node&, std::string* why)> applies;
   // Priority for this node (defaults to `priority`): a candidate may know it
   // wins or loses on some shapes (the measured rules of conv.ihwo).
-  std::function<int(const Node&)> priority_for;
+  // The target (support/target.h) sets register-tile limits and vector widths.
+  std::function<int(const Node&, const Target&)> priority_for;
   // Search space and default point for this node (empty: no knobs).
-  std::function<tir::KnobSpace(const Node&)> space;
-  std::function<tir::Knobs(const Node&)> default_knobs;
+  std::function<tir::KnobSpace(const Node&, const Target&)> space;
+  std::function<tir::Knobs(const Node&, const Target&)> default_knobs;
   // Compile-time transform of the node's constants (null: none). Runs once
   // per node after the choice; may add constants and set attributes.
   std::function<Status(Graph&, Node&, const tir::Knobs&)> transform;
@@ -85,8 +87,9 @@ class ChoiceSource {
   virtual ~ChoiceSource() = default;
   virtual std::string name() const = 0;
   // The workload key is the node's op, attributes and input types (shapes
-  // with bounds); std::nullopt: no record.
-  virtual std::optional<Choice> lookup(const Node& n, const std::vector<const Candidate*>& applicable) = 0;
+  // with bounds), and the target the choice is for; std::nullopt: no record.
+  virtual std::optional<Choice> lookup(const Node& n, const std::vector<const Candidate*>& applicable,
+                                       const Target& target) = 0;
   // A choice of a strict source (what a user asked for, --impl) whose knobs
   // lie outside the candidate's space is an error; a non-strict source's (a
   // stale database record) is ignored.
@@ -94,6 +97,8 @@ class ChoiceSource {
 };
 
 struct SelectOptions {
+  // The vector machine the priorities, spaces and default knobs are for.
+  Target target = Target::host();
   std::vector<std::shared_ptr<ChoiceSource>> sources;
   // Times one node under a choice (seconds per run); set for --select=measure.
   std::function<Result<double>(const Node&, const Choice&)> measure;

@@ -1,5 +1,7 @@
 #include "tir/schedule.h"
 
+#include "support/target.h"
+
 #include <optional>
 
 #include <cctype>
@@ -138,7 +140,8 @@ bool tile_reduction(const KernelDef& k, const ComputeDef& st, Schedule& s) {
   if (n < 2) return false;
   int64_t elem = static_cast<int64_t>(dtype_size(st.dtype));
   if (elem <= 0 || elem > 8) return false;
-  const int64_t vec = 64 / elem;
+  // One vector register of the target (support/target.h) per row of the tile.
+  const int64_t vec = Target::host().vector_bytes / elem;
   std::vector<LoadVars> loads = collect_loads(st.body);
   std::vector<Expr> last_index;
   rewrite(st.body, [&](const Expr& e) -> Expr {

@@ -34,7 +34,7 @@ class Forced : public strategy::ChoiceSource {
  public:
   explicit Forced(strategy::Choice c) : c_(std::move(c)) {}
   std::string name() const override { return "test"; }
-  std::optional<strategy::Choice> lookup(const Node&, const std::vector<const strategy::Candidate*>&) override {
+  std::optional<strategy::Choice> lookup(const Node&, const std::vector<const strategy::Candidate*>&, const Target&) override {
     return c_;
   }
 
@@ -80,7 +80,8 @@ std::unique_ptr<Graph> gemm_graph(const GemmCase& c, const Tensor& b, const Tens
 }
 
 Result<Tensor> run(std::unique_ptr<Graph> g, bool naive, const Tensor& x, int threads,
-                   const std::optional<strategy::Choice>& forced, std::string* impl) {
+                   const std::optional<strategy::Choice>& forced, std::string* impl,
+                   const Target& target = Target::host()) {
   CompileOptions opts;
   opts.naive = naive;
   opts.threads = threads;
@@ -90,6 +91,7 @@ Result<Tensor> run(std::unique_ptr<Graph> g, bool naive, const Tensor& x, int th
     ictx.bounds = g->bounds;
     KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx));
     strategy::SelectOptions so;
+    so.target = target;
     so.sources.push_back(std::make_shared<Forced>(*forced));
     KILN_RETURN_IF_ERROR(strategy::select_kernels(*g, so).status());
     opts.passes = std::vector<std::string>{};  // the choice is made; shape inference only
@@ -106,7 +108,7 @@ Result<Tensor> run(std::unique_ptr<Graph> g, bool naive, const Tensor& x, int th
 }
 
 // Runs every applicable candidate of `op` (knobs drawn at random from its
-// space, 1 and 2 threads) on the graph `make` builds and compares with the
+// space for AVX-512 and for AVX2, 1 and 2 threads) on the graph `make` builds and compares with the
 // naive result `want`; `k` is the number of products per output. Returns the
 // number of candidates tried.
 int check_candidates(const std::string& op, const std::function<std::unique_ptr<Graph>()>& make, const Tensor& x,
@@ -122,16 +124,23 @@ int check_candidates(const std::string& op, const std::function<std::unique_ptr<
     std::string why;
     if (cand->applies && !cand->applies(*node, &why)) continue;
     ++tried;
-    tir::KnobSpace space = cand->space ? cand->space(*node) : tir::KnobSpace{};
-    for (int draw = 0; draw < (space.knobs.empty() ? 1 : 4); ++draw) {
+    for (const char* target_name : {"avx512", "avx2"}) {
+    const Target target = *Target::named(target_name);
+    tir::KnobSpace space = cand->space ? cand->space(*node, target) : tir::KnobSpace{};
+    // The default point lies in the space: within the target's register file.
+    if (cand->default_knobs)
+      EXPECT_TRUE(space.contains(cand->default_knobs(*node, target)))
+          << cand->name << " (" << target_name << ") default " << tir::knobs_to_string(cand->default_knobs(*node, target));
+    for (int draw = 0; draw < (space.knobs.empty() ? 1 : 3); ++draw) {
       auto knobs = tir::sample_knobs(space, rng);
       EXPECT_TRUE(knobs.is_ok()) << knobs.status().to_string();
       if (!knobs.is_ok()) return tried;
       for (int threads : {1, 2}) {
         strategy::Choice choice{cand->name, *knobs, "database", ""};
         std::string impl;
-        auto got = run(make(), false, x, threads, choice, &impl);
-        std::string what = node->describe() + " " + cand->name + " " + tir::knobs_to_string(*knobs) + " input " +
+        auto got = run(make(), false, x, threads, choice, &impl, target);
+        std::string what = node->describe() + " " + cand->name + " " + tir::knobs_to_string(*knobs) + " (" +
+                           target.name + ") input " +
                            shape_to_string(*node->input(0)->type().shape) + " threads " + std::to_string(threads);
         EXPECT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
         if (!got.is_ok()) return tried;
@@ -147,6 +156,7 @@ int check_candidates(const std::string& op, const std::function<std::unique_ptr<
           }
         }
       }
+    }
     }
   }
   return tried;
@@ -299,9 +309,9 @@ TEST(StrategySelection, MeasureAndPrefer) {
   for (const KernelChoiceInfo& k : rows->kernel_choices)
     if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels mr=7 nr=32 prefetch=1 rows=1");  // mr: 7 of the 14-wide rows
 
-  // Knobs outside the candidate's space (mr = 5; a knob it does not have) are
+  // Knobs outside the candidate's space (mr = 9; a knob it does not have) are
   // an error naming the node, not a silent fall back to the priority choice.
-  for (const char* outside : {"conv.panels:mr=5", "conv.panels:tiles=3"}) {
+  for (const char* outside : {"conv.panels:mr=9", "conv.panels:tiles=3"}) {
     prefer.prefer_impls = {outside};
     auto wrong = compile_graph(conv_graph(c, w, bias), prefer);
     ASSERT_FALSE(wrong.is_ok()) << outside;

@@ -1,0 +1,34 @@
+// The vector machine the operator strategy and the default schedule tune for:
+// the width of a vector register and how many there are. Tile sizes follow
+// from it (a register tile holds at most accumulators() vectors; a vector of
+// f32 has lanes() elements). It does not choose the instructions: code
+// generation (codegen/llvm) always targets the host's own features, so a
+// target other than the host's gives correct but differently tuned code.
+//
+// Target::host() is detected once from the CPU (AVX-512F: avx512, AVX2 with
+// FMA: avx2, otherwise generic), unless the environment variable KILN_TARGET
+// names one; the test suites set KILN_TARGET=avx512 so that the knobs and
+// schedules they print do not depend on the machine they run on.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace kiln {
+
+struct Target {
+  std::string name = "generic";  // "avx512", "avx2", "generic"
+  int vector_bytes = 16;
+  int vector_registers = 16;
+
+  // Elements of `elem_bytes` bytes in one vector register (16 f32 with AVX-512).
+  int lanes(int elem_bytes = 4) const { return vector_bytes / elem_bytes; }
+  // Vector registers a register tile may hold: three quarters of the file,
+  // the rest for broadcasts and loads (24 of 32, 12 of 16).
+  int accumulators() const { return vector_registers * 3 / 4; }
+
+  static std::optional<Target> named(const std::string& name);  // nullopt: unknown name
+  static const Target& host();
+};
+
+}  // namespace kiln
