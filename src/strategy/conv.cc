@@ -216,11 +216,21 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
   int64_t two = 2 * lanes;
   int64_t pad = (o + two - 1) / two * two - o;
   int64_t nr = pad * 8 <= o ? two : lanes;
-  // Rows of the register tile: at most what the register file holds (12
-  // with AVX-512 and two vectors, 6 with AVX2).
-  int64_t cap = std::max<int64_t>(acc / (nr / lanes), 1);
-  int64_t mr = std::min<int64_t>(8, cap);
+  // Accumulators of the tile: with 16 registers (AVX2) 8, not 12: the tap
+  // loops' address arithmetic and broadcasts need the rest (kernel_bench on a
+  // Zen 3, 1 thread, share of peak for 12 -> 8 accumulators: 3x3 64->64 56x56
+  // 49% -> 64-68%, 3x3 s2 64->128 45% -> 67%, 3x3 512->512 7x7 22% -> 66%).
+  const int64_t tile_acc = t.vector_registers <= 16 ? std::min<int64_t>(acc, 8) : acc;
   auto width = (*n.output(0)->type().shape)[3].as_const();
+  // Rows of the register tile: at most what the register file holds (12
+  // with AVX-512 and two vectors, 4 with AVX2); narrow outputs whose rows
+  // would not fit (7x7, 14x14 with AVX2) take one vector of channels and 7 rows.
+  int64_t cap = std::max<int64_t>(tile_acc / (nr / lanes), 1);
+  if (width && *width <= 14 && cap < std::min<int64_t>(*width, 7)) {
+    nr = lanes;
+    cap = tile_acc;
+  }
+  int64_t mr = std::min<int64_t>(8, cap);
   // A row tile that covers narrow outputs whole (7 of a 7x7 plane). Wider
   // rows: 8, 7 or 6 (5 or 4 where fewer fit), whichever computes the fewest
   // columns (the last tile overlaps the one before it) per accumulator-rate
