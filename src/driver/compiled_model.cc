@@ -9,6 +9,7 @@
 #include "frontend/onnx/import.h"
 #include "kiln/kiln.h"
 #include "ops/registry.h"
+#include "support/target.h"
 
 namespace kiln {
 
@@ -87,6 +88,9 @@ Result<std::map<std::string, Tensor>> Model::run(const std::map<std::string, Ten
 
 std::string Model::kernels_text() const {
   std::ostringstream os;
+  const Target& t = Target::host();
+  os << "tuned for target " << t.name << " (" << t.vector_bytes << "-byte vectors x " << t.vector_registers
+     << " registers)\n";
   for (const driver::KernelChoiceInfo& k : impl_->compiled.kernel_choices) {
     os << k.kernel << "  " << k.node << "\n    " << k.impl;
     if (!k.knobs.empty()) os << " (" << k.knobs << ")";
