@@ -78,27 +78,34 @@ Case matmul_case(int64_t m, int64_t k, int64_t n) {
   return c;
 }
 
-Case conv_case(std::string name, int64_t cin, int64_t cout, int64_t hw, int64_t ksize, int64_t stride,
+// A kh x kw convolution of a square hw x hw image, padded to keep the plane
+// at stride 1.
+Case conv_case(std::string name, int64_t cin, int64_t cout, int64_t hw, int64_t kh, int64_t kw, int64_t stride,
                int64_t group) {
   Case c;
   c.name = std::move(name);
   c.graph = std::make_unique<Graph>();
   c.graph->source = c.name;
   c.graph->opsets[""] = 17;
-  int64_t pad = ksize / 2;
+  int64_t ph = kh / 2, pw = kw / 2;
   kiln::Value* x = c.graph->add_input("x", TensorType{DType::kFloat32, kiln::Shape{1, cin, hw, hw}});
-  kiln::Value* w = c.graph->add_constant("w", random_tensor({cout, cin / group, ksize, ksize}, 2));
+  kiln::Value* w = c.graph->add_constant("w", random_tensor({cout, cin / group, kh, kw}, 2));
   kiln::Value* bias = c.graph->add_constant("bias", random_tensor({cout}, 3));
   kiln::Node* conv = c.graph->add_node("Conv", {x, w, bias}, {"y"});
-  conv->set_attr("kernel_shape", ints_attr({ksize, ksize}));
+  conv->set_attr("kernel_shape", ints_attr({kh, kw}));
   conv->set_attr("strides", ints_attr({stride, stride}));
-  conv->set_attr("pads", ints_attr({pad, pad, pad, pad}));
+  conv->set_attr("pads", ints_attr({ph, pw, ph, pw}));
   conv->set_attr("group", int_attr(group));
   c.graph->set_outputs({conv->output(0)});
   c.input = random_tensor({1, cin, hw, hw}, 1);
-  int64_t out = (hw + 2 * pad - ksize) / stride + 1;
-  c.flops = 2.0 * cout * out * out * (cin / group) * ksize * ksize;
+  int64_t oh = (hw + 2 * ph - kh) / stride + 1, ow = (hw + 2 * pw - kw) / stride + 1;
+  c.flops = 2.0 * cout * oh * ow * (cin / group) * kh * kw;
   return c;
+}
+
+Case conv_case(std::string name, int64_t cin, int64_t cout, int64_t hw, int64_t ksize, int64_t stride,
+               int64_t group) {
+  return conv_case(std::move(name), cin, cout, hw, ksize, ksize, stride, group);
 }
 
 // The cost of a parallel loop whose iterations do nothing, on the pool that
@@ -184,6 +191,9 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("conv 3x3 s2 288->384 35x35", 288, 384, 35, 3, 2, 1));
   cases.push_back(conv_case("conv 3x3 512->512 7x7", 512, 512, 7, 3, 1, 1));
   cases.push_back(conv_case("conv 1x1 2048->512 7x7", 2048, 512, 7, 1, 1, 1));
+  cases.push_back(conv_case("conv 1x7 128->128 17x17", 128, 128, 17, 1, 7, 1, 1));
+  cases.push_back(conv_case("conv 7x1 128->192 17x17", 128, 192, 17, 7, 1, 1, 1));
+  cases.push_back(conv_case("conv 7x7 s2 3->64 224x224", 3, 64, 224, 7, 2, 1));
   cases.push_back(conv_case("depthwise 3x3 32 112x112", 32, 32, 112, 3, 1, 32));
   cases.push_back(conv_case("depthwise 3x3 s2 96 112x112", 96, 96, 112, 3, 2, 96));
   cases.push_back(conv_case("depthwise 3x3 144 56x56", 144, 144, 56, 3, 1, 144));

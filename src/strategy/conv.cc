@@ -11,7 +11,10 @@
 // split_padded, guarding only the write-back); priority 30 with at least 64
 // products per output and at most a quarter of the 16-wide padded lanes idle,
 // else 5 (its output vectors run across channels, so stores are strided: a
-// shallow reduction does not pay for them).
+// shallow reduction does not pay for them). Knobs: nr (one to four target
+// vectors), mr, rows (threads split rows or panels), prefetch (the next
+// panel), ci (0: the input channels outermost in the reduction, the taps
+// unrolled inside; 1, 2, 4: the taps outermost and ci channels per step).
 // Measured with kernel_bench (1 thread, explicit vector code): 3x3 64->64 56x56
 // 94.6 GFLOP/s (direct 80.6), 3x3 s2 64->128 90.0 (ihwo 86.9, direct 26.5),
 // 3x3 256->256 14x14 97.9 (direct 75.4), 3x3 512->512 7x7 94.7 (ihwo 73.2),
@@ -189,6 +192,21 @@ bool panels_split_rows(const Node& n) {
   return input > weights;
 }
 
+// Several taps along the width at stride 1 and dilation 1: neighbouring
+// output columns read overlapping input columns.
+bool slides_along_row(const Node& n) {
+  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
+  std::vector<int64_t> dil = n.attr_ints("dilations", {1, 1});
+  return ws[3] > 1 && strides.size() == 2 && strides[1] == 1 && dil.size() == 2 && dil[1] == 1;
+}
+
+// A window of 5 or more taps along a side, or a column window (KW = 1, KH > 1).
+bool long_window(const Node& n) {
+  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  return ws[2] >= 5 || ws[3] >= 5 || (ws[3] == 1 && ws[2] > 1);
+}
+
 tir::KnobSpace panels_space(const Node& n, const Target& t) {
   int64_t o = out_channels(n);
   const int64_t lanes = t.lanes(), acc = t.accumulators();
@@ -202,6 +220,7 @@ tir::KnobSpace panels_space(const Node& n, const Target& t) {
   s.knobs.push_back(tir::Knob{"rows", {0, 1}});
   s.knobs.push_back(tir::Knob{"prefetch", {0, 1}});
   if (strided_one_by_one(n)) s.knobs.push_back(tir::Knob{"subsample", {0, 1}});
+  s.knobs.push_back(tir::Knob{"ci", {0, 1, 2, 4}});
   s.valid = [lanes, acc](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / lanes <= acc; };
   return s;
 }
@@ -216,11 +235,27 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
   int64_t two = 2 * lanes;
   int64_t pad = (o + two - 1) / two * two - o;
   int64_t nr = pad * 8 <= o ? two : lanes;
-  // Accumulators of the tile: with 16 registers (AVX2) 8, not 12: the tap
-  // loops' address arithmetic and broadcasts need the rest (kernel_bench on a
-  // Zen 3, 1 thread, share of peak for 12 -> 8 accumulators: 3x3 64->64 56x56
-  // 49% -> 64-68%, 3x3 s2 64->128 45% -> 67%, 3x3 512->512 7x7 22% -> 66%).
-  const int64_t tile_acc = t.vector_registers <= 16 ? std::min<int64_t>(acc, 8) : acc;
+  // With 16 registers, windows of 5 or more taps along a side and column
+  // windows (KW = 1) run the input channels innermost (knob ci): each tap's
+  // tile then reads one broadcast per column and the weight vectors once, and
+  // LLVM does not keep broadcasts alive across unrolled taps, so 12
+  // accumulators fit (kernel_bench on a Zen 3, 1 thread, share of peak,
+  // 8 x 8 or 6 x 8 taps inner -> 6 x 16 channels inner: 7x1 128->192 17x17
+  // 48% -> 71%, 1x7 128->128 17x17 61% -> 78%, 7x7 s2 3->64 224x224 68% ->
+  // 73%; 3x3 kernels lose, 256->256 14x14 78% -> 48%).
+  const bool few_registers = t.vector_registers <= 16;
+  const bool channels_inner = few_registers && long_window(n);
+  // Otherwise the tile holds 8 accumulators with 16 registers, not 12: the
+  // unrolled taps' broadcasts need the rest (share of peak for 12 -> 8
+  // accumulators: 3x3 64->64 56x56 49% -> 64-68%, 3x3 s2 64->128 45% -> 67%,
+  // 3x3 512->512 7x7 22% -> 66%).
+  const int64_t tile_acc = few_registers && !channels_inner ? std::min<int64_t>(acc, 8) : acc;
+  // And where the taps slide along the row at stride 1, one vector of
+  // channels by 8 columns: each broadcast input column serves up to KW taps,
+  // so the tile loads fewer operands per FMA than 4 columns by two vectors
+  // (4 x 16 -> 8 x 8: 3x3 64->64 56x56 69% -> 79-83%, 3x3 32->64 147x147 66%
+  // -> 73%; strided rows lose, 3x3 s2 64->128 65% -> 50%).
+  if (few_registers && !channels_inner && slides_along_row(n)) nr = lanes;
   auto width = (*n.output(0)->type().shape)[3].as_const();
   // Rows of the register tile: at most what the register file holds (12
   // with AVX-512 and two vectors, 4 with AVX2); narrow outputs whose rows
@@ -247,7 +282,11 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
     mr = least_overlap_tile(*width, tiles);
   }
   // prefetch: the next weight panel streams in while the current one is used.
-  tir::Knobs k = {{"mr", std::max<int64_t>(mr, 1)}, {"nr", nr}, {"rows", panels_split_rows(n) ? 1 : 0}, {"prefetch", 1}};
+  tir::Knobs k = {{"mr", std::max<int64_t>(mr, 1)},
+                  {"nr", nr},
+                  {"rows", panels_split_rows(n) ? 1 : 0},
+                  {"prefetch", 1},
+                  {"ci", channels_inner ? 1 : 0}};
   if (strided_one_by_one(n)) k["subsample"] = 1;
   return k;
 }
@@ -326,6 +365,17 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
   prims.push_back(prim("cache_write", stage, {outer.back()}));
   if (!w_ext || *w_ext > 1) prims.push_back(prim("unroll", stage, {w_inner}));
   prims.push_back(prim("vectorize", stage, {c_inner}));
+  // Knob ci > 0: the reduction walks the taps outermost and the input
+  // channels innermost, ci channels per unrolled step (a split with a guarded
+  // tail when ci does not divide them).
+  if (int64_t ci = knobs.count("ci") ? knobs.at("ci") : 0; ci > 0 && st.reduce_axes.size() == 3) {
+    const std::string& r_c = st.reduce_axes[0];
+    prims.push_back(prim("reorder", stage, {st.reduce_axes[1], st.reduce_axes[2], r_c}));
+    if (ci > 1) {
+      prims.push_back(prim("split", stage, {r_c}, ci));
+      prims.push_back(prim("unroll", stage, {r_c + ".i"}));
+    }
+  }
   if (knob_on(knobs, "prefetch") && !c_outer.empty()) prims.push_back(prim("prefetch", stage, {c_outer}));
   auto h_count = st.shape[2].as_const();
   if (knob_on(knobs, "rows") && (!h_count || *h_count > 1)) {

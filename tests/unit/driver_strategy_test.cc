@@ -242,6 +242,9 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
       // Output channels not a multiple of the panel width: zero-padded panels.
       {Shape{1, 16, 13, 13}, {1000 / 8, 16, 1, 1}, 1, 0, {1, 16, 13, 13}},
       {Shape{1, 9, 8, 8}, {24, 9, 3, 3}, 2, 1, {1, 9, 8, 8}},
+      // Long windows (conv.panels' knob ci: input channels innermost).
+      {Shape{1, 9, 6, 13}, {16, 9, 1, 7}, 1, 3, {1, 9, 6, 13}},
+      {Shape{1, 5, 11, 4}, {24, 5, 7, 1}, 1, 3, {1, 5, 11, 4}},
       // 1x1 (conv.wvec: vectors along the row; strided ones read a subsampled
       // copy, padded ones a zero border): rows of 33, 2, a symbolic plane.
       {Shape{1, 7, 3, 33}, {20, 7, 1, 1}, 1, 0, {1, 7, 3, 33}},
@@ -302,12 +305,12 @@ TEST(StrategySelection, MeasureAndPrefer) {
   ASSERT_TRUE(panels.is_ok()) << panels.status().to_string();
   for (const KernelChoiceInfo& k : panels->kernel_choices)
     // rows and prefetch keep their defaults (rows 0: these weights, 4608 elements, outweigh the 3136 of the input).
-    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels mr=2 nr=16 prefetch=1 rows=0");
+    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels ci=0 mr=2 nr=16 prefetch=1 rows=0");
   prefer.prefer_impls = {"conv.panels:rows=1"};
   auto rows = compile_graph(conv_graph(c, w, bias), prefer);
   ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
   for (const KernelChoiceInfo& k : rows->kernel_choices)
-    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels mr=7 nr=32 prefetch=1 rows=1");  // mr: 7 of the 14-wide rows
+    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels ci=0 mr=7 nr=32 prefetch=1 rows=1");  // mr: 7 of the 14-wide rows
 
   // Knobs outside the candidate's space (mr = 9; a knob it does not have) are
   // an error naming the node, not a silent fall back to the priority choice.
