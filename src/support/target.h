@@ -6,11 +6,13 @@
 // target other than the host's gives correct but differently tuned code.
 //
 // Target::host() is detected once from the CPU (AVX-512F: avx512, AVX2 with
-// FMA: avx2, otherwise generic), unless the environment variable KILN_TARGET
-// names one; the test suites set KILN_TARGET=avx512 so that the knobs and
-// schedules they print do not depend on the machine they run on.
+// FMA: avx2, otherwise generic; the level-2 cache size from the C library),
+// unless the environment variable KILN_TARGET names one (with that target's
+// nominal cache size); the test suites set KILN_TARGET=avx512 so that the
+// knobs and schedules they print do not depend on the machine they run on.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -20,6 +22,10 @@ struct Target {
   std::string name = "generic";  // "avx512", "avx2", "generic"
   int vector_bytes = 16;
   int vector_registers = 16;
+  // One core's level-2 cache: what a loop nest may expect to re-read without
+  // going to the shared last level (nominal 2 MB, 512 KB, 256 KB for the
+  // named targets; detected for the host).
+  int64_t l2_bytes = 256 << 10;
 
   // Elements of `elem_bytes` bytes in one vector register (16 f32 with AVX-512).
   int lanes(int elem_bytes = 4) const { return vector_bytes / elem_bytes; }
