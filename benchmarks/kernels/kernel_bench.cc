@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("conv 1x7 128->128 17x17", 128, 128, 17, 1, 7, 1, 1));
   cases.push_back(conv_case("conv 7x1 128->192 17x17", 128, 192, 17, 7, 1, 1, 1));
   cases.push_back(conv_case("conv 7x7 s2 3->64 224x224", 3, 64, 224, 7, 2, 1));
+  cases.push_back(conv_case("conv 3x3 s2 3->64 224x224", 3, 64, 224, 3, 2, 1));
   cases.push_back(conv_case("depthwise 3x3 32 112x112", 32, 32, 112, 3, 1, 32));
   cases.push_back(conv_case("depthwise 3x3 s2 96 112x112", 96, 96, 112, 3, 2, 96));
   cases.push_back(conv_case("depthwise 3x3 144 56x56", 144, 144, 56, 3, 1, 144));

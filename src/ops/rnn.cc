@@ -9,8 +9,8 @@
 // - Projected (attribute kiln_projected_input, made by the graph pass
 //   project-rnn-inputs): input 0 already holds x W^T + Wb for every step and
 //   direction, computed before the loop by one compiled, packed MatMul; W is
-//   absent; R is packed in panels of hidden units (layout below, at
-//   kPanelBytes). Each step adds h R^T + Rb:
+//   absent; R is packed in panels of hidden units (layout below, 64 or 256
+//   bytes of units per panel). Each step adds h R^T + Rb:
 //   hidden units are split into blocks run in parallel on the model's thread
 //   pool (one parallel loop per step; two for GRU without linear_before_reset,
 //   whose hidden gate reads r * h of every unit), each block accumulating its
@@ -401,27 +401,31 @@ Status run_rnn(const RnnAttrs& a, const std::vector<Tensor>& in, std::vector<Ten
 
 // ---- projected form ---------------------------------------------------------
 
-// R is packed by project-rnn-inputs into panels of kPanelBytes / sizeof(T)
-// hidden units: [nd, ceil(H / pw), H, G, pw], zero past H. Panel p row k holds
-// R[g*H + p*pw + u][k] for every gate g and unit u, so a block of pw units
-// streams one contiguous panel per step.
-constexpr int64_t kPanelBytes = 256;
+// R is packed by project-rnn-inputs into panels of pw hidden units, pw * sizeof(T)
+// one of kPanelBytes: [nd, ceil(H / pw), H, G, pw], zero past H. Panel p row
+// k holds R[g*H + p*pw + u][k] for every gate g and unit u, so a block of pw
+// units streams one contiguous panel per step. 256-byte panels fill AVX-512's
+// 32 registers with one pass over the panel; with 16 registers a 256-byte
+// panel takes several passes, each reading a quarter of every row (strided
+// lines the prefetcher follows badly), so those targets pack 64 bytes.
+constexpr int64_t kPanelBytes[] = {64, 256};
+constexpr int64_t kMaxPanelBytes = 256;
 
 // acc[g][0 .. pw) += sum over k of h[k] * panel[k][g0 + g][..], k ascending,
 // for NG gates at once, in vectors of VB bytes (the instruction set's own
 // width: GCC lowers wider vector types through the stack, and the AVX2 body
 // built with 64-byte vectors ran the LSTM model at a third of the AVX-512
 // speed): NG x VP vectors stay in registers while the panel streams by, in
-// kPanelBytes / VB / VP passes over its rows. One chain of fused
+// PB / VB / VP passes over its rows. One chain of fused
 // multiply-adds per element, in k order, so the result does not depend on how
 // units are split among threads.
-template <typename T, int NG, int VB, int VP>
+template <typename T, int PB, int NG, int VB, int VP>
 inline __attribute__((always_inline)) void gate_panel(T* acc, const T* panel, int64_t row_stride, const T* h,
                                                       int64_t hidden) {
   constexpr int kLanes = VB / sizeof(T);
-  constexpr int kVectors = kPanelBytes / VB;  // vectors per gate in a panel row
+  constexpr int kVectors = PB / VB;  // vectors per gate in a panel row
   static_assert(kVectors % VP == 0);
-  constexpr int64_t kPw = kPanelBytes / sizeof(T);
+  constexpr int64_t kPw = PB / sizeof(T);
   typedef T V __attribute__((vector_size(VB), aligned(sizeof(T))));
   for (int v0 = 0; v0 < kVectors; v0 += VP) {
     V a[NG][VP];
@@ -444,26 +448,33 @@ inline __attribute__((always_inline)) void gate_panel(T* acc, const T* panel, in
 
 // VB-byte vectors; 32 registers (AVX-512): all 4 vectors of every gate at
 // once (16 accumulators); 16 registers: 8 to 12 accumulators per pass.
-template <typename T, int VB>
-inline __attribute__((always_inline)) void gate_panel_any(T* acc, int ng, const T* panel, int64_t row_stride,
-                                                          const T* h, int64_t hidden) {
-  constexpr int kVectors = kPanelBytes / VB;
+template <typename T, int PB, int VB>
+inline __attribute__((always_inline)) void gate_panel_pb(T* acc, int ng, const T* panel, int64_t row_stride,
+                                                         const T* h, int64_t hidden) {
+  constexpr int kVectors = PB / VB;
   constexpr int kWide = VB == 64;
   switch (ng) {
-    case 1: gate_panel<T, 1, VB, kWide ? kVectors : std::min(kVectors, 8)>(acc, panel, row_stride, h, hidden); break;
-    case 2: gate_panel<T, 2, VB, kWide ? kVectors : std::min(kVectors, 4)>(acc, panel, row_stride, h, hidden); break;
-    case 3: gate_panel<T, 3, VB, kWide ? kVectors : std::min(kVectors, 4)>(acc, panel, row_stride, h, hidden); break;
-    default: gate_panel<T, 4, VB, kWide ? kVectors : std::min(kVectors, 2)>(acc, panel, row_stride, h, hidden); break;
+    case 1: gate_panel<T, PB, 1, VB, kWide ? kVectors : std::min(kVectors, 8)>(acc, panel, row_stride, h, hidden); break;
+    case 2: gate_panel<T, PB, 2, VB, kWide ? kVectors : std::min(kVectors, 4)>(acc, panel, row_stride, h, hidden); break;
+    case 3: gate_panel<T, PB, 3, VB, kWide ? kVectors : std::min(kVectors, 4)>(acc, panel, row_stride, h, hidden); break;
+    default: gate_panel<T, PB, 4, VB, kWide ? kVectors : std::min(kVectors, 2)>(acc, panel, row_stride, h, hidden); break;
   }
+}
+// Panels of pb bytes, one of kPanelBytes (each at least one vector of VB bytes).
+template <typename T, int VB>
+inline __attribute__((always_inline)) void gate_panel_any(T* acc, int ng, int64_t pb, const T* panel,
+                                                          int64_t row_stride, const T* h, int64_t hidden) {
+  if (pb == 64) gate_panel_pb<T, 64, VB>(acc, ng, panel, row_stride, h, hidden);
+  else gate_panel_pb<T, 256, VB>(acc, ng, panel, row_stride, h, hidden);
 }
 
 // One body per instruction set (the project is built for baseline x86-64),
 // chosen at run time from the host's features. Plain dispatch, not
 // target_clones: an ifunc resolver runs before the sanitizer runtimes start.
 #define KILN_GATE_PANEL(T, suffix, vector_bytes, target_attr)                                               \
-  target_attr void gate_panel_##suffix(T* acc, int ng, const T* panel, int64_t row_stride, const T* h,     \
-                                       int64_t hidden) {                                                    \
-    gate_panel_any<T, vector_bytes>(acc, ng, panel, row_stride, h, hidden);                                 \
+  target_attr void gate_panel_##suffix(T* acc, int ng, int64_t pb, const T* panel, int64_t row_stride,    \
+                                       const T* h, int64_t hidden) {                                        \
+    gate_panel_any<T, vector_bytes>(acc, ng, pb, panel, row_stride, h, hidden);                             \
   }
 #if defined(__x86_64__)
 KILN_GATE_PANEL(float, f32_avx512, 64, __attribute__((target("avx512f"))))
@@ -487,23 +498,23 @@ Isa host_isa() {
 #endif
 }
 
-void gate_panel_dispatch(float* acc, int ng, const float* panel, int64_t row_stride, const float* h, int64_t hidden) {
+void gate_panel_dispatch(float* acc, int ng, int64_t pb, const float* panel, int64_t row_stride, const float* h, int64_t hidden) {
   switch (host_isa()) {
 #if defined(__x86_64__)
-    case Isa::kAvx512: return gate_panel_f32_avx512(acc, ng, panel, row_stride, h, hidden);
-    case Isa::kAvx2: return gate_panel_f32_avx2(acc, ng, panel, row_stride, h, hidden);
+    case Isa::kAvx512: return gate_panel_f32_avx512(acc, ng, pb, panel, row_stride, h, hidden);
+    case Isa::kAvx2: return gate_panel_f32_avx2(acc, ng, pb, panel, row_stride, h, hidden);
 #endif
-    default: return gate_panel_f32_base(acc, ng, panel, row_stride, h, hidden);
+    default: return gate_panel_f32_base(acc, ng, pb, panel, row_stride, h, hidden);
   }
 }
-void gate_panel_dispatch(double* acc, int ng, const double* panel, int64_t row_stride, const double* h,
+void gate_panel_dispatch(double* acc, int ng, int64_t pb, const double* panel, int64_t row_stride, const double* h,
                          int64_t hidden) {
   switch (host_isa()) {
 #if defined(__x86_64__)
-    case Isa::kAvx512: return gate_panel_f64_avx512(acc, ng, panel, row_stride, h, hidden);
-    case Isa::kAvx2: return gate_panel_f64_avx2(acc, ng, panel, row_stride, h, hidden);
+    case Isa::kAvx512: return gate_panel_f64_avx512(acc, ng, pb, panel, row_stride, h, hidden);
+    case Isa::kAvx2: return gate_panel_f64_avx2(acc, ng, pb, panel, row_stride, h, hidden);
 #endif
-    default: return gate_panel_f64_base(acc, ng, panel, row_stride, h, hidden);
+    default: return gate_panel_f64_base(acc, ng, pb, panel, row_stride, h, hidden);
   }
 }
 
@@ -513,6 +524,7 @@ struct ProjectedRun {
   int64_t S = 0, NB = 0, H = 0, G = 0, ND = 0;
   const T* X = nullptr;   // projections [.., .., ND * G * H]
   const T* RT = nullptr;  // panels [ND, ceil(H / pw), H, G, pw]
+  int64_t pw = 0;         // hidden units per panel
   const T* B = nullptr;   // [ND, 2 * G * H] or null
   const T* P = nullptr;   // peepholes [ND, 3 * H] or null
   T* Y = nullptr;
@@ -534,14 +546,13 @@ struct ProjectedRun {
 
   // Units [j0, j1) of every batch entry for this step.
   void run_units(int64_t j0, int64_t j1) const {
-    constexpr int64_t kPw = kPanelBytes / sizeof(T);
     int64_t width = j1 - j0;
-    const T* panel = RT + (d * ((H + kPw - 1) / kPw) + j0 / kPw) * H * G * kPw;
+    const T* panel = RT + (d * ((H + pw - 1) / pw) + j0 / pw) * H * G * pw;
     const T* rb = B ? B + d * 2 * G * H + G * H : nullptr;
     const T* pd = P ? P + d * 3 * H : nullptr;
     const Activation* act = &a->acts[static_cast<size_t>(d * activation_count(a->cell))];
     bool reverse = a->reverse_only || d == 1;
-    T acc[4 * kPw];
+    T acc[4 * kMaxPanelBytes / sizeof(T)];
     for (int64_t b = 0; b < NB; ++b) {
       int64_t len = (*lens)[static_cast<size_t>(b)];
       const T* hb = h_in + b * H;
@@ -561,8 +572,8 @@ struct ProjectedRun {
         else { g0 = 2; ng = 1; hv = hr + b * H; }
       }
       for (int g = 0; g < ng; ++g)
-        for (int64_t j = 0; j < kPw; ++j) acc[g * kPw + j] = rb && j < width ? rb[(g0 + g) * H + j0 + j] : T(0);
-      gate_panel_dispatch(acc, ng, panel + g0 * kPw, G * kPw, hv, H);
+        for (int64_t j = 0; j < pw; ++j) acc[g * pw + j] = rb && j < width ? rb[(g0 + g) * H + j0 + j] : T(0);
+      gate_panel_dispatch(acc, ng, pw * static_cast<int64_t>(sizeof(T)), panel + g0 * pw, G * pw, hv, H);
       T* yt = y_at(t, b);
       for (int64_t jj = 0; jj < width; ++jj) {
         int64_t j = j0 + jj;
@@ -570,16 +581,16 @@ struct ProjectedRun {
           ho[j] = activate<T>(*a, act[0], xp[j] + acc[jj]);
         } else if (a->cell == Cell::kLstm) {
           T pi = pd ? pd[j] : T(0), po = pd ? pd[H + j] : T(0), pf = pd ? pd[2 * H + j] : T(0);
-          ho[j] = lstm_unit<T>(*a, act, xp[j] + acc[jj], xp[H + j] + acc[kPw + jj], xp[2 * H + j] + acc[2 * kPw + jj],
-                               xp[3 * H + j] + acc[3 * kPw + jj], pi, po, pf, cb[j]);
+          ho[j] = lstm_unit<T>(*a, act, xp[j] + acc[jj], xp[H + j] + acc[pw + jj], xp[2 * H + j] + acc[2 * pw + jj],
+                               xp[3 * H + j] + acc[3 * pw + jj], pi, po, pf, cb[j]);
         } else if (a->linear_before_reset) {  // GRU: h~ = g(x Wh + Wbh + r * (h Rh + Rbh))
           T z = activate<T>(*a, act[0], xp[j] + acc[jj]);
-          T r = activate<T>(*a, act[0], xp[H + j] + acc[kPw + jj]);
-          T ht = activate<T>(*a, act[1], xp[2 * H + j] + r * acc[2 * kPw + jj]);
+          T r = activate<T>(*a, act[0], xp[H + j] + acc[pw + jj]);
+          T ht = activate<T>(*a, act[1], xp[2 * H + j] + r * acc[2 * pw + jj]);
           ho[j] = (T(1) - z) * ht + z * hb[j];
         } else if (phase == 1) {  // GRU: z (kept in the output row until phase 2) and r * h
           T z = activate<T>(*a, act[0], xp[j] + acc[jj]);
-          T r = activate<T>(*a, act[0], xp[H + j] + acc[kPw + jj]);
+          T r = activate<T>(*a, act[0], xp[H + j] + acc[pw + jj]);
           ho[j] = z;
           hr[b * H + j] = r * hb[j];
         } else {  // GRU phase 2: h~ = g(x Wh + Wbh + (r * h) Rh + Rbh)
@@ -594,8 +605,8 @@ struct ProjectedRun {
 
   static void blocks(int64_t begin, int64_t end, void* env) {
     const auto* self = static_cast<const ProjectedRun*>(env);
-    constexpr int64_t kPw = kPanelBytes / sizeof(T);
-    for (int64_t blk = begin; blk < end; ++blk) self->run_units(blk * kPw, std::min((blk + 1) * kPw, self->H));
+    for (int64_t blk = begin; blk < end; ++blk)
+      self->run_units(blk * self->pw, std::min((blk + 1) * self->pw, self->H));
   }
 };
 
@@ -610,11 +621,15 @@ Status run_projected(const RnnAttrs& a, const std::vector<Tensor>& in, std::vect
   run.NB = a.layout == 0 ? xt.shape()[1] : xt.shape()[0];
   run.ND = a.num_directions;
   run.G = gate_count(a.cell);
-  constexpr int64_t kPw = kPanelBytes / sizeof(T);
   if (rt.rank() != 5) return invalid_argument() << "packed R is " << rt.describe();
   run.H = rt.shape()[2];
+  const int64_t pw = rt.shape()[4];
+  if (std::find(std::begin(kPanelBytes), std::end(kPanelBytes), pw * static_cast<int64_t>(sizeof(T))) ==
+      std::end(kPanelBytes))
+    return invalid_argument() << "packed R is " << rt.describe() << ": panels of " << pw << " units";
+  run.pw = pw;
   const int64_t S = run.S, NB = run.NB, ND = run.ND, G = run.G, H = run.H;
-  if (rt.shape() != std::vector<int64_t>{ND, (H + kPw - 1) / kPw, H, G, kPw})
+  if (rt.shape() != std::vector<int64_t>{ND, (H + pw - 1) / pw, H, G, pw})
     return invalid_argument() << "packed R is " << rt.describe();
   if (xt.shape()[2] != ND * G * H) return invalid_argument() << "projected X is " << xt.describe();
   if (a.hidden > 0 && a.hidden != H) return invalid_argument() << "hidden_size " << a.hidden << ", R has " << H;
@@ -636,7 +651,7 @@ Status run_projected(const RnnAttrs& a, const std::vector<Tensor>& in, std::vect
   std::vector<T> h0(static_cast<size_t>(NB * H)), h1(h0.size()), c(h0.size()), hr(h0.size());
   int64_t max_len = 0;
   for (int64_t l : lens) max_len = std::max(max_len, l);
-  int64_t blocks = (H + kPw - 1) / kPw;
+  int64_t blocks = (H + pw - 1) / pw;
   ThreadPool* pool = current_thread_pool();
   for (int64_t d = 0; d < ND; ++d) {
     for (int64_t b = 0; b < NB; ++b)

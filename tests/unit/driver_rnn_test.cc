@@ -13,6 +13,7 @@
 
 #include "driver/pipeline.h"
 #include "runtime/vm.h"
+#include "support/target.h"
 
 namespace kiln::driver {
 namespace {
@@ -147,6 +148,21 @@ TEST(ProjectedRnn, GruMatchesReference) {
   check({.op = "GRU", .direction = "bidirectional", .hidden = 20, .batch = 4, .lens = true});
   check({.op = "GRU", .direction = "reverse", .hidden = 40, .batch = 3, .layout = 1, .linear_before_reset = true,
          .lens = true, .dtype = DType::kFloat64});
+}
+
+// Panels of 256 bytes of hidden units with 32 vector registers, 64 with 16
+// (the suite runs under KILN_TARGET=avx512 and avx2).
+TEST(ProjectedRnn, PanelsFollowTheRegisterFile) {
+  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+    RnnCase c{.op = "LSTM", .hidden = 40, .dtype = dt};
+    auto compiled = compile_graph(rnn_graph(c), CompileOptions{});
+    ASSERT_TRUE(compiled.is_ok()) << compiled.status().message();
+    int64_t bytes = 0;
+    for (const Node* n : compiled->graph->nodes())
+      if (n->op_type() == "LSTM" && n->attr_int("kiln_projected_input", 0) == 1)
+        bytes = n->input(2)->constant().shape()[4] * static_cast<int64_t>(dtype_size(dt));
+    EXPECT_EQ(bytes, Target::host().vector_registers >= 32 ? 256 : 64) << Target::host().name << " " << dtype_name(dt);
+  }
 }
 
 TEST(ProjectedRnn, RnnMatchesReference) {
