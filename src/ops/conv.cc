@@ -18,7 +18,11 @@
 // kind of Conv, is an error. The int attribute kiln_subsample = 1 (set by the
 // strategy on strided convolutions with a kernel of size 1; on a larger kernel
 // an error) copies the input at the strided positions into a dense stage
-// first, which the reduction then reads contiguously.
+// first, which the reduction then reads contiguously. The int attribute
+// kiln_phase_split = 1 (2-D, strided along the width, dilation 1 there; set
+// by conv.wvec) copies the zero-padded input with its columns split by phase,
+// [N, C, H, SW, ceil(W / SW)] (column SW*j + q at [.., q, j]), so that tap kw
+// of consecutive output columns reads consecutive elements of phase kw mod SW.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -181,10 +185,19 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
   bool subsample = n.attr_int("kiln_subsample", 0) != 0;
   if (subsample && !std::all_of(kernel.begin(), kernel.end(), [](const Expr& k) { return k.as_const() == 1; }))
     return node_invalid(n) << "kiln_subsample needs a kernel of size 1";
-  bool copy = g.may_pad || subsample;
+  bool phase_split = n.attr_int("kiln_phase_split", 0) != 0;
+  if (phase_split && (subsample || rank != 2 || g.stride[1] < 2 || g.dilation[1] != 1))
+    return node_invalid(n) << "kiln_phase_split needs a 2-D kernel strided along the width, dilation 1 there";
+  bool copy = g.may_pad || subsample || phase_split;
   for (size_t d = 0; d < rank; ++d) {
     Expr pos = iv[d + 2] * g.stride[d] + rv[d + 1] * g.dilation[d];
-    x_idx.push_back(subsample ? iv[d + 2] : copy ? pos : pos - g.pad_begin[d]);
+    if (phase_split && d == 1) {
+      int64_t sw = g.stride[1];
+      x_idx.push_back(mod(rv[d + 1], Expr(sw)));
+      x_idx.push_back(iv[d + 2] + floordiv(rv[d + 1], Expr(sw)));
+    } else {
+      x_idx.push_back(subsample ? iv[d + 2] : copy ? pos : pos - g.pad_begin[d]);
+    }
     w_idx.push_back(rv[d + 1]);
   }
   if (packed < 0) w_idx = {rv[0], rv[1], rv[2], iv[1]};  // [I, KH, KW, O]
@@ -195,15 +208,23 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
     // A zero-padded copy of the input, just large enough for every window:
     // the reduction then reads it without bound checks (contiguous windows);
     // subsampled, one element per output position.
-    std::vector<std::string> paxes = fresh_axes(ctx, rank + 2, "p");
+    // Phase-split, the last axis is two: [.., SW, ceil(span / SW)].
+    std::vector<std::string> paxes = fresh_axes(ctx, rank + 2 + (phase_split ? 1 : 0), "p");
     std::vector<Expr> pv = axis_vars(paxes);
     std::vector<Expr> pshape = {x.shape[0], x.shape[1]};
     std::vector<Expr> src = {pv[0], pv[1]};
     Expr valid;
     for (size_t d = 0; d < rank; ++d) {
-      pshape.push_back(subsample ? g.out[d]
-                                 : simplify((g.out[d] - 1) * g.stride[d] + (kernel[d] - 1) * g.dilation[d] + 1));
+      Expr span = simplify((g.out[d] - 1) * g.stride[d] + (kernel[d] - 1) * g.dilation[d] + 1);
       Expr pos = (subsample ? pv[d + 2] * g.stride[d] : pv[d + 2]) - g.pad_begin[d];
+      if (phase_split && d == 1) {
+        int64_t sw = g.stride[1];
+        pshape.push_back(Expr(sw));
+        pshape.push_back(simplify(floordiv(span + (sw - 1), Expr(sw))));
+        pos = pv[d + 3] * sw + pv[d + 2] - g.pad_begin[d];
+      } else {
+        pshape.push_back(subsample ? g.out[d] : span);
+      }
       Expr ok = logical_and(le(Expr(0), pos), lt(pos, g.in[d]));
       valid = valid.defined() ? logical_and(valid, ok) : ok;
       src.push_back(clamp_index(pos, g.in[d]));

@@ -118,17 +118,17 @@ Status ihwo_transform(Graph& g, Node& n, const tir::Knobs&) {
   return Status::ok();
 }
 
-// A 1x1 kernel's input copy (subsampled by kiln_subsample, or zero-padded) is
-// read without a window, so the default schedule would inline it back into
-// the reduction (strided loads for a subsampled one): it is computed in full
-// instead, parallel over channels, vectorized along the row.
+// A 1x1 kernel's input copy (subsampled by kiln_subsample, or zero-padded), or
+// a phase-split copy (kiln_phase_split), may be read without a window, so the
+// default schedule would inline it back into the reduction (strided loads): it
+// is computed in full instead, parallel over channels, vectorized along the row.
 tir::Schedule materialize_subsampled(const tir::KernelDef& k, const std::string& stage, tir::Schedule s) {
   auto pad = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& c) { return c.name == stage + ".pad"; });
-  if (pad == k.stages.end() || pad->axes.size() != 4) return s;
+  if (pad == k.stages.end() || pad->axes.size() < 4) return s;
   for (size_t i = 0; i < s.prims.size(); ++i) {
     if (s.prims[i].kind != "inline" || s.prims[i].stage != pad->name) continue;
     s.prims[i] = prim("parallel", pad->name, {pad->axes[1]});
-    s.prims.insert(s.prims.begin() + static_cast<long>(i) + 1, prim("vectorize", pad->name, {pad->axes[3]}));
+    s.prims.insert(s.prims.begin() + static_cast<long>(i) + 1, prim("vectorize", pad->name, {pad->axes.back()}));
     break;
   }
   return s;
@@ -397,11 +397,19 @@ bool wvec_applies(const Node& n, std::string* why) {
   if (!panels_applies(n, why)) return false;
   std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
   std::vector<int64_t> dil = n.attr_ints("dilations", {1, 1});
-  if (!one_by_one(n) && (strides.size() != 2 || strides[1] != 1 || dil.size() != 2 || dil[1] != 1)) {
-    if (why) *why = "strided or dilated along the width";
+  if (!one_by_one(n) && (strides.size() != 2 || dil.size() != 2 || dil[1] != 1)) {
+    if (why) *why = "dilated along the width";
     return false;
   }
   return true;
+}
+
+// A kernel wider than 1 strided along the width: conv.wvec reads a copy of
+// the input with its columns split by phase (the Conv attribute
+// kiln_phase_split), so each tap's vector of output columns is one load.
+bool phase_split(const Node& n) {
+  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
+  return !one_by_one(n) && strides.size() == 2 && strides[1] > 1;
 }
 
 tir::KnobSpace wvec_space(const Node& n, const Target& t) {
@@ -493,6 +501,7 @@ tir::Knobs wvec_defaults(const Node& n, const Target& t) {
 // Weights in panels of mr channels; a strided 1x1 kernel reads a subsampled copy.
 Status wvec_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
   if (strided_one_by_one(n)) set_int_attr(n, "kiln_subsample", 1);
+  if (phase_split(n)) set_int_attr(n, "kiln_phase_split", 1);
   return pack_weight_panels(g, n, knobs.at("mr"));
 }
 
@@ -506,7 +515,15 @@ Status wvec_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
 // 1.34), and on a 3x3 64->64 56x56 (1.57 -> 1.80: panels reuse each loaded
 // input across 9 taps' weights in registers). Priority 35 (over panels) for
 // 1x1 kernels whose plane is computed with at most 15% overlap.
+//
+// Image stems (at most 4 input channels) strided along the width read a
+// phase-split copy and get priority 35 too: their reductions are short, so
+// conv.panels' per-channel strided stores dominate (kernel_bench on a Zen 3, 1
+// thread: 3x3 s2 3->64 224x224 1.05 ms with conv.direct -> 0.67-0.72, 7x7 s2
+// 3->64 3.16 with conv.panels -> 2.69-2.74). Deeper strided kernels stay with
+// panels (3x3 s2 288->384 35x35: 12.1 -> 14.7 ms with wvec).
 int wvec_priority(const Node& n, const Target& t) {
+  if (phase_split(n)) return n.input(1)->constant().shape()[1] <= 4 ? 35 : 4;
   auto extent = wvec_extent(n, one_by_one(n));
   if (!one_by_one(n) || !extent || *extent < t.lanes()) return 4;
   int64_t vw = wvec_width(extent, t);

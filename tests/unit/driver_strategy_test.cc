@@ -242,6 +242,11 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
       // Output channels not a multiple of the panel width: zero-padded panels.
       {Shape{1, 16, 13, 13}, {1000 / 8, 16, 1, 1}, 1, 0, {1, 16, 13, 13}},
       {Shape{1, 9, 8, 8}, {24, 9, 3, 3}, 2, 1, {1, 9, 8, 8}},
+      // Image stems strided along the width (conv.wvec reads a phase-split
+      // copy): odd planes, stride 3, a symbolic plane.
+      {Shape{1, 3, 15, 19}, {8, 3, 3, 3}, 2, 1, {1, 3, 15, 19}},
+      {Shape{1, 2, 13, 23}, {16, 2, 5, 5}, 3, 2, {1, 2, 13, 23}},
+      {Shape{1, 3, var("h"), var("w")}, {16, 3, 7, 7}, 2, 3, {1, 3, 9, 21}},
       // Long windows (conv.panels' knob ci: input channels innermost).
       {Shape{1, 9, 6, 13}, {16, 9, 1, 7}, 1, 3, {1, 9, 6, 13}},
       {Shape{1, 5, 11, 4}, {24, 5, 7, 1}, 1, 3, {1, 5, 11, 4}},
