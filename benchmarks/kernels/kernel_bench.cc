@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("conv 3x3 s2 288->384 35x35", 288, 384, 35, 3, 2, 1));
   cases.push_back(conv_case("conv 3x3 512->512 7x7", 512, 512, 7, 3, 1, 1));
   cases.push_back(conv_case("conv 1x1 2048->512 7x7", 2048, 512, 7, 1, 1, 1));
+  cases.push_back(conv_case("conv 1x1 256->512 7x7", 256, 512, 7, 1, 1, 1));
   cases.push_back(conv_case("conv 1x7 128->128 17x17", 128, 128, 17, 1, 7, 1, 1));
   cases.push_back(conv_case("conv 7x1 128->192 17x17", 128, 192, 17, 7, 1, 1, 1));
   cases.push_back(conv_case("conv 7x7 s2 3->64 224x224", 3, 64, 224, 7, 2, 1));
