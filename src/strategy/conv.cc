@@ -629,6 +629,7 @@ tir::KnobSpace depthwise_space(const Node&, const Target&) {
   tir::KnobSpace s;
   s.knobs.push_back(tir::Knob{"rows", {1, 2, 4, 5, 6, 7, 8}});
   s.knobs.push_back(tir::Knob{"inline_pad", {0, 1}});
+  s.knobs.push_back(tir::Knob{"vw", {8, 16, 32}});
   return s;
 }
 
@@ -659,11 +660,14 @@ tir::Knobs depthwise_defaults(const Node& n, const Target& t) {
   for (int64_t r : {4, 7, 6, 5})
     if (r * per_row <= t.accumulators()) tiles.emplace_back(r, 1.0);
   int64_t rows = h ? least_overlap_tile(*h, tiles) : 4;
-  return {{"rows", rows}, {"inline_pad", inline_pad}};
+  // vw: 16 lanes; 8 and 32 are in the space for a tuner: on a Zen 3 they
+  // won and lost by 10-30% case by case (vw 8 x 7 rows: 5x5 672ch 14x14 0.27
+  // -> 0.19 ms, 3x3 32ch 112x112 0.27 -> 0.23; 5x5 240ch 28x28 0.23 -> 0.30).
+  return {{"rows", rows}, {"inline_pad", inline_pad}, {"vw", 16}};
 }
 
 // Output axes [n, c, oh, ow], reduce [ci (1), kh, kw]: a tile of `rows`
-// output rows x 16 columns (vector lanes) per channel, walked row-major, the
+// output rows x vw columns (vector lanes; 16 without the knob) per channel, walked row-major, the
 // kernel window unrolled so the rows a tile shares are loaded once; parallel
 // over channels. inline_pad=1 reads the input through clamped loads instead
 // of a zero-padded copy made per call.
@@ -673,7 +677,7 @@ Result<tir::Schedule> depthwise_schedule(const tir::KernelDef& k, const std::str
   const tir::ComputeDef& st = *it;
   KILN_ASSIGN_OR_RETURN(int64_t rows, knob(knobs, "rows", "conv.depthwise"));
   bool inline_pad = knob_on(knobs, "inline_pad");
-  const int64_t lanes = 16;
+  const int64_t lanes = knobs.count("vw") ? knobs.at("vw") : 16;
   std::vector<tir::Primitive> prims;
   const std::string &n_ax = st.axes[0], &c_ax = st.axes[1], &h_ax = st.axes[2], &w_ax = st.axes[3];
   // Splits axis a by f unless one tile covers it; returns {outer (or empty), inner}.
