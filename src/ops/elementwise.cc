@@ -720,7 +720,9 @@ std::vector<Elementwise> elementwise_ops() {
   return ops;
 }
 
-// Dropout in inference mode: output 0 = input, optional output 1 (mask) all true.
+// Dropout in inference mode, or in training mode with a constant ratio of 0
+// (no element dropped, scale 1 / (1 - 0); some exporters emit it): output 0 =
+// input, optional output 1 (mask) all true.
 void register_dropout() {
   OpDef def;
   def.name = "Dropout";
@@ -731,7 +733,10 @@ void register_dropout() {
       if (!n.input(2)->is_constant()) return node_unsupported(n) << "training_mode that is not a constant";
       const Tensor& training = n.input(2)->constant();
       if (training.numel() > 0 && training.get_i64(0) != 0) {
-        return node_unsupported(n) << "training_mode=1 (only inference is supported)";
+        // Training: an identity only with a constant ratio of 0 (the default ratio is 0.5).
+        bool zero_ratio = has_input(n, 1) && n.input(1)->is_constant() && n.input(1)->constant().numel() == 1 &&
+                          n.input(1)->constant().get_f64(0) == 0;
+        if (!zero_ratio) return node_unsupported(n) << "training_mode=1 with a ratio that is not a constant 0";
       }
     }
     if (t.has_shape()) {

@@ -566,6 +566,38 @@ TEST(ElementwiseNumeric, DropoutIsIdentityWithTrueMask) {
   EXPECT_EQ(st.code(), StatusCode::kUnsupported);
 }
 
+// Training mode with a constant ratio of 0 drops nothing: an identity with an
+// all-true mask. Training without a ratio (0.5 by default) is unsupported.
+TEST(ElementwiseNumeric, TrainingDropoutWithZeroRatioIsIdentity) {
+  Tensor on(DType::kBool, {});
+  on.data_as<bool>()[0] = true;
+  {
+    auto g = new_graph();
+    Value* x = g->add_input("x", tt(DType::kFloat32, {2, 3}));
+    Value* training = g->add_constant("training", on);
+    Value* ratio = g->add_constant("ratio", make_tensor(DType::kFloat32, {}, {0.0}));
+    Node* d = g->add_node("Dropout", {x, ratio, training}, {"y", "mask"});
+    ASSERT_TRUE(testing::infer(*g).is_ok());
+    std::vector<double> in = ramp(6, -1, 1);
+    auto out = run_node(*g, *d, {make_tensor(DType::kFloat32, {2, 3}, in), ratio->constant(), on});
+    ASSERT_EQ(out.size(), 2u);
+    std::vector<double> want;
+    for (double v : in) want.push_back(static_cast<float>(v));
+    expect_close(out[0], want, 0, "training dropout y");
+    expect_close(out[1], {1, 1, 1, 1, 1, 1}, 0, "training dropout mask");
+  }
+  {
+    auto g = new_graph();
+    Value* x = g->add_input("x", tt(DType::kFloat32, {2, 3}));
+    Node* d = g->add_node("Dropout", {x, nullptr, g->add_constant("training", on)}, {"y"});
+    Status st = testing::infer(*g);
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+    EXPECT_NE(st.to_string().find("Dropout"), std::string::npos) << st.to_string();
+    (void)d;
+  }
+}
+
 TEST(ElementwiseRegistry, FlagsAndNames) {
   const OpDef* add = find_op("", "Add");
   ASSERT_NE(add, nullptr);
