@@ -408,7 +408,7 @@ Status run_rnn(const RnnAttrs& a, const std::vector<Tensor>& in, std::vector<Ten
 // 32 registers with one pass over the panel; with 16 registers a 256-byte
 // panel takes several passes, each reading a quarter of every row (strided
 // lines the prefetcher follows badly), so those targets pack 64 bytes.
-constexpr int64_t kPanelBytes[] = {64, 256};
+constexpr int64_t kPanelBytes[] = {64, 256};  // gate_panel_any instantiates each
 constexpr int64_t kMaxPanelBytes = 256;
 
 // acc[g][0 .. pw) += sum over k of h[k] * panel[k][g0 + g][..], k ascending,
@@ -448,16 +448,19 @@ inline __attribute__((always_inline)) void gate_panel(T* acc, const T* panel, in
 
 // VB-byte vectors; 32 registers (AVX-512): all 4 vectors of every gate at
 // once (16 accumulators); 16 registers: 8 to 12 accumulators per pass.
+constexpr int vectors_per_pass(int ng, int vectors, bool wide) {
+  return wide ? vectors : std::min(vectors, ng == 1 ? 8 : ng == 4 ? 2 : 4);
+}
 template <typename T, int PB, int VB>
 inline __attribute__((always_inline)) void gate_panel_pb(T* acc, int ng, const T* panel, int64_t row_stride,
                                                          const T* h, int64_t hidden) {
   constexpr int kVectors = PB / VB;
-  constexpr int kWide = VB == 64;
+  constexpr bool kWide = VB == 64;
   switch (ng) {
-    case 1: gate_panel<T, PB, 1, VB, kWide ? kVectors : std::min(kVectors, 8)>(acc, panel, row_stride, h, hidden); break;
-    case 2: gate_panel<T, PB, 2, VB, kWide ? kVectors : std::min(kVectors, 4)>(acc, panel, row_stride, h, hidden); break;
-    case 3: gate_panel<T, PB, 3, VB, kWide ? kVectors : std::min(kVectors, 4)>(acc, panel, row_stride, h, hidden); break;
-    default: gate_panel<T, PB, 4, VB, kWide ? kVectors : std::min(kVectors, 2)>(acc, panel, row_stride, h, hidden); break;
+    case 1: gate_panel<T, PB, 1, VB, vectors_per_pass(1, kVectors, kWide)>(acc, panel, row_stride, h, hidden); break;
+    case 2: gate_panel<T, PB, 2, VB, vectors_per_pass(2, kVectors, kWide)>(acc, panel, row_stride, h, hidden); break;
+    case 3: gate_panel<T, PB, 3, VB, vectors_per_pass(3, kVectors, kWide)>(acc, panel, row_stride, h, hidden); break;
+    default: gate_panel<T, PB, 4, VB, vectors_per_pass(4, kVectors, kWide)>(acc, panel, row_stride, h, hidden); break;
   }
 }
 // Panels of pb bytes, one of kPanelBytes (each at least one vector of VB bytes).
@@ -498,7 +501,8 @@ Isa host_isa() {
 #endif
 }
 
-void gate_panel_dispatch(float* acc, int ng, int64_t pb, const float* panel, int64_t row_stride, const float* h, int64_t hidden) {
+void gate_panel_dispatch(float* acc, int ng, int64_t pb, const float* panel, int64_t row_stride, const float* h,
+                         int64_t hidden) {
   switch (host_isa()) {
 #if defined(__x86_64__)
     case Isa::kAvx512: return gate_panel_f32_avx512(acc, ng, pb, panel, row_stride, h, hidden);
@@ -507,8 +511,8 @@ void gate_panel_dispatch(float* acc, int ng, int64_t pb, const float* panel, int
     default: return gate_panel_f32_base(acc, ng, pb, panel, row_stride, h, hidden);
   }
 }
-void gate_panel_dispatch(double* acc, int ng, int64_t pb, const double* panel, int64_t row_stride, const double* h,
-                         int64_t hidden) {
+void gate_panel_dispatch(double* acc, int ng, int64_t pb, const double* panel, int64_t row_stride,
+                         const double* h, int64_t hidden) {
   switch (host_isa()) {
 #if defined(__x86_64__)
     case Isa::kAvx512: return gate_panel_f64_avx512(acc, ng, pb, panel, row_stride, h, hidden);

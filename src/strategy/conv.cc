@@ -667,9 +667,9 @@ tir::Knobs depthwise_defaults(const Node& n, const Target& t) {
 }
 
 // Output axes [n, c, oh, ow], reduce [ci (1), kh, kw]: a tile of `rows`
-// output rows x vw columns (vector lanes; 16 without the knob) per channel, walked row-major, the
-// kernel window unrolled so the rows a tile shares are loaded once; parallel
-// over channels. inline_pad=1 reads the input through clamped loads instead
+// output rows x vw columns (vector lanes; 16 without the knob) per channel,
+// walked row-major, the kernel window unrolled so the rows a tile shares are
+// loaded once; parallel over channels. inline_pad=1 reads the input through clamped loads instead
 // of a zero-padded copy made per call.
 Result<tir::Schedule> depthwise_schedule(const tir::KernelDef& k, const std::string& stage, const tir::Knobs& knobs) {
   auto it = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& s) { return s.name == stage; });

@@ -375,6 +375,19 @@ TEST(StrategySelection, BadRecordedChoicesAreErrors) {
   st = compile_with({{"kiln_impl", "conv.panels"}}, std::nullopt, random_tensor({8, 32}, 3));
   EXPECT_NE(st.to_string().find("implementation 'conv.panels' is for Conv"), std::string::npos) << st.to_string();
   EXPECT_TRUE(compile_with({{"kiln_weight_layout", "P16"}}, 20, random_tensor({2, 8, 16}, 4)).is_ok());
+
+  // kiln_phase_split on a convolution that is not strided along the width.
+  ConvCase c{Shape{1, 3, 9, 9}, {8, 3, 3, 3}, 1, 1, {1, 3, 9, 9}};
+  auto g = conv_graph(c, random_tensor(c.w, 5), random_tensor({8}, 6));
+  Attribute split;
+  split.kind = Attribute::Kind::kInt;
+  split.i = 1;
+  g->nodes()[0]->set_attr("kiln_phase_split", split);
+  CompileOptions opts;
+  opts.passes = std::vector<std::string>{};
+  st = compile_graph(std::move(g), opts).status();
+  EXPECT_NE(st.to_string().find("kiln_phase_split needs a 2-D kernel strided along the width"), std::string::npos)
+      << st.to_string();
 }
 
 TEST(StrategyCandidates, KnobSpacesSampleAndParse) {
