@@ -190,6 +190,15 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("conv 3x3 32->64 147x147", 32, 64, 147, 3, 1, 1));
   cases.push_back(conv_case("conv 3x3 s2 288->384 35x35", 288, 384, 35, 3, 2, 1));
   cases.push_back(conv_case("conv 3x3 512->512 7x7", 512, 512, 7, 3, 1, 1));
+  // 3x3 stride-1 shapes of the zoo for conv.winograd's rule: resnet's 28x28,
+  // squeezenet's expand, densenet's growth, inception's 35x35 and 8x8.
+  cases.push_back(conv_case("conv 3x3 128->128 28x28", 128, 128, 28, 3, 1, 1));
+  cases.push_back(conv_case("conv 3x3 16->64 55x55", 16, 64, 55, 3, 1, 1));
+  cases.push_back(conv_case("conv 3x3 64->256 13x13", 64, 256, 13, 3, 1, 1));
+  cases.push_back(conv_case("conv 3x3 128->32 28x28", 128, 32, 28, 3, 1, 1));
+  cases.push_back(conv_case("conv 3x3 128->32 7x7", 128, 32, 7, 3, 1, 1));
+  cases.push_back(conv_case("conv 3x3 64->96 35x35", 64, 96, 35, 3, 1, 1));
+  cases.push_back(conv_case("conv 3x3 448->384 8x8", 448, 384, 8, 3, 1, 1));
   cases.push_back(conv_case("conv 1x1 2048->512 7x7", 2048, 512, 7, 1, 1, 1));
   cases.push_back(conv_case("conv 1x1 256->512 7x7", 256, 512, 7, 1, 1, 1));
   cases.push_back(conv_case("conv 1x7 128->128 17x17", 128, 128, 17, 1, 7, 1, 1));

@@ -23,12 +23,26 @@
 // by conv.wvec) copies the zero-padded input with its columns split by phase,
 // [N, C, H, SW, ceil(W / SW)] (column SW*j + q at [.., q, j]), so that tap kw
 // of consecutive output columns reads consecutive elements of phase kw mod SW.
+//
+// "W<m>P<mr>" (conv.winograd; a 2-D 3x3 kernel, stride and dilation 1, one
+// group) stores the Winograd-transformed weight U = G w GT (tir/winograd.h)
+// as [m + 2, m + 2, ceil(O / mr), I, mr], and the convolution lowers to
+// F(m x m, 3 x 3) in five stages: a zero-padded copy of the input with its
+// columns split by phase m ([N, C, TH*m + 2, m, TW + 1], TH x TW tiles of m x
+// m outputs); the input transform V = BT d B ([N, a, a, C, TH, TW], a = m +
+// 2); a^2 products M = U V over the input channels ([N, a, a, O, TH, TW]); the
+// output transform AT M A ([N, O, TH, m, m, TW]); and the output, its tiles
+// read back into rows (plus the bias). Each transform is written out term by
+// term with its constant coefficients, so unrolling the position axes leaves
+// only the non-zero terms.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "ops/common.h"
+#include "tir/winograd.h"
 
 namespace kiln::ops {
 
@@ -85,13 +99,45 @@ namespace {
 // An index into an input dim of extent `extent`, clamped into range.
 Expr clamp_index(const Expr& i, const Expr& extent) { return max(min(i, extent - 1), Expr(0)); }
 
+// Output channels of weights stored in `panels` panels of nr: panels * nr,
+// or kiln_out_channels where the last panel is zero-padded past O.
+Result<Expr> panel_out_channels(const Node& n, const Expr& panels, int64_t nr) {
+  if (!n.has_attr("kiln_out_channels")) return panels * Expr(nr);
+  int64_t c = n.attr_int("kiln_out_channels", 0);
+  auto count = panels.as_const();
+  if (!count || c <= (*count - 1) * nr || c > *count * nr)
+    return node_invalid(n) << "kiln_out_channels " << c << " does not fit the weight's " << (count ? *count : 0)
+                           << " panels of " << nr;
+  return Expr(c);
+}
+
 // The weight's dims in ONNX order [O, I, k...], whatever its stored layout.
 // `packed` says how it is stored: 0 as ONNX has it, -1 as [I, KH, KW, O]
 // ("IHWO"), nr > 0 as panels of nr output channels [O / nr, I, KH, KW, nr] ("P<nr>").
-Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr>& w, int64_t& packed) {
+// With wino_m set, "W<m>P<mr>": Winograd weights [m+2, m+2, ceil(O / mr), I, mr]
+// (packed = mr).
+Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr>& w, int64_t& packed,
+                                           int64_t* wino_m = nullptr) {
   packed = 0;
+  if (wino_m) *wino_m = 0;
   if (!n.has_attr("kiln_weight_layout")) return w;
   std::string layout = n.attr_string("kiln_weight_layout", "");
+  if (size_t p = layout.find('P'); layout.size() >= 4 && layout.size() < 10 && layout[0] == 'W' && p != std::string::npos &&
+                                   p > 1 && p + 1 < layout.size() &&
+                                   layout.find_first_not_of("0123456789", 1) == p &&
+                                   layout.find_first_not_of("0123456789", p + 1) == std::string::npos) {
+    int64_t m = std::stoll(layout.substr(1, p - 1)), mr = std::stoll(layout.substr(p + 1));
+    const tir::WinogradMatrices* t = tir::winograd_matrices(m);
+    auto a0 = w.size() == 5 ? w[0].as_const() : std::nullopt, a1 = w.size() == 5 ? w[1].as_const() : std::nullopt;
+    if (t == nullptr || mr <= 0 || w.size() != 5 || n.attr_int("group", 1) != 1 || a0 != t->alpha || a1 != t->alpha) {
+      return node_invalid(n) << "kiln_weight_layout " << layout
+                             << " needs m = 2 or 4, one group and weights [m+2, m+2, O/mr, I, mr]";
+    }
+    packed = mr;
+    if (wino_m) *wino_m = m;
+    KILN_ASSIGN_OR_RETURN(Expr out_channels, panel_out_channels(n, w[2], mr));
+    return std::vector<Expr>{out_channels, w[3], Expr(3), Expr(3)};
+  }
   if (layout == "IHWO") {
     if (w.size() != 4 || n.attr_int("group", 1) != 1) {
       return node_invalid(n) << "kiln_weight_layout IHWO needs a 2-D convolution with one group";
@@ -107,16 +153,7 @@ Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr
                              << " needs a 2-D convolution with one group and weights [O/nr, I, KH, KW, nr]";
     }
     packed = nr;
-    // Panels zero-padded past O: the true O is kept in kiln_out_channels.
-    Expr out_channels = w[0] * Expr(nr);
-    if (n.has_attr("kiln_out_channels")) {
-      int64_t c = n.attr_int("kiln_out_channels", 0);
-      auto panels = w[0].as_const();
-      if (!panels || c <= (*panels - 1) * nr || c > *panels * nr)
-        return node_invalid(n) << "kiln_out_channels " << c << " does not fit the weight's " << (panels ? *panels : 0)
-                               << " panels of " << nr;
-      out_channels = Expr(c);
-    }
+    KILN_ASSIGN_OR_RETURN(Expr out_channels, panel_out_channels(n, w[0], nr));
     return std::vector<Expr>{out_channels, w[1], w[2], w[3]};
   }
   return node_invalid(n) << "unknown kiln_weight_layout '" << layout << "'";
@@ -130,7 +167,7 @@ Status infer_conv(Node& n, InferContext& ctx) {
   int64_t group = n.attr_int("group", 1);
   if (group <= 0) return node_invalid(n) << "group must be positive";
   int64_t packed = 0;
-  KILN_ASSIGN_OR_RETURN(std::vector<Expr> w, conv_weight_dims(n, stored_w, packed));
+  KILN_ASSIGN_OR_RETURN(std::vector<Expr> w, conv_weight_dims(n, stored_w, packed, nullptr));
   if (w.size() != x.size()) {
     return node_invalid(n) << "weight rank " << w.size() << " != input rank " << x.size();
   }
@@ -155,17 +192,121 @@ Status infer_conv(Node& n, InferContext& ctx) {
   return Status::ok();
 }
 
+// Sum over i, j < width of left[lr, i] * right[rr, j] * term(i, j) (rows of
+// two row-major matrices `width` wide), the zero coefficients left out.
+Expr transform_sum(const std::vector<double>& left, int64_t lr, const std::vector<double>& right, int64_t rr,
+                   int64_t width, DType dtype, const std::function<Expr(int64_t, int64_t)>& term) {
+  Expr sum;
+  for (int64_t i = 0; i < width; ++i) {
+    double ci = left[static_cast<size_t>(lr * width + i)];
+    if (ci == 0) continue;
+    for (int64_t j = 0; j < width; ++j) {
+      double cj = right[static_cast<size_t>(rr * width + j)];
+      if (cj == 0) continue;
+      double c = ci * cj;
+      Expr t = term(i, j);
+      if (sum.defined() && (c == 1 || c == -1)) {
+        sum = c == 1 ? sum + t : sum - t;
+      } else {
+        if (c != 1) t = const_of(dtype, c) * t;
+        sum = sum.defined() ? sum + t : t;
+      }
+    }
+  }
+  return sum.defined() ? sum : const_of(dtype, 0);
+}
+
+// select(p == 0, value(0), select(p == 1, value(1), ... value(count - 1))).
+Expr select_by(const Expr& p, int64_t count, const std::function<Expr(int64_t)>& value) {
+  Expr e = value(count - 1);
+  for (int64_t k = count - 2; k >= 0; --k) e = select(eq(p, Expr(k)), value(k), e);
+  return e;
+}
+
+// F(m x m, 3 x 3) (kiln_weight_layout "W<m>P<mr>"; see the file comment).
+Result<std::vector<tir::ComputeDef>> lower_winograd(const Node& n, LowerContext& ctx, const ConvGeometry& g,
+                                                    const std::vector<Expr>& wd, int64_t m, int64_t mr) {
+  const tir::Buffer& x = ctx.inputs[0];
+  const tir::Buffer& y = ctx.outputs[0];
+  const tir::WinogradMatrices& t = *tir::winograd_matrices(m);
+  const int64_t a = t.alpha;
+  if (g.kernel.size() != 2 || g.kernel[0].as_const() != 3 || g.kernel[1].as_const() != 3 || g.stride[0] != 1 ||
+      g.stride[1] != 1 || g.dilation[0] != 1 || g.dilation[1] != 1 || n.attr_int("group", 1) != 1)
+    return node_invalid(n) << "Winograd weights (kiln_weight_layout W" << m << "P" << mr
+                           << ") need a 2-D 3x3 kernel with stride 1, dilation 1 and one group";
+  const DType dt = y.dtype;
+  Expr th_n = simplify(floordiv(g.out[0] + (m - 1), Expr(m)));
+  Expr tw_n = simplify(floordiv(g.out[1] + (m - 1), Expr(m)));
+  const Expr& channels = wd[1];
+  std::vector<tir::ComputeDef> stages;
+  // The zero-padded input, columns split by phase: column m*j + q at [.., q, j].
+  {
+    std::vector<std::string> ax = fresh_axes(ctx, 5, "p");
+    std::vector<Expr> v = axis_vars(ax);
+    Expr ph = v[2] - g.pad_begin[0], pw = v[4] * m + v[3] - g.pad_begin[1];
+    Expr valid = logical_and(logical_and(le(Expr(0), ph), lt(ph, g.in[0])), logical_and(le(Expr(0), pw), lt(pw, g.in[1])));
+    Expr src = ctx.load_input(0, {v[0], v[1], clamp_index(ph, g.in[0]), clamp_index(pw, g.in[1])});
+    stages.push_back(make_stage(y.name + ".pad", dt, ax, {x.shape[0], x.shape[1], simplify(th_n * m + 2), Expr(m), simplify(tw_n + 1)},
+                                select(valid, src, const_of(dt, 0))));
+  }
+  const tir::ComputeDef pad = stages.back();
+  // V[n, ξ, ν, c, th, tw] = (BT d B)[ξ, ν], d the input tile at (th, tw).
+  {
+    std::vector<std::string> ax = fresh_axes(ctx, 6, "v");
+    std::vector<Expr> v = axis_vars(ax);
+    auto d = [&](int64_t i, int64_t j) {
+      return stage_load(pad, {v[0], v[3], v[4] * m + i, Expr(j % m), v[5] + j / m});
+    };
+    Expr body = select_by(v[1], a, [&](int64_t xi) {
+      return select_by(v[2], a, [&](int64_t nu) { return transform_sum(t.bt, xi, t.bt, nu, a, dt, d); });
+    });
+    stages.push_back(make_stage(y.name + ".wi", dt, ax, {x.shape[0], Expr(a), Expr(a), channels, th_n, tw_n}, body));
+  }
+  const tir::ComputeDef vin = stages.back();
+  // M[n, ξ, ν, o, th, tw] = sum over c of U[ξ, ν, o / mr, c, o % mr] V[n, ξ, ν, c, th, tw].
+  {
+    std::vector<std::string> ax = fresh_axes(ctx, 6, "i");
+    std::vector<Expr> v = axis_vars(ax);
+    std::vector<std::string> rax = fresh_axes(ctx, 1, "k");
+    Expr c = axis_vars(rax)[0];
+    Expr body = ctx.load_input(1, {v[1], v[2], floordiv(v[3], Expr(mr)), c, mod(v[3], Expr(mr))}) *
+                stage_load(vin, {v[0], v[1], v[2], c, v[4], v[5]});
+    stages.push_back(make_reduce_stage(y.name + ".wm", dt, ax, {x.shape[0], Expr(a), Expr(a), wd[0], th_n, tw_n}, rax,
+                                       {channels}, tir::Combiner::kSum, const_of(dt, 0), body));
+  }
+  const tir::ComputeDef prod = stages.back();
+  // Z[n, o, th, r, s, tw] = (AT M A)[r, s].
+  {
+    std::vector<std::string> ax = fresh_axes(ctx, 6, "z");
+    std::vector<Expr> v = axis_vars(ax);
+    auto mv = [&](int64_t xi, int64_t nu) { return stage_load(prod, {v[0], Expr(xi), Expr(nu), v[1], v[2], v[5]}); };
+    Expr body = select_by(v[3], m, [&](int64_t r) {
+      return select_by(v[4], m, [&](int64_t s) { return transform_sum(t.at, r, t.at, s, a, dt, mv); });
+    });
+    stages.push_back(make_stage(y.name + ".wo", dt, ax, {x.shape[0], wd[0], th_n, Expr(m), Expr(m), tw_n}, body));
+  }
+  const tir::ComputeDef tiles = stages.back();
+  std::vector<std::string> ax = fresh_axes(ctx, 4, "i");
+  std::vector<Expr> v = axis_vars(ax);
+  Expr body = stage_load(tiles, {v[0], v[1], floordiv(v[2], Expr(m)), mod(v[2], Expr(m)), mod(v[3], Expr(m)),
+                                 floordiv(v[3], Expr(m))});
+  if (has_input(n, 2)) body = body + ctx.load_input(2, {v[1]});
+  stages.push_back(make_stage(y.name, dt, ax, y.shape, body));
+  return stages;
+}
+
 Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx) {
   const tir::Buffer& x = ctx.inputs[0];
   const tir::Buffer& w = ctx.inputs[1];
   const tir::Buffer& y = ctx.outputs[0];
   size_t rank = x.shape.size() - 2;
-  int64_t packed = 0;
-  KILN_ASSIGN_OR_RETURN(std::vector<Expr> wd, conv_weight_dims(n, w.shape, packed));
+  int64_t packed = 0, wino_m = 0;
+  KILN_ASSIGN_OR_RETURN(std::vector<Expr> wd, conv_weight_dims(n, w.shape, packed, &wino_m));
   std::vector<Expr> kernel(wd.begin() + 2, wd.end());
   Shape xs(x.shape.begin(), x.shape.end());
   KILN_ASSIGN_OR_RETURN(ConvGeometry g, conv_geometry(n, xs, kernel, {}));
   int64_t group = n.attr_int("group", 1);
+  if (wino_m > 0) return lower_winograd(n, ctx, g, wd, wino_m, packed);
 
   std::vector<std::string> axes = fresh_axes(ctx, rank + 2, "i");
   std::vector<Expr> iv = axis_vars(axes);

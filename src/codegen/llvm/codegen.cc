@@ -544,6 +544,7 @@ llvm::Value* Emitter::emit_logical(const Expr& e) {
 llvm::Value* Emitter::emit_select(const Expr& e) {
   llvm::Value* cond = emit_as(e->args[0], DType::kBool);
   DType t = e.dtype();
+  if (auto* k = llvm::dyn_cast<llvm::ConstantInt>(cond)) return emit_as(e->args[k->isOne() ? 1 : 2], t);
   if (!may_trap(e->args[1]) && !may_trap(e->args[2]))
     return b_.CreateSelect(cond, emit_as(e->args[1], t), emit_as(e->args[2], t));
   // An arm with a load is only evaluated when chosen (it may be out of bounds otherwise).
@@ -1289,13 +1290,17 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
     case ExprKind::kNot:
       return b_.CreateNot(splat(emit_w(n.args[0])));
     case ExprKind::kSelect: {
-      if (!depends(n.args[0]) && (may_trap(n.args[1]) || may_trap(n.args[2]))) {
+      if (!depends(n.args[0])) {
+        auto arm = [&](const Expr& a) { return splat(convert(splat(emit_w(a)), a.dtype(), n.dtype)); };
+        llvm::Value* cond = emit_as(n.args[0], DType::kBool);
+        // A condition on unrolled loop variables (a Winograd transform's
+        // tile position) is a constant: only its arm is emitted.
+        if (auto* k = llvm::dyn_cast<llvm::ConstantInt>(cond)) return arm(k->isOne() ? n.args[1] : n.args[2]);
         // The same arm for every lane (a Concat's part, chosen by an outer
         // loop): a branch evaluates only that arm, instead of masked loads of
         // every part for every vector.
-        auto arm = [&](const Expr& a) { return splat(convert(splat(emit_w(a)), a.dtype(), n.dtype)); };
-        return branch_select(emit_as(n.args[0], DType::kBool), [&] { return arm(n.args[1]); },
-                             [&] { return arm(n.args[2]); });
+        if (may_trap(n.args[1]) || may_trap(n.args[2]))
+          return branch_select(cond, [&] { return arm(n.args[1]); }, [&] { return arm(n.args[2]); });
       }
       llvm::Value* c = splat(emit_w(n.args[0]));
       // An arm's loads read only the lanes that take the arm (as the scalar
