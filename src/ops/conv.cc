@@ -23,6 +23,11 @@
 // by conv.wvec) copies the zero-padded input with its columns split by phase,
 // [N, C, H, SW, ceil(W / SW)] (column SW*j + q at [.., q, j]), so that tap kw
 // of consecutive output columns reads consecutive elements of phase kw mod SW.
+// The int attribute kiln_channels_last = 1 (2-D, one group; set by
+// conv.panels' knob cl) copies the zero-padded input channels-last, [N, H, W,
+// C], so that the reduction's consecutive input channels are consecutive
+// elements (one cache line serves 16 of a tile's broadcasts, where NCHW puts
+// each in another plane).
 //
 // "W<m>P<mr>" (conv.winograd; a 2-D 3x3 kernel, stride and dilation 1, one
 // group) stores the Winograd-transformed weight U = G w GT (tir/winograd.h)
@@ -329,7 +334,11 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
   bool phase_split = n.attr_int("kiln_phase_split", 0) != 0;
   if (phase_split && (subsample || rank != 2 || g.stride[1] < 2 || g.dilation[1] != 1))
     return node_invalid(n) << "kiln_phase_split needs a 2-D kernel strided along the width, dilation 1 there";
-  bool copy = g.may_pad || subsample || phase_split;
+  bool channels_last = n.attr_int("kiln_channels_last", 0) != 0;
+  if (channels_last && (subsample || phase_split || rank != 2 || group != 1))
+    return node_invalid(n) << "kiln_channels_last needs a 2-D convolution with one group, without "
+                              "kiln_subsample or kiln_phase_split";
+  bool copy = g.may_pad || subsample || phase_split || channels_last;
   for (size_t d = 0; d < rank; ++d) {
     Expr pos = iv[d + 2] * g.stride[d] + rv[d + 1] * g.dilation[d];
     if (phase_split && d == 1) {
@@ -369,6 +378,12 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
       Expr ok = logical_and(le(Expr(0), pos), lt(pos, g.in[d]));
       valid = valid.defined() ? logical_and(valid, ok) : ok;
       src.push_back(clamp_index(pos, g.in[d]));
+    }
+    if (channels_last) {
+      // [N, H, W, C]: the channels of one input position are contiguous.
+      std::rotate(pshape.begin() + 1, pshape.begin() + 2, pshape.end());
+      std::rotate(paxes.begin() + 1, paxes.begin() + 2, paxes.end());
+      std::rotate(x_idx.begin() + 1, x_idx.begin() + 2, x_idx.end());
     }
     stages.push_back(make_stage(y.name + ".pad", y.dtype, paxes, pshape,
                                 select(valid, ctx.load_input(0, src), const_of(y.dtype, 0))));

@@ -258,6 +258,9 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
       // Winograd (3x3, stride 1): tiles past the plane's edge on both axes
       // (13 and 11 are not multiples of 2 or 4), 24 output channels.
       {Shape{1, 32, 13, 11}, {24, 32, 3, 3}, 1, 1, {1, 32, 13, 11}},
+      // Strided with 16 or more input channels (conv.panels' channels-last
+      // copy by default with 16 registers), a symbolic plane.
+      {Shape{1, 19, var("h"), var("w")}, {16, 19, 3, 3}, 2, 1, {1, 19, 10, 13}},
       // Image stems strided along the width (conv.wvec reads a phase-split
       // copy): odd planes, stride 3, a symbolic plane.
       {Shape{1, 3, 15, 19}, {8, 3, 3, 3}, 2, 1, {1, 3, 15, 19}},
@@ -327,12 +330,12 @@ TEST(StrategySelection, MeasureAndPrefer) {
   ASSERT_TRUE(panels.is_ok()) << panels.status().to_string();
   for (const KernelChoiceInfo& k : panels->kernel_choices)
     // rows and prefetch keep their defaults (rows 0: these weights, 4608 elements, outweigh the 3136 of the input).
-    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels ci=0 mr=2 nr=16 prefetch=1 rows=0");
+    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels ci=0 cl=0 mr=2 nr=16 prefetch=1 rows=0");
   prefer.prefer_impls = {"conv.panels:rows=1"};
   auto rows = compile_graph(conv_graph(c, w, bias), prefer);
   ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
   for (const KernelChoiceInfo& k : rows->kernel_choices)
-    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels ci=0 mr=7 nr=32 prefetch=1 rows=1");  // mr: 7 of the 14-wide rows
+    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels ci=0 cl=0 mr=7 nr=32 prefetch=1 rows=1");  // mr: 7 of the 14-wide rows
 
   // Knobs outside the candidate's space (mr = 9; a knob it does not have) are
   // an error naming the node, not a silent fall back to the priority choice.
@@ -424,6 +427,15 @@ TEST(StrategySelection, BadRecordedChoicesAreErrors) {
     EXPECT_NE(st.to_string().find(layout), std::string::npos) << st.to_string();
   }
   EXPECT_TRUE(winograd("W2P8", {4, 4, 1, 3, 8}, 1).is_ok());
+  // kiln_channels_last with a phase-split copy (two layouts of one copy).
+  {
+    ConvCase cc{Shape{1, 3, 9, 9}, {8, 3, 3, 3}, 2, 1, {1, 3, 9, 9}};
+    auto cg = conv_graph(cc, random_tensor(cc.w, 9), random_tensor({8}, 10));
+    cg->nodes()[0]->set_attr("kiln_channels_last", split);
+    cg->nodes()[0]->set_attr("kiln_phase_split", split);
+    st = compile_graph(std::move(cg), opts).status();
+    EXPECT_NE(st.to_string().find("kiln_channels_last needs"), std::string::npos) << st.to_string();
+  }
   st = winograd("W2P8", {4, 4, 1, 3, 8}, 2);  // strided
   EXPECT_NE(st.to_string().find("need a 2-D 3x3 kernel with stride 1"), std::string::npos) << st.to_string();
 }
