@@ -177,6 +177,8 @@ int main(int argc, char** argv) {
   cases.push_back(matmul_case(1, 768, 50257));
   cases.push_back(conv_case("conv 3x3 64->64 56x56", 64, 64, 56, 3, 1, 1));
   cases.push_back(conv_case("conv 3x3 s2 64->128 56x56", 64, 128, 56, 3, 2, 1));
+  cases.push_back(conv_case("conv 3x3 s2 256->256 28x28", 256, 256, 28, 3, 2, 1));
+  cases.push_back(conv_case("conv 3x3 s2 512->512 14x14", 512, 512, 14, 3, 2, 1));
   cases.push_back(conv_case("conv 1x1 256->64 56x56", 256, 64, 56, 1, 1, 1));
   cases.push_back(conv_case("conv 1x1 64->256 56x56", 64, 256, 56, 1, 1, 1));
   cases.push_back(conv_case("conv 1x1 512->128 28x28", 512, 128, 28, 1, 1, 1));
@@ -201,6 +203,9 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("conv 3x3 448->384 8x8", 448, 384, 8, 3, 1, 1));
   cases.push_back(conv_case("conv 1x1 2048->512 7x7", 2048, 512, 7, 1, 1, 1));
   cases.push_back(conv_case("conv 1x1 256->512 7x7", 256, 512, 7, 1, 1, 1));
+  cases.push_back(conv_case("conv 1x1 512->2048 7x7", 512, 2048, 7, 1, 1, 1));
+  cases.push_back(conv_case("conv 1x1 960->160 7x7", 960, 160, 7, 1, 1, 1));
+  cases.push_back(conv_case("conv 1x1 1024->128 7x7", 1024, 128, 7, 1, 1, 1));
   cases.push_back(conv_case("conv 1x7 128->128 17x17", 128, 128, 17, 1, 7, 1, 1));
   cases.push_back(conv_case("conv 7x1 128->192 17x17", 128, 192, 17, 7, 1, 1, 1));
   cases.push_back(conv_case("conv 7x7 s2 3->64 224x224", 3, 64, 224, 7, 2, 1));

@@ -211,6 +211,22 @@ bool long_window(const Node& n) {
   return ws[2] >= 5 || ws[3] >= 5 || (ws[3] == 1 && ws[2] > 1);
 }
 
+// A stride-1 1x1 kernel on a plane of at most 64 positions (7x7, 8x8) with
+// at least 512 input and 160 output channels, on a 16-register target:
+// conv.panels over a channels-last copy (knob cl) beats conv.wvec, whose
+// vectors along the plane leave a ragged last one and whose weights are
+// broadcast one at a time. kernel_bench on a Zen 3 (1 thread, wvec ->
+// panels cl=1): 512->2048 7x7 2.22 -> 1.41 ms, 2048->512 2.51 -> 1.91,
+// 960->160 0.40 -> 0.23; it lost on 1024->128 (0.21 -> 0.23) and 256->512
+// (0.22 -> 0.29), hence the channel limits.
+bool deep_small_plane_one_by_one(const Node& n, const Target& t) {
+  if (t.vector_registers > 16 || !one_by_one(n) || strided_one_by_one(n)) return false;
+  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  const Shape& ys = *n.output(0)->type().shape;
+  auto h = ys[2].as_const(), w = ys[3].as_const();
+  return h && w && *h * *w <= 64 && ws[0] >= 160 && ws[1] >= 512;
+}
+
 tir::KnobSpace panels_space(const Node& n, const Target& t) {
   int64_t o = out_channels(n);
   const int64_t lanes = t.lanes(), acc = t.accumulators();
@@ -293,19 +309,27 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
                   {"prefetch", 1},
                   {"ci", channels_inner ? 1 : 0}};
   // cl: a channels-last copy of the input (Conv attribute kiln_channels_last)
-  // for kernels strided along the width and long windows, at least 16 input
-  // channels: consecutive input channels of the reduction are then one cache
-  // line instead of 16 planes. Measured with kernel_bench on a Zen 3 (1
-  // thread, cl 0 -> 1, other knobs at their defaults): 3x3 s2 288->384 35x35
-  // 13.3 -> 10.9 ms, 3x3 s2 64->128 56x56 1.96 -> 1.76, 1x7 128->128 17x17
-  // 0.90 -> 0.82, 7x1 128->192 17x17 1.52 -> 1.37; stride-1 3x3 kernels lost
-  // (their 8-column tiles reuse each broadcast across taps: 512->512 7x7 3.5
-  // -> 6.8 ms, 64->64 56x56 3.1 -> 3.4). Not measured with 32 registers.
+  // for kernels strided along the width with outputs wider than 14 and for
+  // long windows, at least 16 input channels: consecutive input channels of
+  // the reduction are then one cache line instead of 16 planes. Measured with
+  // kernel_bench on a Zen 3 (1 thread, cl 0 -> 1, other knobs at their
+  // defaults): 3x3 s2 288->384 35x35 13.3 -> 10.9 ms and 15.2 -> 10.7, 3x3
+  // s2 64->128 56x56 1.96 -> 1.76 (later runs within noise), 1x7 128->128
+  // 17x17 0.90 -> 0.82, 7x1 128->192 17x17 1.52 -> 1.37. Narrow strided
+  // outputs (7-column tiles of one vector) did not gain: 3x3 s2 256->256
+  // 28x28 3.78 -> 3.80, 512->512 14x14 4.68 -> 5.21 (22.1 before the copy's
+  // channels were padded off a 4 KB stride). Stride-1 3x3 kernels lost (their
+  // 8-column tiles reuse each broadcast across taps: 512->512 7x7 3.5 -> 6.8
+  // ms, 64->64 56x56 3.1 -> 3.4). Not measured with 32 registers.
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
   std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
   bool strided_row = strides.size() == 2 && strides[1] > 1;
   if (strided_one_by_one(n)) k["subsample"] = 1;
-  else k["cl"] = few_registers && !one_by_one(n) && ws[1] >= 16 && (strided_row || channels_inner) ? 1 : 0;
+  else k["cl"] = (few_registers && !one_by_one(n) && ws[1] >= 16 &&
+                  ((strided_row && width && *width > 14) || channels_inner)) ||
+                         deep_small_plane_one_by_one(n, t)
+                     ? 1
+                     : 0;
   return k;
 }
 
@@ -543,7 +567,7 @@ Status wvec_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
 int wvec_priority(const Node& n, const Target& t) {
   if (phase_split(n)) return n.input(1)->constant().shape()[1] <= 4 ? 35 : 4;
   auto extent = wvec_extent(n, one_by_one(n));
-  if (!one_by_one(n) || !extent || *extent < t.lanes()) return 4;
+  if (!one_by_one(n) || !extent || *extent < t.lanes() || deep_small_plane_one_by_one(n, t)) return 4;
   int64_t vw = wvec_width(extent, t);
   int64_t computed = (*extent + vw - 1) / vw * vw;
   return computed * 100 <= *extent * 115 ? 35 : 4;
