@@ -201,6 +201,7 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("conv 3x3 128->32 7x7", 128, 32, 7, 3, 1, 1));
   cases.push_back(conv_case("conv 3x3 64->96 35x35", 64, 96, 35, 3, 1, 1));
   cases.push_back(conv_case("conv 3x3 448->384 8x8", 448, 384, 8, 3, 1, 1));
+  cases.push_back(conv_case("conv 3x3 80->192 71x71", 80, 192, 71, 3, 1, 1));
   cases.push_back(conv_case("conv 1x1 2048->512 7x7", 2048, 512, 7, 1, 1, 1));
   cases.push_back(conv_case("conv 1x1 256->512 7x7", 256, 512, 7, 1, 1, 1));
   cases.push_back(conv_case("conv 1x1 512->2048 7x7", 512, 2048, 7, 1, 1, 1));

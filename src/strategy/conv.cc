@@ -919,18 +919,28 @@ Result<tir::Schedule> winograd_schedule(const tir::KernelDef& k, const std::stri
 // Priority 40 (over conv.panels' 30) where the products have enough work
 // to pay for the two transforms: at least 16 input and 64 output channels
 // (each input tile's transform serves every output channel) and 16 tiles.
-// Measured with
-// kernel_bench (Zen 3, 1 thread, conv.panels -> winograd at its default m):
-// 64->64 56x56 2.89 -> 1.34 ms, 128->128 28x28 2.96 -> 1.64, 256->256 14x14
-// 2.91 -> 1.49, 32->64 147x147 11.6 -> 7.5, 16->64 55x55 0.81 -> 0.55,
-// 64->96 35x35 1.80 -> 0.86, 64->256 13x13 0.70 -> 0.45, 448->384 8x8 2.45
-// -> 1.86. With 32 output channels it won and lost: 128->32 28x28 0.77 ->
-// 0.71 ms at 1 thread, 0.45 -> 0.49 at 2; 7x7 0.047 -> 0.071.
+// Measured with kernel_bench (Zen 3, conv.panels -> conv.winograd with F(2x2),
+// 1 thread / 2 threads): 64->64 56x56 2.89 -> 2.16 ms / 1.82 -> 1.25,
+// 128->128 28x28 2.96 -> 1.64 / 1.83 -> 0.92, 256->256 14x14 2.91 -> 1.78 /
+// 1.74 -> 1.18, 512->512 7x7 2.96 -> 2.55 / 1.75 -> 0.97, 64->96 35x35 1.80
+// -> 0.93 / 1.10 -> 0.67, 64->256 13x13 0.70 -> 0.45 / 0.40 -> 0.33,
+// 448->384 8x8 2.45 -> 1.86 / 1.38 -> 0.67, 16->64 55x55 0.81 -> 0.78 / 0.50
+// -> 0.48. With 32 output channels it won and lost: 128->32 28x28 0.77 ->
+// 0.71 at 1 thread, 7x7 0.031 -> 0.035 at 2.
+//
+// And where the transformed input and the products (16 (C + O) floats per
+// tile) take at most 16 MB, or their products do enough work per byte (C O /
+// (C + O) at least 40): the stages pass over them whole, so larger ones
+// stream from memory, which two threads do not speed up (32->64 147x147, 33
+// MB and 21 products per byte: 11.6 -> 10.0 ms at 1 thread, but 6.8 -> 7.9
+// at 2; 80->192 71x71, 23 MB and 56: 20.0 -> 13.9 and 10.8 -> 10.3).
 int winograd_priority(const Node& n, const Target&) {
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
   auto tiles = winograd_tiles(n, 2);
   if (!tiles || *tiles < 16 || ws[0] < 64 || ws[1] < 16) return 3;
-  return 40;
+  double o = static_cast<double>(ws[0]), c = static_cast<double>(ws[1]);
+  double bytes = 16.0 * 4.0 * (c + o) * static_cast<double>(*tiles);
+  return bytes <= 16.0 * (1 << 20) || c * o / (c + o) >= 40 ? 40 : 3;
 }
 
 }  // namespace
