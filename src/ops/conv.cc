@@ -239,6 +239,10 @@ Result<std::vector<tir::ComputeDef>> lower_winograd(const Node& n, LowerContext&
       g.stride[1] != 1 || g.dilation[0] != 1 || g.dilation[1] != 1 || n.attr_int("group", 1) != 1)
     return node_invalid(n) << "Winograd weights (kiln_weight_layout W" << m << "P" << mr
                            << ") need a 2-D 3x3 kernel with stride 1, dilation 1 and one group";
+  for (const char* copy : {"kiln_subsample", "kiln_phase_split", "kiln_channels_last"})
+    if (n.attr_int(copy, 0) != 0)
+      return node_invalid(n) << copy << " does not apply to Winograd weights (kiln_weight_layout W" << m << "P" << mr
+                             << "), which read their own phase-split copy";
   const DType dt = y.dtype;
   Expr th_n = simplify(floordiv(g.out[0] + (m - 1), Expr(m)));
   Expr tw_n = simplify(floordiv(g.out[1] + (m - 1), Expr(m)));

@@ -427,6 +427,18 @@ TEST(StrategySelection, BadRecordedChoicesAreErrors) {
     EXPECT_NE(st.to_string().find(layout), std::string::npos) << st.to_string();
   }
   EXPECT_TRUE(winograd("W2P8", {4, 4, 1, 3, 8}, 1).is_ok());
+  {
+    ConvCase wc{Shape{1, 3, 9, 9}, {8, 3, 3, 3}, 1, 1, {1, 3, 9, 9}};
+    auto wg = conv_graph(wc, random_tensor({4, 4, 1, 3, 8}, 11), random_tensor({8}, 12));
+    Attribute at;
+    at.kind = Attribute::Kind::kString;
+    at.s = "W2P8";
+    wg->nodes()[0]->set_attr("kiln_weight_layout", at);
+    wg->nodes()[0]->set_attr("kiln_channels_last", split);
+    st = compile_graph(std::move(wg), opts).status();
+    EXPECT_NE(st.to_string().find("kiln_channels_last does not apply to Winograd weights"), std::string::npos)
+        << st.to_string();
+  }
   // kiln_channels_last with a phase-split copy (two layouts of one copy).
   {
     ConvCase cc{Shape{1, 3, 9, 9}, {8, 3, 3, 3}, 2, 1, {1, 3, 9, 9}};
