@@ -234,7 +234,7 @@ class Emitter {
     return b_.CreateUnaryIntrinsic(id, x);
   }
   llvm::Value* isnan(llvm::Value* x) { return b_.CreateFCmpUNO(x, x); }
-  llvm::Value* exp_f32(llvm::Value* x);
+  llvm::Value* exp_f32(llvm::Value* x, bool nonpositive = false);
   llvm::Value* log_f32(llvm::Value* x);
   llvm::Value* tanh_f32(llvm::Value* x);
   llvm::Value* sigmoid_f32(llvm::Value* x);
@@ -647,11 +647,18 @@ llvm::Value* Emitter::horner(llvm::Value* x, std::initializer_list<double> coeff
 // (scores of -3.4e38) ran 20x slower than an unmasked one. The input is
 // clamped at -126 ln2 rounded toward zero, where r >= 0 and 2^n is normal, so
 // no lane computes a subnormal, and those lanes are then selected to 0.
-llvm::Value* Emitter::exp_f32(llvm::Value* x) {
+//
+// The clamps are compares and selects that x86 matches to one vmaxps/vminps
+// each (minnum/maxnum's NaN rule costs a compare and a blend more); a NaN
+// input is clamped like any other and restored at the end. With
+// `nonpositive` (the caller knows x <= 0 or NaN: sigmoid's exp(-|x|)), no
+// upper clamp, and 2^n is one normal power (n >= -126) instead of two halves.
+llvm::Value* Emitter::exp_f32(llvm::Value* x, bool nonpositive) {
   llvm::Type* f = x->getType();
   llvm::Type* i32 = same_lanes(b_.getInt32Ty(), x->getType());
   llvm::Value* lowest = fc(f, -87.33654f);  // float(-126 ln2) rounded toward zero
-  llvm::Value* xc = b_.CreateMinNum(b_.CreateMaxNum(x, lowest), fc(f, 89.0));
+  llvm::Value* xc = b_.CreateSelect(b_.CreateFCmpOGT(x, lowest), x, lowest);
+  if (!nonpositive) xc = b_.CreateSelect(b_.CreateFCmpOLT(xc, fc(f, 89.0)), xc, fc(f, 89.0));
   llvm::Value* n = unary(llvm::Intrinsic::roundeven, b_.CreateFMul(xc, fc(f, 1.44269504088896341)));
   llvm::Value* r = fmuladd(n, fc(f, -0.693359375), xc);
   r = fmuladd(n, fc(f, 2.12194440e-4), r);
@@ -664,7 +671,8 @@ llvm::Value* Emitter::exp_f32(llvm::Value* x) {
   auto pow2 = [&](llvm::Value* k) {
     return b_.CreateBitCast(b_.CreateShl(b_.CreateAdd(k, ic(i32, 127)), 23), f);
   };
-  llvm::Value* res = b_.CreateFMul(b_.CreateFMul(y, pow2(h)), pow2(b_.CreateSub(ni, h)));
+  llvm::Value* res = nonpositive ? b_.CreateFMul(y, pow2(ni))
+                                 : b_.CreateFMul(b_.CreateFMul(y, pow2(h)), pow2(b_.CreateSub(ni, h)));
   res = b_.CreateSelect(b_.CreateFCmpOLT(x, lowest), fc(f, 0.0), res);
   return b_.CreateSelect(isnan(x), x, res);
 }
@@ -720,7 +728,7 @@ llvm::Value* Emitter::tanh_f32(llvm::Value* x) {
 // negative inputs give e * (1 / (1 + e)) without overflow.
 llvm::Value* Emitter::sigmoid_f32(llvm::Value* x) {
   llvm::Type* f = x->getType();
-  llvm::Value* e = exp_f32(b_.CreateFNeg(unary(llvm::Intrinsic::fabs, x)));
+  llvm::Value* e = exp_f32(b_.CreateFNeg(unary(llvm::Intrinsic::fabs, x)), /*nonpositive=*/true);
   llvm::Value* d = b_.CreateFAdd(fc(f, 1.0), e);
   llvm::Value* pos = b_.CreateFDiv(fc(f, 1.0), d);
   llvm::Value* neg = b_.CreateFMul(e, pos);  // e / (1 + e) with one division for both signs
