@@ -104,6 +104,13 @@ namespace {
 // An index into an input dim of extent `extent`, clamped into range.
 Expr clamp_index(const Expr& i, const Expr& extent) { return max(min(i, extent - 1), Expr(0)); }
 
+// True when s[from, to) is one or more decimal digits.
+bool digits(const std::string& s, size_t from, size_t to = std::string::npos) {
+  to = std::min(to, s.size());
+  return from < to && std::all_of(s.begin() + static_cast<long>(from), s.begin() + static_cast<long>(to),
+                                  [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
 // Output channels of weights stored in `panels` panels of nr: panels * nr,
 // or kiln_out_channels where the last panel is zero-padded past O.
 Result<Expr> panel_out_channels(const Node& n, const Expr& panels, int64_t nr) {
@@ -127,10 +134,8 @@ Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr
   if (wino_m) *wino_m = 0;
   if (!n.has_attr("kiln_weight_layout")) return w;
   std::string layout = n.attr_string("kiln_weight_layout", "");
-  if (size_t p = layout.find('P'); layout.size() >= 4 && layout.size() < 10 && layout[0] == 'W' && p != std::string::npos &&
-                                   p > 1 && p + 1 < layout.size() &&
-                                   layout.find_first_not_of("0123456789", 1) == p &&
-                                   layout.find_first_not_of("0123456789", p + 1) == std::string::npos) {
+  if (size_t p = layout.find('P');
+      layout.size() < 10 && layout[0] == 'W' && p != std::string::npos && digits(layout, 1, p) && digits(layout, p + 1)) {
     int64_t m = std::stoll(layout.substr(1, p - 1)), mr = std::stoll(layout.substr(p + 1));
     const tir::WinogradMatrices* t = tir::winograd_matrices(m);
     auto a0 = w.size() == 5 ? w[0].as_const() : std::nullopt, a1 = w.size() == 5 ? w[1].as_const() : std::nullopt;
@@ -150,8 +155,7 @@ Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr
     packed = -1;
     return std::vector<Expr>{w[3], w[0], w[1], w[2]};
   }
-  if (layout.size() >= 2 && layout.size() < 8 && layout[0] == 'P' &&
-      layout.find_first_not_of("0123456789", 1) == std::string::npos) {
+  if (layout.size() < 8 && layout[0] == 'P' && digits(layout, 1)) {
     int64_t nr = std::stoll(layout.substr(1));
     if (nr <= 0 || w.size() != 5 || n.attr_int("group", 1) != 1) {
       return node_invalid(n) << "kiln_weight_layout " << layout

@@ -54,7 +54,6 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <set>
 
 #include "strategy/strategy.h"
 #include "strategy/template.h"
@@ -205,6 +204,14 @@ bool slides_along_row(const Node& n) {
   return ws[3] > 1 && strides.size() == 2 && strides[1] == 1 && dil.size() == 2 && dil[1] == 1;
 }
 
+// A kernel wider than 1 strided along the width: conv.wvec reads a copy of
+// the input with its columns split by phase (the Conv attribute
+// kiln_phase_split), so each tap's vector of output columns is one load.
+bool phase_split(const Node& n) {
+  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
+  return !one_by_one(n) && strides.size() == 2 && strides[1] > 1;
+}
+
 // A window of 5 or more taps along a side, or a column window (KW = 1, KH > 1).
 bool long_window(const Node& n) {
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
@@ -321,15 +328,14 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
   // channels were padded off a 4 KB stride). Stride-1 3x3 kernels lost (their
   // 8-column tiles reuse each broadcast across taps: 512->512 7x7 3.5 -> 6.8
   // ms, 64->64 56x56 3.1 -> 3.4). Not measured with 32 registers.
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
-  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
-  bool strided_row = strides.size() == 2 && strides[1] > 1;
-  if (strided_one_by_one(n)) k["subsample"] = 1;
-  else k["cl"] = (few_registers && !one_by_one(n) && ws[1] >= 16 &&
-                  ((strided_row && width && *width > 14) || channels_inner)) ||
-                         deep_small_plane_one_by_one(n, t)
-                     ? 1
-                     : 0;
+  if (strided_one_by_one(n)) {
+    k["subsample"] = 1;
+    return k;
+  }
+  const bool wide_strided = phase_split(n) && width && *width > 14;
+  const bool deep_input = n.input(1)->constant().shape()[1] >= 16;
+  const bool cl = (few_registers && deep_input && (wide_strided || channels_inner)) || deep_small_plane_one_by_one(n, t);
+  k["cl"] = cl ? 1 : 0;
   return k;
 }
 
@@ -444,14 +450,6 @@ bool wvec_applies(const Node& n, std::string* why) {
     return false;
   }
   return true;
-}
-
-// A kernel wider than 1 strided along the width: conv.wvec reads a copy of
-// the input with its columns split by phase (the Conv attribute
-// kiln_phase_split), so each tap's vector of output columns is one load.
-bool phase_split(const Node& n) {
-  std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
-  return !one_by_one(n) && strides.size() == 2 && strides[1] > 1;
 }
 
 tir::KnobSpace wvec_space(const Node& n, const Target& t) {
@@ -901,19 +899,7 @@ Result<tir::Schedule> winograd_schedule(const tir::KernelDef& k, const std::stri
   tir::Knobs tile = knobs;
   tile["flat"] = 1;
   KILN_RETURN_IF_ERROR(wvec_tile(*prod, 3, tile, "conv.winograd", mine[prod->name]));
-  tir::Schedule base = tir::default_schedule(k), s;
-  std::set<std::string> placed;
-  for (const tir::Primitive& p : base.prims) {
-    auto it = mine.find(p.stage);
-    if (it == mine.end()) {
-      s.prims.push_back(p);
-    } else if (placed.insert(p.stage).second) {
-      s.prims.insert(s.prims.end(), it->second.begin(), it->second.end());
-    }
-  }
-  for (auto& [name, prims] : mine)
-    if (!placed.count(name)) s.prims.insert(s.prims.end(), prims.begin(), prims.end());
-  return s;
+  return replace_stage_schedules(k, mine);
 }
 
 // Priority 40 (over conv.panels' 30) where the products have enough work

@@ -1,5 +1,7 @@
 #include "strategy/template.h"
 
+#include <set>
+
 namespace kiln::strategy {
 
 tir::Primitive prim(std::string kind, std::string stage, std::vector<std::string> axes, int64_t factor) {
@@ -11,21 +13,27 @@ tir::Primitive prim(std::string kind, std::string stage, std::vector<std::string
   return p;
 }
 
-tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string& stage,
-                                     const std::vector<tir::Primitive>& prims) {
+tir::Schedule replace_stage_schedules(const tir::KernelDef& k,
+                                      const std::map<std::string, std::vector<tir::Primitive>>& prims) {
   tir::Schedule base = tir::default_schedule(k);
   tir::Schedule s;
-  bool placed = false;
+  std::set<std::string> placed;
   for (const tir::Primitive& p : base.prims) {
-    if (p.stage == stage) {
-      if (!placed) s.prims.insert(s.prims.end(), prims.begin(), prims.end());
-      placed = true;
-      continue;
+    auto it = prims.find(p.stage);
+    if (it == prims.end()) {
+      s.prims.push_back(p);
+    } else if (placed.insert(p.stage).second) {
+      s.prims.insert(s.prims.end(), it->second.begin(), it->second.end());
     }
-    s.prims.push_back(p);
   }
-  if (!placed) s.prims.insert(s.prims.end(), prims.begin(), prims.end());
+  for (const auto& [name, ps] : prims)
+    if (!placed.count(name)) s.prims.insert(s.prims.end(), ps.begin(), ps.end());
   return s;
+}
+
+tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string& stage,
+                                     const std::vector<tir::Primitive>& prims) {
+  return replace_stage_schedules(k, {{stage, prims}});
 }
 
 Result<int64_t> knob(const tir::Knobs& knobs, const std::string& name, const std::string& candidate) {

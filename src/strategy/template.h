@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,10 @@ tir::Primitive prim(std::string kind, std::string stage, std::vector<std::string
 // `prims`: the kernel's other stages (fused producers and epilogues) keep theirs.
 tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string& stage,
                                      const std::vector<tir::Primitive>& prims);
+// The same for several stages at once (stage name -> its primitives), each
+// placed where the default schedule had that stage's.
+tir::Schedule replace_stage_schedules(const tir::KernelDef& k,
+                                      const std::map<std::string, std::vector<tir::Primitive>>& prims);
 
 // A knob a template needs: an error (not an exception) when the recorded
 // choice lacks it or it is below 1 (a .kir file may carry any kiln_knobs).

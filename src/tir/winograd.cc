@@ -47,7 +47,7 @@ void winograd_weights(const float* w, int64_t o, int64_t i, int64_t m, int64_t m
   for (int64_t oc = 0; oc < o; ++oc)
     for (int64_t ic = 0; ic < i; ++ic) {
       const float* k = w + (oc * i + ic) * 9;
-      double gk[64 * 3];  // G k: alpha x 3
+      double gk[6 * 3];  // G k: alpha x 3, alpha <= 6
       for (int64_t r = 0; r < a; ++r)
         for (int64_t c = 0; c < 3; ++c) {
           double s = 0;
