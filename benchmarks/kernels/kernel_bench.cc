@@ -79,9 +79,10 @@ Case matmul_case(int64_t m, int64_t k, int64_t n) {
 }
 
 // A kh x kw convolution of a square hw x hw image, padded to keep the plane
-// at stride 1.
+// at stride 1; with `silu`, followed by x * Sigmoid(x) (EfficientNet's
+// activation, fused into the convolution's epilogue).
 Case conv_case(std::string name, int64_t cin, int64_t cout, int64_t hw, int64_t kh, int64_t kw, int64_t stride,
-               int64_t group) {
+               int64_t group, bool silu = false) {
   Case c;
   c.name = std::move(name);
   c.graph = std::make_unique<Graph>();
@@ -96,7 +97,12 @@ Case conv_case(std::string name, int64_t cin, int64_t cout, int64_t hw, int64_t 
   conv->set_attr("strides", ints_attr({stride, stride}));
   conv->set_attr("pads", ints_attr({ph, pw, ph, pw}));
   conv->set_attr("group", int_attr(group));
-  c.graph->set_outputs({conv->output(0)});
+  kiln::Value* y = conv->output(0);
+  if (silu) {
+    kiln::Node* sig = c.graph->add_node("Sigmoid", {y}, {"sig"});
+    y = c.graph->add_node("Mul", {y, sig->output(0)}, {"silu"})->output(0);
+  }
+  c.graph->set_outputs({y});
   c.input = random_tensor({1, cin, hw, hw}, 1);
   int64_t oh = (hw + 2 * ph - kh) / stride + 1, ow = (hw + 2 * pw - kw) / stride + 1;
   c.flops = 2.0 * cout * oh * ow * (cin / group) * kh * kw;
@@ -219,6 +225,10 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("depthwise 5x5 240 28x28", 240, 240, 28, 5, 1, 240));
   cases.push_back(conv_case("depthwise 5x5 672 14x14", 672, 672, 14, 5, 1, 672));
   cases.push_back(conv_case("depthwise 3x3 960 7x7", 960, 960, 7, 3, 1, 960));
+  // EfficientNet-B0's largest kernels: expansion and depthwise with SiLU.
+  cases.push_back(conv_case("conv 1x1 16->96 112x112 silu", 16, 96, 112, 1, 1, 1, 1, true));
+  cases.push_back(conv_case("depthwise 3x3 s2 96 112x112 silu", 96, 96, 112, 3, 3, 2, 96, true));
+  cases.push_back(conv_case("depthwise 5x5 240 28x28 silu", 240, 240, 28, 5, 5, 1, 240, true));
 
   if (!json) std::printf("%-28s %10s %10s %8s %10s %8s\n", "kernel", "ms", "GFLOP/s", "peak%", "GB/s", "bw%");
   bool first_row = true;

@@ -54,6 +54,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "strategy/strategy.h"
 #include "strategy/template.h"
@@ -452,6 +453,20 @@ bool wvec_applies(const Node& n, std::string* why) {
   return true;
 }
 
+// Whether the output feeds an activation computed with a polynomial and a
+// division per element (Sigmoid of SiLU/Swish, Tanh, Erf of GELU, ...): fused
+// into the write-back of a short reduction, its latency chain follows each
+// tile's few multiply-adds and, with a tile of about 900 instructions, no
+// other tile's work fits in the out-of-order window beside it.
+bool expensive_activation_follows(const Node& n) {
+  static const std::set<std::string> kExpensive = {"Sigmoid", "Tanh", "Erf",  "Exp",  "Gelu",
+                                                   "Softplus", "Mish", "Elu", "Selu", "Log"};
+  if (n.num_outputs() == 0 || n.output(0) == nullptr) return false;
+  for (const auto& [user, slot] : n.output(0)->uses())
+    if (user != nullptr && kExpensive.count(user->op_type())) return true;
+  return false;
+}
+
 tir::KnobSpace wvec_space(const Node& n, const Target& t) {
   const int64_t lanes = t.lanes(), acc = t.accumulators();
   tir::KnobSpace s;
@@ -460,6 +475,7 @@ tir::KnobSpace wvec_space(const Node& n, const Target& t) {
   s.knobs.push_back(tir::Knob{"rows", {1, 2, 4}});
   s.knobs.push_back(tir::Knob{"order", {0, 1}});
   if (one_by_one(n)) s.knobs.push_back(tir::Knob{"flat", {0, 1}});
+  s.knobs.push_back(tir::Knob{"epi", {0, 1}});
   s.valid = [lanes, acc](const tir::Knobs& k) { return k.at("mr") * k.at("rows") * k.at("vw") / lanes <= acc; };
   return s;
 }
@@ -535,6 +551,11 @@ tir::Knobs wvec_defaults(const Node& n, const Target& t) {
   int64_t mr = least_overlap_tile(o, mrs);
   tir::Knobs k = {{"mr", mr}, {"vw", vw}, {"rows", rows}, {"order", wvec_order(n, t, mr, vw, rows, flat)}};
   if (flat) k["flat"] = 1;
+  // epi (the epilogue after the tiles of one iteration of the next loop out)
+  // stays off: on 1x1 16->96 112x112 with SiLU it measured 1.72-1.77 ms in
+  // the tile and 1.95-2.04 deferred (kernel_bench, Zen 3), where a depthwise
+  // kernel gained 2.5x (see depthwise_defaults); it is in the space for a tuner.
+  k["epi"] = 0;
   return k;
 }
 
@@ -651,11 +672,27 @@ Status wvec_tile(const tir::ComputeDef& st, size_t batch, const tir::Knobs& knob
   return Status::ok();
 }
 
+// The fused epilogue after each iteration of the loop just outside the
+// register tile's loop (the tile loop itself when it is outermost).
+void defer_epilogue(const std::string& stage, std::vector<tir::Primitive>& prims) {
+  std::string tile_axis;
+  std::vector<std::string> order;
+  for (const tir::Primitive& p : prims) {
+    if (p.stage != stage) continue;
+    if (p.kind == "cache_write") tile_axis = p.axes[0];
+    if (p.kind == "reorder") order = p.axes;
+  }
+  auto at = std::find(order.begin(), order.end(), tile_axis);
+  if (at == order.end()) return;
+  prims.push_back(prim("fuse_epilogue", stage, {at == order.begin() ? *at : *(at - 1)}));
+}
+
 Result<tir::Schedule> wvec_schedule(const tir::KernelDef& k, const std::string& stage, const tir::Knobs& knobs) {
   auto it = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& s) { return s.name == stage; });
   if (it == k.stages.end() || it->axes.size() != 4) return tir::default_schedule(k);
   std::vector<tir::Primitive> prims;
   KILN_RETURN_IF_ERROR(wvec_tile(*it, 1, knobs, "conv.wvec", prims));
+  if (knob_on(knobs, "epi")) defer_epilogue(stage, prims);
   return materialize_subsampled(k, stage, replace_stage_schedule(k, stage, prims));
 }
 
@@ -686,8 +723,10 @@ tir::KnobSpace depthwise_space(const Node&, const Target&) {
   s.knobs.push_back(tir::Knob{"rows", {1, 2, 4, 5, 6, 7, 8}});
   s.knobs.push_back(tir::Knob{"inline_pad", {0, 1}});
   s.knobs.push_back(tir::Knob{"vw", {8, 16, 32}});
+  s.knobs.push_back(tir::Knob{"epi", {0, 1}});
   return s;
 }
+
 
 // Inlined padding costs a clamped load per tap (masks on every edge tile),
 // the padded copy a pass over the input: measured with kernel_bench, inlining
@@ -719,7 +758,13 @@ tir::Knobs depthwise_defaults(const Node& n, const Target& t) {
   // vw: 16 lanes; 8 and 32 are in the space for a tuner: on a Zen 3 they
   // won and lost by 10-30% case by case (vw 8 x 7 rows: 5x5 672ch 14x14 0.27
   // -> 0.19 ms, 3x3 32ch 112x112 0.27 -> 0.23; 5x5 240ch 28x28 0.23 -> 0.30).
-  return {{"rows", rows}, {"inline_pad", inline_pad}, {"vw", 16}};
+  // epi: a SiLU after the depthwise kernel in the tile's write-back cost
+  // more than the convolution (kernel_bench on a Zen 3: 5x5 240ch 28x28 0.32
+  // ms without, 1.01 with; 3x3 s2 96ch 112x112 0.66 and 2.97); deferred to
+  // a pass over each channel's plane while it is in L1, it costs what the
+  // activation alone does.
+  int64_t epi = expensive_activation_follows(n) ? 1 : 0;
+  return {{"rows", rows}, {"inline_pad", inline_pad}, {"vw", 16}, {"epi", epi}};
 }
 
 // Output axes [n, c, oh, ow], reduce [ci (1), kh, kw]: a tile of `rows`
@@ -761,6 +806,8 @@ Result<tir::Schedule> depthwise_schedule(const tir::KernelDef& k, const std::str
   }
   prims.push_back(prim("vectorize", stage, {w_inner}));
   prims.push_back(prim("parallel", stage, {c_ax}));
+  // epi=1: the fused epilogue runs over each channel's plane after its tiles.
+  if (knob_on(knobs, "epi")) prims.push_back(prim("fuse_epilogue", stage, {c_ax}));
   tir::Schedule s = replace_stage_schedule(k, stage, prims);
   if (!inline_pad) return s;
   // The zero-padded input copy (a stage this one reads, computed elementwise) is inlined.

@@ -198,8 +198,11 @@ Result<tir::Schedule> schedule_for(const tir::KernelDef& k, const std::string& s
   } else {
     s = tir::default_schedule(k);
   }
+  // The epilogue in the register tile, unless the template placed it (deferred to a loop).
+  bool placed = std::any_of(s.prims.begin(), s.prims.end(),
+                            [&](const tir::Primitive& p) { return p.kind == "fuse_epilogue" && p.stage == stage; });
   for (const tir::ComputeDef& st : k.stages)
-    if (st.name == stage && !st.reduce_axes.empty()) s.prims.push_back(prim("fuse_epilogue", stage, {}));
+    if (!placed && st.name == stage && !st.reduce_axes.empty()) s.prims.push_back(prim("fuse_epilogue", stage, {}));
   return s;
 }
 

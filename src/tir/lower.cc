@@ -39,6 +39,7 @@ struct StagePlan {
   std::string rfactor_axis;  // empty: no rfactor; else a reduce loop accumulated in vector lanes
   std::string prefetch_axis;  // empty: no prefetch; else the spatial loop whose next iteration's data is prefetched
   bool fuse_epilogue = false;  // fuse_epilogue asked for
+  std::string epilogue_axis;   // fuse_epilogue(stage, axis): the epilogue runs after each iteration of this loop
   int epilogue = -1;           // the stage computed in this one's write-back
   int fused_into = -1;         // this stage is computed in that stage's write-back
 };
@@ -454,6 +455,15 @@ struct Lowerer {
       if (!is_reduction(st)) {
         return invalid_argument() << "schedule: fuse_epilogue(" << p.stage << ") of a stage that is not a reduction";
       }
+      if (p.axes.size() > 1) return invalid_argument() << "schedule: fuse_epilogue takes at most one axis";
+      if (p.axes.size() == 1) {
+        KILN_ASSIGN_OR_RETURN(auto where, find_loop(plan, p, p.axes[0]));
+        if (where.first) {
+          return invalid_argument() << "schedule: fuse_epilogue(" << p.stage << ", " << p.axes[0]
+                                    << ") of a reduce axis";
+        }
+        plan.epilogue_axis = p.axes[0];
+      }
       plan.fuse_epilogue = true;
       return Status::ok();
     }
@@ -771,7 +781,8 @@ struct Lowerer {
     // The write-back: this stage's value, or the fused epilogue computed from it.
     std::string store_name = st.name;
     int store_index = out_index;
-    if (plan.epilogue >= 0) {
+    const bool deferred = plan.epilogue >= 0 && !plan.epilogue_axis.empty();
+    if (plan.epilogue >= 0 && !deferred) {
       const ComputeDef& E = stages[static_cast<size_t>(plan.epilogue)];
       ExprMap at;
       for (size_t a = 0; a < E.axes.size(); ++a) at[E.axes[a]] = out_indices[a];
@@ -868,7 +879,48 @@ struct Lowerer {
       Stmt fast = tile(other_guards);
       alloc = make_if(full, fast, alloc);
     }
-    return build_nest(outer, alloc, plan.guards, {}, loop_vars);
+    if (!deferred) return build_nest(outer, alloc, plan.guards, {}, loop_vars);
+    return with_deferred_epilogue(s, outer, inner, out_indices, alloc, loop_vars, loop_bounds);
+  }
+
+  // fuse_epilogue(stage, axis): the reduction writes its own buffer; after
+  // each iteration of loop `axis` (outside the register tile), a nest over the
+  // same inner loops (serial where they were parallel) computes the epilogue
+  // from the values just written, while they are in cache. A transcendental
+  // activation on a short tile (depthwise, a 1x1 convolution of few input
+  // channels) then runs as a stream of independent vectors instead of one
+  // latency chain after each tile's multiply-adds, which the out-of-order
+  // window cannot overlap with the next tile.
+  Result<Stmt> with_deferred_epilogue(int s, const std::vector<Loop>& outer, const std::vector<Loop>& inner,
+                                      const std::vector<Expr>& out_indices, Stmt tile_nest,
+                                      const std::set<std::string>& loop_vars, const SymbolBounds& loop_bounds) {
+    const ComputeDef& st = stages[s];
+    const StagePlan& plan = plans[s];
+    auto it = std::find_if(outer.begin(), outer.end(), [&](const Loop& l) { return l.var == plan.epilogue_axis; });
+    if (it == outer.end()) {
+      return invalid_argument() << "schedule: fuse_epilogue(" << st.name << ", " << plan.epilogue_axis
+                                << "): the axis is inside the register tile (cache_write) or no longer exists";
+    }
+    size_t at = static_cast<size_t>(it - outer.begin()) + 1;
+    std::vector<Loop> top(outer.begin(), outer.begin() + static_cast<long>(at));
+    std::vector<Loop> below(outer.begin() + static_cast<long>(at), outer.end());
+    std::set<std::string> bound_top;
+    for (const Loop& l : top) bound_top.insert(l.var);
+    Stmt reduce_nest = build_nest(below, tile_nest, plan.guards, bound_top, loop_vars);
+    const ComputeDef& E = stages[static_cast<size_t>(plan.epilogue)];
+    ExprMap point;
+    for (size_t a = 0; a < E.axes.size(); ++a) point[E.axes[a]] = out_indices[a];
+    Expr value = simplify(substitute(cast_to(E.dtype, E.body), point), loop_bounds);
+    auto pe = param_index.find(E.name);
+    Stmt store = make_store(E.name, pe == param_index.end() ? -1 : pe->second, out_indices, value);
+    std::vector<Loop> epi_loops = below;
+    epi_loops.insert(epi_loops.end(), inner.begin(), inner.end());
+    for (Loop& l : epi_loops)
+      if (l.kind == ForKind::kParallel) l.kind = ForKind::kSerial;
+    std::vector<Expr> guards = plan.guards;
+    guards.insert(guards.end(), plan.store_guards.begin(), plan.store_guards.end());
+    Stmt epi_nest = build_nest(epi_loops, store, guards, bound_top, loop_vars);
+    return build_nest(top, make_seq({reduce_nest, epi_nest}), plan.guards, {}, loop_vars);
   }
 
   Result<Stmt> lower_from(size_t s) {
@@ -884,6 +936,11 @@ struct Lowerer {
     const ComputeDef& written = e >= 0 ? stages[static_cast<size_t>(e)] : stages[s];
     if (!param_index.count(written.name)) {
       Buffer b{written.name, written.dtype, written.shape};
+      body = make_allocate(b, body);
+    }
+    // A deferred epilogue reads the stage's own buffer too.
+    if (e >= 0 && !plans[s].epilogue_axis.empty() && !param_index.count(stages[s].name)) {
+      Buffer b{stages[s].name, stages[s].dtype, stages[s].shape};
       body = make_allocate(b, body);
     }
     return body;

@@ -54,6 +54,15 @@
 //                                        and stored in its place: this stage's
 //                                        buffer is never written. Otherwise
 //                                        nothing changes (a request, always legal)
+//   fuse_epilogue(stage, axis)        -> the same epilogue, deferred: the stage
+//                                        writes its own buffer, and after each
+//                                        iteration of spatial loop `axis`
+//                                        (outside the cache_write tile) the
+//                                        epilogue is computed over the points
+//                                        that iteration wrote, from cache. For
+//                                        an expensive activation after a short
+//                                        reduction (depthwise), whose latency
+//                                        in the write-back no tile overlaps
 #pragma once
 
 #include <optional>

@@ -435,6 +435,51 @@ TEST(TirLower, MatmulSchedules) {
   for (int t = 0; t < 40; ++t) expect_matches(k, random_schedule(k, rng), {}, ref, t);
 }
 
+// C[i, j] = sum_k A[i, k] * B[k, j]; Y = C * sigmoid(C) (a SiLU epilogue).
+KernelDef matmul_silu(Expr m, Expr n, Expr kk) {
+  KernelDef k = matmul(m, n, kk);
+  k.params.back().name = "Y";
+  Expr c = ld("C", -1, {var("i"), var("j")});
+  k.stages.push_back(stage("Y", {"i", "j"}, {m, n}, c * call("sigmoid", f32, {c})));
+  return k;
+}
+
+// fuse_epilogue(stage) computes the epilogue in the register tile's
+// write-back; fuse_epilogue(stage, axis) after each iteration of `axis`, from
+// the stage's own buffer (also over overlapping tiles, which it recomputes
+// from that buffer). Both match the reference; an axis inside the tile, a
+// reduce axis or an unknown one is an error.
+TEST(TirLower, DeferredEpilogue) {
+  KernelDef k = matmul_silu(7, 19, 5);
+  auto ref = [](const HostData& r) {
+    auto c = matmul_ref(r, 7, 19, 5)[0];
+    for (float& v : c) v = static_cast<float>(v / (1.0 + std::exp(-static_cast<double>(v))));
+    return std::vector<std::vector<float>>{c};
+  };
+  const std::string tile =
+      "split_overlap(C, j, 16)\nsplit(C, i, 4)\nreorder(C, j.o, i.o, i.i, j.i)\ncache_write(C, i.o)\n"
+      "unroll(C, i.i)\nvectorize(C, j.i)\nparallel(C, j.o)\n";
+  for (const std::string& epi : {std::string("fuse_epilogue(C)\n"), std::string("fuse_epilogue(C, j.o)\n"),
+                                 std::string("fuse_epilogue(C, i.o)\n")}) {
+    auto s = parse_schedule(tile + epi);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    expect_matches(k, *s, {}, ref);
+    auto f = lower(k, *s);
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    std::string text = print_func(*f);
+    bool deferred = epi.find(',') != std::string::npos;
+    // In the tile, the sigmoid reads the accumulator; deferred, C's buffer.
+    EXPECT_EQ(text.find("sigmoid:f32(load(C.acc") != std::string::npos, !deferred) << text;
+    EXPECT_EQ(text.find("sigmoid:f32(load(C#-1") != std::string::npos, deferred) << text;
+  }
+  for (const char* bad : {"fuse_epilogue(C, i.i)\n", "fuse_epilogue(C, k)\n", "fuse_epilogue(C, q)\n"}) {
+    auto s = parse_schedule(tile + bad);
+    ASSERT_TRUE(s.is_ok()) << bad;
+    EXPECT_FALSE(lower(k, *s).is_ok()) << bad;
+  }
+  EXPECT_FALSE(parse_schedule("fuse_epilogue(C, i, j)\n").is_ok());
+}
+
 // rfactor (a reduce axis in vector lanes, with a guarded tail) and prefetch
 // (a hint at the top of each reduce step, with or without rfactor) give the
 // same results as the reference, and print where the schedule put them.
