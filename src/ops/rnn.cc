@@ -44,6 +44,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ops/common.h"
@@ -522,6 +523,127 @@ void gate_panel_dispatch(double* acc, int ng, int64_t pb, const double* panel, i
   }
 }
 
+// ---- LSTM cells in float vectors --------------------------------------------
+
+// The cell update of a block of units when the activations are ONNX's default
+// (f = Sigmoid, g = h = Tanh) and the dtype is float: exp, sigmoid and tanh in
+// float vectors of VB bytes instead of a double libm call per gate (five per
+// unit: they took as long as streaming R through the step's gate sums).
+// exp: e^x = 2^n e^r with n = round(x log2 e), r = x - n ln 2 (ln 2 in two
+// parts so r is exact), e^r = 1 + r + r^2 p(r) with p of degree 5 (Cephes's
+// expf coefficients) on |r| <= ln2 / 2. tanh: Cephes's odd polynomial for
+// |x| < 0.625, 1 - 2 / (e^2|x| + 1) above, with x's sign. Measured over
+// [-90, 90] against libm in double: exp within 1.01 ulp, sigmoid 2.5, tanh
+// 1.2 (7e-8 absolute). Every unit runs the
+// same vector code (blocks are padded to whole vectors), so a unit's result
+// does not depend on the block split.
+struct LstmCellBlock {
+  static constexpr int kUnits = kMaxPanelBytes / sizeof(float);
+  alignas(64) float pre[4][kUnits];  // gate pre-activations without peepholes, order i, o, f, c
+  alignas(64) float peep[3][kUnits];  // peepholes i, o, f (zero when absent)
+  alignas(64) float c[kUnits];        // cell state in and out
+  alignas(64) float h[kUnits];        // hidden state out
+};
+
+// Vectors pass by value between these always-inlined helpers only, inside the
+// functions built for each instruction set below (GCC reports the ABI note
+// when it instantiates them, at the end of the file: ignored from here on).
+#pragma GCC diagnostic ignored "-Wpsabi"
+template <int VB>
+struct F32Vectors {
+  typedef float V __attribute__((vector_size(VB)));
+  typedef int32_t I __attribute__((vector_size(VB)));
+  static constexpr int kLanes = VB / 4;
+
+  static inline __attribute__((always_inline)) V splat(float x) { return V{} + x; }
+  static inline __attribute__((always_inline)) V min(V a, V b) { return a < b ? a : b; }
+  static inline __attribute__((always_inline)) V max(V a, V b) { return a > b ? a : b; }
+  static inline __attribute__((always_inline)) V exp(V x) {
+    x = min(max(x, splat(-87.3f)), splat(88.3f));  // 2^n stays a normal float
+    const V round = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer ...
+    V shifted = x * splat(1.44269504f) + round;
+    V n = shifted - round;
+    V r = x - n * splat(0.693359375f);
+    r = r - n * splat(-2.12194440e-4f);
+    V p = splat(1.9875691500e-4f);
+    p = p * r + splat(1.3981999507e-3f);
+    p = p * r + splat(8.3334519073e-3f);
+    p = p * r + splat(4.1665795894e-2f);
+    p = p * r + splat(1.6666665459e-1f);
+    p = p * r + splat(5.0000001201e-1f);
+    V y = p * r * r + r + splat(1.0f);
+    I bits;  // ... which the low mantissa bits then hold: 2^n's exponent field
+    std::memcpy(&bits, &shifted, sizeof(V));
+    bits = (bits - 0x4B400000 + 127) << 23;
+    V scale;
+    std::memcpy(&scale, &bits, sizeof(V));
+    return y * scale;
+  }
+  static inline __attribute__((always_inline)) V sigmoid(V x) { return splat(1.0f) / (splat(1.0f) + exp(-x)); }
+  static inline __attribute__((always_inline)) V tanh(V x) {
+    V a = max(x, -x);
+    V z = a * a;
+    V p = splat(-5.70498872745e-3f);
+    p = p * z + splat(2.06390887954e-2f);
+    p = p * z - splat(5.37397155531e-2f);
+    p = p * z + splat(1.33314422036e-1f);
+    p = p * z - splat(3.33332819422e-1f);
+    V small = p * z * a + a;
+    V large = splat(1.0f) - splat(2.0f) / (exp(a + a) + splat(1.0f));
+    V t = a < splat(0.625f) ? small : large;
+    return x < splat(0.0f) ? -t : t;
+  }
+
+  // units: a multiple of kLanes.
+  static inline __attribute__((always_inline)) void lstm(LstmCellBlock& b, int units, bool clip, float bound,
+                                                         bool input_forget) {
+    auto load = [](const float* p) {
+      V v;
+      std::memcpy(&v, p, sizeof(V));
+      return v;
+    };
+    auto clamp = [&](V v) { return clip ? min(max(v, splat(-bound)), splat(bound)) : v; };
+    for (int u = 0; u < units; u += kLanes) {
+      V c = load(b.c + u);
+      V ig = sigmoid(clamp(load(b.pre[0] + u) + load(b.peep[0] + u) * c));
+      V fg = input_forget ? splat(1.0f) - ig : sigmoid(clamp(load(b.pre[2] + u) + load(b.peep[2] + u) * c));
+      V cg = tanh(clamp(load(b.pre[3] + u)));
+      V cn = fg * c + ig * cg;
+      V og = sigmoid(clamp(load(b.pre[1] + u) + load(b.peep[1] + u) * cn));
+      V h = og * tanh(cn);
+      std::memcpy(b.c + u, &cn, sizeof(V));
+      std::memcpy(b.h + u, &h, sizeof(V));
+    }
+  }
+};
+
+#define KILN_LSTM_CELLS(suffix, vector_bytes, target_attr)                                               \
+  target_attr void lstm_cells_##suffix(LstmCellBlock& b, int units, bool clip, float bound, bool input_forget) { \
+    F32Vectors<vector_bytes>::lstm(b, units, clip, bound, input_forget);                                  \
+  }
+#if defined(__x86_64__)
+KILN_LSTM_CELLS(avx512, 64, __attribute__((target("avx512f"))))
+KILN_LSTM_CELLS(avx2, 32, __attribute__((target("avx2,fma"))))
+#endif
+KILN_LSTM_CELLS(base, 16, )
+#undef KILN_LSTM_CELLS
+
+// units: a multiple of 16 (every panel width is).
+void lstm_cells_dispatch(LstmCellBlock& b, int units, bool clip, float bound, bool input_forget) {
+  switch (host_isa()) {
+#if defined(__x86_64__)
+    case Isa::kAvx512: return lstm_cells_avx512(b, units, clip, bound, input_forget);
+    case Isa::kAvx2: return lstm_cells_avx2(b, units, clip, bound, input_forget);
+#endif
+    default: return lstm_cells_base(b, units, clip, bound, input_forget);
+  }
+}
+
+// Whether a direction's LSTM activations are the defaults the float cells compute.
+bool default_lstm_activations(const Activation* act) {
+  return act[0].kind == ActKind::kSigmoid && act[1].kind == ActKind::kTanh && act[2].kind == ActKind::kTanh;
+}
+
 template <typename T>
 struct ProjectedRun {
   const RnnAttrs* a = nullptr;
@@ -579,6 +701,24 @@ struct ProjectedRun {
         for (int64_t j = 0; j < pw; ++j) acc[g * pw + j] = rb && j < width ? rb[(g0 + g) * H + j0 + j] : T(0);
       gate_panel_dispatch(acc, ng, pw * static_cast<int64_t>(sizeof(T)), panel + g0 * pw, G * pw, hv, H);
       T* yt = y_at(t, b);
+      if constexpr (std::is_same_v<T, float>) {
+        if (a->cell == Cell::kLstm && default_lstm_activations(act)) {
+          LstmCellBlock cells;
+          for (int64_t jj = 0; jj < pw; ++jj) {
+            bool in = jj < width;
+            int64_t j = j0 + jj;
+            for (int g = 0; g < 4; ++g) cells.pre[g][jj] = in ? xp[g * H + j] + acc[g * pw + jj] : 0.0f;
+            for (int g = 0; g < 3; ++g) cells.peep[g][jj] = in && pd ? pd[g * H + j] : 0.0f;
+            cells.c[jj] = in ? cb[j] : 0.0f;
+          }
+          lstm_cells_dispatch(cells, static_cast<int>(pw), a->has_clip, static_cast<float>(a->clip), a->input_forget);
+          for (int64_t jj = 0; jj < width; ++jj) {
+            cb[j0 + jj] = cells.c[jj];
+            ho[j0 + jj] = yt[j0 + jj] = cells.h[jj];
+          }
+          continue;
+        }
+      }
       for (int64_t jj = 0; jj < width; ++jj) {
         int64_t j = j0 + jj;
         if (a->cell == Cell::kRnn) {

@@ -27,6 +27,11 @@ struct RnnCase {
   bool linear_before_reset = false;
   bool lens = false;  // sequence_lens [seq, 1, seq - 1, ...]
   DType dtype = DType::kFloat32;
+  bool peepholes = true;  // LSTM
+  double clip = 0;        // 0: no clip attribute
+  bool input_forget = false;
+  std::vector<std::string> activations;  // empty: the op's defaults
+  double x_scale = 1.0;                  // inputs uniform in [-x_scale, x_scale]
 };
 
 Tensor random_tensor(DType dt, std::vector<int64_t> shape, uint32_t seed, double scale) {
@@ -66,7 +71,7 @@ std::unique_ptr<Graph> rnn_graph(const RnnCase& c) {
   std::vector<std::string> outs = {"y", "yh"};
   if (c.op == "LSTM") {
     ins.push_back(g->add_constant("c0", random_tensor(c.dtype, state, 5, 0.5)));
-    ins.push_back(g->add_constant("p", random_tensor(c.dtype, {nd, 3 * c.hidden}, 6, 0.5)));
+    if (c.peepholes) ins.push_back(g->add_constant("p", random_tensor(c.dtype, {nd, 3 * c.hidden}, 6, 0.5)));
     outs.push_back("yc");
   }
   Node* n = g->add_node(c.op, ins, outs);
@@ -74,6 +79,13 @@ std::unique_ptr<Graph> rnn_graph(const RnnCase& c) {
   n->set_attr("direction", Attribute::of_string(c.direction));
   n->set_attr("layout", Attribute::of_int(c.layout));
   if (c.linear_before_reset) n->set_attr("linear_before_reset", Attribute::of_int(1));
+  if (c.clip > 0) n->set_attr("clip", Attribute::of_float(c.clip));
+  if (c.input_forget) n->set_attr("input_forget", Attribute::of_int(1));
+  if (!c.activations.empty()) {
+    std::vector<std::string> acts;
+    for (int64_t d = 0; d < nd; ++d) acts.insert(acts.end(), c.activations.begin(), c.activations.end());
+    n->set_attr("activations", Attribute::of_strings(acts));
+  }
   std::vector<Value*> results;
   for (size_t i = 0; i < outs.size(); ++i) results.push_back(n->output(i));
   g->set_outputs(results);
@@ -97,16 +109,20 @@ std::vector<Tensor> run(const RnnCase& c, bool projected, int threads, bool* was
   runtime::VM vm(compiled->program, threads);
   Tensor x = random_tensor(c.dtype, c.layout == 0 ? std::vector<int64_t>{c.seq, c.batch, c.input}
                                                   : std::vector<int64_t>{c.batch, c.seq, c.input},
-                           9, 1.0);
+                           9, c.x_scale);
   auto out = vm.run({x});
   EXPECT_TRUE(out.is_ok()) << out.status().message();
   return out.is_ok() ? *out : std::vector<Tensor>{};
 }
 
 std::string describe(const RnnCase& c) {
+  std::string acts;
+  for (const std::string& a : c.activations) acts += " " + a;
   return c.op + " " + c.direction + " hidden " + std::to_string(c.hidden) + " batch " + std::to_string(c.batch) +
          " layout " + std::to_string(c.layout) + (c.linear_before_reset ? " lbr" : "") + (c.lens ? " lens" : "") +
-         " " + dtype_name(c.dtype);
+         " " + dtype_name(c.dtype) + (c.peepholes ? "" : " no-peepholes") +
+         (c.clip > 0 ? " clip " + std::to_string(c.clip) : "") + (c.input_forget ? " input_forget" : "") + acts +
+         " x_scale " + std::to_string(c.x_scale);
 }
 
 void check(const RnnCase& c) {
@@ -138,6 +154,19 @@ TEST(ProjectedRnn, LstmMatchesReference) {
   check({.op = "LSTM", .direction = "bidirectional", .hidden = 17, .batch = 3, .lens = true});
   check({.op = "LSTM", .direction = "reverse", .hidden = 70, .batch = 2, .layout = 1});
   check({.op = "LSTM", .hidden = 33, .batch = 2, .dtype = DType::kFloat64});
+}
+
+// Float LSTMs with the default activations update their cells in float
+// vectors (exp, sigmoid, tanh of ops/rnn.cc); the reference uses libm in
+// double. Saturated gates (inputs up to 40), clip, input_forget and no
+// peepholes go through that path too; other activations do not.
+TEST(ProjectedRnn, LstmVectorCellsMatchReference) {
+  for (double scale : {0.05, 1.0, 8.0, 40.0}) check({.op = "LSTM", .hidden = 96, .batch = 2, .x_scale = scale});
+  check({.op = "LSTM", .hidden = 65, .peepholes = false});
+  check({.op = "LSTM", .direction = "bidirectional", .hidden = 30, .clip = 0.7, .x_scale = 4.0});
+  check({.op = "LSTM", .hidden = 40, .input_forget = true});
+  check({.op = "LSTM", .hidden = 40, .activations = {"Sigmoid", "Tanh", "Relu"}});
+  check({.op = "LSTM", .hidden = 40, .activations = {"HardSigmoid", "Tanh", "Tanh"}});
 }
 
 TEST(ProjectedRnn, GruMatchesReference) {
