@@ -710,8 +710,10 @@ struct Lowerer {
     return simplify(substitute(e, corner));
   }
 
-  // `body` with each select(cond, x, 0) whose cond (a conjunction of integer
-  // comparisons) holds over the whole tile replaced by x, its index clamps
+  // `body` with each select(cond, x, pad) whose cond (a conjunction of
+  // integer comparisons) holds over the whole tile replaced by x (pad, the
+  // padding value, is never read there: 0 for a convolution, -inf for a max
+  // pooling), its index clamps
   // min(k, i) / max(k, i) that cond makes redundant removed. *interior gets
   // the condition, over the loops outside the tile, under which that holds
   // (undefined: nothing replaced).
@@ -722,11 +724,8 @@ struct Lowerer {
     std::vector<Expr> holds;
     Expr out = rewrite(body, [&](const Expr& n) -> Expr {
       if (n.kind() != ExprKind::kSelect) return Expr();
-      const Expr& zero = n->args[2];
-      bool is_zero = (zero.kind() == ExprKind::kFloatImm && zero->float_value == 0.0) ||
-                     (zero.kind() == ExprKind::kIntImm && zero->int_value == 0);
       std::vector<Bound> bounds;
-      if (!is_zero || !collect_bounds(n->args[0], bounds)) return Expr();
+      if (!collect_bounds(n->args[0], bounds)) return Expr();
       std::vector<Expr> conds;
       for (const Bound& b : bounds) {
         Expr slack = tile_minimum(to_loops(b.r - b.l), tile_loops);
@@ -968,7 +967,7 @@ struct Lowerer {
       Expr at_last = simplify(substitute(g, last));
       full = full.defined() ? logical_and(full, at_last) : at_last;
     }
-    // Tiles that read no padding: a zero-padding select in the update whose
+    // Tiles that read no padding: a padding select in the update whose
     // condition holds at every point of the tile (checked at the tile's
     // extreme corner) is replaced by its load with the clamps of the index
     // removed, so interior tiles load plain vectors instead of masked ones

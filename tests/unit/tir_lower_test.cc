@@ -482,28 +482,35 @@ TEST(TirLower, DeferredEpilogue) {
 
 // Y[c, i] = sum_t X[c, i + t - 1] * W[c, t] over a zero-padded row of n
 // (t < 3): the padding inlined as select(in range, load(clamped index), 0).
-KernelDef padded_conv1d(int64_t channels, int64_t n) {
+// A 3-tap window over a row padded by one on each side: a convolution
+// (zero padding, sum of x * w) or a max pooling (-inf padding, max of x;
+// W unused).
+KernelDef padded_window1d(int64_t channels, int64_t n, bool max_pool) {
   KernelDef k;
-  k.name = "conv1d";
+  k.name = max_pool ? "maxpool1d" : "conv1d";
   k.params = {buf("X", {channels, n}), buf("W", {channels, 3}), buf("Y", {channels, n})};
   k.num_inputs = 2;
   Expr c = var("c"), i = var("i"), t = var("t");
   Expr at = i + t - int_imm(1);
+  Expr pad = float_imm(max_pool ? -std::numeric_limits<double>::infinity() : 0.0);
   Expr x = select(logical_and(le(int_imm(0), at), lt(at, int_imm(n))),
-                  ld("X", 0, {c, max(int_imm(0), min(int_imm(n - 1), at))}), float_imm(0.0));
-  k.stages = {reduce_stage("Y", {"c", "i"}, {channels, n}, {"t"}, {3}, Combiner::kSum, x * ld("W", 1, {c, t}))};
+                  ld("X", 0, {c, max(int_imm(0), min(int_imm(n - 1), at))}), pad);
+  k.stages = {max_pool ? reduce_stage("Y", {"c", "i"}, {channels, n}, {"t"}, {3}, Combiner::kMax, x)
+                       : reduce_stage("Y", {"c", "i"}, {channels, n}, {"t"}, {3}, Combiner::kSum,
+                                      x * ld("W", 1, {c, t}))};
   return k;
 }
 
-std::vector<std::vector<float>> padded_conv1d_ref(const HostData& r, int64_t channels, int64_t n) {
+std::vector<std::vector<float>> padded_window1d_ref(const HostData& r, int64_t channels, int64_t n, bool max_pool) {
   auto x = as_floats(r.bytes[0]), w = as_floats(r.bytes[1]);
   std::vector<float> y(static_cast<size_t>(channels * n));
   for (int64_t c = 0; c < channels; ++c)
     for (int64_t i = 0; i < n; ++i) {
-      float acc = 0.0f;
+      float acc = max_pool ? -std::numeric_limits<float>::infinity() : 0.0f;
       for (int64_t t = 0; t < 3; ++t) {
         int64_t j = i + t - 1;
-        if (j >= 0 && j < n) acc += x[c * n + j] * w[c * 3 + t];
+        if (j < 0 || j >= n) continue;
+        acc = max_pool ? std::max(acc, x[c * n + j]) : acc + x[c * n + j] * w[c * 3 + t];
       }
       y[c * n + i] = acc;
     }
@@ -513,27 +520,28 @@ std::vector<std::vector<float>> padded_conv1d_ref(const HostData& r, int64_t cha
 // Register tiles that read no padding run a copy whose loads have neither
 // the select nor the clamps (plain vector loads instead of masked ones); edge
 // tiles keep them. Both match the reference at sizes with and without
-// interior tiles.
+// interior tiles, for zero (convolution) and -inf (max pooling) padding.
 TEST(TirLower, InteriorTilesDropPaddingSelects) {
-  for (int64_t n : {1, 3, 17, 40, 1023}) {
-    SCOPED_TRACE("n = " + std::to_string(n));
-    KernelDef k = padded_conv1d(3, n);
-    auto ref = [n](const HostData& r) { return padded_conv1d_ref(r, 3, n); };
-    std::string text = n >= 8 ? "split_overlap(Y, i, 8)\nreorder(Y, c, i.o, i.i)\ncache_write(Y, i.o)\n"
-                                "unroll(Y, t)\nvectorize(Y, i.i)\n"
-                              : "cache_write(Y, c)\nvectorize(Y, i)\n";
-    auto s = parse_schedule(text);
-    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
-    expect_matches(k, *s, {}, ref);
-    auto f = lower(k, *s);
-    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
-    std::string printed = print_func(*f);
-    // Some tile of 8 lies inside the row from n = 17 on: a guarded fast copy.
-    bool interior = n >= 17;
-    EXPECT_EQ(printed.find("if (") != std::string::npos, interior) << printed;
-    EXPECT_EQ(printed.find("load(X#0:f32, c, i.i + ") != std::string::npos, interior) << printed;
-    EXPECT_NE(printed.find("select("), std::string::npos) << printed;  // the edge tiles
-  }
+  for (bool max_pool : {false, true})
+    for (int64_t n : {1, 3, 17, 40, 1023}) {
+      SCOPED_TRACE(std::string(max_pool ? "max pool" : "conv") + ", n = " + std::to_string(n));
+      KernelDef k = padded_window1d(3, n, max_pool);
+      auto ref = [n, max_pool](const HostData& r) { return padded_window1d_ref(r, 3, n, max_pool); };
+      std::string text = n >= 8 ? "split_overlap(Y, i, 8)\nreorder(Y, c, i.o, i.i)\ncache_write(Y, i.o)\n"
+                                  "unroll(Y, t)\nvectorize(Y, i.i)\n"
+                                : "cache_write(Y, c)\nvectorize(Y, i)\n";
+      auto s = parse_schedule(text);
+      ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+      expect_matches(k, *s, {}, ref);
+      auto f = lower(k, *s);
+      ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+      std::string printed = print_func(*f);
+      // Some tile of 8 lies inside the row from n = 17 on: a guarded fast copy.
+      bool interior = n >= 17;
+      EXPECT_EQ(printed.find("if (") != std::string::npos, interior) << printed;
+      EXPECT_EQ(printed.find("load(X#0:f32, c, i.i + ") != std::string::npos, interior) << printed;
+      EXPECT_NE(printed.find("select("), std::string::npos) << printed;  // the edge tiles
+    }
 }
 
 // rfactor (a reduce axis in vector lanes, with a guarded tail) and prefetch
