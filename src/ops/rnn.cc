@@ -15,8 +15,10 @@
 //   pool (one parallel loop per step; two for GRU without linear_before_reset,
 //   whose hidden gate reads r * h of every unit), each block accumulating its
 //   gate columns in vector registers over its panel of R, then updating its
-//   units' cell. Every unit's sum runs in the same order whatever the block
-//   split and thread count, so results do not depend on either.
+//   units' cell (in float vectors when the dtype is float and the
+//   activations are the defaults; see "cells in float vectors" below). Every
+//   unit's sum runs in the same order whatever the block split and thread
+//   count, so results do not depend on either.
 //
 // Semantics (the ONNX spec):
 // - layout 0: X [seq, batch, input], Y [seq, num_directions, batch, hidden],
@@ -523,12 +525,13 @@ void gate_panel_dispatch(double* acc, int ng, int64_t pb, const double* panel, i
   }
 }
 
-// ---- LSTM cells in float vectors --------------------------------------------
+// ---- LSTM and GRU cells in float vectors ------------------------------------
 
 // The cell update of a block of units when the activations are ONNX's default
-// (f = Sigmoid, g = h = Tanh) and the dtype is float: exp, sigmoid and tanh in
-// float vectors of VB bytes instead of a double libm call per gate (five per
-// unit: they took as long as streaming R through the step's gate sums).
+// (LSTM f = Sigmoid, g = h = Tanh; GRU f = Sigmoid, g = Tanh) and the dtype is
+// float: exp, sigmoid and tanh in float vectors of VB bytes instead of a
+// double libm call per gate (five per LSTM unit: they took as long as
+// streaming R through the step's gate sums).
 // exp: e^x = 2^n e^r with n = round(x log2 e), r = x - n ln 2 (ln 2 in two
 // parts so r is exact), e^r = 1 + r + r^2 p(r) with p of degree 5 (Cephes's
 // expf coefficients) on |r| <= ln2 / 2. tanh: Cephes's odd polynomial for
@@ -537,12 +540,23 @@ void gate_panel_dispatch(double* acc, int ng, int64_t pb, const double* panel, i
 // 1.2 (7e-8 absolute). Every unit runs the
 // same vector code (blocks are padded to whole vectors), so a unit's result
 // does not depend on the block split.
-struct LstmCellBlock {
+// What a CellBlock holds, per kind:
+// kLstm: pre = gate pre-activations without peepholes (i, o, f, c), peep =
+//   peepholes (i, o, f; zero when absent), c = cell state in and out, h out.
+// kGruLbr (linear_before_reset): pre = z and r pre-activations, x Wh + Wbh,
+//   h Rh + Rbh; c = previous h; h out.
+// kGruGates (phase 1 without it): pre = z and r pre-activations; c =
+//   previous h; h out = z, aux out = r * previous h.
+// kGruHidden (phase 2): pre[0] = z, pre[2] = the hidden gate's
+//   pre-activation; c = previous h; h out.
+enum class CellKind { kLstm, kGruLbr, kGruGates, kGruHidden };
+struct CellBlock {
   static constexpr int kUnits = kMaxPanelBytes / sizeof(float);
-  alignas(64) float pre[4][kUnits];  // gate pre-activations without peepholes, order i, o, f, c
-  alignas(64) float peep[3][kUnits];  // peepholes i, o, f (zero when absent)
-  alignas(64) float c[kUnits];        // cell state in and out
-  alignas(64) float h[kUnits];        // hidden state out
+  alignas(64) float pre[4][kUnits];
+  alignas(64) float peep[3][kUnits];
+  alignas(64) float c[kUnits];
+  alignas(64) float h[kUnits];
+  alignas(64) float aux[kUnits];
 };
 
 // Vectors pass by value between these always-inlined helpers only, inside the
@@ -595,53 +609,77 @@ struct F32Vectors {
   }
 
   // units: a multiple of kLanes.
-  static inline __attribute__((always_inline)) void lstm(LstmCellBlock& b, int units, bool clip, float bound,
-                                                         bool input_forget) {
+  static inline __attribute__((always_inline)) void cells(CellBlock& b, CellKind kind, int units, bool clip,
+                                                          float bound, bool input_forget) {
     auto load = [](const float* p) {
       V v;
       std::memcpy(&v, p, sizeof(V));
       return v;
     };
+    auto store = [](float* p, V v) { std::memcpy(p, &v, sizeof(V)); };
     auto clamp = [&](V v) { return clip ? min(max(v, splat(-bound)), splat(bound)) : v; };
+    const V one = splat(1.0f);
     for (int u = 0; u < units; u += kLanes) {
       V c = load(b.c + u);
+      if (kind == CellKind::kGruLbr) {
+        V z = sigmoid(clamp(load(b.pre[0] + u)));
+        V r = sigmoid(clamp(load(b.pre[1] + u)));
+        V ht = tanh(clamp(load(b.pre[2] + u) + r * load(b.pre[3] + u)));
+        store(b.h + u, (one - z) * ht + z * c);
+        continue;
+      }
+      if (kind == CellKind::kGruGates) {
+        store(b.h + u, sigmoid(clamp(load(b.pre[0] + u))));
+        store(b.aux + u, sigmoid(clamp(load(b.pre[1] + u))) * c);
+        continue;
+      }
+      if (kind == CellKind::kGruHidden) {
+        V z = load(b.pre[0] + u);
+        V ht = tanh(clamp(load(b.pre[2] + u)));
+        store(b.h + u, (one - z) * ht + z * c);
+        continue;
+      }
       V ig = sigmoid(clamp(load(b.pre[0] + u) + load(b.peep[0] + u) * c));
       V fg = input_forget ? splat(1.0f) - ig : sigmoid(clamp(load(b.pre[2] + u) + load(b.peep[2] + u) * c));
       V cg = tanh(clamp(load(b.pre[3] + u)));
       V cn = fg * c + ig * cg;
       V og = sigmoid(clamp(load(b.pre[1] + u) + load(b.peep[1] + u) * cn));
       V h = og * tanh(cn);
-      std::memcpy(b.c + u, &cn, sizeof(V));
-      std::memcpy(b.h + u, &h, sizeof(V));
+      store(b.c + u, cn);
+      store(b.h + u, h);
     }
   }
 };
 
-#define KILN_LSTM_CELLS(suffix, vector_bytes, target_attr)                                               \
-  target_attr void lstm_cells_##suffix(LstmCellBlock& b, int units, bool clip, float bound, bool input_forget) { \
-    F32Vectors<vector_bytes>::lstm(b, units, clip, bound, input_forget);                                  \
+#define KILN_CELLS(suffix, vector_bytes, target_attr)                                                      \
+  target_attr void cells_##suffix(CellBlock& b, CellKind kind, int units, bool clip, float bound,           \
+                                  bool input_forget) {                                                       \
+    F32Vectors<vector_bytes>::cells(b, kind, units, clip, bound, input_forget);                             \
   }
 #if defined(__x86_64__)
-KILN_LSTM_CELLS(avx512, 64, __attribute__((target("avx512f"))))
-KILN_LSTM_CELLS(avx2, 32, __attribute__((target("avx2,fma"))))
+KILN_CELLS(avx512, 64, __attribute__((target("avx512f"))))
+KILN_CELLS(avx2, 32, __attribute__((target("avx2,fma"))))
 #endif
-KILN_LSTM_CELLS(base, 16, )
-#undef KILN_LSTM_CELLS
+KILN_CELLS(base, 16, )
+#undef KILN_CELLS
 
 // units: a multiple of 16 (every panel width is).
-void lstm_cells_dispatch(LstmCellBlock& b, int units, bool clip, float bound, bool input_forget) {
+void cells_dispatch(CellBlock& b, CellKind kind, int units, bool clip, float bound, bool input_forget) {
   switch (host_isa()) {
 #if defined(__x86_64__)
-    case Isa::kAvx512: return lstm_cells_avx512(b, units, clip, bound, input_forget);
-    case Isa::kAvx2: return lstm_cells_avx2(b, units, clip, bound, input_forget);
+    case Isa::kAvx512: return cells_avx512(b, kind, units, clip, bound, input_forget);
+    case Isa::kAvx2: return cells_avx2(b, kind, units, clip, bound, input_forget);
 #endif
-    default: return lstm_cells_base(b, units, clip, bound, input_forget);
+    default: return cells_base(b, kind, units, clip, bound, input_forget);
   }
 }
 
-// Whether a direction's LSTM activations are the defaults the float cells compute.
-bool default_lstm_activations(const Activation* act) {
-  return act[0].kind == ActKind::kSigmoid && act[1].kind == ActKind::kTanh && act[2].kind == ActKind::kTanh;
+// Whether a direction's activations are the defaults the float cells compute.
+bool default_activations(Cell cell, const Activation* act) {
+  if (cell == Cell::kLstm)
+    return act[0].kind == ActKind::kSigmoid && act[1].kind == ActKind::kTanh && act[2].kind == ActKind::kTanh;
+  if (cell == Cell::kGru) return act[0].kind == ActKind::kSigmoid && act[1].kind == ActKind::kTanh;
+  return false;
 }
 
 template <typename T>
@@ -702,19 +740,39 @@ struct ProjectedRun {
       gate_panel_dispatch(acc, ng, pw * static_cast<int64_t>(sizeof(T)), panel + g0 * pw, G * pw, hv, H);
       T* yt = y_at(t, b);
       if constexpr (std::is_same_v<T, float>) {
-        if (a->cell == Cell::kLstm && default_lstm_activations(act)) {
-          LstmCellBlock cells;
+        if (default_activations(a->cell, act)) {
+          CellBlock cells;
+          CellKind kind = a->cell == Cell::kLstm ? CellKind::kLstm
+                          : a->linear_before_reset ? CellKind::kGruLbr
+                          : phase == 1             ? CellKind::kGruGates
+                                                   : CellKind::kGruHidden;
           for (int64_t jj = 0; jj < pw; ++jj) {
             bool in = jj < width;
             int64_t j = j0 + jj;
-            for (int g = 0; g < 4; ++g) cells.pre[g][jj] = in ? xp[g * H + j] + acc[g * pw + jj] : 0.0f;
+            for (int g = 0; g < 4; ++g) cells.pre[g][jj] = 0.0f;
+            if (in && kind == CellKind::kLstm) {
+              for (int g = 0; g < 4; ++g) cells.pre[g][jj] = xp[g * H + j] + acc[g * pw + jj];
+            } else if (in && kind == CellKind::kGruLbr) {
+              for (int g = 0; g < 2; ++g) cells.pre[g][jj] = xp[g * H + j] + acc[g * pw + jj];
+              cells.pre[2][jj] = xp[2 * H + j];
+              cells.pre[3][jj] = acc[2 * pw + jj];
+            } else if (in && kind == CellKind::kGruGates) {
+              for (int g = 0; g < 2; ++g) cells.pre[g][jj] = xp[g * H + j] + acc[g * pw + jj];
+            } else if (in) {  // kGruHidden: z waits in the output row since phase 1
+              cells.pre[0][jj] = ho[j];
+              cells.pre[2][jj] = xp[2 * H + j] + acc[jj];
+            }
             for (int g = 0; g < 3; ++g) cells.peep[g][jj] = in && pd ? pd[g * H + j] : 0.0f;
-            cells.c[jj] = in ? cb[j] : 0.0f;
+            cells.c[jj] = !in ? 0.0f : kind == CellKind::kLstm ? cb[j] : hb[j];
           }
-          lstm_cells_dispatch(cells, static_cast<int>(pw), a->has_clip, static_cast<float>(a->clip), a->input_forget);
+          cells_dispatch(cells, kind, static_cast<int>(pw), a->has_clip, static_cast<float>(a->clip),
+                         a->input_forget);
           for (int64_t jj = 0; jj < width; ++jj) {
-            cb[j0 + jj] = cells.c[jj];
-            ho[j0 + jj] = yt[j0 + jj] = cells.h[jj];
+            int64_t j = j0 + jj;
+            if (kind == CellKind::kLstm) cb[j] = cells.c[jj];
+            ho[j] = cells.h[jj];
+            if (kind == CellKind::kGruGates) hr[b * H + j] = cells.aux[jj];
+            else yt[j] = cells.h[jj];
           }
           continue;
         }

@@ -156,11 +156,18 @@ TEST(ProjectedRnn, LstmMatchesReference) {
   check({.op = "LSTM", .hidden = 33, .batch = 2, .dtype = DType::kFloat64});
 }
 
-// Float LSTMs with the default activations update their cells in float
-// vectors (exp, sigmoid, tanh of ops/rnn.cc); the reference uses libm in
-// double. Saturated gates (inputs up to 40), clip, input_forget and no
+// Float LSTMs and GRUs with the default activations update their cells in
+// float vectors (exp, sigmoid, tanh of ops/rnn.cc); the reference uses libm
+// in double. Saturated gates (inputs up to 40), clip, input_forget and no
 // peepholes go through that path too; other activations do not.
-TEST(ProjectedRnn, LstmVectorCellsMatchReference) {
+TEST(ProjectedRnn, VectorCellsMatchReference) {
+  for (bool lbr : {false, true}) {
+    for (double scale : {0.05, 8.0, 40.0})
+      check({.op = "GRU", .hidden = 70, .batch = 2, .linear_before_reset = lbr, .x_scale = scale});
+    check({.op = "GRU", .direction = "bidirectional", .hidden = 30, .linear_before_reset = lbr, .clip = 0.7,
+           .x_scale = 4.0});
+    check({.op = "GRU", .hidden = 40, .linear_before_reset = lbr, .activations = {"Sigmoid", "Relu"}});
+  }
   for (double scale : {0.05, 1.0, 8.0, 40.0}) check({.op = "LSTM", .hidden = 96, .batch = 2, .x_scale = scale});
   check({.op = "LSTM", .hidden = 65, .peepholes = false});
   check({.op = "LSTM", .direction = "bidirectional", .hidden = 30, .clip = 0.7, .x_scale = 4.0});
