@@ -967,11 +967,18 @@ Result<tir::Schedule> winograd_schedule(const tir::KernelDef& k, const std::stri
 // stream from memory, which two threads do not speed up (32->64 147x147, 33
 // MB and 21 products per byte: 11.6 -> 10.0 ms at 1 thread, but 6.8 -> 7.9
 // at 2; 80->192 71x71, 23 MB and 56: 20.0 -> 13.9 and 10.8 -> 10.3).
+//
+// And never below 16 products per byte: with so few, the five passes of the
+// Winograd kernel (padding, input transform, products, output transform,
+// copy out) over buffers larger than L2 do not scale to two threads
+// (kernel_bench on a Zen 4, 16->64 55x55, 12.8 per byte: conv.winograd 0.56
+// ms at 1 thread and 0.85 at 2; conv.panels 0.63 and 0.42).
 int winograd_priority(const Node& n, const Target&) {
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
   auto tiles = winograd_tiles(n, 2);
   if (!tiles || *tiles < 16 || ws[0] < 64 || ws[1] < 16) return 3;
   double o = static_cast<double>(ws[0]), c = static_cast<double>(ws[1]);
+  if (c * o / (c + o) < 16) return 3;
   double bytes = 16.0 * 4.0 * (c + o) * static_cast<double>(*tiles);
   return bytes <= 16.0 * (1 << 20) || c * o / (c + o) >= 40 ? 40 : 3;
 }
