@@ -734,15 +734,22 @@ tir::KnobSpace depthwise_space(const Node&, const Target&) {
 // and on strided ones (3x3 s2 144ch 56x56 0.27 -> 0.10; 576ch 14x14 even),
 // where the copy is of an input four times the output; it lost on stride 1
 // at 56 and 28 (3x3 144ch 56x56 0.41 -> 0.58, 5x5 240ch 28x28 0.17 -> 0.61),
-// where most 16-wide tiles touch an edge.
+// where most 16-wide tiles touch an edge. Strided kernels with outputs
+// narrower than 28 (one or two 16-wide tiles, all at an edge) copy instead,
+// since the copy is vectorized 16 lanes at a time (one-op models on a Zen 4,
+// inline -> copy: 3x3 s2 192ch 28x28 0.096 -> 0.040 ms, 5x5 s2 240ch 28x28
+// 0.35 -> 0.10; with 28-wide outputs inlining still won, 3x3 s2 144ch 56x56
+// 0.069 against 0.115).
 tir::Knobs depthwise_defaults(const Node& n, const Target& t) {
   int64_t inline_pad = 0;
   const TensorType& xt = n.input(0)->type();
   std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
   bool strided = std::any_of(strides.begin(), strides.end(), [](int64_t s) { return s > 1; });
+  const auto& yt = n.output(0)->type().shape;
   if (xt.shape && xt.shape->size() == 4) {
     auto w = (*xt.shape)[3].as_const();
-    inline_pad = strided || (w && *w >= 96) ? 1 : 0;
+    auto ow = yt && yt->size() == 4 ? (*yt)[3].as_const() : std::nullopt;
+    inline_pad = (strided && (!ow || *ow >= 28)) || (w && *w >= 96) ? 1 : 0;
   }
   // Row tiles of 4, or of 7, 6 or 5 where fewer rows are computed twice (the
   // last tile overlaps): 7 on 14- and 7-high planes (5x5 672ch 14x14: 0.27 ->
