@@ -537,9 +537,10 @@ void gate_panel_dispatch(double* acc, int ng, int64_t pb, const double* panel, i
 // expf coefficients) on |r| <= ln2 / 2. tanh: Cephes's odd polynomial for
 // |x| < 0.625, 1 - 2 / (e^2|x| + 1) above, with x's sign. Measured over
 // [-90, 90] against libm in double: exp within 1.01 ulp, sigmoid 2.5, tanh
-// 1.2 (7e-8 absolute). Every unit runs the
-// same vector code (blocks are padded to whole vectors), so a unit's result
-// does not depend on the block split.
+// 1.2 (7e-8 absolute). Every unit runs the same vector code (blocks are
+// padded to whole vectors), so a unit's result does not depend on the block
+// split.
+//
 // What a CellBlock holds, per kind:
 // kLstm: pre = gate pre-activations without peepholes (i, o, f, c), peep =
 //   peepholes (i, o, f; zero when absent), c = cell state in and out, h out.

@@ -544,6 +544,41 @@ TEST(TirLower, InteriorTilesDropPaddingSelects) {
     }
 }
 
+// A 3-tap convolution over an explicit zero-padded copy P (width n + 2)
+// that the window reads, so the copy is kept as its own stage.
+KernelDef conv1d_padded_copy(int64_t channels, int64_t n) {
+  KernelDef k;
+  k.name = "conv1d_copy";
+  k.params = {buf("X", {channels, n}), buf("W", {channels, 3}), buf("Y", {channels, n})};
+  k.num_inputs = 2;
+  Expr c = var("c"), p = var("p"), i = var("i"), t = var("t");
+  Expr at = p - int_imm(1);
+  Expr padded = select(logical_and(le(int_imm(0), at), lt(at, int_imm(n))),
+                       ld("X", 0, {c, max(int_imm(0), min(int_imm(n - 1), at))}), float_imm(0.0));
+  k.stages = {stage("P", {"c", "p"}, {channels, n + 2}, padded),
+              reduce_stage("Y", {"c", "i"}, {channels, n}, {"t"}, {3}, Combiner::kSum,
+                           ld("P", -1, {c, i + t}) * ld("W", 1, {c, t}))};
+  return k;
+}
+
+// The default schedule vectorizes a kept padded copy whose rows are not a
+// power of two wide 16 lanes at a time (one 58-lane vector could not mask
+// its select's loads and ran as a scalar loop); a power-of-two row stays one
+// vector. Both match the reference.
+TEST(TirLower, PaddedCopyVectorsOf16) {
+  for (int64_t n : {56, 62, 14}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    KernelDef k = conv1d_padded_copy(3, n);
+    auto ref = [n](const HostData& r) { return padded_window1d_ref(r, 3, n, false); };
+    Schedule d = default_schedule(k);
+    std::string text = d.to_string();
+    bool odd = n + 2 > 16 && ((n + 2) & (n + 1)) != 0;
+    EXPECT_EQ(text.find("split_overlap(P, p, 16)\nvectorize(P, p.i)") != std::string::npos, odd) << text;
+    if (!odd) EXPECT_NE(text.find("vectorize(P, p)"), std::string::npos) << text;
+    expect_matches(k, d, {}, ref);
+  }
+}
+
 // rfactor (a reduce axis in vector lanes, with a guarded tail) and prefetch
 // (a hint at the top of each reduce step, with or without rfactor) give the
 // same results as the reference, and print where the schedule put them.
