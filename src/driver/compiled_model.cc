@@ -90,7 +90,7 @@ std::string Model::kernels_text() const {
   std::ostringstream os;
   const Target& t = Target::host();
   os << "tuned for target " << t.name << " (" << t.vector_bytes << "-byte vectors x " << t.vector_registers
-     << " registers)\n";
+     << " registers" << (t.split_fma() ? ", " + std::to_string(t.fma_bytes) + "-byte FMA datapath" : "") << ")\n";
   for (const driver::KernelChoiceInfo& k : impl_->compiled.kernel_choices) {
     os << k.kernel << "  " << k.node << "\n    " << k.impl;
     if (!k.knobs.empty()) os << " (" << k.knobs << ")";

@@ -494,12 +494,19 @@ std::optional<int64_t> wvec_extent(const Node& n, bool flat) {
 // The default vector width over `extent` positions: two, four or one target
 // vectors (32, 64 or 16 lanes with AVX-512), whichever computes the fewest
 // positions twice, no wider than the extent (a 28-wide row in one 32-lane
-// vector is 28 lanes: LLVM splits such vectors into pieces).
-int64_t wvec_width(std::optional<int64_t> extent, const Target& t) {
+// vector is 28 lanes: LLVM splits such vectors into pieces). A flat 1x1 tile
+// on a split-FMA target (avx512-split) prefers one vector: measured on a Zen 4
+// (one-op models, 1 thread, interleaved, vw 32 -> 16, mr at its default), 1x1
+// 64->256 56x56 0.95 -> 0.91 ms, 256->64 56x56 0.97 -> 0.89, 1024->256 14x14
+// 1.07 -> 0.99, 768->192 17x17 0.81 -> 0.78, 512->1000 13x13 1.92 -> 1.76,
+// 128->512 28x28 0.96 -> 0.90, 16->96 112x112 0.44 -> 0.39; Winograd's
+// products and the strided stems did not gain, so they keep the rule above.
+int64_t wvec_width(std::optional<int64_t> extent, const Target& t, bool flat) {
   const int64_t lanes = t.lanes();
   if (!extent) return 2 * lanes;
+  double one = flat && t.split_fma() ? 1.1 : 0.9;
   std::vector<std::pair<int64_t, double>> tiles;
-  for (auto [v, rate] : {std::pair<int64_t, double>{2 * lanes, 1.0}, {4 * lanes, 0.98}, {lanes, 0.9}})
+  for (auto [v, rate] : {std::pair<int64_t, double>{2 * lanes, 1.0}, {4 * lanes, 0.98}, {lanes, one}})
     if (v <= *extent) tiles.emplace_back(v, rate);
   return tiles.empty() ? lanes : least_overlap_tile(*extent, tiles);
 }
@@ -541,7 +548,7 @@ tir::Knobs wvec_defaults(const Node& n, const Target& t) {
   int64_t o = out_channels(n);
   const int64_t lanes = t.lanes(), acc = t.accumulators();
   bool flat = one_by_one(n);
-  int64_t vw = wvec_width(wvec_extent(n, flat), t);
+  int64_t vw = wvec_width(wvec_extent(n, flat), t, flat);
   // Two thirds of the register file or more in accumulators (16 to 24 of
   // AVX-512's 32): two rows of one-vector tiles.
   int64_t rows = vw == lanes && !flat ? 2 : 1;
@@ -587,7 +594,7 @@ int wvec_priority(const Node& n, const Target& t) {
   if (phase_split(n)) return n.input(1)->constant().shape()[1] <= 4 ? 35 : 4;
   auto extent = wvec_extent(n, one_by_one(n));
   if (!one_by_one(n) || !extent || *extent < t.lanes() || deep_small_plane_one_by_one(n, t)) return 4;
-  int64_t vw = wvec_width(extent, t);
+  int64_t vw = wvec_width(extent, t, true);
   int64_t computed = (*extent + vw - 1) / vw * vw;
   return computed * 100 <= *extent * 115 ? 35 : 4;
 }
@@ -881,7 +888,7 @@ tir::Knobs winograd_defaults(const Node& n, const Target& t) {
   // -> 1.78; 64->256 13x13 0.72 -> 0.45, 448->384 8x8 2.11 -> 1.86 (the
   // 4x4 tiles waste up to half their outputs past a small plane's edge).
   const int64_t m = 2;
-  int64_t vw = wvec_width(winograd_tiles(n, m), t);
+  int64_t vw = wvec_width(winograd_tiles(n, m), t, false);
   std::vector<std::pair<int64_t, double>> mrs;
   for (auto [r, rate] : {std::pair<int64_t, double>{8, 1.0}, {12, 1.05}, {6, 0.95}, {4, 0.85}, {3, 0.8}})
     if (r * vw / lanes <= acc) mrs.emplace_back(r, rate);

@@ -5,8 +5,10 @@
 // generation (codegen/llvm) always targets the host's own features, so a
 // target other than the host's gives correct but differently tuned code.
 //
-// Target::host() is detected once from the CPU (AVX-512F: avx512, AVX2 with
-// FMA: avx2, otherwise generic; the level-2 cache size from the C library),
+// Target::host() is detected once from the CPU (AVX-512F: avx512, or
+// avx512-split on cores that run a 512-bit FMA as two 256-bit halves (AMD
+// family 19h, Zen 4); AVX2 with FMA: avx2, otherwise generic; the level-2
+// cache size from the C library),
 // unless the environment variable KILN_TARGET names one (with that target's
 // nominal cache size); the test suites set KILN_TARGET=avx512 so that the
 // knobs and schedules they print do not depend on the machine they run on.
@@ -19,9 +21,14 @@
 namespace kiln {
 
 struct Target {
-  std::string name = "generic";  // "avx512", "avx2", "generic"
+  std::string name = "generic";  // "avx512", "avx512-split", "avx2", "generic"
   int vector_bytes = 16;
   int vector_registers = 16;
+  // Width of the FMA datapath: vector_bytes where one instruction is one
+  // pass, 32 on AVX-512 cores that split a 512-bit FMA in two (avx512-split).
+  // Tiles that favour fewer, wider vector operands on full-width cores may
+  // prefer one vector per row on split ones (strategy/conv.cc wvec_width).
+  int fma_bytes = 16;
   // One core's level-2 cache: what a loop nest may expect to re-read without
   // going to the shared last level (nominal 2 MB, 512 KB, 256 KB for the
   // named targets; detected for the host).
@@ -32,6 +39,7 @@ struct Target {
   // Vector registers a register tile may hold: three quarters of the file,
   // the rest for broadcasts and loads (24 of 32, 12 of 16).
   int accumulators() const { return vector_registers * 3 / 4; }
+  bool split_fma() const { return fma_bytes < vector_bytes; }
 
   static std::optional<Target> named(const std::string& name);  // nullopt: unknown name
   static const Target& host();

@@ -452,6 +452,35 @@ TEST(StrategySelection, BadRecordedChoicesAreErrors) {
   EXPECT_NE(st.to_string().find("need a 2-D 3x3 kernel with stride 1"), std::string::npos) << st.to_string();
 }
 
+// A flat 1x1 tile is one vector of output positions on a target that splits
+// its 512-bit FMAs (avx512-split) and two on a full-width AVX-512 one; the
+// default stays inside the space on both; Winograd's products keep two.
+TEST(StrategyCandidates, SplitFmaTargetTakesOneVectorFlatTiles) {
+  auto width = [](const ConvCase& c, const std::string& cand_name, const char* target_name) -> int64_t {
+    auto g = conv_graph(c, random_tensor(c.w, 1), random_tensor({c.w[0]}, 2));
+    ops::InferContext ictx;
+    ictx.graph = g.get();
+    ictx.bounds = g->bounds;
+    EXPECT_TRUE(ops::infer_shapes(*g, ictx).is_ok());
+    const Target target = *Target::named(target_name);
+    for (const strategy::Candidate* cand : strategy::candidates_for("", "Conv")) {
+      if (cand->name != cand_name) continue;
+      tir::Knobs k = cand->default_knobs(*g->nodes()[0], target);
+      EXPECT_TRUE(cand->space(*g->nodes()[0], target).contains(k)) << tir::knobs_to_string(k);
+      return k.at("vw");
+    }
+    return 0;
+  };
+  const ConvCase one_by_one{Shape{1, 64, 56, 56}, {256, 64, 1, 1}, 1, 0, {1, 64, 56, 56}};
+  EXPECT_EQ(width(one_by_one, "conv.wvec", "avx512"), 32);
+  EXPECT_EQ(width(one_by_one, "conv.wvec", "avx512-split"), 16);
+  const ConvCase three{Shape{1, 64, 56, 56}, {64, 64, 3, 3}, 1, 1, {1, 64, 56, 56}};
+  EXPECT_EQ(width(three, "conv.winograd", "avx512"), 32);
+  EXPECT_EQ(width(three, "conv.winograd", "avx512-split"), 32);
+  EXPECT_EQ(Target::named("avx512-split")->fma_bytes, 32);
+  EXPECT_FALSE(Target::named("avx512")->split_fma());
+}
+
 TEST(StrategyCandidates, KnobSpacesSampleAndParse) {
   tir::KnobSpace s;
   s.knobs = {{"mr", {1, 2, 4}}, {"nr", {16, 32}}};
