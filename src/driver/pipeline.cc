@@ -553,6 +553,7 @@ Status ProgramBuilder::emit_node(const Node* n, Mode mode) {
       auto kernel = def->kernel(*n);
       if (!kernel.is_ok()) return kernel.status().with_context(in.where);
       in.op = runtime::OpCode::kCallHost;
+      in.fills_outputs = def->kernel_fills_outputs;
       in.callee = static_cast<int>(prog_->host_kernels.size());
       prog_->host_kernels.push_back(std::move(*kernel));
       for (const Value* v : n->inputs()) in.inputs.push_back(v ? reg(v) : -1);
@@ -658,8 +659,10 @@ void ProgramBuilder::plan_memory() {
     for (int r : in.outputs) {
       if (def_at[r] < 0) def_at[r] = static_cast<int>(i);
       if (in.op == runtime::OpCode::kView) alias_of[r] = in.inputs[0];
-      if (in.op == runtime::OpCode::kCallHost || in.op == runtime::OpCode::kIf || in.op == runtime::OpCode::kLoop ||
-          in.op == runtime::OpCode::kScan)
+      // Outputs a host kernel allocates itself are not planned; those it
+      // fills (fills_outputs) are, like a compiled kernel's.
+      if ((in.op == runtime::OpCode::kCallHost && !in.fills_outputs) || in.op == runtime::OpCode::kIf ||
+          in.op == runtime::OpCode::kLoop || in.op == runtime::OpCode::kScan)
         host_owned[r] = true;
     }
   }

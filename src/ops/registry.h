@@ -79,6 +79,11 @@ struct OpDef {
   std::function<Result<std::vector<tir::ComputeDef>>(const Node&, LowerContext&)> lower;
   // For runtime-kernel ops: builds the kernel for this node.
   std::function<Result<RuntimeKernel>(const Node&)> kernel;
+  // The kernel writes into the outputs it is given: an output passed in
+  // defined (the VM passes those whose inferred shapes it can evaluate before
+  // the call, from the memory plan or its buffer pool) must be written in
+  // full, in place, and kept; only outputs passed undefined are allocated.
+  bool kernel_fills_outputs = false;
   // Output i aliases input 0's storage (view op): Reshape, Flatten, Squeeze, Unsqueeze, Identity.
   bool is_view = false;
   // Elementwise (with broadcasting): may be fused into a chain with neighbours.

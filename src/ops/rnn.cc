@@ -41,6 +41,7 @@
 //   g(x Wh + Wbh + (r * H) Rh + Rbh). LSTM input_forget couples f = 1 - i.
 // Computation is in the input's dtype (f32 or f64).
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstring>
 #include <cmath>
@@ -263,19 +264,68 @@ Status infer_rnn(Cell cell, Node& n, InferContext& ctx) {
 template <typename T>
 struct RnnOptionals {
   const T* B = nullptr;
-  std::vector<int64_t> lens;
-  std::vector<int64_t> state_shape;
+  std::vector<int64_t> lens;  // a thread's object is reused: no allocation once warm
+  std::array<int64_t, 3> state_shape{};
   const T* H0 = nullptr;
   const T* C0 = nullptr;
   const T* P = nullptr;
 };
 
+bool has_shape(const std::vector<int64_t>& shape, std::initializer_list<int64_t> want) {
+  return std::equal(shape.begin(), shape.end(), want.begin(), want.end());
+}
+bool has_shape(const std::vector<int64_t>& shape, const std::array<int64_t, 3>& want) {
+  return std::equal(shape.begin(), shape.end(), want.begin(), want.end());
+}
+
+// The layer's outputs Y, Y_h and Y_c, f32 or f64. The kernel fills the
+// outputs the VM passes in (OpDef::kernel_fills_outputs): a buffer of the
+// inferred shape from the memory plan or the run's pool; an output passed
+// undefined gets a fresh zero-filled tensor, one the node does not have a
+// thread's scratch. `zero_y`: some batch entry is shorter than the sequence,
+// so Y must read 0 at the steps it skips.
+template <typename T>
+struct RnnOutputs {
+  T* y = nullptr;
+  T* yh = nullptr;
+  T* yc = nullptr;
+};
+
+template <typename T>
+Status take_outputs(std::vector<Tensor>& out, DType dt, const std::array<int64_t, 4>& y_shape,
+                    const std::array<int64_t, 3>& state_shape, bool zero_y, RnnOutputs<T>& o) {
+  thread_local std::vector<T> spare[3];
+  auto take = [&](size_t i, const int64_t* dims, size_t rank, bool zero) -> Result<T*> {
+    int64_t n = 1;
+    for (size_t k = 0; k < rank; ++k) n *= dims[k];
+    if (i < out.size() && out[i].defined()) {
+      Tensor& t = out[i];
+      if (t.dtype() != dt || !std::equal(t.shape().begin(), t.shape().end(), dims, dims + rank))
+        return internal_error() << "output " << i << " was given as " << t.describe();
+      if (zero) std::memset(t.data(), 0, static_cast<size_t>(n) * sizeof(T));
+      return t.data_as<T>();
+    }
+    if (i < out.size()) {
+      KILN_ASSIGN_OR_RETURN(out[i], Tensor::allocate(dt, std::vector<int64_t>(dims, dims + rank),
+                                                     i == 0 ? "Y" : i == 1 ? "Y_h" : "Y_c"));
+      return out[i].data_as<T>();
+    }
+    spare[i].assign(static_cast<size_t>(n), T(0));
+    return spare[i].data();
+  };
+  KILN_ASSIGN_OR_RETURN(o.y, take(0, y_shape.data(), 4, zero_y));
+  KILN_ASSIGN_OR_RETURN(o.yh, take(1, state_shape.data(), 3, false));
+  KILN_ASSIGN_OR_RETURN(o.yc, take(2, state_shape.data(), 3, false));
+  return Status::ok();
+}
+
 template <typename T>
 Status read_optionals(const RnnAttrs& a, const std::vector<Tensor>& in, int64_t S, int64_t NB, int64_t ND, int64_t G,
                       int64_t H, RnnOptionals<T>& o) {
   auto present = [&](size_t i) { return i < in.size() && in[i].defined(); };
+  o.B = o.H0 = o.C0 = o.P = nullptr;
   if (present(3)) {
-    if (in[3].shape() != std::vector<int64_t>{ND, 2 * G * H}) return invalid_argument() << "B is " << in[3].describe();
+    if (!has_shape(in[3].shape(), {ND, 2 * G * H})) return invalid_argument() << "B is " << in[3].describe();
     o.B = in[3].data_as<T>();
   }
   o.lens.assign(static_cast<size_t>(NB), S);
@@ -286,17 +336,17 @@ Status read_optionals(const RnnAttrs& a, const std::vector<Tensor>& in, int64_t 
       if (o.lens[b] < 0 || o.lens[b] > S) return invalid_argument() << "sequence_lens[" << b << "] = " << o.lens[b];
     }
   }
-  o.state_shape = a.layout == 0 ? std::vector<int64_t>{ND, NB, H} : std::vector<int64_t>{NB, ND, H};
+  o.state_shape = a.layout == 0 ? std::array<int64_t, 3>{ND, NB, H} : std::array<int64_t, 3>{NB, ND, H};
   if (present(5)) {
-    if (in[5].shape() != o.state_shape) return invalid_argument() << "initial_h is " << in[5].describe();
+    if (!has_shape(in[5].shape(), o.state_shape)) return invalid_argument() << "initial_h is " << in[5].describe();
     o.H0 = in[5].data_as<T>();
   }
   if (a.cell == Cell::kLstm && present(6)) {
-    if (in[6].shape() != o.state_shape) return invalid_argument() << "initial_c is " << in[6].describe();
+    if (!has_shape(in[6].shape(), o.state_shape)) return invalid_argument() << "initial_c is " << in[6].describe();
     o.C0 = in[6].data_as<T>();
   }
   if (a.cell == Cell::kLstm && present(7)) {
-    if (in[7].shape() != std::vector<int64_t>{ND, 3 * H}) return invalid_argument() << "P is " << in[7].describe();
+    if (!has_shape(in[7].shape(), {ND, 3 * H})) return invalid_argument() << "P is " << in[7].describe();
     o.P = in[7].data_as<T>();
   }
   return Status::ok();
@@ -314,25 +364,26 @@ Status run_rnn(const RnnAttrs& a, const std::vector<Tensor>& in, std::vector<Ten
   const int64_t H = rt.shape()[2];
   const int64_t ND = a.num_directions;
   const int64_t G = gate_count(a.cell);
-  if (wt.shape() != std::vector<int64_t>{ND, G * H, I}) {
+  if (!has_shape(wt.shape(), {ND, G * H, I})) {
     return invalid_argument() << "W is " << wt.describe() << ", expected [" << ND << "," << G * H << "," << I << "]";
   }
-  if (rt.shape() != std::vector<int64_t>{ND, G * H, H}) return invalid_argument() << "R is " << rt.describe();
+  if (!has_shape(rt.shape(), {ND, G * H, H})) return invalid_argument() << "R is " << rt.describe();
   const T* X = xt.data_as<T>();
   const T* W = wt.data_as<T>();
   const T* R = rt.data_as<T>();
-  RnnOptionals<T> opt;
+  thread_local RnnOptionals<T> opt;
   KILN_RETURN_IF_ERROR(read_optionals(a, in, S, NB, ND, G, H, opt));
   const T *B = opt.B, *H0 = opt.H0, *C0 = opt.C0, *P = opt.P;
   const std::vector<int64_t>& lens = opt.lens;
-  const std::vector<int64_t>& state_shape = opt.state_shape;
 
   DType dt = xt.dtype();
-  std::vector<int64_t> y_shape = a.layout == 0 ? std::vector<int64_t>{S, ND, NB, H} : std::vector<int64_t>{NB, S, ND, H};
-  Tensor y(dt, y_shape), yh(dt, state_shape), yc(dt, state_shape);  // zero-filled
-  T* Y = y.data_as<T>();
-  T* YH = yh.data_as<T>();
-  T* YC = yc.data_as<T>();
+  std::array<int64_t, 4> y_shape = a.layout == 0 ? std::array<int64_t, 4>{S, ND, NB, H} : std::array<int64_t, 4>{NB, S, ND, H};
+  RnnOutputs<T> outs;
+  bool short_entry = std::any_of(lens.begin(), lens.end(), [&](int64_t l) { return l < S; });
+  KILN_RETURN_IF_ERROR(take_outputs(out, dt, y_shape, opt.state_shape, short_entry, outs));
+  T* Y = outs.y;
+  T* YH = outs.yh;
+  T* YC = outs.yc;
 
   auto x_at = [&](int64_t t, int64_t b) { return X + (a.layout == 0 ? (t * NB + b) : (b * S + t)) * I; };
   auto state_off = [&](int64_t d, int64_t b) { return (a.layout == 0 ? (d * NB + b) : (b * ND + d)) * H; };
@@ -396,9 +447,6 @@ Status run_rnn(const RnnAttrs& a, const std::vector<Tensor>& in, std::vector<Ten
       std::copy(c.begin(), c.end(), YC + state_off(d, b));
     }
   }
-  if (out.size() > 0) out[0] = std::move(y);
-  if (out.size() > 1) out[1] = std::move(yh);
-  if (out.size() > 2) out[2] = std::move(yc);
   return Status::ok();
 }
 
@@ -832,26 +880,35 @@ Status run_projected(const RnnAttrs& a, const std::vector<Tensor>& in, std::vect
     return invalid_argument() << "packed R is " << rt.describe() << ": panels of " << pw << " units";
   run.pw = pw;
   const int64_t S = run.S, NB = run.NB, ND = run.ND, G = run.G, H = run.H;
-  if (rt.shape() != std::vector<int64_t>{ND, (H + pw - 1) / pw, H, G, pw})
+  if (!has_shape(rt.shape(), {ND, (H + pw - 1) / pw, H, G, pw}))
     return invalid_argument() << "packed R is " << rt.describe();
   if (xt.shape()[2] != ND * G * H) return invalid_argument() << "projected X is " << xt.describe();
   if (a.hidden > 0 && a.hidden != H) return invalid_argument() << "hidden_size " << a.hidden << ", R has " << H;
   run.X = xt.data_as<T>();
   run.RT = rt.data_as<T>();
-  RnnOptionals<T> opt;
+  thread_local RnnOptionals<T> opt;
   KILN_RETURN_IF_ERROR(read_optionals(a, in, S, NB, ND, G, H, opt));
   run.B = opt.B;
   run.P = opt.P;
   const T *H0 = opt.H0, *C0 = opt.C0;
   const std::vector<int64_t>& lens = opt.lens;
-  const std::vector<int64_t>& state_shape = opt.state_shape;
   run.lens = &lens;
   auto state_off = [&](int64_t d, int64_t b) { return (a.layout == 0 ? (d * NB + b) : (b * ND + d)) * H; };
   DType dt = xt.dtype();
-  std::vector<int64_t> y_shape = a.layout == 0 ? std::vector<int64_t>{S, ND, NB, H} : std::vector<int64_t>{NB, S, ND, H};
-  Tensor y(dt, y_shape), yh(dt, state_shape), yc(dt, state_shape);  // zero-filled
-  run.Y = y.data_as<T>();
-  std::vector<T> h0(static_cast<size_t>(NB * H)), h1(h0.size()), c(h0.size()), hr(h0.size());
+  std::array<int64_t, 4> y_shape = a.layout == 0 ? std::array<int64_t, 4>{S, ND, NB, H} : std::array<int64_t, 4>{NB, S, ND, H};
+  RnnOutputs<T> outs;
+  bool short_entry = std::any_of(lens.begin(), lens.end(), [&](int64_t l) { return l < S; });
+  KILN_RETURN_IF_ERROR(take_outputs(out, dt, y_shape, opt.state_shape, short_entry, outs));
+  run.Y = outs.y;
+  // The recurrent state: h in and out, c, and r * h for GRU (a thread's
+  // buffers, reused from run to run).
+  thread_local std::vector<T> state;
+  const size_t units = static_cast<size_t>(NB * H);
+  state.resize(4 * units);
+  T* h0 = state.data();
+  T* h1 = h0 + units;
+  T* c = h1 + units;
+  T* hr = c + units;
   int64_t max_len = 0;
   for (int64_t l : lens) max_len = std::max(max_len, l);
   int64_t blocks = (H + pw - 1) / pw;
@@ -863,10 +920,10 @@ Status run_projected(const RnnAttrs& a, const std::vector<Tensor>& in, std::vect
         c[b * H + j] = C0 ? C0[state_off(d, b) + j] : T(0);
       }
     run.d = d;
-    run.c = c.data();
-    run.hr = hr.data();
-    T* cur = h0.data();
-    T* next = h1.data();
+    run.c = c;
+    run.hr = hr;
+    T* cur = h0;
+    T* next = h1;
     for (int64_t s = 0; s < max_len; ++s) {
       run.s = s;
       run.h_in = cur;
@@ -879,16 +936,11 @@ Status run_projected(const RnnAttrs& a, const std::vector<Tensor>& in, std::vect
       }
       std::swap(cur, next);
     }
-    T* YH = yh.data_as<T>();
-    T* YC = yc.data_as<T>();
     for (int64_t b = 0; b < NB; ++b) {
-      std::copy(cur + b * H, cur + (b + 1) * H, YH + state_off(d, b));
-      std::copy(c.begin() + b * H, c.begin() + (b + 1) * H, YC + state_off(d, b));
+      std::copy(cur + b * H, cur + (b + 1) * H, outs.yh + state_off(d, b));
+      std::copy(c + b * H, c + (b + 1) * H, outs.yc + state_off(d, b));
     }
   }
-  if (out.size() > 0) out[0] = std::move(y);
-  if (out.size() > 1) out[1] = std::move(yh);
-  if (out.size() > 2) out[2] = std::move(yc);
   return Status::ok();
 }
 
@@ -918,6 +970,7 @@ void register_rnn(const char* name, Cell cell) {
   def.name = name;
   def.infer = [cell](Node& n, InferContext& ctx) { return infer_rnn(cell, n, ctx); };
   def.kernel = [cell](const Node& n) { return rnn_kernel(cell, n); };
+  def.kernel_fills_outputs = true;
   register_op(std::move(def));
 }
 

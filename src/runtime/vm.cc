@@ -1,5 +1,6 @@
 #include "runtime/vm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -98,7 +99,16 @@ class ScopedMemoryLimit {
 
 using Env = std::map<std::string, int64_t, std::less<>>;
 
-Result<std::vector<int64_t>> eval_shape(const std::vector<Expr>& shape, const Env& env, const std::string& what) {
+// What an error names ("output 'y'"), spelled only when there is an error:
+// building it for every instruction of every run cost an allocation each.
+struct What {
+  const char* prefix;  // "", "input ", "output "
+  const std::string& name;
+  std::string str() const { return prefix + ("'" + name + "'"); }
+};
+std::ostream& operator<<(std::ostream& os, const What& w) { return os << w.str(); }
+
+Result<std::vector<int64_t>> eval_shape(const std::vector<Expr>& shape, const Env& env, const What& what) {
   std::vector<int64_t> out;
   out.reserve(shape.size());
   for (const Expr& d : shape) {
@@ -113,7 +123,7 @@ Result<std::vector<int64_t>> eval_shape(const std::vector<Expr>& shape, const En
 // Binds the symbols of `pattern` from the concrete `dims`: a plain symbol
 // takes the value; any other dim must evaluate to the value once bound.
 Status bind_dims(const std::vector<Expr>& pattern, const std::vector<int64_t>& dims, Env& env,
-                 const SymbolBounds& bounds, const std::string& what) {
+                 const SymbolBounds& bounds, const What& what) {
   auto show = [&] {
     std::ostringstream os;
     os << "[";
@@ -281,6 +291,19 @@ Result<Tensor> stack(const std::vector<Tensor>& parts, int64_t axis, bool revers
 
 bool truth(const Tensor& t) { return t.get_f64(0) != 0.0; }
 
+// Runs `f` when the scope ends (every return path of VM::Impl::run).
+template <typename F>
+class ScopeExit {
+ public:
+  explicit ScopeExit(F& f) : f_(f) {}
+  ~ScopeExit() { f_(); }
+  ScopeExit(const ScopeExit&) = delete;
+  ScopeExit& operator=(const ScopeExit&) = delete;
+
+ private:
+  F& f_;
+};
+
 }  // namespace
 
 struct VM::Impl {
@@ -293,6 +316,14 @@ struct VM::Impl {
   bool profiling = false;
   std::vector<VM::InstrProfile> profile;
   std::vector<std::unique_ptr<VM>> subvms;  // by Program::subprograms index, created on first use
+  // Kept across runs (see run): the registers, whether the constants are
+  // bound in them, and the argument arrays of kernel and host calls.
+  std::vector<Tensor> regs;
+  bool constants_bound = false;
+  std::vector<void*> args;
+  std::vector<int64_t> syms;
+  std::vector<Tensor> host_ins, host_outs;
+  std::vector<void*> host_given;
 
   Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs);
   // Runs sub-program `index` on `inputs` followed by the captured registers.
@@ -469,7 +500,27 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
       return resource_exhausted() << "out of memory allocating the model's arena (" << format_bytes(p.arena_bytes) << ")";
     arena = std::shared_ptr<void>(a, [](void* q) { std::free(q); });
   }
-  std::vector<Tensor> regs(p.registers.size());
+  // Registers persist across runs (a VM runs one call at a time): a tensor
+  // borrowed from the arena, a constant, and a view of either keep their
+  // handles, so a warm run of a static-shape program builds no tensor for
+  // them. Everything else (inputs, outputs, pool and host-kernel buffers) is
+  // dropped when the run ends, successful or not, so the VM holds no memory
+  // of the caller's between runs.
+  if (regs.size() != p.registers.size()) {
+    regs.assign(p.registers.size(), Tensor());
+    constants_bound = false;
+  }
+  const char* arena_begin = static_cast<const char*>(arena.get());
+  const char* arena_end = arena_begin ? arena_begin + p.arena_bytes : nullptr;
+  auto in_arena = [&](const Tensor& t) {
+    const char* d = static_cast<const char*>(t.data());
+    return arena_begin != nullptr && t.defined() && !t.owns_storage() && d >= arena_begin && d < arena_end;
+  };
+  auto drop_transient = [&] {
+    for (size_t r = 0; r < regs.size(); ++r)
+      if (regs[r].defined() && !p.registers[r].is_constant && !in_arena(regs[r])) regs[r] = Tensor();
+  };
+  ScopeExit<decltype(drop_transient)> drop(drop_transient);
   Env env;
 
   if (inputs.size() != p.input_registers.size())
@@ -478,7 +529,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
     int r = p.input_registers[i];
     const RegisterInfo& info = p.registers[r];
     const Tensor& t = inputs[i];
-    std::string what = "input '" + info.name + "'";
+    What what{"input ", info.name};
     if (!t.defined()) return invalid_argument() << what << " is missing";
     if (t.dtype() != info.dtype)
       return invalid_argument() << what << " has dtype " << dtype_name(t.dtype()) << ", expected "
@@ -490,15 +541,33 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
     else
       regs[r] = t;
   }
-  for (size_t r = 0; r < p.registers.size(); ++r)
-    if (p.registers[r].is_constant) regs[r] = p.registers[r].constant;
+  if (!constants_bound) {
+    for (size_t r = 0; r < p.registers.size(); ++r)
+      if (p.registers[r].is_constant) regs[r] = p.registers[r].constant;
+    constants_bound = true;
+  }
 
+  // True when regs[r] already holds `data` with the shape info.shape takes
+  // now (a warm run of a static plan): nothing to build.
+  auto holds = [&](int r, const void* data) {
+    const Tensor& t = regs[r];
+    const std::vector<Expr>& shape = p.registers[r].shape;
+    if (!t.defined() || t.data() != data || t.dtype() != p.registers[r].dtype || static_cast<size_t>(t.rank()) != shape.size())
+      return false;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      auto v = evaluate(shape[i], env);
+      if (!v.is_ok() || *v != t.shape()[i]) return false;
+    }
+    return true;
+  };
   auto allocate = [&](int r) -> Status {
     const RegisterInfo& info = p.registers[r];
-    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, eval_shape(info.shape, env, "'" + info.name + "'"));
-    std::string what = "'" + info.name + "'";
+    bool planned = info.arena_offset >= 0 && !info.is_output && info.dtype != DType::kString && arena_begin;
+    if (planned && holds(r, arena_begin + info.arena_offset)) return Status::ok();
+    What what{"", info.name};
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, eval_shape(info.shape, env, what));
     if (info.dtype == DType::kString) {
-      KILN_ASSIGN_OR_RETURN(regs[r], Tensor::allocate(info.dtype, std::move(shape), what));
+      KILN_ASSIGN_OR_RETURN(regs[r], Tensor::allocate(info.dtype, std::move(shape), what.str()));
     } else if (info.arena_offset >= 0 && !info.is_output) {
       regs[r] = Tensor::borrow(info.dtype, std::move(shape), static_cast<char*>(arena.get()) + info.arena_offset);
     } else {
@@ -508,8 +577,10 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
       // run: 2 ms of a 0.5 ms depthwise kernel's 1.2 MB output in a VM).
       // Together they must fit under the limit.
       int64_t in_use = buffers.live_bytes();
-      KILN_RETURN_IF_ERROR(check_allocation(info.dtype, shape, std::max<int64_t>(limit - in_use, 0), what));
-      int64_t bytes = *checked_nbytes(info.dtype, shape);
+      int64_t room = std::max<int64_t>(limit - in_use, 0);
+      std::optional<int64_t> fits = checked_nbytes(info.dtype, shape);
+      if (!fits || *fits > room) KILN_RETURN_IF_ERROR(check_allocation(info.dtype, shape, room, what.str()));
+      int64_t bytes = *fits;
       std::shared_ptr<void> block = buffers.acquire(bytes);
       if (block == nullptr)
         return resource_exhausted() << what << ": out of memory allocating " << dtype_name(info.dtype)
@@ -519,8 +590,6 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
     return Status::ok();
   };
 
-  std::vector<void*> args;
-  std::vector<int64_t> syms;
   size_t pc = 0;
   while (pc < p.instrs.size()) {
     const Instr& in = p.instrs[pc];
@@ -550,23 +619,64 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         break;
       }
       case OpCode::kCallHost: {
-        std::vector<Tensor> ins, outs;
-        for (int r : in.inputs) ins.push_back(r >= 0 ? regs[r] : Tensor());
-        outs.resize(in.outputs.size());
+        // The operands are moved into the argument array and back (a copy
+        // of each tensor handle was an allocation per operand and call); an
+        // operand named twice is copied from its first slot.
+        host_ins.resize(in.inputs.size());
+        for (size_t i = 0; i < in.inputs.size(); ++i) {
+          int r = in.inputs[i];
+          auto first = std::find(in.inputs.begin(), in.inputs.begin() + static_cast<long>(i), r);
+          if (r < 0) host_ins[i] = Tensor();
+          else if (first != in.inputs.begin() + static_cast<long>(i)) host_ins[i] = host_ins[first - in.inputs.begin()];
+          else host_ins[i] = std::move(regs[r]);
+        }
+        auto restore_inputs = [&] {
+          for (size_t i = 0; i < in.inputs.size(); ++i) {
+            int r = in.inputs[i];
+            if (r >= 0 && std::find(in.inputs.begin(), in.inputs.begin() + static_cast<long>(i), r) ==
+                              in.inputs.begin() + static_cast<long>(i))
+              regs[r] = std::move(host_ins[i]);
+            host_ins[i] = Tensor();
+          }
+        };
+        host_outs.resize(in.outputs.size());
+        for (Tensor& t : host_outs) t = Tensor();
+        if (in.fills_outputs) {
+          // Outputs whose shapes are known before the call are the kernel's
+          // to fill: from the memory plan or the run's pool.
+          for (size_t i = 0; i < in.outputs.size(); ++i) {
+            int r = in.outputs[i];
+            bool known = true;
+            for (const Expr& d : p.registers[r].shape) known = known && evaluate(d, env).is_ok();
+            if (!known) continue;
+            Status st = allocate(r).with_context(in.where);
+            if (!st.is_ok()) {
+              restore_inputs();
+              return st;
+            }
+            host_outs[i] = std::move(regs[r]);
+          }
+        }
+        host_given.resize(in.outputs.size());
+        for (size_t i = 0; i < in.outputs.size(); ++i) host_given[i] = host_outs[i].data();
         // Host kernels may run parallel loops on the model's pool too (the recurrent ops do).
         set_current_thread_pool(pool);
-        Status host_status = p.host_kernels[in.callee](ins, outs);
+        Status host_status = p.host_kernels[in.callee](host_ins, host_outs);
         set_current_thread_pool(nullptr);
+        restore_inputs();
         KILN_RETURN_IF_ERROR(std::move(host_status).with_context(in.where));
         for (size_t i = 0; i < in.outputs.size(); ++i) {
           int r = in.outputs[i];
           const RegisterInfo& info = p.registers[r];
-          if (outs[i].dtype() != info.dtype)
-            return internal_error() << in.where << ": host kernel produced " << outs[i].describe()
+          if (host_given[i] != nullptr && host_outs[i].data() != host_given[i])
+            return internal_error() << in.where << ": host kernel replaced the buffer of output '" << info.name
+                                    << "' it was given";
+          if (host_outs[i].dtype() != info.dtype)
+            return internal_error() << in.where << ": host kernel produced " << host_outs[i].describe()
                                     << " for " << dtype_name(info.dtype) << " output '" << info.name << "'";
-          KILN_RETURN_IF_ERROR(bind_dims(info.shape, outs[i].shape(), env, p.bounds, "output '" + info.name + "'")
+          KILN_RETURN_IF_ERROR(bind_dims(info.shape, host_outs[i].shape(), env, p.bounds, What{"output ", info.name})
                                    .with_context(in.where));
-          regs[r] = std::move(outs[i]);
+          regs[r] = std::move(host_outs[i]);
         }
         break;
       }
@@ -574,13 +684,14 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         int out = in.outputs[0];
         const RegisterInfo& info = p.registers[out];
         const Tensor& src = regs[in.inputs[0]];
+        if (in.inputs.size() == 1 && in_arena(src) && holds(out, src.data())) break;  // the same view as last run
         std::vector<int64_t> shape;
         if (in.inputs.size() > 1) {
           // Reshape to a shape tensor known only now (0 copies a dim, -1 is inferred).
           KILN_ASSIGN_OR_RETURN(shape, reshape_target(src, regs[in.inputs[1]], in.where));
-          KILN_RETURN_IF_ERROR(bind_dims(info.shape, shape, env, p.bounds, "'" + info.name + "'").with_context(in.where));
+          KILN_RETURN_IF_ERROR(bind_dims(info.shape, shape, env, p.bounds, What{"", info.name}).with_context(in.where));
         } else {
-          KILN_ASSIGN_OR_RETURN(shape, eval_shape(info.shape, env, "'" + info.name + "'"));
+          KILN_ASSIGN_OR_RETURN(shape, eval_shape(info.shape, env, What{"", info.name}));
         }
         int64_t n = 1;
         for (int64_t d : shape) n *= d;
@@ -651,14 +762,15 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
           if (t.dtype() != info.dtype)
             return invalid_argument() << in.where << ": produced " << t.describe() << " for "
                                       << dtype_name(info.dtype) << " output '" << info.name << "'";
-          KILN_RETURN_IF_ERROR(bind_dims(info.shape, t.shape(), env, p.bounds, "output '" + info.name + "'")
+          KILN_RETURN_IF_ERROR(bind_dims(info.shape, t.shape(), env, p.bounds, What{"output ", info.name})
                                    .with_context(in.where));
           regs[r] = std::move(t);
         }
         break;
       }
     }
-    for (int r : in.release) regs[r] = Tensor();
+    for (int r : in.release)
+      if (!in_arena(regs[r])) regs[r] = Tensor();
     if (profiling) {
       profile[pc].calls += 1;
       profile[pc].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -667,9 +779,17 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
   }
 
   std::vector<Tensor> outputs;
-  for (int r : p.output_registers) {
+  outputs.reserve(p.output_registers.size());
+  for (size_t i = 0; i < p.output_registers.size(); ++i) {
+    int r = p.output_registers[i];
+    auto first = std::find(p.output_registers.begin(), p.output_registers.begin() + static_cast<long>(i), r);
+    if (first != p.output_registers.begin() + static_cast<long>(i)) {
+      outputs.push_back(outputs[static_cast<size_t>(first - p.output_registers.begin())]);
+      continue;
+    }
     if (!regs[r].defined()) return internal_error() << "output '" << p.registers[r].name << "' was not computed";
-    outputs.push_back(regs[r]);
+    // Moved out unless the register is kept (a constant output is copied).
+    outputs.push_back(p.registers[r].is_constant || in_arena(regs[r]) ? regs[r] : std::move(regs[r]));
   }
   return outputs;
 }

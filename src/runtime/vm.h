@@ -8,7 +8,10 @@
 //              outputs); outputs are allocated first (shapes from their
 //              symbolic types under the current symbol bindings)
 //   kCallHost  call a C++ kernel; it allocates its outputs, whose dims bind
-//              fresh (data-dependent) symbols
+//              fresh (data-dependent) symbols, except with fills_outputs:
+//              outputs whose shapes are known before the call are passed in
+//              (from the memory plan or the run's pool) and the kernel writes
+//              them in place
 //   kView      output register = input's storage with the output's shape
 //   kBind      output registers take their planned arena storage; nothing is
 //              computed (a Concat whose inputs the memory plan placed in the
@@ -90,6 +93,7 @@ struct Instr {
   std::vector<int> subprograms;
   std::vector<std::vector<int>> captures;
   std::vector<int64_t> attrs;  // kScan, kCheckBroadcast: see the file comment
+  bool fills_outputs = false;  // kCallHost: the kernel writes outputs passed in (OpDef::kernel_fills_outputs)
 };
 
 struct RegisterInfo {

@@ -133,7 +133,10 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
-  Tensor t = *this;
+  Tensor t;  // member by member: copying *this would copy the old shape too
+  t.dtype_ = dtype_;
+  t.storage_ = storage_;
+  t.data_ = data_;
   t.shape_ = std::move(shape);
   KILN_CHECK(t.numel() == numel()) << "reshape " << describe() << " to " << shape_to_string(t.shape_);
   return t;

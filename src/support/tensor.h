@@ -34,6 +34,8 @@ class Tensor {
   int64_t numel() const;
   int64_t nbytes() const { return numel() * dtype_size(dtype_); }
   bool defined() const { return dtype_ != DType::kUndefined; }
+  // False for a borrowed tensor (and views of one): its memory is the lender's.
+  bool owns_storage() const { return storage_ != nullptr; }
 
   void* data() { return data_; }
   const void* data() const { return data_; }
