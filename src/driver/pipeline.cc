@@ -831,15 +831,26 @@ Result<CompiledProgram> ProgramBuilder::build(SymbolBounds bounds) {
     if (!module.is_ok()) return module.status().with_context("code generation for " + g_.source);
     out.module = std::shared_ptr<codegen::CompiledModule>(std::move(*module));
     std::vector<runtime::CompiledKernel> kernels;
+    std::vector<std::string> symbols;
+    std::map<std::string, int, std::less<>> slots;
     for (const tir::PrimFunc& f : funcs) {
       runtime::CompiledKernel k;
       k.name = f.name;
       k.fn = out.module->lookup(f.name);
       if (k.fn == nullptr) return internal_error() << "kernel " << f.name << " missing after code generation";
       k.sym_names = f.sym_names;
+      for (const std::string& name : f.sym_names) {
+        auto [it, added] = slots.emplace(name, static_cast<int>(symbols.size()));
+        if (added) symbols.push_back(name);
+        k.sym_slots.push_back(it->second);
+      }
       kernels.push_back(std::move(k));
     }
-    for (const auto& p : state_->programs) p->kernels = kernels;
+    for (const auto& p : state_->programs) {
+      p->kernels = kernels;
+      p->symbols = symbols;
+      p->symbol_slots = slots;
+    }
   }
 
   for (const Value* v : g_.inputs())

@@ -122,8 +122,27 @@ Result<std::vector<int64_t>> eval_shape(const std::vector<Expr>& shape, const En
 
 // Binds the symbols of `pattern` from the concrete `dims`: a plain symbol
 // takes the value; any other dim must evaluate to the value once bound.
+// Symbol values by Program::symbols slot, set as symbols are bound.
+struct SlotValues {
+  const std::map<std::string, int, std::less<>>* slots = nullptr;
+  std::vector<int64_t> values;
+  std::vector<uint8_t> bound;
+  void reset(const Program& p) {
+    slots = &p.symbol_slots;
+    values.resize(p.symbols.size());
+    bound.assign(p.symbols.size(), 0);
+  }
+  void set(const std::string& name, int64_t v) {
+    if (slots == nullptr) return;
+    auto it = slots->find(name);
+    if (it == slots->end()) return;
+    values[static_cast<size_t>(it->second)] = v;
+    bound[static_cast<size_t>(it->second)] = 1;
+  }
+};
+
 Status bind_dims(const std::vector<Expr>& pattern, const std::vector<int64_t>& dims, Env& env,
-                 const SymbolBounds& bounds, const What& what) {
+                 const SymbolBounds& bounds, const What& what, SlotValues& slots) {
   auto show = [&] {
     std::ostringstream os;
     os << "[";
@@ -144,6 +163,7 @@ Status bind_dims(const std::vector<Expr>& pattern, const std::vector<int64_t>& d
                                     << " is outside its bounds";
       }
       env[p->name] = dims[i];
+      slots.set(p->name, dims[i]);
     }
   }
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -324,6 +344,7 @@ struct VM::Impl {
   std::vector<int64_t> syms;
   std::vector<Tensor> host_ins, host_outs;
   std::vector<void*> host_given;
+  SlotValues sym_slots;
 
   Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs);
   // Runs sub-program `index` on `inputs` followed by the captured registers.
@@ -522,6 +543,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
   };
   ScopeExit<decltype(drop_transient)> drop(drop_transient);
   Env env;
+  sym_slots.reset(p);
 
   if (inputs.size() != p.input_registers.size())
     return invalid_argument() << "expected " << p.input_registers.size() << " inputs, got " << inputs.size();
@@ -534,7 +556,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
     if (t.dtype() != info.dtype)
       return invalid_argument() << what << " has dtype " << dtype_name(t.dtype()) << ", expected "
                                 << dtype_name(info.dtype);
-    KILN_RETURN_IF_ERROR(bind_dims(info.shape, t.shape(), env, p.bounds, what));
+    KILN_RETURN_IF_ERROR(bind_dims(info.shape, t.shape(), env, p.bounds, what, sym_slots));
     // Kernels assume 64-byte aligned buffers: copy a misaligned input.
     if (reinterpret_cast<uintptr_t>(t.data()) % kAlign != 0 && t.nbytes() > 0)
       regs[r] = t.clone();
@@ -603,10 +625,19 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         for (int r : in.inputs) args.push_back(regs[r].data());
         for (int r : in.outputs) args.push_back(regs[r].data());
         syms.clear();
-        for (const std::string& s : k.sym_names) {
-          auto it = env.find(s);
-          KILN_CHECK(it != env.end()) << "kernel " << k.name << " needs unbound symbol " << s;
-          syms.push_back(it->second);
+        if (k.sym_slots.size() == k.sym_names.size()) {
+          for (size_t i = 0; i < k.sym_slots.size(); ++i) {
+            size_t slot = static_cast<size_t>(k.sym_slots[i]);
+            KILN_CHECK(slot < sym_slots.bound.size() && sym_slots.bound[slot])
+                << "kernel " << k.name << " needs unbound symbol " << k.sym_names[i];
+            syms.push_back(sym_slots.values[slot]);
+          }
+        } else {  // a Program built without slots (by hand, in tests)
+          for (const std::string& s : k.sym_names) {
+            auto it = env.find(s);
+            KILN_CHECK(it != env.end()) << "kernel " << k.name << " needs unbound symbol " << s;
+            syms.push_back(it->second);
+          }
         }
         int64_t scratch_failures = kiln_scratch_failures();
         set_current_thread_pool(pool);
@@ -674,7 +705,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
           if (host_outs[i].dtype() != info.dtype)
             return internal_error() << in.where << ": host kernel produced " << host_outs[i].describe()
                                     << " for " << dtype_name(info.dtype) << " output '" << info.name << "'";
-          KILN_RETURN_IF_ERROR(bind_dims(info.shape, host_outs[i].shape(), env, p.bounds, What{"output ", info.name})
+          KILN_RETURN_IF_ERROR(bind_dims(info.shape, host_outs[i].shape(), env, p.bounds, What{"output ", info.name}, sym_slots)
                                    .with_context(in.where));
           regs[r] = std::move(host_outs[i]);
         }
@@ -689,7 +720,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         if (in.inputs.size() > 1) {
           // Reshape to a shape tensor known only now (0 copies a dim, -1 is inferred).
           KILN_ASSIGN_OR_RETURN(shape, reshape_target(src, regs[in.inputs[1]], in.where));
-          KILN_RETURN_IF_ERROR(bind_dims(info.shape, shape, env, p.bounds, What{"", info.name}).with_context(in.where));
+          KILN_RETURN_IF_ERROR(bind_dims(info.shape, shape, env, p.bounds, What{"", info.name}, sym_slots).with_context(in.where));
         } else {
           KILN_ASSIGN_OR_RETURN(shape, eval_shape(info.shape, env, What{"", info.name}));
         }
@@ -762,7 +793,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
           if (t.dtype() != info.dtype)
             return invalid_argument() << in.where << ": produced " << t.describe() << " for "
                                       << dtype_name(info.dtype) << " output '" << info.name << "'";
-          KILN_RETURN_IF_ERROR(bind_dims(info.shape, t.shape(), env, p.bounds, What{"output ", info.name})
+          KILN_RETURN_IF_ERROR(bind_dims(info.shape, t.shape(), env, p.bounds, What{"output ", info.name}, sym_slots)
                                    .with_context(in.where));
           regs[r] = std::move(t);
         }

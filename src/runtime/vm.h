@@ -110,6 +110,7 @@ struct CompiledKernel {
   std::string name;
   KernelFn fn = nullptr;
   std::vector<std::string> sym_names;  // values passed in the syms array, in order
+  std::vector<int> sym_slots;          // the same symbols as indices into Program::symbols
 };
 
 struct Program {
@@ -121,6 +122,11 @@ struct Program {
   std::vector<int> input_registers;
   std::vector<int> output_registers;
   SymbolBounds bounds;
+  // The symbols kernels take, by slot: the VM keeps each one's value in a
+  // vector as it binds it (once per run), so a kernel call reads its
+  // arguments by index instead of looking names up.
+  std::vector<std::string> symbols;
+  std::map<std::string, int, std::less<>> symbol_slots;
   bool static_plan = false;  // true: every register has an arena_offset or is an input/constant/output
   int64_t arena_bytes = 0;
 };
