@@ -224,6 +224,31 @@ TEST(DefaultSchedules, MatMulIsRegisterTiled) {
   EXPECT_TRUE(tir::lower(k, *reparsed).is_ok());
 }
 
+// A reduction with no operand the row tile reuses (a 3x3 stride-2 max pool:
+// every load moves with the rows) keeps its tiles row-major, so the input
+// streams through once; a matmul (above) walks column panels outermost.
+TEST(DefaultSchedules, PoolingTilesStayRowMajor) {
+  tir::KernelDef k;
+  k.name = "pool";
+  k.params = {{"X", DType::kFloat32, {Expr(8), Expr(41), Expr(41)}}, {"Y", DType::kFloat32, {Expr(8), Expr(20), Expr(20)}}};
+  k.num_inputs = 1;
+  tir::ComputeDef c;
+  c.name = "Y";
+  c.axes = {"c", "i", "j"};
+  c.shape = {Expr(8), Expr(20), Expr(20)};
+  c.reduce_axes = {"u", "v"};
+  c.reduce_extents = {Expr(3), Expr(3)};
+  c.combiner = tir::Combiner::kMax;
+  c.body = load("X", 0, DType::kFloat32, {var("c"), var("i") * Expr(2) + var("u"), var("j") * Expr(2) + var("v")});
+  k.stages.push_back(c);
+  std::string s = tir::default_schedule(k).to_string();
+  EXPECT_NE(s.find("reorder(Y, c, i.o, j.o, i.i, j.i)"), std::string::npos) << s;
+  EXPECT_NE(s.find("cache_write(Y, j.o)"), std::string::npos) << s;
+  auto reparsed = tir::parse_schedule(s);
+  ASSERT_TRUE(reparsed.is_ok()) << reparsed.status().to_string();
+  EXPECT_TRUE(tir::lower(k, *reparsed).is_ok());
+}
+
 // The operator strategy's priority rule chooses conv.ihwo for narrow and wide
 // strided convolutions with deep enough reductions (after shape inference)
 // and packs the weight transposed to [I, KH, KW, O]; wide stride-1, narrow
