@@ -1,7 +1,6 @@
 #include "runtime/vm.h"
 
 #include <algorithm>
-#include <sys/mman.h>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "support/memory.h"
 #include "support/memory_limit.h"
 #include "support/scratch.h"
 #include "support/thread_pool.h"
@@ -44,7 +44,7 @@ class BufferPool {
         state_->free_bytes -= size;
       }
     }
-    if (p == nullptr) p = std::aligned_alloc(kAlign, static_cast<size_t>(size));
+    if (p == nullptr) p = allocate_aligned(static_cast<size_t>(size));
     if (p == nullptr) return nullptr;
     {
       std::lock_guard<std::mutex> lock(state_->mu);
@@ -517,15 +517,12 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
     if (p.arena_bytes > limit)
       return resource_exhausted() << "the model's memory plan needs " << format_bytes(p.arena_bytes)
                                   << ", more than the memory limit of " << format_bytes(limit) << " (--max-memory)";
-    // In 2 MB pages where the kernel allows it (transparent huge pages on
-    // madvise): a CNN's arena spans thousands of 4 KB pages, and a kernel
-    // walking a 5 MB activation after a convolution has filled the TLB with
-    // its own pages paid for the misses. Zen 4, 1 thread, interleaved runs:
-    // squeezenet1_1 8.80 -> 8.55 ms, mobilenet_v2 8.52 -> 8.40 (noisy phase).
-    constexpr size_t kHuge = size_t{2} << 20;
-    size_t arena_size = (static_cast<size_t>(p.arena_bytes) + kHuge - 1) / kHuge * kHuge;
-    void* a = std::aligned_alloc(kHuge, arena_size);
-    if (a != nullptr) madvise(a, arena_size, MADV_HUGEPAGE);
+    // In 2 MB pages from 4 MB up (support/memory.h): a CNN's
+    // arena spans thousands of 4 KB pages, and a kernel walking a 5 MB
+    // activation after a convolution has filled the TLB with its own pages
+    // paid for the misses. Zen 4, 1 thread, interleaved runs: squeezenet1_1
+    // 8.80 -> 8.55 ms, mobilenet_v2 8.52 -> 8.40 (noisy phase).
+    void* a = allocate_aligned(static_cast<size_t>((p.arena_bytes + kAlign - 1) / kAlign * kAlign));
     if (a == nullptr)
       return resource_exhausted() << "out of memory allocating the model's arena (" << format_bytes(p.arena_bytes) << ")";
     arena = std::shared_ptr<void>(a, [](void* q) { std::free(q); });

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "support/memory.h"
 #include "support/memory_limit.h"
 #include "support/status.h"
 
@@ -16,10 +17,11 @@ std::shared_ptr<void> try_allocate_storage(DType dtype, int64_t n) {
     return std::shared_ptr<void>(p, [](void* q) { delete[] static_cast<std::string*>(q); });
   }
   int64_t bytes = n * dtype_size(dtype);
-  // 64-byte alignment for vector loads; at least one cache line so data() is never null.
+  // 64-byte alignment for vector loads (huge pages for large blocks:
+  // support/memory.h); at least one cache line so data() is never null.
   size_t alloc = static_cast<size_t>(((bytes + 63) / 64) * 64);
   if (alloc == 0) alloc = 64;
-  void* p = std::aligned_alloc(64, alloc);
+  void* p = allocate_aligned(alloc);
   if (p == nullptr) return nullptr;
   std::memset(p, 0, alloc);
   return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
