@@ -121,8 +121,6 @@ Result<std::vector<int64_t>> eval_shape(const std::vector<Expr>& shape, const En
   return out;
 }
 
-// Binds the symbols of `pattern` from the concrete `dims`: a plain symbol
-// takes the value; any other dim must evaluate to the value once bound.
 // Symbol values by Program::symbols slot, set as symbols are bound.
 struct SlotValues {
   const std::map<std::string, int, std::less<>>* slots = nullptr;
@@ -142,6 +140,9 @@ struct SlotValues {
   }
 };
 
+// Binds the symbols of `pattern` from the concrete `dims`: a plain symbol
+// takes the value (in `env` and in its slot); any other dim must evaluate to
+// the value once bound.
 Status bind_dims(const std::vector<Expr>& pattern, const std::vector<int64_t>& dims, Env& env,
                  const SymbolBounds& bounds, const What& what, SlotValues& slots) {
   auto show = [&] {
