@@ -632,19 +632,11 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         for (int r : in.inputs) args.push_back(regs[r].data());
         for (int r : in.outputs) args.push_back(regs[r].data());
         syms.clear();
-        if (k.sym_slots.size() == k.sym_names.size()) {
-          for (size_t i = 0; i < k.sym_slots.size(); ++i) {
-            size_t slot = static_cast<size_t>(k.sym_slots[i]);
-            KILN_CHECK(slot < sym_slots.bound.size() && sym_slots.bound[slot])
-                << "kernel " << k.name << " needs unbound symbol " << k.sym_names[i];
-            syms.push_back(sym_slots.values[slot]);
-          }
-        } else {  // a Program built without slots (by hand, in tests)
-          for (const std::string& s : k.sym_names) {
-            auto it = env.find(s);
-            KILN_CHECK(it != env.end()) << "kernel " << k.name << " needs unbound symbol " << s;
-            syms.push_back(it->second);
-          }
+        for (size_t i = 0; i < k.sym_slots.size(); ++i) {
+          size_t slot = static_cast<size_t>(k.sym_slots[i]);
+          KILN_CHECK(slot < sym_slots.bound.size() && sym_slots.bound[slot])
+              << "kernel " << k.name << " needs unbound symbol " << k.sym_names[i];
+          syms.push_back(sym_slots.values[slot]);
         }
         int64_t scratch_failures = kiln_scratch_failures();
         set_current_thread_pool(pool);
@@ -657,26 +649,6 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         break;
       }
       case OpCode::kCallHost: {
-        // The operands are moved into the argument array and back (a copy
-        // of each tensor handle was an allocation per operand and call); an
-        // operand named twice is copied from its first slot.
-        host_ins.resize(in.inputs.size());
-        for (size_t i = 0; i < in.inputs.size(); ++i) {
-          int r = in.inputs[i];
-          auto first = std::find(in.inputs.begin(), in.inputs.begin() + static_cast<long>(i), r);
-          if (r < 0) host_ins[i] = Tensor();
-          else if (first != in.inputs.begin() + static_cast<long>(i)) host_ins[i] = host_ins[first - in.inputs.begin()];
-          else host_ins[i] = std::move(regs[r]);
-        }
-        auto restore_inputs = [&] {
-          for (size_t i = 0; i < in.inputs.size(); ++i) {
-            int r = in.inputs[i];
-            if (r >= 0 && std::find(in.inputs.begin(), in.inputs.begin() + static_cast<long>(i), r) ==
-                              in.inputs.begin() + static_cast<long>(i))
-              regs[r] = std::move(host_ins[i]);
-            host_ins[i] = Tensor();
-          }
-        };
         host_outs.resize(in.outputs.size());
         for (Tensor& t : host_outs) t = Tensor();
         if (in.fills_outputs) {
@@ -687,13 +659,22 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
             bool known = true;
             for (const Expr& d : p.registers[r].shape) known = known && evaluate(d, env).is_ok();
             if (!known) continue;
-            Status st = allocate(r).with_context(in.where);
-            if (!st.is_ok()) {
-              restore_inputs();
-              return st;
-            }
+            KILN_RETURN_IF_ERROR(allocate(r).with_context(in.where));
             host_outs[i] = std::move(regs[r]);
           }
+        }
+        // The operands are moved into the argument array and back (a copy
+        // of each tensor handle was an allocation per operand and call); an
+        // operand named twice is copied from its first slot.
+        auto first_slot = [&](size_t i) {
+          return static_cast<size_t>(std::find(in.inputs.begin(), in.inputs.end(), in.inputs[i]) - in.inputs.begin());
+        };
+        host_ins.resize(in.inputs.size());
+        for (size_t i = 0; i < in.inputs.size(); ++i) {
+          int r = in.inputs[i];
+          if (r < 0) host_ins[i] = Tensor();
+          else if (size_t f = first_slot(i); f != i) host_ins[i] = host_ins[f];
+          else host_ins[i] = std::move(regs[r]);
         }
         host_given.resize(in.outputs.size());
         for (size_t i = 0; i < in.outputs.size(); ++i) host_given[i] = host_outs[i].data();
@@ -701,7 +682,10 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         set_current_thread_pool(pool);
         Status host_status = p.host_kernels[in.callee](host_ins, host_outs);
         set_current_thread_pool(nullptr);
-        restore_inputs();
+        for (size_t i = 0; i < in.inputs.size(); ++i) {
+          if (in.inputs[i] >= 0 && first_slot(i) == i) regs[in.inputs[i]] = std::move(host_ins[i]);
+          host_ins[i] = Tensor();
+        }
         KILN_RETURN_IF_ERROR(std::move(host_status).with_context(in.where));
         for (size_t i = 0; i < in.outputs.size(); ++i) {
           int r = in.outputs[i];

@@ -110,7 +110,7 @@ struct CompiledKernel {
   std::string name;
   KernelFn fn = nullptr;
   std::vector<std::string> sym_names;  // values passed in the syms array, in order
-  std::vector<int> sym_slots;          // the same symbols as indices into Program::symbols
+  std::vector<int> sym_slots;          // the same symbols as indices into Program::symbols (the VM reads these)
 };
 
 struct Program {

@@ -88,13 +88,6 @@ Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed, double scale = 0
   return t;
 }
 
-Attribute ints(std::vector<int64_t> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::kInts;
-  a.ints = std::move(v);
-  return a;
-}
-
 // x [1, 16, 12, 12] -> `blocks` residual blocks (3x3 Conv + Relu, 1x1 Conv,
 // Add) -> Flatten (a view) -> Gemm to 10.
 std::unique_ptr<Graph> conv_net(int blocks) {
@@ -107,12 +100,12 @@ std::unique_ptr<Graph> conv_net(int blocks) {
     std::string s = std::to_string(b);
     Node* c1 = g->add_node("Conv", {x, g->add_constant("w1_" + s, random_tensor({16, 16, 3, 3}, seed++, 0.1)),
                                     g->add_constant("b1_" + s, random_tensor({16}, seed++))}, {"c1_" + s});
-    c1->set_attr("kernel_shape", ints({3, 3}));
-    c1->set_attr("pads", ints({1, 1, 1, 1}));
+    c1->set_attr("kernel_shape", Attribute::of_ints({3, 3}));
+    c1->set_attr("pads", Attribute::of_ints({1, 1, 1, 1}));
     Node* r = g->add_node("Relu", {c1->output(0)}, {"r_" + s});
     Node* c2 = g->add_node("Conv", {r->output(0), g->add_constant("w2_" + s, random_tensor({16, 16, 1, 1}, seed++, 0.2)),
                                     g->add_constant("b2_" + s, random_tensor({16}, seed++))}, {"c2_" + s});
-    c2->set_attr("kernel_shape", ints({1, 1}));
+    c2->set_attr("kernel_shape", Attribute::of_ints({1, 1}));
     Node* add = g->add_node("Add", {c2->output(0), x}, {"a_" + s});
     x = add->output(0);
   }
