@@ -517,6 +517,41 @@ std::vector<std::vector<float>> padded_window1d_ref(const HostData& r, int64_t c
   return {y};
 }
 
+// A 3x3 stride-2 max pool (no padding) under the default schedule, whose
+// tiles stay row-major (no operand the row tile reuses): matches the
+// reference at odd sizes, with partial row and column tiles.
+TEST(TirLower, StridedMaxPoolDefaultScheduleMatchesReference) {
+  for (auto [h, w] : {std::pair<int64_t, int64_t>{3, 3}, {17, 35}, {41, 41}, {9, 1023}}) {
+    SCOPED_TRACE(std::to_string(h) + "x" + std::to_string(w));
+    const int64_t channels = 3, oh = (h - 3) / 2 + 1, ow = (w - 3) / 2 + 1;
+    KernelDef k;
+    k.name = "maxpool2d";
+    k.params = {buf("X", {channels, h, w}), buf("Y", {channels, oh, ow})};
+    k.num_inputs = 1;
+    Expr c = var("c"), i = var("i"), j = var("j"), u = var("u"), v = var("v");
+    k.stages = {reduce_stage("Y", {"c", "i", "j"}, {channels, oh, ow}, {"u", "v"}, {3, 3}, Combiner::kMax,
+                             ld("X", 0, {c, i * int_imm(2) + u, j * int_imm(2) + v}))};
+    Schedule d = default_schedule(k);
+    std::string text = d.to_string();
+    // Where both output axes are tiled, row tiles are the outer loop.
+    if (text.find("i.o") != std::string::npos && text.find("j.o") != std::string::npos)
+      EXPECT_NE(text.find("reorder(Y, c, i.o, j.o,"), std::string::npos) << text;
+    expect_matches(k, d, {}, [&](const HostData& r) {
+      auto x = as_floats(r.bytes[0]);
+      std::vector<float> y(static_cast<size_t>(channels * oh * ow));
+      for (int64_t cc = 0; cc < channels; ++cc)
+        for (int64_t a = 0; a < oh; ++a)
+          for (int64_t b = 0; b < ow; ++b) {
+            float m = -std::numeric_limits<float>::infinity();
+            for (int64_t du = 0; du < 3; ++du)
+              for (int64_t dv = 0; dv < 3; ++dv) m = std::max(m, x[(cc * h + 2 * a + du) * w + 2 * b + dv]);
+            y[(cc * oh + a) * ow + b] = m;
+          }
+      return std::vector<std::vector<float>>{y};
+    });
+  }
+}
+
 // Register tiles that read no padding run a copy whose loads have neither
 // the select nor the clamps (plain vector loads instead of masked ones); edge
 // tiles keep them. Both match the reference at sizes with and without
