@@ -521,7 +521,8 @@ std::vector<std::vector<float>> padded_window1d_ref(const HostData& r, int64_t c
 // tiles stay row-major (no operand the row tile reuses): matches the
 // reference at odd sizes, with partial row and column tiles.
 TEST(TirLower, StridedMaxPoolDefaultScheduleMatchesReference) {
-  for (auto [h, w] : {std::pair<int64_t, int64_t>{3, 3}, {17, 35}, {41, 41}, {9, 1023}}) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 3}, {17, 35}, {41, 41}, {9, 1023}}) {
+    const int64_t h = rows, w = cols;  // plain copies: clang 14 lambdas cannot capture bindings
     SCOPED_TRACE(std::to_string(h) + "x" + std::to_string(w));
     const int64_t channels = 3, oh = (h - 3) / 2 + 1, ow = (w - 3) / 2 + 1;
     KernelDef k;
