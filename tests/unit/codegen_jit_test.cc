@@ -379,6 +379,69 @@ TEST(CodegenJit, Float64AndMinMaxNaN) {
               mx.sentinels_intact() && fm.sentinels_intact() && rd.sentinels_intact());
 }
 
+// Max and min reductions (max pooling, ReduceMax, softmax's row max) take a
+// cheaper form than elementwise Max/Min: a NaN still propagates, from any
+// position of the reduced range (first, last, middle), whether the reduction
+// runs in vector lanes (columns) or serially (rows); infinities are ordinary.
+TEST(CodegenJit, MaxMinReductionsPropagateNaN) {
+  Expr m = var("m"), n = var("n"), i = var("i"), j = var("j");
+  PrimFunc f;
+  f.name = "maxmin";
+  f.params = {buf("a", {m, n}), buf("cmax", {n}), buf("cmin", {n}), buf("rmax", {m})};
+  f.sym_names = {"m", "n"};
+  const double inf = std::numeric_limits<double>::infinity();
+  auto column = [&](const char* name, int index, double init, bool is_max) {
+    Expr acc = ld(name, index, {j}), x = ld("a", 0, {i, j});
+    return tir::make_seq({
+        tir::make_for("j", n, ForKind::kVectorized, tir::make_store(name, index, {j}, float_imm(init))),
+        tir::make_for("i", m, ForKind::kSerial,
+                      tir::make_for("j", n, ForKind::kVectorized,
+                                    tir::make_store(name, index, {j}, is_max ? max(acc, x) : min(acc, x)))),
+    });
+  };
+  f.body = tir::make_seq({
+      column("cmax", 1, -inf, true),
+      column("cmin", 2, inf, false),
+      tir::make_for("i", m, ForKind::kSerial,
+                    tir::make_seq({tir::make_store("rmax", 3, {i}, float_imm(-inf)),
+                                   tir::make_for("j", n, ForKind::kSerial,
+                                                 tir::make_store("rmax", 3, {i},
+                                                                 max(ld("rmax", 3, {i}), ld("a", 0, {i, j}))))})),
+  });
+  auto mod = compile_ok({f});
+  ASSERT_TRUE(mod);
+  const int64_t mv = 5, nv = 37;
+  Aligned<float> a(mv * nv), cmax(nv, 0, -1.0f), cmin(nv, 0, -1.0f), rmax(mv, 0, -1.0f);
+  for (int64_t t = 0; t < mv * nv; ++t) a[t] = std::sin(0.37f * static_cast<float>(t));
+  // NaN first in its column (row 0), last (row 4), in the middle, and
+  // first/last in its row; infinities in columns without a NaN.
+  for (auto [r, c] : std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {4, 5}, {2, 17}, {1, 0}, {3, 36}})
+    a[r * nv + c] = NAN;
+  a[2 * nv + 20] = static_cast<float>(inf);
+  a[0 * nv + 21] = static_cast<float>(-inf);
+  void* bufs[] = {a.data(), cmax.data(), cmin.data(), rmax.data()};
+  int64_t syms[] = {mv, nv};
+  mod->lookup("maxmin")(bufs, syms);
+  for (int64_t c = 0; c < nv; ++c) {
+    bool nan = false;
+    float hi = -INFINITY, lo = INFINITY;
+    for (int64_t r = 0; r < mv; ++r) {
+      float v = a[r * nv + c];
+      nan = nan || std::isnan(v);
+      hi = std::max(hi, v);
+      lo = std::min(lo, v);
+    }
+    if (nan) {
+      EXPECT_TRUE(std::isnan(cmax[c]) && std::isnan(cmin[c])) << "column " << c;
+    } else {
+      EXPECT_EQ(cmax[c], hi) << "column " << c;
+      EXPECT_EQ(cmin[c], lo) << "column " << c;
+    }
+  }
+  for (int64_t r = 0; r < mv; ++r) EXPECT_TRUE(std::isnan(rmax[r])) << "row " << r;  // each row holds a NaN
+  EXPECT_TRUE(cmax.sentinels_intact() && cmin.sentinels_intact() && rmax.sentinels_intact());
+}
+
 // Row sums with a one-element scratch accumulator, and column sums accumulated
 // directly into the output; both inner loops vectorized.
 TEST(CodegenJit, ReductionWithScratchAllocate) {

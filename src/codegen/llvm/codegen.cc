@@ -458,8 +458,19 @@ llvm::Value* Emitter::emit_binary(ExprKind k, DType t, llvm::Value* a, llvm::Val
       case ExprKind::kDiv: return b_.CreateFDiv(a, c);
       case ExprKind::kFloorDiv: return unary(llvm::Intrinsic::floor, b_.CreateFDiv(a, c));
       case ExprKind::kMod: return b_.CreateFRem(a, c);
-      case ExprKind::kMin: return b_.CreateMinimum(a, c);  // NaN-propagating, like ONNX Min
-      case ExprKind::kMax: return b_.CreateMaximum(a, c);
+      case ExprKind::kMin: case ExprKind::kMax: {
+        if (!reduction)  // NaN-propagating, +0 above -0, like ONNX Min and Max
+          return k == ExprKind::kMin ? b_.CreateMinimum(a, c) : b_.CreateMaximum(a, c);
+        // A reduction step (max pooling, ReduceMax, softmax's row max): still
+        // NaN-propagating from either operand (c NaN: c; a NaN: the compare
+        // fails, a), but a tie of -0 and +0 keeps a, which the reassociation
+        // a reduction already allows. x86 matches it to vmaxps/vminps and one
+        // blend on c's NaN test, off the accumulator's chain: two dependent
+        // operations per step instead of the six of llvm.maximum's lowering
+        // (3x3 max pooling was latency-bound on them).
+        llvm::Value* better = k == ExprKind::kMin ? b_.CreateFCmpOLT(c, a) : b_.CreateFCmpOGT(c, a);
+        return b_.CreateSelect(isnan(c), c, b_.CreateSelect(better, c, a));
+      }
       default: break;
     }
     fail("bad float binary op");
@@ -1280,8 +1291,11 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
     case ExprKind::kAdd: case ExprKind::kSub: case ExprKind::kMul: case ExprKind::kDiv:
     case ExprKind::kFloorDiv: case ExprKind::kMod: case ExprKind::kMin: case ExprKind::kMax: {
       auto arg = [&](const Expr& a) { return splat(convert(splat(emit_w(a)), a.dtype(), n.dtype)); };
+      // Of a vector reduction step only min and max take emit_binary's
+      // reduction form (the sums keep their strict lane-wise arithmetic).
+      bool reduction = e.get() == reduction_root_ && (n.kind == ExprKind::kMin || n.kind == ExprKind::kMax);
       llvm::Value* acc = arg(n.args[0]);
-      for (size_t i = 1; i < n.args.size(); ++i) acc = emit_binary(n.kind, n.dtype, acc, arg(n.args[i]), false);
+      for (size_t i = 1; i < n.args.size(); ++i) acc = emit_binary(n.kind, n.dtype, acc, arg(n.args[i]), reduction);
       return acc;
     }
     case ExprKind::kLT: case ExprKind::kLE: case ExprKind::kEQ: case ExprKind::kNE: {
@@ -1355,6 +1369,8 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
   return poison(llvm::VectorType::get(b_.getFloatTy(), wlanes_, false));
 }
 
+static bool is_reduction_update(const tir::Stmt& s);
+
 bool Emitter::emit_widened(const tir::Stmt& loop) {
   auto c = loop->extent.as_const();
   if (!c || *c < 2 || *c > 256 || !wvar_.empty()) return false;
@@ -1399,7 +1415,9 @@ bool Emitter::emit_widened(const tir::Stmt& loop) {
   llvm::Value* mask = cond.defined() ? splat(emit_w(cond)) : nullptr;
   llvm::Value* saved_mask = wmask_;
   wmask_ = mask;
+  reduction_root_ = is_reduction_update(st) ? st->value.get() : nullptr;
   llvm::Value* v = splat(emit_w(st->value));
+  reduction_root_ = nullptr;
   auto [addr, contiguous] = widened_address(*ref, st->indices);
   wmask_ = saved_mask;
   llvm::Align align(dtype_size(bt));
