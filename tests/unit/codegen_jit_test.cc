@@ -442,6 +442,45 @@ TEST(CodegenJit, MaxMinReductionsPropagateNaN) {
   EXPECT_TRUE(cmax.sentinels_intact() && cmin.sentinels_intact() && rmax.sentinels_intact());
 }
 
+// A tile of U rows x V vector lanes stored across its lanes (each lane a
+// run of U contiguous elements, lanes W >= U apart: conv.panels' pixels x
+// output channels into NCHW) is transposed in registers and stored as runs,
+// not scattered, for power-of-two and odd U and V; elements between the runs
+// are untouched. Where the runs would overlap (W < U), the lane-wise stores
+// remain, and the later row still wins.
+TEST(CodegenJit, TransposedTileStore) {
+  struct Case {
+    int64_t rows, lanes, stride;
+    bool transposed;
+  };
+  for (Case c : {Case{8, 32, 11, true}, Case{6, 16, 9, true}, Case{3, 24, 3, true}, Case{16, 16, 19, true},
+                 Case{2, 5, 4, true}, Case{8, 16, 5, false}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.lanes) + " stride " + std::to_string(c.stride));
+    Expr u = var("u"), v = var("v");
+    PrimFunc f;
+    f.name = "tile";
+    const int64_t size = c.lanes * c.stride + c.rows;
+    f.params = {buf("a", {c.rows, c.lanes}), buf("out", {size})};
+    Expr value = ld("a", 0, {u, v}) * float_imm(2.0) + float_imm(1.0);
+    f.body = tir::make_for("u", c.rows, ForKind::kUnrolled,
+                           tir::make_for("v", c.lanes, ForKind::kVectorized,
+                                         tir::make_store("out", 1, {v * int_imm(c.stride) + u}, value)));
+    auto mod = compile_ok({f});
+    ASSERT_TRUE(mod);
+    EXPECT_EQ(mod->llvm_ir().find("masked.scatter") == std::string::npos, c.transposed);
+    Aligned<float> a(c.rows * c.lanes), out(size, -7.0f, -1.0f);
+    for (int64_t t = 0; t < c.rows * c.lanes; ++t) a[t] = 0.25f * static_cast<float>(t) - 3.0f;
+    void* bufs[] = {a.data(), out.data()};
+    mod->lookup("tile")(bufs, nullptr);
+    std::vector<float> want(static_cast<size_t>(size), -7.0f);
+    for (int64_t uu = 0; uu < c.rows; ++uu)  // the loop order: a later row wins an overlap
+      for (int64_t vv = 0; vv < c.lanes; ++vv)
+        want[static_cast<size_t>(vv * c.stride + uu)] = 2.0f * a[uu * c.lanes + vv] + 1.0f;
+    for (int64_t t = 0; t < size; ++t) EXPECT_EQ(out[t], want[static_cast<size_t>(t)]) << "element " << t;
+    EXPECT_TRUE(out.sentinels_intact());
+  }
+}
+
 // Row sums with a one-element scratch accumulator, and column sums accumulated
 // directly into the output; both inner loops vectorized.
 TEST(CodegenJit, ReductionWithScratchAllocate) {

@@ -258,6 +258,7 @@ class Emitter {
   // where the body is not a single store of supported expressions (then the
   // loop carries LLVM's vectorize metadata instead).
   bool emit_widened(const tir::Stmt& loop);
+  bool emit_transposed_store(const tir::Stmt& loop);
   bool widenable(const Expr& e) const;
   bool depends(const Expr& e) const;
   llvm::Value* emit_w(const Expr& e);
@@ -1433,6 +1434,104 @@ bool Emitter::emit_widened(const tir::Stmt& loop) {
   return true;
 }
 
+// A register tile written back across its vector lanes,
+//   for u in 0..U unrolled { for v in 0..V vectorized { buf[...] = value } }
+// where the stored element moves by one along u and by a constant stride of
+// at least U along v (conv.panels' tile of pixels x output channels written
+// into NCHW), would be U scatters of V lanes each. Instead the U row vectors
+// are computed, transposed in registers (log2 U rounds of interleaving
+// shuffles, 16 lanes at a time), and stored as V contiguous runs of U
+// elements. Only where the value never reads the stored buffer, so computing
+// every row before the first store changes nothing.
+bool Emitter::emit_transposed_store(const tir::Stmt& loop) {
+  auto uc = loop->extent.as_const();
+  if (!uc || *uc < 2 || *uc > 16 || !wvar_.empty()) return false;
+  const tir::Stmt& inner = loop->body;
+  if (!inner || inner->kind != tir::StmtKind::kFor || inner->for_kind != tir::ForKind::kVectorized) return false;
+  auto vc = inner->extent.as_const();
+  if (!vc || *vc < 2 || *vc > 256) return false;
+  const tir::Stmt& st = inner->body;
+  if (!st || st->kind != tir::StmtKind::kStore) return false;
+  BufferRef* ref = find_buffer(st->buffer.name, st->buffer_index);
+  if (!ref) return false;
+  DType bt = ref->buffer->dtype;
+  if (!widenable_dtype(bt) || dtype_is_narrow_float(bt) || bt == DType::kBool || st->value.dtype() != bt)
+    return false;
+  Expr flat = flat_index(*ref->buffer, st->indices);
+  auto step = [&](const std::string& v) {
+    return simplify(substitute(flat, {{v, var(v) + int_imm(1)}}) - flat).as_const();
+  };
+  auto along_u = step(loop->var), along_v = step(inner->var);
+  if (!along_u || *along_u != 1 || !along_v || std::llabs(*along_v) < *uc) return false;
+  std::function<bool(const Expr&)> reads_buffer = [&](const Expr& e) {
+    if (!e.defined()) return false;
+    if (e.kind() == ExprKind::kLoad && e->name == st->buffer.name && e->int_value == st->buffer_index) return true;
+    for (const Expr& a : e->args)
+      if (reads_buffer(a)) return true;
+    return false;
+  };
+  if (reads_buffer(st->value)) return false;
+  const unsigned rows = static_cast<unsigned>(*uc), lanes = static_cast<unsigned>(*vc);
+  wvar_ = inner->var;
+  wlanes_ = lanes;
+  bool ok = widenable(st->value);
+  wvar_.clear();
+  if (!ok) return false;
+
+  std::optional<llvm::Value*> saved;
+  if (auto it = frame_->vars.find(loop->var); it != frame_->vars.end()) saved = it->second;
+  std::vector<llvm::Value*> vals;
+  for (unsigned u = 0; u < rows && error_.is_ok(); ++u) {
+    frame_->vars[loop->var] = i64(u);
+    wvar_ = inner->var;
+    wlanes_ = lanes;
+    vals.push_back(splat(emit_w(st->value)));
+    wvar_.clear();
+  }
+  if (!error_.is_ok()) return true;
+  llvm::Type* mt = mem_type(bt);
+  llvm::Align align(dtype_size(bt));
+  unsigned padded = 1;
+  while (padded < rows) padded *= 2;
+  const unsigned chunk = std::min(lanes, 16u);
+  for (unsigned c0 = 0; c0 < lanes; c0 += chunk) {
+    const unsigned n = std::min(chunk, lanes - c0);
+    // Rows restricted to lanes c0..c0+n, padded with poison rows to a power of two.
+    std::vector<llvm::Value*> level;
+    std::vector<int> pick;
+    for (unsigned l = 0; l < n; ++l) pick.push_back(static_cast<int>(c0 + l));
+    for (unsigned u = 0; u < padded; ++u)
+      level.push_back(u < rows ? (n == lanes ? vals[u] : b_.CreateShuffleVector(vals[u], pick))
+                               : llvm::PoisonValue::get(llvm::VectorType::get(mt, n, false)));
+    // Interleave neighbours in groups of g: element l * 2g + t of the result
+    // is row (pair index * 2g + t) at lane l.
+    for (unsigned g = 1; level.size() > 1; g *= 2) {
+      std::vector<llvm::Value*> next;
+      for (size_t j = 0; j + 1 < level.size(); j += 2) {
+        std::vector<int> mix;
+        for (unsigned grp = 0; grp < n; ++grp) {
+          for (unsigned t = 0; t < g; ++t) mix.push_back(static_cast<int>(grp * g + t));
+          for (unsigned t = 0; t < g; ++t) mix.push_back(static_cast<int>(n * g + grp * g + t));
+        }
+        next.push_back(b_.CreateShuffleVector(level[j], level[j + 1], mix));
+      }
+      level = std::move(next);
+    }
+    for (unsigned l = 0; l < n; ++l) {
+      std::vector<int> run;
+      for (unsigned u = 0; u < rows; ++u) run.push_back(static_cast<int>(l * padded + u));
+      llvm::Value* v = b_.CreateShuffleVector(level[0], run);
+      Expr at = simplify(substitute(flat, {{loop->var, int_imm(0)}, {inner->var, int_imm(c0 + l)}}));
+      llvm::Value* ptr = b_.CreateInBoundsGEP(mt, ref->ptr, emit_as(at, DType::kInt64));
+      llvm::StoreInst* store = b_.CreateAlignedStore(v, ptr, align);
+      set_alias_md(store, *ref);
+    }
+  }
+  if (saved) frame_->vars[loop->var] = *saved;
+  else frame_->vars.erase(loop->var);
+  return true;
+}
+
 // ============================== statements ==============================
 
 void Emitter::emit_stmt(const tir::Stmt& s) {
@@ -1570,6 +1669,7 @@ void Emitter::emit_for(const tir::Stmt& s) {
     return;
   }
   if (s->for_kind == tir::ForKind::kVectorized && emit_widened(s)) return;
+  if (s->for_kind == tir::ForKind::kUnrolled && emit_transposed_store(s)) return;
   if (s->for_kind == tir::ForKind::kUnrolled) {
     // Fully unrolled here (a constant extent up to 32): each copy sees its
     // row as a constant, so register tiles have constant offsets.
