@@ -225,7 +225,7 @@ Status ProgramBuilder::classify() {
     }
     const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
     KILN_CHECK(def != nullptr) << "unchecked op " << describe(n);
-    if (def->kernel && data_dependent.count(n))
+    if (def->kernel && (data_dependent.count(n) || (def->runs_kernel && def->runs_kernel(*n))))
       mode_[n] = Mode::kHost;
     else if (def->is_view && n->num_outputs() >= 1)
       mode_[n] = Mode::kView;

@@ -39,12 +39,21 @@ void register_loss_ops();         // loss.cc
 void register_rnn_ops();          // rnn.cc
 void register_quant_ops();        // quant.cc
 void register_misc_ops();         // misc.cc
+void register_signal_ops();       // signal.cc
+void register_detection_ops();    // detection.cc
+void register_random_ops();       // random.cc
+
+// Dropout in training mode (random.cc), for elementwise.cc's Dropout.
+Result<RuntimeKernel> dropout_training_kernel(const Node& n);
 
 // An OpDef for a compiled op (optionally a view, optionally with a runtime
 // kernel for data-dependent cases), ready for register_op.
 OpDef make_def(const std::string& name, std::function<Status(Node&, InferContext&)> infer,
                std::function<Result<std::vector<tir::ComputeDef>>(const Node&, LowerContext&)> lower,
                bool is_view = false, std::function<Result<RuntimeKernel>(const Node&)> kernel = nullptr);
+// An OpDef for a runtime-kernel op (no lowering).
+OpDef kernel_op(const std::string& name, std::function<Status(Node&, InferContext&)> infer,
+                std::function<Result<RuntimeKernel>(const Node&)> kernel);
 
 // ---- Errors ---------------------------------------------------------------
 

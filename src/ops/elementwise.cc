@@ -720,24 +720,33 @@ std::vector<Elementwise> elementwise_ops() {
   return ops;
 }
 
-// Dropout in inference mode, or in training mode with a constant ratio of 0
-// (no element dropped, scale 1 / (1 - 0); some exporters emit it): output 0 =
-// input, optional output 1 (mask) all true.
+// Dropout that drops nothing: no training_mode, a constant false one, or a
+// constant true one with a constant ratio of 0 (scale 1 / (1 - 0); some
+// exporters emit it). Compiled: output 0 = input, optional output 1 (mask)
+// all true. Any other Dropout runs random.cc's kernel, which reads
+// training_mode and ratio at run time.
+bool dropout_is_identity(const Node& n) {
+  if (!has_input(n, 2)) return true;
+  if (!n.input(2)->is_constant()) return false;
+  const Tensor& training = n.input(2)->constant();
+  if (training.numel() != 1 || training.get_f64(0) == 0) return training.numel() == 1;
+  return has_input(n, 1) && n.input(1)->is_constant() && n.input(1)->constant().numel() == 1 &&
+         n.input(1)->constant().get_f64(0) == 0;
+}
+
 void register_dropout() {
   OpDef def;
   def.name = "Dropout";
   def.is_elementwise = true;
+  def.kernel = dropout_training_kernel;
+  def.runs_kernel = [](const Node& n) { return !dropout_is_identity(n); };
   def.infer = [](Node& n, InferContext& ctx) -> Status {
     KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 0));
-    if (has_input(n, 2)) {
-      if (!n.input(2)->is_constant()) return node_unsupported(n) << "training_mode that is not a constant";
-      const Tensor& training = n.input(2)->constant();
-      if (training.numel() > 0 && training.get_i64(0) != 0) {
-        // Training: an identity only with a constant ratio of 0 (the default ratio is 0.5).
-        bool zero_ratio = has_input(n, 1) && n.input(1)->is_constant() && n.input(1)->constant().numel() == 1 &&
-                          n.input(1)->constant().get_f64(0) == 0;
-        if (!zero_ratio) return node_unsupported(n) << "training_mode=1 with a ratio that is not a constant 0";
-      }
+    for (size_t i : {1, 2}) {
+      if (!has_input(n, i)) continue;
+      KILN_ASSIGN_OR_RETURN(TensorType p, input_type(n, i));
+      if (p.has_shape() && p.rank() != 0 && !(p.rank() == 1 && (*p.shape)[0].as_const() == std::optional<int64_t>(1)))
+        return node_invalid(n) << (i == 1 ? "ratio" : "training_mode") << " must be a scalar, got " << p.to_string();
     }
     if (t.has_shape()) {
       set_output(n, 0, t.dtype, *t.shape, ctx);

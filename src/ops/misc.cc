@@ -1,7 +1,7 @@
 // Miscellaneous ops. Compiled: EyeLike, DepthToSpace, SpaceToDepth, LRN.
 // Runtime kernels (data-dependent output sizes, or irregular access that a
 // plain loop in C++ expresses best): Compress, Unique, NonMaxSuppression,
-// Det, MaxUnpool, RoiAlign, GridSample, AffineGrid, CenterCropPad, Col2Im,
+// Det, MaxUnpool, GridSample, AffineGrid, CenterCropPad, Col2Im,
 // ReverseSequence, Upsample, and the Hann/Hamming/Blackman windows.
 #include <algorithm>
 #include <cmath>
@@ -21,15 +21,6 @@ OpDef compiled_op(const std::string& name, std::function<Status(Node&, InferCont
   def.name = name;
   def.infer = std::move(infer);
   def.lower = std::move(lower);
-  return def;
-}
-
-OpDef kernel_op(const std::string& name, std::function<Status(Node&, InferContext&)> infer,
-                std::function<Result<RuntimeKernel>(const Node&)> kernel) {
-  OpDef def;
-  def.name = name;
-  def.infer = std::move(infer);
-  def.kernel = std::move(kernel);
   return def;
 }
 

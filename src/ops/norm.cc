@@ -210,11 +210,12 @@ Result<std::vector<tir::ComputeDef>> lower_layer_norm(const Node& n, LowerContex
 // ---- BatchNormalization (inference) ----------------------------------------------------
 
 Status infer_batch_norm(Node& n, InferContext& ctx) {
-  if (n.attr_int("training_mode", 0) != 0) return node_unsupported(n) << "training_mode=1 (inference only)";
+  const bool training = n.attr_int("training_mode", 0) != 0;
   if (n.has_attr("spatial") && n.attr_int("spatial", 1) == 0) return node_unsupported(n) << "spatial=0";
-  for (size_t i = 1; i < n.num_outputs(); ++i) {
+  if (training && n.num_outputs() > 3) return node_invalid(n) << n.num_outputs() << " outputs (at most 3 in training mode)";
+  for (size_t i = 1; i < n.num_outputs() && !training; ++i) {
     if (n.output(i) != nullptr && !n.output(i)->name().empty()) {
-      return node_unsupported(n) << "running statistics outputs (training only)";
+      return node_unsupported(n) << "running statistics outputs without training_mode=1 (the opset 6-9 training form)";
     }
   }
   KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 0));
@@ -228,6 +229,11 @@ Status infer_batch_norm(Node& n, InferContext& ctx) {
       return node_invalid(n) << kNames[i] << " has type " << p.to_string() << ", expected ["
                              << print_expr((*t.shape)[1]) << "] (one value per channel)";
   }
+  if (training) {  // running_mean and running_var: [C], like input_mean
+    KILN_ASSIGN_OR_RETURN(TensorType p, input_type(n, 3));
+    for (size_t i = 1; i < n.num_outputs(); ++i)
+      if (n.output(i) != nullptr && !n.output(i)->name().empty()) set_output(n, i, t.dtype, *p.shape, ctx);
+  }
   return infer_same_shape(n, ctx);
 }
 
@@ -236,12 +242,56 @@ Expr channel_param(const LowerContext& ctx, size_t i, const Expr& c, DType dt) {
   return cast_if_needed(dt, ctx.load_input(i, {c}));
 }
 
+// Training mode (opset 14+): normalized with the batch's own statistics per
+// channel (mean, and the population variance over every dim but 1), and the
+// running statistics updated as input * momentum + batch * (1 - momentum).
+Result<std::vector<tir::ComputeDef>> lower_batch_norm_training(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& in = ctx.inputs[0];
+  const tir::Buffer& out = ctx.outputs[0];
+  DType dt = in.dtype;
+  std::vector<bool> reduced(in.shape.size(), true);
+  reduced[1] = false;
+  Expr count = cast(dt, product(in.shape, reduced));
+  auto x_at = [&](const std::vector<Expr>& idx) { return ctx.load_input(0, idx); };
+  tir::ComputeDef mean =
+      reduce_over_dims(ctx, ctx.fresh(out.name + "_mean"), dt, in.shape, reduced, false, tir::Combiner::kSum,
+                       const_of(dt, 0), x_at, [&](const Expr& acc, const std::vector<Expr>&) { return div(acc, count); });
+  tir::ComputeDef var = reduce_over_dims(
+      ctx, ctx.fresh(out.name + "_var"), dt, in.shape, reduced, false, tir::Combiner::kSum, const_of(dt, 0),
+      [&](const std::vector<Expr>& idx) {
+        Expr d = sub(x_at(idx), stage_load(mean, {idx[1]}));
+        return mul(d, d);
+      },
+      [&](const Expr& acc, const std::vector<Expr>&) { return div(acc, count); });
+  std::vector<tir::ComputeDef> stages{mean, var};
+  std::vector<std::string> axes = fresh_axes(ctx, in.shape.size());
+  std::vector<Expr> idx = axis_vars(axes);
+  Expr c = idx[1];
+  Expr eps = const_of(dt, n.attr_float("epsilon", 1e-5));
+  Expr inv = div(const_of(dt, 1), call("sqrt", dt, {add(stage_load(var, {c}), eps)}));
+  Expr y = mul(mul(sub(ctx.load_input(0, idx), stage_load(mean, {c})), inv), channel_param(ctx, 1, c, dt));
+  stages.push_back(make_stage(out.name, dt, axes, out.shape, add(y, channel_param(ctx, 2, c, dt))));
+  const double momentum = n.attr_float("momentum", 0.9);
+  for (size_t i = 1; i < 3 && i < ctx.outputs.size(); ++i) {
+    const tir::Buffer& b = ctx.outputs[i];
+    if (b.name.empty()) continue;
+    std::vector<std::string> ca = fresh_axes(ctx, 1);
+    Expr k = axis_vars(ca)[0];
+    Expr batch = stage_load(i == 1 ? mean : var, {k});
+    Expr running = add(mul(channel_param(ctx, i == 1 ? 3 : 4, k, dt), const_of(dt, momentum)),
+                       mul(batch, const_of(dt, 1.0 - momentum)));
+    stages.push_back(make_stage(b.name, b.dtype, ca, b.shape, running));
+  }
+  return stages;
+}
+
 Result<std::vector<tir::ComputeDef>> lower_batch_norm(const Node& n, LowerContext& ctx) {
   const tir::Buffer& in = ctx.inputs[0];
   const tir::Buffer& out = ctx.outputs[0];
   DType dt = in.dtype;
   KILN_RETURN_IF_ERROR(check_float_input(n, dt));
   if (in.shape.size() < 2) return node_invalid(n) << "input of rank " << in.shape.size();
+  if (n.attr_int("training_mode", 0) != 0) return lower_batch_norm_training(n, ctx);
   std::vector<std::string> axes = fresh_axes(ctx, in.shape.size());
   std::vector<Expr> idx = axis_vars(axes);
   Expr c = idx[1];

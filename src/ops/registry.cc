@@ -84,6 +84,9 @@ void register_all_ops() {
     register_rnn_ops();
     register_quant_ops();
     register_misc_ops();
+    register_signal_ops();
+    register_detection_ops();
+    register_random_ops();
   });
 }
 
@@ -197,6 +200,11 @@ OpDef make_def(const std::string& name, std::function<Status(Node&, InferContext
   def.is_view = is_view;
   def.kernel = std::move(kernel);
   return def;
+}
+
+OpDef kernel_op(const std::string& name, std::function<Status(Node&, InferContext&)> infer,
+                std::function<Result<RuntimeKernel>(const Node&)> kernel) {
+  return make_def(name, std::move(infer), nullptr, false, std::move(kernel));
 }
 
 // ---- common.h: lowering preconditions ------------------------------------------------

@@ -84,6 +84,11 @@ struct OpDef {
   // the call, from the memory plan or its buffer pool) must be written in
   // full, in place, and kept; only outputs passed undefined are allocated.
   bool kernel_fills_outputs = false;
+  // For a compiled op that also has a kernel: true when this node must run
+  // the kernel (Dropout in training mode, whose mask is random); the
+  // lowering covers the other nodes. Unset: the kernel only for
+  // data-dependent output shapes.
+  std::function<bool(const Node&)> runs_kernel;
   // Output i aliases input 0's storage (view op): Reshape, Flatten, Squeeze, Unsqueeze, Identity.
   bool is_view = false;
   // Elementwise (with broadcasting): may be fused into a chain with neighbours.

@@ -423,16 +423,59 @@ TEST(NormNumeric, BatchInstanceGroupNormalization) {
                1e-5, "groupnorm per group");
 }
 
-TEST(NormNumeric, BatchNormTrainingIsUnsupported) {
+// Training mode (opset 15): the batch's own mean and population variance per
+// channel normalize the input (the given mean and var do not), and the
+// running statistics are input * momentum + batch * (1 - momentum). An
+// omitted running_var output is simply not computed.
+TEST(NormNumeric, BatchNormTrainingModeUsesBatchStatistics) {
+  const int64_t N = 3, C = 2, S = 5;
+  std::vector<double> xv = f32(ramp(N * C * S, -3, 2, 21));
+  std::vector<double> scale = f32(ramp(C, 0.5, 1.5, 22)), bias = f32(ramp(C, -1, 1, 23));
+  std::vector<double> mean = f32(ramp(C, -0.5, 0.5, 24)), var = f32(ramp(C, 0.5, 2, 25));
+  const double eps = static_cast<float>(1e-3), momentum = static_cast<float>(0.8);
+  std::vector<double> bmean(C, 0), bvar(C, 0);
+  for (int64_t i = 0; i < N * C * S; ++i) bmean[(i / S) % C] += xv[i] / (N * S);
+  for (int64_t i = 0; i < N * C * S; ++i) bvar[(i / S) % C] += std::pow(xv[i] - bmean[(i / S) % C], 2) / (N * S);
+  std::vector<double> want_y, want_rm, want_rv;
+  for (int64_t i = 0; i < N * C * S; ++i) {
+    int64_t c = (i / S) % C;
+    want_y.push_back((xv[i] - bmean[c]) / std::sqrt(bvar[c] + eps) * scale[c] + bias[c]);
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    want_rm.push_back(mean[c] * momentum + bmean[c] * (1 - momentum));
+    want_rv.push_back(var[c] * momentum + bvar[c] * (1 - momentum));
+  }
+  for (bool with_var : {true, false}) {
+    auto g = new_graph(15);
+    Value* x = g->add_input("x", tt(DType::kFloat32, {N, C, S}));
+    std::vector<Value*> ps;
+    for (const char* name : {"scale", "bias", "mean", "var"}) ps.push_back(g->add_input(name, tt(DType::kFloat32, {C})));
+    std::vector<std::string> outs{"y", "running_mean"};
+    if (with_var) outs.push_back("running_var");
+    Node* bn = g->add_node("BatchNormalization", {x, ps[0], ps[1], ps[2], ps[3]}, outs, "", "bn_train");
+    bn->set_attr("training_mode", Attribute::of_int(1));
+    bn->set_attr("epsilon", Attribute::of_float(1e-3f));
+    bn->set_attr("momentum", Attribute::of_float(0.8f));
+    ASSERT_TRUE(testing::infer(*g).is_ok());
+    EXPECT_EQ(bn->output(1)->type().to_string(), "f32[2]");
+    auto out = run_node(*g, *bn,
+                        {make_tensor(DType::kFloat32, {N, C, S}, xv), make_tensor(DType::kFloat32, {C}, scale),
+                         make_tensor(DType::kFloat32, {C}, bias), make_tensor(DType::kFloat32, {C}, mean),
+                         make_tensor(DType::kFloat32, {C}, var)});
+    ASSERT_EQ(out.size(), with_var ? 3u : 2u);
+    expect_close(out[0], want_y, 2e-5, "y");
+    expect_close(out[1], want_rm, 1e-6, "running_mean");
+    if (with_var) expect_close(out[2], want_rv, 1e-6, "running_var");
+  }
+  // Without training_mode, running statistics outputs remain unsupported (opset 6-9 form).
   auto g = new_graph(15);
   Value* x = g->add_input("x", tt(DType::kFloat32, {1, 2}));
   Value* p = g->add_input("p", tt(DType::kFloat32, {2}));
-  Node* bn = g->add_node("BatchNormalization", {x, p, p, p, p}, {"y"}, "", "bn_train");
-  bn->set_attr("training_mode", Attribute::of_int(1));
+  g->add_node("BatchNormalization", {x, p, p, p, p}, {"y", "rm"}, "", "bn_infer");
   Status st = testing::infer(*g);
   ASSERT_FALSE(st.is_ok());
   EXPECT_EQ(st.code(), StatusCode::kUnsupported);
-  EXPECT_NE(st.message().find("bn_train"), std::string::npos);
+  EXPECT_NE(st.message().find("bn_infer"), std::string::npos);
 }
 
 TEST(NormNumeric, LpAndMeanVarianceNormalization) {

@@ -64,6 +64,17 @@ inline std::vector<int64_t> eval_shape(const std::vector<Expr>& shape, const Sym
   return out;
 }
 
+// Builds node n's runtime kernel and runs it on `inputs`: the outputs, or the
+// error the kernel (or its builder) returns.
+inline Result<std::vector<Tensor>> try_kernel(const Node& n, const std::vector<Tensor>& inputs) {
+  const ops::OpDef* def = ops::find_op(n.domain(), n.op_type());
+  if (def == nullptr || !def->kernel) return internal_error() << "no kernel for " << n.op_type();
+  KILN_ASSIGN_OR_RETURN(ops::RuntimeKernel k, def->kernel(n));
+  std::vector<Tensor> out;
+  KILN_RETURN_IF_ERROR(k(inputs, out));
+  return out;
+}
+
 // Lowers node n and runs it on `inputs` (one per node input, undefined for an
 // omitted one). Returns one tensor per node output (undefined for an omitted
 // one). Fails the test on errors; then the result is empty.
