@@ -42,6 +42,7 @@ void register_misc_ops();         // misc.cc
 void register_signal_ops();       // signal.cc
 void register_detection_ops();    // detection.cc
 void register_random_ops();       // random.cc
+void register_string_ops();       // strings.cc
 
 // Dropout in training mode (random.cc), for elementwise.cc's Dropout.
 Result<RuntimeKernel> dropout_training_kernel(const Node& n);

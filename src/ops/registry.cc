@@ -68,6 +68,12 @@ void register_op(OpDef def) {
   registry().emplace(std::move(key), std::move(def));
 }
 
+void extend_op(const std::string& domain, const std::string& name, const std::function<void(OpDef&)>& amend) {
+  auto it = registry().find(op_key(domain, name));
+  KILN_CHECK(it != registry().end()) << "extend_op before " << op_key(domain, name) << " was registered";
+  amend(it->second);
+}
+
 void register_all_ops() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -87,6 +93,7 @@ void register_all_ops() {
     register_signal_ops();
     register_detection_ops();
     register_random_ops();
+    register_string_ops();  // after elementwise: extends Cast, CastLike and Equal
   });
 }
 

@@ -99,6 +99,9 @@ struct OpDef {
 
 // Registration (called from each family's register_*() function).
 void register_op(OpDef def);
+// Amends an op another family registered (registered earlier in
+// register_all_ops): the string kernels of Cast, CastLike and Equal.
+void extend_op(const std::string& domain, const std::string& name, const std::function<void(OpDef&)>& amend);
 // Registers every op family once (thread-safe); find_op() and
 // registered_op_names() call it, so callers rarely need to.
 void register_all_ops();
