@@ -135,6 +135,10 @@ InputTensor to_tensor(const std::string& name, const py::handle& value, kiln::DT
   py::array arr = np.attr("asarray")(value);
   kiln::DType dtype = dtype_from_numpy(arr.dtype());
   if (is_bits_of(expected, dtype)) dtype = expected;
+  // 4-bit integers come as int8 / uint8 arrays (one value per byte), each in range.
+  bool four_bit = (expected == kiln::DType::kInt4 && dtype == kiln::DType::kInt8) ||
+                  (expected == kiln::DType::kUInt4 && dtype == kiln::DType::kUInt8);
+  if (four_bit) dtype = expected;
   if (dtype == kiln::DType::kUndefined) {
     raise_kiln_error("input '" + name + "': unsupported numpy dtype " +
                      py::str(arr.dtype()).cast<std::string>());
@@ -166,6 +170,15 @@ InputTensor to_tensor(const std::string& name, const py::handle& value, kiln::DT
   }
   arr = np.attr("ascontiguousarray")(arr);
   if (!(arr.flags() & py::array::c_style)) raise_kiln_error("input '" + name + "': not contiguous");
+  if (four_bit) {
+    const auto* bytes = static_cast<const int8_t*>(arr.data());
+    for (py::ssize_t i = 0; i < arr.size(); ++i) {
+      int v = expected == kiln::DType::kInt4 ? bytes[i] : static_cast<uint8_t>(bytes[i]);
+      if (expected == kiln::DType::kInt4 ? (v < -8 || v > 7) : (v > 15))
+        raise_kiln_error("input '" + name + "': element " + std::to_string(i) + " (" + std::to_string(v) +
+                         ") is out of range for " + kiln::dtype_name(expected));
+    }
+  }
   in.owner = arr;
   // Kiln never writes to its inputs, so read-only arrays are borrowed as well.
   in.tensor = kiln::Tensor::borrow(dtype, shape, const_cast<void*>(arr.data()));

@@ -366,6 +366,21 @@ Result<Expr> cast_body(const Node& n, const Expr& x, DType to) {
     return ne(x, c_of(x, 0));
   }
   if (x.dtype() == DType::kBool) return select(x, const_of(to, 1), const_of(to, 0));
+  if ((to == DType::kInt4 || to == DType::kUInt4) && x.dtype() != to) {
+    // Saturating, floats rounded half to even first (the ONNX Cast rule for
+    // 4-bit targets); the byte then holds a value in range.
+    const double lo = to == DType::kInt4 ? -8 : 0, hi = to == DType::kInt4 ? 7 : 15;
+    Expr v = x;
+    if (dtype_is_float(x.dtype())) {
+      v = call("round", x.dtype(), {x});
+      v = select(call("isnan", DType::kBool, {x}), c_of(x, 0), max(min(v, c_of(x, hi)), c_of(x, lo)));
+    } else {
+      bool has_lo = is_signed_int(x), has_hi = !(x.dtype() == DType::kInt4 || x.dtype() == DType::kUInt4);
+      if (has_hi) v = min(v, c_of(x, hi));
+      if (has_lo) v = max(v, c_of(x, lo));
+    }
+    return cast_if_needed(to, v);
+  }
   bool float8 = dtype_is_narrow_float(to) && to != DType::kFloat16 && to != DType::kBFloat16;
   if (float8 && n.attr_int("saturate", 1) == 0 && x.dtype() != to) {
     // Non-saturating conversion: out-of-range values become NaN (or infinity for e5m2).

@@ -7,9 +7,9 @@
 // i floordiv block_size). Quantization follows the ONNX reference:
 //   QuantizeLinear:   y = saturate(round_half_even(x / scale) + zero_point)
 //   DequantizeLinear: y = (f32(x) - f32(zero_point)) * scale
-// Integer targets are u8/i8/u16/i16 (i32 for DequantizeLinear's input); the
-// float8 and 4-bit types are not supported (the code generator has no such
-// dtypes).
+// Integer targets are u8/i8/u16/i16/u4/i4 (i32 for DequantizeLinear's
+// input; 4-bit values are one per byte in memory); float8 targets are not
+// supported.
 //
 // The integer products (MatMulInteger, ConvInteger, QLinear*) accumulate
 // (a - a_zero_point) * (b - b_zero_point) in i32 in one reduction stage, the
@@ -32,13 +32,22 @@ namespace kiln::ops {
 namespace {
 
 bool is_quant_int(DType t) {
-  return t == DType::kUInt8 || t == DType::kInt8 || t == DType::kUInt16 || t == DType::kInt16;
+  return t == DType::kUInt8 || t == DType::kInt8 || t == DType::kUInt16 || t == DType::kInt16 ||
+         t == DType::kUInt4 || t == DType::kInt4;
 }
 
-Status check_dtype(const Node& n, DType t, bool allow_i32, const char* what) {
-  if (is_quant_int(t) || (allow_i32 && t == DType::kInt32)) return Status::ok();
-  return node_unsupported(n) << what << " of dtype " << dtype_name(t)
-                             << " (u8/i8/u16/i16" << (allow_i32 ? "/i32" : "") << " supported)";
+// The float8 formats: QuantizeLinear scales and converts without rounding
+// to an integer (saturating unless saturate=0); DequantizeLinear widens.
+bool is_quant_float8(DType t) {
+  return t == DType::kFloat8E4M3FN || t == DType::kFloat8E4M3FNUZ || t == DType::kFloat8E5M2 ||
+         t == DType::kFloat8E5M2FNUZ;
+}
+
+Status check_dtype(const Node& n, DType t, bool allow_i32, const char* what, bool allow_float8 = false) {
+  if (is_quant_int(t) || (allow_i32 && t == DType::kInt32) || (allow_float8 && is_quant_float8(t)))
+    return Status::ok();
+  return node_unsupported(n) << what << " of dtype " << dtype_name(t) << " (u8/i8/u16/i16/u4/i4"
+                             << (allow_i32 ? "/i32" : "") << (allow_float8 ? "/float8" : "") << " supported)";
 }
 
 // Numeric element count of a shape when static.
@@ -137,6 +146,8 @@ std::pair<double, double> quant_range(DType t) {
     case DType::kInt8: return {-128, 127};
     case DType::kUInt16: return {0, 65535};
     case DType::kInt16: return {-32768, 32767};
+    case DType::kUInt4: return {0, 15};
+    case DType::kInt4: return {-8, 7};
     default: return {-2147483648.0, 2147483647.0};
   }
 }
@@ -176,7 +187,7 @@ Result<std::vector<tir::ComputeDef>> lower_quantize(const Node& n, LowerContext&
   const tir::Buffer& x = ctx.inputs[0];
   const tir::Buffer& s = ctx.inputs[1];
   const tir::Buffer& y = ctx.outputs[0];
-  KILN_RETURN_IF_ERROR(check_dtype(n, y.dtype, false, "output"));
+  KILN_RETURN_IF_ERROR(check_dtype(n, y.dtype, false, "output", true));
   if (!dtype_is_float(s.dtype) || !dtype_is_compilable(s.dtype)) {
     return node_unsupported(n) << "scale of dtype " << dtype_name(s.dtype);
   }
@@ -190,6 +201,13 @@ Result<std::vector<tir::ComputeDef>> lower_quantize(const Node& n, LowerContext&
   std::vector<Expr> iv = axis_vars(axes);
   DType f = s.dtype;
   Expr xv = cast_if_needed(f, ctx.load_input(0, iv));
+  if (is_quant_float8(y.dtype)) {
+    Expr v = div(xv, load_param(ctx, 1, sl, iv));
+    if (has_input(n, 2)) v = add(v, cast(f, load_param(ctx, 2, zl, iv)));
+    Expr out = n.attr_int("saturate", 1) != 0 ? cast(y.dtype, v)
+                                              : call("cast_nosat", y.dtype, {cast_if_needed(DType::kFloat32, v)});
+    return std::vector<tir::ComputeDef>{make_stage(y.name, y.dtype, axes, y.shape, out)};
+  }
   Expr q = call("round", f, {div(xv, load_param(ctx, 1, sl, iv))});
   // As the reference: round to an integer, add the zero point, saturate.
   // Working in f64 keeps every integer of the i32 range exact.
@@ -214,13 +232,21 @@ Result<std::vector<tir::ComputeDef>> lower_dequantize(const Node& n, LowerContex
   const tir::Buffer& x = ctx.inputs[0];
   const tir::Buffer& s = ctx.inputs[1];
   const tir::Buffer& y = ctx.outputs[0];
-  KILN_RETURN_IF_ERROR(check_dtype(n, x.dtype, true, "input"));
+  KILN_RETURN_IF_ERROR(check_dtype(n, x.dtype, true, "input", true));
   if (!dtype_is_float(s.dtype) || !dtype_is_compilable(s.dtype)) {
     return node_unsupported(n) << "scale of dtype " << dtype_name(s.dtype);
   }
   KILN_ASSIGN_OR_RETURN(QuantParamLayout sl, param_layout(n, x.shape, s.shape, 1));
   std::vector<std::string> axes = fresh_axes(ctx, x.shape.size());
   std::vector<Expr> iv = axis_vars(axes);
+  if (is_quant_float8(x.dtype)) {  // widen, subtract, scale in the scale's dtype
+    Expr d = cast(s.dtype, ctx.load_input(0, iv));
+    if (has_input(n, 2)) {
+      KILN_ASSIGN_OR_RETURN(QuantParamLayout zl, param_layout(n, x.shape, ctx.inputs[2].shape, 1));
+      d = sub(d, cast(s.dtype, load_param(ctx, 2, zl, iv)));
+    }
+    return std::vector<tir::ComputeDef>{make_stage(y.name, y.dtype, axes, y.shape, mul(d, load_param(ctx, 1, sl, iv)))};
+  }
   // x - zero_point is exact in i64; then one conversion and one product in the scale's dtype.
   Expr d = cast(DType::kInt64, ctx.load_input(0, iv));
   if (has_input(n, 2)) {

@@ -71,6 +71,7 @@ bool dtype_is_compilable(DType t) {
     case DType::kFloat32: case DType::kFloat64: case DType::kUInt8: case DType::kInt8:
     case DType::kUInt16: case DType::kInt16: case DType::kInt32: case DType::kInt64:
     case DType::kUInt32: case DType::kUInt64: case DType::kBool:
+    case DType::kInt4: case DType::kUInt4:  // one per byte in memory (int4 sign-extended)
       return true;
     default:
       return dtype_is_narrow_float(t);

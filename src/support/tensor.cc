@@ -79,8 +79,8 @@ double Tensor::get_f64(int64_t i) const {
   switch (dtype_) {
     case DType::kFloat32: return static_cast<const float*>(data_)[i];
     case DType::kFloat64: return static_cast<const double*>(data_)[i];
-    case DType::kInt8: return static_cast<const int8_t*>(data_)[i];
-    case DType::kUInt8: return static_cast<const uint8_t*>(data_)[i];
+    case DType::kInt8: case DType::kInt4: return static_cast<const int8_t*>(data_)[i];
+    case DType::kUInt8: case DType::kUInt4: return static_cast<const uint8_t*>(data_)[i];
     case DType::kInt16: return static_cast<const int16_t*>(data_)[i];
     case DType::kUInt16: return static_cast<const uint16_t*>(data_)[i];
     case DType::kInt32: return static_cast<const int32_t*>(data_)[i];
@@ -109,6 +109,11 @@ void Tensor::set_f64(int64_t i, double v) {
     case DType::kFloat32: static_cast<float*>(data_)[i] = static_cast<float>(v); break;
     case DType::kFloat64: static_cast<double*>(data_)[i] = v; break;
     case DType::kInt8: static_cast<int8_t*>(data_)[i] = static_cast<int8_t>(v); break;
+    // 4-bit integers: one per byte (int4 sign-extended), wrapped to 4 bits like C.
+    case DType::kInt4:
+      static_cast<int8_t*>(data_)[i] = static_cast<int8_t>(static_cast<int8_t>(static_cast<int64_t>(v) << 4) >> 4);
+      break;
+    case DType::kUInt4: static_cast<uint8_t*>(data_)[i] = static_cast<uint8_t>(static_cast<int64_t>(v) & 0x0f); break;
     case DType::kUInt8: static_cast<uint8_t*>(data_)[i] = static_cast<uint8_t>(v); break;
     case DType::kInt16: static_cast<int16_t*>(data_)[i] = static_cast<int16_t>(v); break;
     case DType::kUInt16: static_cast<uint16_t*>(data_)[i] = static_cast<uint16_t>(v); break;

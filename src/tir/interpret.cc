@@ -94,11 +94,11 @@ class Interpreter {
     switch (t) {
       case DType::kFloat32: { float x; std::memcpy(&x, p, 4); return float_value(x); }
       case DType::kFloat64: { double x; std::memcpy(&x, p, 8); return float_value(x); }
-      case DType::kInt8: { int8_t x; std::memcpy(&x, p, 1); return int_value(x); }
+      case DType::kInt8: case DType::kInt4: { int8_t x; std::memcpy(&x, p, 1); return int_value(x); }
       case DType::kInt16: { int16_t x; std::memcpy(&x, p, 2); return int_value(x); }
       case DType::kInt32: { int32_t x; std::memcpy(&x, p, 4); return int_value(x); }
       case DType::kInt64: { int64_t x; std::memcpy(&x, p, 8); return int_value(x); }
-      case DType::kUInt8: { uint8_t x; std::memcpy(&x, p, 1); return int_value(x); }
+      case DType::kUInt8: case DType::kUInt4: { uint8_t x; std::memcpy(&x, p, 1); return int_value(x); }
       case DType::kUInt16: { uint16_t x; std::memcpy(&x, p, 2); return int_value(x); }
       case DType::kUInt32: { uint32_t x; std::memcpy(&x, p, 4); return int_value(x); }
       case DType::kUInt64: { int64_t x; std::memcpy(&x, p, 8); return int_value(x); }
@@ -124,6 +124,9 @@ class Interpreter {
       case DType::kInt64:
       case DType::kUInt64: std::memcpy(p, &v.i, 8); return;
       case DType::kBool: *p = v.i != 0; return;
+      // One 4-bit value per byte: int4 sign-extended, uint4 in the low nibble.
+      case DType::kInt4: { int8_t x = static_cast<int8_t>(static_cast<int8_t>(v.i << 4) >> 4); std::memcpy(p, &x, 1); return; }
+      case DType::kUInt4: *p = static_cast<uint8_t>(v.i & 0x0f); return;
       default:
         if (dtype_is_narrow_float(t)) {
           narrow_float_store(p, t, static_cast<float>(v.f));

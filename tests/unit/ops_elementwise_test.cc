@@ -483,6 +483,30 @@ TEST(ElementwiseNumeric, CastTruncatesAndToBool) {
                {254, 0, 0, 0, 2, 44}, 0, "i32 to u8 wraps");
 }
 
+// 4-bit targets saturate, floats rounded half to even first (NaN to 0);
+// 4-bit sources widen (int4 sign-extended). Values are one per byte.
+TEST(ElementwiseNumeric, CastToAndFromFourBitIntegers) {
+  auto g = new_graph();
+  Value* x = g->add_input("x", tt(DType::kFloat32, {8}));
+  Node* i4 = g->add_node("Cast", {x}, {"i4"});
+  i4->set_attr("to", Attribute::of_int(static_cast<int64_t>(DType::kInt4)));
+  Node* u4 = g->add_node("Cast", {x}, {"u4"});
+  u4->set_attr("to", Attribute::of_int(static_cast<int64_t>(DType::kUInt4)));
+  Node* back = g->add_node("Cast", {i4->output(0)}, {"back"});
+  back->set_attr("to", Attribute::of_int(static_cast<int64_t>(DType::kFloat32)));
+  Value* w = g->add_input("w", tt(DType::kInt32, {4}));
+  Node* wi4 = g->add_node("Cast", {w}, {"wi4"});
+  wi4->set_attr("to", Attribute::of_int(static_cast<int64_t>(DType::kInt4)));
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  auto xt = make_tensor(DType::kFloat32, {8}, {-9, -8.5, -2.5, 0.5, 1.5, 6.6, 20, NAN});
+  Tensor a = run_node(*g, *i4, {xt}).at(0);
+  expect_close(a, {-8, -8, -2, 0, 2, 7, 7, 0}, 0, "to i4");
+  expect_close(run_node(*g, *u4, {xt}).at(0), {0, 0, 0, 0, 2, 7, 15, 0}, 0, "to u4");
+  expect_close(run_node(*g, *back, {a}).at(0), {-8, -8, -2, 0, 2, 7, 7, 0}, 0, "i4 to f32");
+  expect_close(run_node(*g, *wi4, {make_tensor(DType::kInt32, {4}, {-100, -3, 9, 100})}).at(0), {-8, -3, 7, 7}, 0,
+               "i32 to i4 saturates");
+}
+
 TEST(ElementwiseNumeric, ClipAttributesConstantsAndRuntimeScalar) {
   // Opset 6: bounds as attributes.
   {

@@ -183,6 +183,39 @@ TEST(QuantNumeric, QuantizeLinearPerTensorTiesAndSaturation) {
   EXPECT_EQ(to_vector(got[0]), (std::vector<double>{12, 14, 10, 255, 0, 12, 10, 137}));
 }
 
+// 4-bit and float8 targets: int4 saturates to [-8, 7] after rounding; float8
+// e4m3fn keeps the scaled value to 3 mantissa bits and saturates at 448 (or
+// becomes NaN with saturate=0); DequantizeLinear widens both back.
+TEST(QuantNumeric, FourBitAndFloat8QuantizeAndDequantize) {
+  Graph g;
+  g.opsets[""] = 21;
+  Value* x = g.add_input("x", tt(DType::kFloat32, {6}));
+  Value* s = g.add_input("s", tt(DType::kFloat32, {}));
+  Value* z4 = g.add_input("z4", tt(DType::kInt4, {}));
+  Value* z8 = g.add_input("z8", tt(DType::kFloat8E4M3FN, {}));
+  Node* q4 = g.add_node("QuantizeLinear", {x, s, z4}, {"q4"});
+  Node* d4 = g.add_node("DequantizeLinear", {q4->output(0), s, z4}, {"d4"});
+  Node* q8 = g.add_node("QuantizeLinear", {x, s, z8}, {"q8"});
+  Node* q8n = g.add_node("QuantizeLinear", {x, s, z8}, {"q8n"});
+  q8n->set_attr("saturate", Attribute::of_int(0));
+  Node* d8 = g.add_node("DequantizeLinear", {q8->output(0), s, z8}, {"d8"});
+  ASSERT_TRUE(testing::infer(g).is_ok());
+  EXPECT_EQ(q4->output(0)->dtype(), DType::kInt4);
+  std::vector<double> xv = {1, 5, -7, 30, -40, 2000};
+  Tensor xt = make_tensor(DType::kFloat32, {6}, xv), st = make_tensor(DType::kFloat32, {}, {2});
+  Tensor z4t = make_tensor(DType::kInt4, {}, {1}), z8t = make_tensor(DType::kFloat8E4M3FN, {}, {0});
+  // x / 2 = 0.5, 2.5, -3.5, 15, -20, 1000 -> round half even 0, 2, -4, 15, -20, 1000 -> + 1, saturate.
+  Tensor q4v = run_node(g, *q4, {xt, st, z4t}).at(0);
+  EXPECT_EQ(to_vector(q4v), (std::vector<double>{1, 3, -3, 7, -8, 7}));
+  EXPECT_EQ(to_vector(run_node(g, *d4, {q4v, st, z4t}).at(0)), (std::vector<double>{0, 4, -8, 12, -18, 12}));
+  // e4m3fn: 0.5, 2.5, -3.5, 15, -20 are exact; 1000 saturates to 448.
+  Tensor q8v = run_node(g, *q8, {xt, st, z8t}).at(0);
+  EXPECT_EQ(to_vector(q8v), (std::vector<double>{0.5, 2.5, -3.5, 15, -20, 448}));
+  auto nosat = to_vector(run_node(g, *q8n, {xt, st, z8t}).at(0));
+  EXPECT_TRUE(std::isnan(nosat[5])) << nosat[5];
+  EXPECT_EQ(to_vector(run_node(g, *d8, {q8v, st, z8t}).at(0)), (std::vector<double>{1, 5, -7, 30, -40, 896}));
+}
+
 TEST(QuantNumeric, QuantizeLinearPerAxisAndBlocked) {
   for (DType out : {DType::kInt8, DType::kUInt16, DType::kInt16}) {
     SCOPED_TRACE(dtype_name(out));

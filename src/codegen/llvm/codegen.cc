@@ -161,7 +161,7 @@ class Emitter {
   llvm::Type* reg_type(DType t) {
     switch (t) {
       case DType::kBool: return b_.getInt1Ty();
-      case DType::kInt8: case DType::kUInt8: return b_.getInt8Ty();
+      case DType::kInt8: case DType::kUInt8: case DType::kInt4: case DType::kUInt4: return b_.getInt8Ty();
       case DType::kInt16: case DType::kUInt16: return b_.getInt16Ty();
       case DType::kInt32: case DType::kUInt32: return b_.getInt32Ty();
       case DType::kInt64: case DType::kUInt64: return b_.getInt64Ty();
