@@ -1,5 +1,7 @@
 // String ops, as runtime kernels over string tensors (UTF-8 bytes):
-// StringConcat, StringSplit, RegexFullMatch, StringNormalizer, and the
+// StringConcat, StringSplit, RegexFullMatch, StringNormalizer,
+// TfIdfVectorizer (over string or integer tokens), ai.onnx.ml's
+// LabelEncoder, and the
 // string forms of Cast, CastLike and Equal (those ops are compiled for
 // numbers; extend_op gives them a kernel that runs where a string is
 // involved).
@@ -26,6 +28,8 @@
 #include <cstring>
 #include <cwctype>
 #include <locale.h>
+#include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>
@@ -462,6 +466,262 @@ Result<RuntimeKernel> normalizer_kernel(const Node& n) {
   });
 }
 
+// ---- TfIdfVectorizer ---------------------------------------------------------------------------------
+
+// The n-gram pool as a trie over int64 or string tokens; a node's id is its
+// n-gram's position in the pool order (1-based; 0: only a prefix), as the
+// ONNX reference numbers them, and ngram_indexes[id - 1] its output column.
+template <typename Key>
+struct GramTrie {
+  int64_t id = 0;
+  std::map<Key, GramTrie> next;
+};
+
+struct TfIdfConfig {
+  int64_t min_len = 1, max_len = 1, max_skip = 0, out_size = 0;
+  std::string mode;
+  std::vector<int64_t> indexes;
+  std::vector<double> weights;
+  bool strings = false;
+  GramTrie<int64_t> ints;
+  GramTrie<std::string> texts;
+};
+
+template <typename Key>
+int64_t add_grams(GramTrie<Key>& root, const std::vector<Key>& pool, size_t start, int64_t count, int64_t size,
+                  int64_t id) {
+  for (int64_t g = 0; g < count; ++g, ++id) {
+    GramTrie<Key>* node = &root;
+    for (int64_t k = 0; k < size; ++k) node = &node->next[pool[start + static_cast<size_t>(g * size + k)]];
+    node->id = id;
+  }
+  return id;
+}
+
+Result<std::shared_ptr<TfIdfConfig>> tfidf_config(const Node& n) {
+  auto c = std::make_shared<TfIdfConfig>();
+  c->min_len = n.attr_int("min_gram_length", 1);
+  c->max_len = n.attr_int("max_gram_length", 1);
+  c->max_skip = n.attr_int("max_skip_count", 0);
+  c->mode = n.attr_string("mode", "TF");
+  if (c->mode != "TF" && c->mode != "IDF" && c->mode != "TFIDF") return node_invalid(n) << "mode '" << c->mode << "'";
+  if (c->min_len < 1 || c->max_len < c->min_len || c->max_skip < 0)
+    return node_invalid(n) << "need 1 <= min_gram_length <= max_gram_length and max_skip_count >= 0 (got "
+                           << c->min_len << ", " << c->max_len << ", " << c->max_skip << ")";
+  std::vector<int64_t> counts = n.attr_ints("ngram_counts");
+  c->indexes = n.attr_ints("ngram_indexes");
+  if (n.has_attr("weights")) c->weights = n.attr_floats("weights");
+  std::vector<int64_t> pool_ints = n.attr_ints("pool_int64s");
+  std::vector<std::string> pool_texts;
+  if (const Attribute* a = n.attr("pool_strings"); a != nullptr && a->kind == Attribute::Kind::kStrings)
+    pool_texts = a->strings;
+  if (pool_ints.empty() == pool_texts.empty())
+    return node_invalid(n) << "exactly one of pool_int64s and pool_strings must be given";
+  c->strings = !pool_texts.empty();
+  const int64_t total = static_cast<int64_t>(c->strings ? pool_texts.size() : pool_ints.size());
+  if (counts.empty()) return node_invalid(n) << "missing attribute ngram_counts";
+  int64_t id = 1;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    int64_t start = counts[i], end = i + 1 < counts.size() ? counts[i + 1] : total, size = static_cast<int64_t>(i) + 1;
+    if (start < 0 || end < start || end > total)
+      return node_invalid(n) << "ngram_counts " << i << " (" << start << " .. " << end << ") outside the pool of " << total;
+    if ((end - start) % size != 0)
+      return node_invalid(n) << (end - start) << " pool entries for " << size << "-grams is not a multiple of " << size;
+    int64_t grams = (end - start) / size;
+    if (size >= c->min_len && size <= c->max_len) {
+      id = c->strings ? add_grams(c->texts, pool_texts, static_cast<size_t>(start), grams, size, id)
+                      : add_grams(c->ints, pool_ints, static_cast<size_t>(start), grams, size, id);
+    } else {
+      id += grams;
+    }
+  }
+  if (static_cast<int64_t>(c->indexes.size()) != id - 1)
+    return node_invalid(n) << "ngram_indexes has " << c->indexes.size() << " entries for " << id - 1 << " n-grams";
+  for (int64_t ix : c->indexes)
+    if (ix < 0) return node_invalid(n) << "negative ngram index " << ix;
+  c->out_size = c->indexes.empty() ? 0 : *std::max_element(c->indexes.begin(), c->indexes.end()) + 1;
+  if (!c->weights.empty() && static_cast<int64_t>(c->weights.size()) < c->out_size)
+    return node_invalid(n) << c->weights.size() << " weights for " << c->out_size << " output columns";
+  return c;
+}
+
+Status infer_tfidf(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(auto c, tfidf_config(n));
+  KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 0));
+  bool ok = c->strings ? t.dtype == DType::kString : (t.dtype == DType::kInt32 || t.dtype == DType::kInt64);
+  if (!ok) return node_invalid(n) << "input of dtype " << dtype_name(t.dtype) << " for a "
+                                  << (c->strings ? "string" : "int64") << " pool";
+  KILN_ASSIGN_OR_RETURN(Shape s, input_shape(n, 0));
+  if (s.size() > 2) return node_invalid(n) << "input must be [C] or [B, C], got rank " << s.size();
+  Shape out{Expr(c->out_size)};
+  if (s.size() == 2) out.insert(out.begin(), s[0]);
+  set_output(n, 0, DType::kFloat32, out, ctx);
+  return Status::ok();
+}
+
+// Counts, per row, every pool n-gram of length min..max whose tokens are
+// skip + 1 apart (skip 0..max_skip_count); unigrams are counted once.
+template <typename Key, typename Get>
+void count_grams(const TfIdfConfig& c, const GramTrie<Key>& root, int64_t row_len, Get token, double* freq) {
+  int64_t start_len = c.min_len;
+  for (int64_t skip = 1; skip <= c.max_skip + 1; ++skip) {
+    for (int64_t first = 0; first < row_len; ++first) {
+      if (first + skip * (start_len - 1) >= row_len) break;
+      const GramTrie<Key>* node = &root;
+      for (int64_t len = 1, at = first; !node->next.empty() && len <= c.max_len && at < row_len; ++len, at += skip) {
+        auto it = node->next.find(token(at));
+        if (it == node->next.end()) break;
+        if (len >= start_len && it->second.id != 0) freq[c.indexes[static_cast<size_t>(it->second.id - 1)]] += 1;
+        node = &it->second;
+      }
+    }
+    if (start_len == 1) {
+      ++start_len;
+      if (start_len > c.max_len) break;
+    }
+  }
+}
+
+Result<RuntimeKernel> tfidf_kernel(const Node& n) {
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<TfIdfConfig> cp, tfidf_config(n));
+  std::shared_ptr<const TfIdfConfig> c = cp;
+  return RuntimeKernel([c](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
+    const Tensor& x = in[0];
+    if (x.rank() > 2) return invalid_argument() << "input must be [C] or [B, C], got " << x.describe();
+    if (c->strings != (x.dtype() == DType::kString)) return invalid_argument() << "input " << x.describe() << " does not match the pool";
+    const int64_t rows = x.rank() == 2 ? x.shape()[0] : 1, len = x.rank() == 0 ? 1 : x.shape().back();
+    std::vector<int64_t> shape{c->out_size};
+    if (x.rank() == 2) shape.insert(shape.begin(), rows);
+    out.resize(1);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(DType::kFloat32, shape, "the TfIdfVectorizer output"));
+    std::vector<double> freq(static_cast<size_t>(c->out_size));
+    for (int64_t r = 0; r < rows; ++r) {
+      std::fill(freq.begin(), freq.end(), 0.0);
+      if (c->strings) {
+        const std::string* t = strings_of(x) + r * len;
+        count_grams(*c, c->texts, len, [&](int64_t i) -> const std::string& { return t[i]; }, freq.data());
+      } else {
+        count_grams(*c, c->ints, len, [&](int64_t i) { return x.get_i64(r * len + i); }, freq.data());
+      }
+      for (int64_t k = 0; k < c->out_size; ++k) {
+        double f = freq[static_cast<size_t>(k)], w = c->weights.empty() ? 1.0 : c->weights[static_cast<size_t>(k)];
+        double y = c->mode == "TF" ? f : c->mode == "IDF" ? (f > 0 ? w : 0.0) : w * f;
+        out[0].set_f64(r * c->out_size + k, y);
+      }
+    }
+    return Status::ok();
+  });
+}
+
+// ---- LabelEncoder (ai.onnx.ml) ----------------------------------------------------------------------
+
+// Keys and values as one tensor each (from keys_strings / keys_int64s /
+// keys_floats / keys_tensor and the values_* forms), the default as a
+// one-element tensor of the values' dtype. Keys are looked up by a tagged
+// text form so that string, integer and float keys share one map; float keys
+// compare by value (NaN matches NaN, as the spec says).
+struct LabelMap {
+  DType key_type = DType::kUndefined;
+  Tensor values, fallback;
+  std::map<std::string, int64_t> index;
+};
+
+std::string label_key(const Tensor& t, int64_t i) {
+  if (t.dtype() == DType::kString) return "s" + t.data_as<std::string>()[i];
+  if (dtype_is_float(t.dtype())) {
+    double v = t.get_f64(i);
+    if (std::isnan(v)) return "fnan";
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof buf, v);
+    return "f" + std::string(buf, r.ptr);
+  }
+  return "i" + std::to_string(t.get_i64(i));
+}
+
+Result<Tensor> label_attr_tensor(const Node& n, const std::string& prefix) {
+  if (const Attribute* a = n.attr(prefix + "tensor"); a != nullptr && a->kind == Attribute::Kind::kTensor) return a->t;
+  if (const Attribute* a = n.attr(prefix + "strings"); a != nullptr && a->kind == Attribute::Kind::kStrings) {
+    Tensor t(DType::kString, {static_cast<int64_t>(a->strings.size())});
+    for (size_t i = 0; i < a->strings.size(); ++i) t.data_as<std::string>()[i] = a->strings[i];
+    return t;
+  }
+  if (const Attribute* a = n.attr(prefix + "int64s"); a != nullptr && a->kind == Attribute::Kind::kInts) {
+    Tensor t(DType::kInt64, {static_cast<int64_t>(a->ints.size())});
+    for (size_t i = 0; i < a->ints.size(); ++i) t.data_as<int64_t>()[i] = a->ints[i];
+    return t;
+  }
+  if (const Attribute* a = n.attr(prefix + "floats"); a != nullptr && a->kind == Attribute::Kind::kFloats) {
+    Tensor t(DType::kFloat32, {static_cast<int64_t>(a->floats.size())});
+    for (size_t i = 0; i < a->floats.size(); ++i) t.set_f64(static_cast<int64_t>(i), a->floats[i]);
+    return t;
+  }
+  return node_invalid(n) << "missing " << prefix << "strings, " << prefix << "int64s, " << prefix << "floats or "
+                         << prefix << "tensor";
+}
+
+Result<std::shared_ptr<LabelMap>> label_map(const Node& n) {
+  auto m = std::make_shared<LabelMap>();
+  KILN_ASSIGN_OR_RETURN(Tensor keys, label_attr_tensor(n, "keys_"));
+  KILN_ASSIGN_OR_RETURN(m->values, label_attr_tensor(n, "values_"));
+  if (keys.rank() != 1 || m->values.rank() != 1 || keys.numel() != m->values.numel())
+    return node_invalid(n) << "keys " << keys.describe() << " and values " << m->values.describe() << " must be 1-D of one length";
+  for (DType t : {keys.dtype(), m->values.dtype()})
+    if (t != DType::kString && t != DType::kInt64 && t != DType::kFloat32 && t != DType::kFloat64 &&
+        t != DType::kInt32 && t != DType::kInt16 && t != DType::kFloat16)
+      return node_unsupported(n) << "keys or values of dtype " << dtype_name(t);
+  m->key_type = keys.dtype();
+  for (int64_t i = 0; i < keys.numel(); ++i) m->index.emplace(label_key(keys, i), i);  // the first of equal keys wins
+  DType vt = m->values.dtype();
+  m->fallback = Tensor(vt, {});
+  if (const Attribute* a = n.attr("default_tensor"); a != nullptr && a->kind == Attribute::Kind::kTensor) {
+    if (a->t.numel() != 1 || a->t.dtype() != vt)
+      return node_invalid(n) << "default_tensor " << a->t.describe() << " must be one " << dtype_name(vt);
+    m->fallback = a->t.reshaped({});
+  } else if (vt == DType::kString) {
+    m->fallback.data_as<std::string>()[0] = n.attr_string("default_string", "_Unused");
+  } else if (dtype_is_float(vt)) {
+    m->fallback.set_f64(0, n.attr_float("default_float", -0.0));
+  } else {
+    m->fallback.set_f64(0, static_cast<double>(n.attr_int("default_int64", -1)));
+  }
+  return m;
+}
+
+Status infer_label_encoder(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(auto m, label_map(n));
+  KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 0));
+  bool same_kind = (t.dtype == DType::kString) == (m->key_type == DType::kString) &&
+                   dtype_is_float(t.dtype) == dtype_is_float(m->key_type);
+  if (!same_kind) return node_invalid(n) << "input of dtype " << dtype_name(t.dtype) << " for keys of dtype " << dtype_name(m->key_type);
+  if (t.has_shape()) set_output(n, 0, m->values.dtype(), *t.shape, ctx);
+  else set_output_unknown_rank(n, 0, m->values.dtype());
+  return Status::ok();
+}
+
+void copy_label(Tensor& dst, int64_t di, const Tensor& src, int64_t si) {
+  if (src.dtype() == DType::kString) dst.data_as<std::string>()[di] = src.data_as<std::string>()[si];
+  else if (src.dtype() == DType::kInt64) dst.data_as<int64_t>()[di] = src.data_as<int64_t>()[si];
+  else dst.set_f64(di, src.get_f64(si));
+}
+
+Result<RuntimeKernel> label_encoder_kernel(const Node& n) {
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<LabelMap> mp, label_map(n));
+  std::shared_ptr<const LabelMap> m = mp;
+  return RuntimeKernel([m](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
+    const Tensor& x = in[0];
+    if ((x.dtype() == DType::kString) != (m->key_type == DType::kString))
+      return invalid_argument() << "input " << x.describe() << " for keys of dtype " << dtype_name(m->key_type);
+    out.resize(1);
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(m->values.dtype(), x.shape(), "the LabelEncoder output"));
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      auto it = m->index.find(label_key(x, i));
+      if (it == m->index.end()) copy_label(out[0], i, m->fallback, 0);
+      else copy_label(out[0], i, m->values, it->second);
+    }
+    return Status::ok();
+  });
+}
+
 }  // namespace
 
 void register_string_ops() {
@@ -469,6 +729,10 @@ void register_string_ops() {
   register_op(kernel_op("StringSplit", infer_split, split_kernel));
   register_op(kernel_op("RegexFullMatch", infer_regex, regex_kernel));
   register_op(kernel_op("StringNormalizer", infer_normalizer, normalizer_kernel));
+  register_op(kernel_op("TfIdfVectorizer", infer_tfidf, tfidf_kernel));
+  OpDef label = kernel_op("LabelEncoder", infer_label_encoder, label_encoder_kernel);
+  label.domain = "ai.onnx.ml";
+  register_op(std::move(label));
   // Compiled for numbers (elementwise.cc); these kernels where strings are involved.
   extend_op("", "Equal", [](OpDef& def) {
     def.kernel = equal_kernel;

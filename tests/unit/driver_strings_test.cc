@@ -149,6 +149,100 @@ TEST(StringOps, RegexFullMatchAndRe2OnlySyntax) {
   EXPECT_FALSE(testing::infer(*g3).is_ok());
 }
 
+// TfIdfVectorizer over a string pool (unigrams a, b; bigrams ab, bc), skips
+// up to 1: in "a b x c a b" unigrams count once (a 2, b 2), ab twice
+// (adjacent), bc once (one token skipped). The same counts over an int64 pool
+// for a [2, C] batch, and the three weightings.
+TEST(StringOps, TfIdfVectorizerCountsSkipGrams) {
+  auto make = [](bool strings, const char* mode, Shape shape) {
+    auto g = new_graph();
+    Value* x = g->add_input("x", tt(strings ? DType::kString : DType::kInt64, std::move(shape)));
+    Node* n = g->add_node("TfIdfVectorizer", {x}, {"y"});
+    n->set_attr("mode", Attribute::of_string(mode));
+    n->set_attr("min_gram_length", Attribute::of_int(1));
+    n->set_attr("max_gram_length", Attribute::of_int(2));
+    n->set_attr("max_skip_count", Attribute::of_int(1));
+    n->set_attr("ngram_counts", Attribute::of_ints({0, 2}));
+    n->set_attr("ngram_indexes", Attribute::of_ints({0, 1, 2, 3}));
+    n->set_attr("weights", Attribute::of_floats({1, 0.5, 2, 3}));
+    if (strings) {
+      Attribute pool;
+      pool.kind = Attribute::Kind::kStrings;
+      pool.strings = {"a", "b", "a", "b", "b", "c"};
+      n->set_attr("pool_strings", pool);
+    } else {
+      n->set_attr("pool_int64s", Attribute::of_ints({1, 2, 1, 2, 2, 3}));
+    }
+    EXPECT_TRUE(testing::infer(*g).is_ok());
+    return std::make_pair(std::move(g), n);
+  };
+  auto values = [](const Tensor& t) {
+    std::vector<double> v;
+    for (int64_t i = 0; i < t.numel(); ++i) v.push_back(t.get_f64(i));
+    return v;
+  };
+  for (const char* mode : {"TF", "IDF", "TFIDF"}) {
+    SCOPED_TRACE(mode);
+    std::vector<double> want = std::string(mode) == "TF"    ? std::vector<double>{2, 2, 2, 1}
+                               : std::string(mode) == "IDF" ? std::vector<double>{1, 0.5, 2, 3}
+                                                            : std::vector<double>{2, 1, 4, 3};
+    auto [g, n] = make(true, mode, {6});
+    EXPECT_EQ(n->output(0)->type().to_string(), "f32[4]");
+    auto r = try_kernel(*n, {strings({6}, {"a", "b", "x", "c", "a", "b"})});
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(values(r->at(0)), want);
+    auto [gi, ni] = make(false, mode, {2, 6});
+    EXPECT_EQ(ni->output(0)->type().to_string(), "f32[2, 4]");
+    r = try_kernel(*ni, {make_tensor(DType::kInt64, {2, 6}, {1, 2, 9, 3, 1, 2, 3, 3, 3, 3, 3, 3})});
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    std::vector<double> both = want;
+    both.insert(both.end(), {0, 0, 0, 0});
+    EXPECT_EQ(values(r->at(0)), both);
+  }
+  // ngram_indexes must name every n-gram of the pool.
+  auto g = new_graph();
+  Value* x = g->add_input("x", tt(DType::kInt64, {3}));
+  Node* n = g->add_node("TfIdfVectorizer", {x}, {"y"});
+  n->set_attr("ngram_counts", Attribute::of_ints({0}));
+  n->set_attr("ngram_indexes", Attribute::of_ints({0}));
+  n->set_attr("pool_int64s", Attribute::of_ints({4, 5}));
+  Status st = testing::infer(*g);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.to_string().find("ngram_indexes has 1 entries for 2 n-grams"), std::string::npos) << st.to_string();
+}
+
+// ai.onnx.ml LabelEncoder: int64 keys to strings with a default, float keys
+// (NaN a key like any other) to int64 from a values tensor; mismatched key
+// and value counts are an error.
+TEST(StringOps, LabelEncoderMapsKeysWithDefaults) {
+  auto g = new_graph();
+  g->opsets["ai.onnx.ml"] = 4;
+  Value* x = g->add_input("x", tt(DType::kInt64, {5}));
+  Node* n = g->add_node("LabelEncoder", {x}, {"y"}, "ai.onnx.ml");
+  n->set_attr("keys_int64s", Attribute::of_ints({3, -1, 7}));
+  n->set_attr("values_strings", Attribute::of_strings({"three", "minus one", "seven"}));
+  n->set_attr("default_string", Attribute::of_string("?"));
+  Value* f = g->add_input("f", tt(DType::kFloat32, {4}));
+  Node* nf = g->add_node("LabelEncoder", {f}, {"z"}, "ai.onnx.ml");
+  nf->set_attr("keys_floats", Attribute::of_floats({0.5, NAN, -2}));
+  nf->set_attr("values_tensor", Attribute::of_tensor(make_tensor(DType::kInt64, {3}, {10, 20, 30})));
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  EXPECT_EQ(n->output(0)->type().to_string(), "string[5]");
+  auto r = try_kernel(*n, {make_tensor(DType::kInt64, {5}, {7, 3, 4, -1, 7})});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(texts(r->at(0)), (std::vector<std::string>{"seven", "three", "?", "minus one", "seven"}));
+  r = try_kernel(*nf, {make_tensor(DType::kFloat32, {4}, {NAN, -2, 0.5, 1})});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  std::vector<int64_t> got(r->at(0).data_as<int64_t>(), r->at(0).data_as<int64_t>() + 4);
+  EXPECT_EQ(got, (std::vector<int64_t>{20, 30, 10, -1}));  // -1: default_int64's default
+  auto g2 = new_graph();
+  Value* x2 = g2->add_input("x", tt(DType::kInt64, {1}));
+  Node* bad = g2->add_node("LabelEncoder", {x2}, {"y"}, "ai.onnx.ml");
+  bad->set_attr("keys_int64s", Attribute::of_ints({1, 2}));
+  bad->set_attr("values_int64s", Attribute::of_ints({1}));
+  EXPECT_FALSE(testing::infer(*g2).is_ok());
+}
+
 // A compiled model: y = Equal(StringConcat(a, b), c), n = Cast<string>(Cast<f32>(k) * 2):
 // string nodes run kernels, the numeric Cast and Mul compile.
 TEST(StringOps, CompiledModelMixesStringKernelsAndCompiledMath) {
