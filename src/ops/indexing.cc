@@ -351,15 +351,14 @@ Result<ResizeParams> resize_params(const Node& n, const Shape& x, const SymbolBo
   return p;
 }
 
-// Resize with scales or sizes known only at run time, the axes attribute, or
-// keep_aspect_ratio_policy: modes nearest, linear and cubic, every coordinate
-// transformation mode but tf_crop_and_resize, no antialiasing.
+// Resize with scales or sizes known only at run time, the axes attribute,
+// keep_aspect_ratio_policy or tf_crop_and_resize (whose roi is read at run
+// time): modes nearest, linear and cubic, no antialiasing.
 Status check_resize_kernel_support(const Node& n) {
   std::string mode = n.attr_string("mode", "nearest");
   if (mode != "nearest" && mode != "linear" && mode != "cubic") return node_unsupported(n) << "mode '" << mode << "'";
-  if (n.attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize") {
-    return node_unsupported(n) << "coordinate_transformation_mode 'tf_crop_and_resize'";
-  }
+  if (n.attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize" && !has_input(n, 1))
+    return node_invalid(n) << "coordinate_transformation_mode 'tf_crop_and_resize' without a roi input";
   if (n.attr_int("antialias", 0) != 0) return node_unsupported(n) << "antialias";
   return Status::ok();
 }
@@ -813,6 +812,7 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
   std::vector<int64_t> axes_attr = n.attr_ints("axes");
   double cubic_a = n.attr_float("cubic_coeff_a", -0.75);
   bool exclude_outside = n.attr_int("exclude_outside", 0) != 0;
+  double extrapolation = n.attr_float("extrapolation_value", 0.0);
   size_t scales_in = n.num_inputs() == 2 ? 1 : 2;
   return RuntimeKernel([=](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
     const Tensor& x = in[0];
@@ -860,8 +860,28 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
         shape[axes[k]] = static_cast<int64_t>(std::floor(static_cast<double>(x.shape()[axes[k]]) * scale[axes[k]]));
       }
     }
+    // tf_crop_and_resize: per resized dim, the crop [start, end] in
+    // normalized input coordinates (roi = starts of the axes, then ends).
+    const bool crop = coord == "tf_crop_and_resize";
+    std::vector<double> roi_start(static_cast<size_t>(rank), 0.0), roi_end(static_cast<size_t>(rank), 1.0);
+    std::vector<bool> cropped(static_cast<size_t>(rank), false);
+    if (crop) {
+      if (in.size() < 2 || !in[1].defined() || in[1].numel() != 2 * static_cast<int64_t>(axes.size()))
+        return invalid_argument() << who << ": roi must hold " << 2 * axes.size() << " values (starts, then ends)";
+      for (size_t k = 0; k < axes.size(); ++k) {
+        roi_start[axes[k]] = in[1].get_f64(static_cast<int64_t>(k));
+        roi_end[axes[k]] = in[1].get_f64(static_cast<int64_t>(k + axes.size()));
+        cropped[axes[k]] = true;
+      }
+    }
     // Source coordinate of output index o along dim d.
     auto source = [&](int64_t d, int64_t o) {
+      if (crop) {
+        double len_in = static_cast<double>(x.shape()[d]), len_out = static_cast<double>(shape[d]);
+        double a = roi_start[d], b = roi_end[d];
+        return len_out > 1 ? a * (len_in - 1) + static_cast<double>(o) * (b - a) * (len_in - 1) / (len_out - 1)
+                           : 0.5 * (a + b) * (len_in - 1);
+      }
       // The output width as the spec uses it: scale * input width, fractional
       // when the scale does not divide evenly.
       double s = scale[d], len_in = static_cast<double>(x.shape()[d]), len_out = static_cast<double>(shape[d]);
@@ -890,14 +910,19 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
         idx[k] = rem % shape[k];
         rem /= shape[k];
       }
+      bool outside = false;  // tf_crop_and_resize: a source point off the input takes extrapolation_value
       for (int64_t d = 0; d < rank; ++d) {
         int64_t len = x.shape()[d];
-        if (scale[d] == 1.0 && shape[d] == len) {
+        if (!cropped[d] && scale[d] == 1.0 && shape[d] == len) {
           taps[d][0] = {idx[d], 1.0};
           ntaps[d] = 1;
           continue;
         }
         double c = source(d, idx[d]);
+        if (crop && (c < 0 || c > static_cast<double>(len - 1))) {
+          outside = true;
+          break;
+        }
         if (mode == "nearest") {
           double r = nearest == "floor" ? std::floor(c)
                      : nearest == "ceil" ? std::ceil(c)
@@ -930,6 +955,10 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
           taps[d][1] = {std::min(lo + 1, len - 1), w};
           ntaps[d] = 2;
         }
+      }
+      if (outside) {
+        out[0].set_f64(e, extrapolation);
+        continue;
       }
       double acc = 0;
       int64_t combos = 1;

@@ -736,6 +736,35 @@ TEST(IndexingNumerics, ResizeCubicCompiledMatchesKernelAndReference) {
   }
 }
 
+// tf_crop_and_resize (runtime kernel, roi read at run time): along axis 1 of
+// [2, 5] with roi [0.25, 1.5] and 3 outputs the source points are 1 + 2.5 o =
+// 1, 3.5, 6; the last is past the input (4) and takes extrapolation_value.
+TEST(IndexingNumerics, ResizeTfCropAndResizeExtrapolates) {
+  Graph g;
+  g.opsets[""] = 19;
+  Value* x = g.add_input("x", tt(DType::kFloat32, {2, 5}));
+  Value* roi = g.add_input("roi", tt(DType::kFloat32, {2}));
+  Value* sizes = g.add_input("sizes", tt(DType::kInt64, {1}));
+  Node* n = g.add_node("Resize", {x, roi, nullptr, sizes}, {"y"});
+  n->set_attr("mode", Attribute::of_string("linear"));
+  n->set_attr("coordinate_transformation_mode", Attribute::of_string("tf_crop_and_resize"));
+  n->set_attr("extrapolation_value", Attribute::of_float(-1.0));
+  n->set_attr("axes", Attribute::of_ints({1}));
+  ASSERT_TRUE(testing::infer(g).is_ok());
+  auto kernel = find_op("", "Resize")->kernel(*n);
+  ASSERT_TRUE(kernel.is_ok()) << kernel.status().to_string();
+  std::vector<Tensor> ran;
+  Tensor xt = make_tensor(DType::kFloat32, {2, 5}, {0, 1, 2, 3, 4, 10, 20, 30, 40, 50});
+  Status st = (*kernel)({xt, make_tensor(DType::kFloat32, {2}, {0.25, 1.5}), Tensor(),
+                         make_tensor(DType::kInt64, {1}, {3})}, ran);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  expect_close(ran[0], {1, 3.5, -1, 20, 45, -1}, 1e-6, "tf_crop_and_resize");
+  ran.clear();
+  st = (*kernel)({xt, make_tensor(DType::kFloat32, {4}, {0, 0, 1, 1}), Tensor(), make_tensor(DType::kInt64, {1}, {3})},
+                 ran);
+  EXPECT_FALSE(st.is_ok());  // roi must hold 2 values for one axis
+}
+
 TEST(IndexingNumerics, ResizeAlignCornersUsesFractionalOutputWidth) {
   // ONNX test_resize_downsample_scales_linear_align_corners: width 4 * 0.6 = 2.4
   // (not the integer 2) sets the sampling step.
