@@ -305,7 +305,8 @@ Result<RuntimeKernel> mel_kernel(const Node& node) {
     KILN_ASSIGN_OR_RETURN(int64_t dft_length, scalar_int(in[1], "dft_length"));
     KILN_ASSIGN_OR_RETURN(int64_t sample_rate, scalar_int(in[2], "sample_rate"));
     for (int i : {3, 4})
-      if (in[i].numel() != 1) return invalid_argument() << "edge frequencies must be scalars, got " << in[i].describe();
+      if (in[i].numel() != 1 || !dtype_is_float(in[i].dtype()))
+        return invalid_argument() << "edge frequencies must be float scalars, got " << in[i].describe();
     double low = in[3].get_f64(0), high = in[4].get_f64(0);
     if (mel_bins <= 0 || dft_length <= 0 || sample_rate <= 0)
       return invalid_argument() << "num_mel_bins, dft_length and sample_rate must be positive (got " << mel_bins << ", "

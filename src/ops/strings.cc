@@ -206,8 +206,17 @@ Status string_to_number(const std::string& s, Tensor& t, int64_t i) {
     auto r = std::from_chars(first, v.data() + v.size(), x);
     if (v.empty() || r.ec != std::errc() || r.ptr != v.data() + v.size())
       return invalid_argument() << "string '" << s << "' at element " << i << " is not an integer";
-    if (d == DType::kInt64) t.data_as<int64_t>()[i] = x;
-    else t.set_f64(i, static_cast<double>(x));  // narrower ints wrap like C, as the compiled Cast does
+    // Narrower ints wrap like C, as the compiled Cast does (integer
+    // conversion: a double out of the target's range would be undefined).
+    switch (d) {
+      case DType::kInt64: t.data_as<int64_t>()[i] = x; break;
+      case DType::kInt32: t.data_as<int32_t>()[i] = static_cast<int32_t>(x); break;
+      case DType::kUInt32: t.data_as<uint32_t>()[i] = static_cast<uint32_t>(x); break;
+      case DType::kInt16: t.data_as<int16_t>()[i] = static_cast<int16_t>(x); break;
+      case DType::kUInt16: t.data_as<uint16_t>()[i] = static_cast<uint16_t>(x); break;
+      case DType::kInt8: t.data_as<int8_t>()[i] = static_cast<int8_t>(x); break;
+      default: t.data_as<uint8_t>()[i] = static_cast<uint8_t>(x); break;  // uint8
+    }
     return Status::ok();
   }
   return unsupported() << "Cast from string to " << dtype_name(d);
@@ -359,7 +368,14 @@ Result<RuntimeKernel> regex_kernel(const Node& n) {
     if (x.dtype() != DType::kString) return invalid_argument() << "RegexFullMatch of " << x.describe();
     out.resize(1);
     KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(DType::kBool, x.shape(), "the RegexFullMatch output"));
-    for (int64_t i = 0; i < x.numel(); ++i) out[0].set_f64(i, std::regex_match(strings_of(x)[i], re) ? 1.0 : 0.0);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      // std::regex reports a match too complex for it by throwing.
+      try {
+        out[0].set_f64(i, std::regex_match(strings_of(x)[i], re) ? 1.0 : 0.0);
+      } catch (const std::regex_error& e) {
+        return unsupported() << "RegexFullMatch: element " << i << " is too complex to match: " << e.what();
+      }
+    }
     return Status::ok();
   });
 }

@@ -90,6 +90,18 @@ TEST(StringOps, CastPrintsShortestAndParsesNumbers) {
   r = try_kernel(*to_i, {strings({5}, {"12", "-9007199254740993", "+4", "7", "0"})});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r->at(0).data_as<int64_t>()[1], -9007199254740993);  // exact, not through a double
+  // To a narrower int: parsed as int64, then wrapped like C (300 -> 44 in int8, -1 -> 255 in uint8).
+  for (auto [dt, want] : {std::pair{DType::kInt8, std::vector<double>{44, -1, 127}},
+                          std::pair{DType::kUInt8, std::vector<double>{44, 255, 127}}}) {
+    auto g8 = new_graph();
+    Value* s8 = g8->add_input("t", tt(DType::kString, {3}));
+    Node* to8 = g8->add_node("Cast", {s8}, {"b"});
+    to8->set_attr("to", Attribute::of_int(static_cast<int64_t>(dt)));
+    ASSERT_TRUE(testing::infer(*g8).is_ok());
+    auto r8 = try_kernel(*to8, {strings({3}, {"300", "-1", "127"})});
+    ASSERT_TRUE(r8.is_ok()) << r8.status().to_string();
+    for (int64_t k = 0; k < 3; ++k) EXPECT_EQ(r8->at(0).get_f64(k), want[static_cast<size_t>(k)]) << dtype_name(dt);
+  }
   auto bad = try_kernel(*to_d, {strings({5}, {"1", "2", "three", "4", "5"})});
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().to_string().find("'three' at element 2 is not a number"), std::string::npos)

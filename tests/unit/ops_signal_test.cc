@@ -217,6 +217,12 @@ TEST(SignalOps, MelWeightMatrixTriangles) {
       if (j >= pt[i + 1] && j < pt[i + 2]) want = double(pt[i + 2] - j) / double(pt[i + 2] - pt[i + 1]);
       EXPECT_NEAR(out[0].get_f64(j * 8 + i), want, 1e-6) << "bin " << j << " filter " << i;
     }
+  Tensor text(DType::kString, {});  // an edge that is no number is an error, not a crash
+  std::vector<Tensor> bad_args = args;
+  bad_args[3] = text;
+  auto r_text = try_kernel(*n, bad_args);
+  ASSERT_FALSE(r_text.is_ok());
+  EXPECT_NE(r_text.status().to_string().find("float scalars"), std::string::npos) << r_text.status().to_string();
   args[4] = make_tensor(DType::kFloat32, {}, {9000});  // above sample_rate / 2
   auto r = try_kernel(*n, args);
   ASSERT_FALSE(r.is_ok());
