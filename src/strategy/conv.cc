@@ -596,7 +596,26 @@ int wvec_priority(const Node& n, const Target& t) {
   if (!one_by_one(n) || !extent || *extent < t.lanes() || deep_small_plane_one_by_one(n, t)) return 4;
   int64_t vw = wvec_width(extent, t, true);
   int64_t computed = (*extent + vw - 1) / vw * vw;
-  return computed * 100 <= *extent * 115 ? 35 : 4;
+  if (computed * 100 > *extent * 115) return 4;
+  if (panels_priority(n, t) < 30) return 35;
+  // Unless conv.panels' rows of mr columns compute 5% fewer positions than
+  // this plane of vw-lane vectors (14x14: 208 of 196 against 7-column rows'
+  // 196). Chains of 1x1 convolutions on a Zen 4, 1 thread, interleaved,
+  // wvec -> panels: 1024->256->1024 14x14 50.0-52.1 -> 45.2-46.9 ms (the
+  // wvec tile with exact channel panels, mr 8: 48.4-49.4); kept with wvec:
+  // 768->192->768 17x17 (5.2% against panels' 5.9%) 39.4-42.0 -> 40.7-42.6,
+  // 256->64->256 56x56 11.5-12.2 -> 12.7-13.2, 512->64->512 13x13 (4.1%
+  // against 7.7%). Partial channel panels (264 of 256 with mr 12) did not
+  // matter on 56x56. Only with at least 256 input and output channels:
+  // narrower ones were even (384->64->384 14x14 4.74-5.05 against
+  // 4.98-5.05; 672->112->672 13.8-15.2 against 13.7-15.0) and mobilenet_v2
+  // and efficientnet_b0 ran 3-7% slower with panels in two of three rounds.
+  auto width = (*n.output(0)->type().shape)[3].as_const();
+  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  if (!width || ws[0] < 256 || ws[1] < 256) return 35;
+  auto padded = [](int64_t x, int64_t f) { return static_cast<double>((x + f - 1) / f * f) / static_cast<double>(x); };
+  double panels_work = padded(*width, panels_defaults(n, t).at("mr"));
+  return padded(*extent, vw) <= panels_work * 1.05 ? 35 : 4;
 }
 
 // Output axes [n, co, oh, ow]: co split into tiles of mr (unrolled: each

@@ -481,6 +481,37 @@ TEST(StrategyCandidates, SplitFmaTargetTakesOneVectorFlatTiles) {
   EXPECT_FALSE(Target::named("avx512")->split_fma());
 }
 
+// A 1x1 kernel's plane in vectors (conv.wvec) against rows of output
+// columns (conv.panels): wvec by priority, except where its last vector
+// computes 5% more positions than panels' rows do and both channel counts
+// are at least 256 (14x14: 208 of 196 positions).
+TEST(StrategyCandidates, OneByOneTakesPanelsWhereVectorsOverlapTheirPlane) {
+  auto chosen = [](const ConvCase& c) -> std::string {
+    auto g = conv_graph(c, random_tensor(c.w, 1), random_tensor({c.w[0]}, 2));
+    ops::InferContext ictx;
+    ictx.graph = g.get();
+    ictx.bounds = g->bounds;
+    EXPECT_TRUE(ops::infer_shapes(*g, ictx).is_ok());
+    const Target target = *Target::named("avx512-split");
+    std::string best;
+    int top = -1;
+    for (const strategy::Candidate* cand : strategy::candidates_for("", "Conv")) {
+      if (cand->applies && !cand->applies(*g->nodes()[0], nullptr)) continue;
+      int p = cand->priority_for ? cand->priority_for(*g->nodes()[0], target) : cand->priority;
+      if (p > top) {
+        top = p;
+        best = cand->name;
+      }
+    }
+    return best;
+  };
+  EXPECT_EQ(chosen({Shape{1, 1024, 14, 14}, {256, 1024, 1, 1}, 1, 0, {1, 1024, 14, 14}}), "conv.panels");
+  EXPECT_EQ(chosen({Shape{1, 256, 14, 14}, {1024, 256, 1, 1}, 1, 0, {1, 256, 14, 14}}), "conv.panels");
+  EXPECT_EQ(chosen({Shape{1, 384, 14, 14}, {64, 384, 1, 1}, 1, 0, {1, 384, 14, 14}}), "conv.wvec");
+  EXPECT_EQ(chosen({Shape{1, 768, 17, 17}, {256, 768, 1, 1}, 1, 0, {1, 768, 17, 17}}), "conv.wvec");
+  EXPECT_EQ(chosen({Shape{1, 256, 56, 56}, {256, 256, 1, 1}, 1, 0, {1, 256, 56, 56}}), "conv.wvec");
+}
+
 TEST(StrategyCandidates, KnobSpacesSampleAndParse) {
   tir::KnobSpace s;
   s.knobs = {{"mr", {1, 2, 4}}, {"nr", {16, 32}}};
