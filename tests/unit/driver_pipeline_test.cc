@@ -209,5 +209,64 @@ TEST(Pipeline, ConcatInputsArePlannedInTheOutputsSlices) {
   }
 }
 
+// m = relu(x) with x [1, C, 4, 4], split on axis 1 into halves p, q; then
+// s = (exp(p) + q) * p and t = -q, so p and q are read after other kernels
+// ran. The halves are contiguous blocks of m: the memory plan places them in
+// m's buffer and the Split becomes a kBind. Splitting the graph input (not
+// planned) or a split whose half is a graph output stays a copy.
+std::unique_ptr<Graph> split_graph(int64_t channels, const std::string& mode) {
+  auto g = std::make_unique<Graph>();
+  g->source = "split";
+  g->opsets[""] = 17;
+  Value* x = g->add_input("x", TensorType{DType::kFloat32, Shape{1, channels, 4, 4}});
+  Value* m = mode == "input" ? x : g->add_node("Relu", {x}, {"m"})->output(0);
+  Node* sp = g->add_node("Split", {m}, {"p", "q"});
+  Attribute axis;
+  axis.kind = Attribute::Kind::kInt;
+  axis.i = 1;
+  sp->set_attr("axis", axis);
+  Value *p = sp->output(0), *q = sp->output(1);
+  Value* e = g->add_node("Exp", {p}, {"e"})->output(0);
+  Value* r = g->add_node("Add", {e, q}, {"r"})->output(0);
+  Value* out = g->add_node("Mul", {r, p}, {"s"})->output(0);
+  std::vector<Value*> outs = {out, g->add_node("Neg", {q}, {"t"})->output(0)};
+  if (mode == "output") outs.push_back(p);
+  g->set_outputs(outs);
+  return g;
+}
+
+TEST(Pipeline, SplitOutputsArePlannedInTheInputsSlices) {
+  struct Case {
+    int64_t channels;
+    std::string mode;
+    int binds;
+  };
+  for (const Case& c : {Case{32, "maps", 1}, Case{6, "maps", 1}, Case{32, "input", 0}, Case{32, "output", 0}}) {
+    Tensor x = random_tensor({1, c.channels, 4, 4}, 11);
+    auto compiled = compile_graph(split_graph(c.channels, c.mode), CompileOptions{});
+    ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+    int binds = 0;
+    for (const runtime::Instr& in : compiled->program->instrs) binds += in.op == runtime::OpCode::kBind;
+    EXPECT_EQ(binds, c.binds) << c.channels << " " << c.mode;
+    runtime::VM vm(compiled->program, 2);
+    for (int run = 0; run < 2; ++run) {
+      auto out = vm.run({x});
+      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+      int64_t half = c.channels / 2 * 16;
+      std::vector<float> s(half), t(half), p(half);
+      for (int64_t i = 0; i < half; ++i) {
+        float xp = x.data_as<float>()[i], xq = x.data_as<float>()[half + i];
+        float pv = c.mode == "input" ? xp : std::max(xp, 0.f), qv = c.mode == "input" ? xq : std::max(xq, 0.f);
+        s[i] = (std::exp(pv) + qv) * pv;
+        t[i] = -qv;
+        p[i] = pv;
+      }
+      expect_close((*out)[0], s);
+      expect_close((*out)[1], t);
+      if (c.mode == "output") expect_close((*out)[2], p);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::driver
