@@ -730,27 +730,7 @@ void ProgramBuilder::plan_memory() {
   std::vector<int> host(nr, -1);  // host[r]: the output whose buffer holds r
   std::vector<int64_t> slice(nr, 0);
   std::set<int> is_planned(planned.begin(), planned.end());
-  for (const ConcatSite& site : concat_sites_) {
-    if (site.split || !is_planned.count(site.output) || host[site.output] >= 0) continue;
-    bool ok = true;
-    std::set<int> seen;
-    for (int r : site.inputs)
-      ok = ok && is_planned.count(r) && host[r] < 0 && r != site.output && seen.insert(r).second &&
-           def_at[r] < static_cast<int>(site.instr);
-    if (!ok) continue;
-    for (size_t i = 0; i < site.inputs.size(); ++i) {
-      int r = site.inputs[i];
-      host[r] = site.output;
-      slice[r] = site.offsets[i];
-      first[site.output] = std::min(first[site.output], first[r]);
-      last[site.output] = std::max(last[site.output], last[r]);
-    }
-    host[site.output] = site.output;
-    runtime::Instr& in = p.instrs[site.instr];
-    in.op = runtime::OpCode::kBind;
-    in.callee = -1;
-    in.inputs.clear();
-  }
+  //
   // Splits in place, after the Concats (a Split output already placed in a
   // Concat's slice is copied): each output is a slice of the input's buffer,
   // which lives until the last use of any of them. An output qualifies when
@@ -758,25 +738,28 @@ void ProgramBuilder::plan_memory() {
   // in-place site; the input when it is planned and hosts nothing yet.
   // resnet50's first block computes conv1 and the downsample branch as one
   // 1x1 convolution whose Split copied 4 MB per run.
-  for (const ConcatSite& site : concat_sites_) {
-    if (!site.split || !is_planned.count(site.output) || host[site.output] >= 0) continue;
-    bool ok = true;
-    std::set<int> seen;
-    for (int r : site.inputs)
-      ok = ok && is_planned.count(r) && host[r] < 0 && r != site.output && seen.insert(r).second &&
-           def_at[r] == static_cast<int>(site.instr);
-    if (!ok) continue;
-    for (size_t i = 0; i < site.inputs.size(); ++i) {
-      int r = site.inputs[i];
-      host[r] = site.output;
-      slice[r] = site.offsets[i];
-      last[site.output] = std::max(last[site.output], last[r]);
+  for (bool splits : {false, true}) {
+    for (const ConcatSite& site : concat_sites_) {
+      if (site.split != splits || !is_planned.count(site.output) || host[site.output] >= 0) continue;
+      bool ok = true;
+      std::set<int> seen;
+      for (int r : site.inputs)
+        ok = ok && is_planned.count(r) && host[r] < 0 && r != site.output && seen.insert(r).second &&
+             (splits ? def_at[r] == static_cast<int>(site.instr) : def_at[r] < static_cast<int>(site.instr));
+      if (!ok) continue;
+      for (size_t i = 0; i < site.inputs.size(); ++i) {
+        int r = site.inputs[i];
+        host[r] = site.output;
+        slice[r] = site.offsets[i];
+        first[site.output] = std::min(first[site.output], first[r]);
+        last[site.output] = std::max(last[site.output], last[r]);
+      }
+      host[site.output] = site.output;
+      runtime::Instr& in = p.instrs[site.instr];
+      in.op = runtime::OpCode::kBind;
+      in.callee = -1;
+      in.inputs.clear();
     }
-    host[site.output] = site.output;
-    runtime::Instr& in = p.instrs[site.instr];
-    in.op = runtime::OpCode::kBind;
-    in.callee = -1;
-    in.inputs.clear();
   }
   std::vector<runtime::BufferLifetime> lifetimes;
   std::vector<int> owners;
