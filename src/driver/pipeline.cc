@@ -725,8 +725,11 @@ void ProgramBuilder::plan_memory() {
   // slice of the output, and the Concat only binds the output. The output's
   // buffer then lives from the first input's definition to the last use of
   // any of them. An input qualifies when it is planned, defined before the
-  // Concat, appears once, and is in no other in-place Concat (densenet's
-  // features feed several: the first Concat takes them, the others copy).
+  // Concat, appears once, and is in no other in-place Concat. Concats are
+  // taken last first, so where features feed several (a densenet block's
+  // Concats each take a prefix of the next one's inputs), the block's last
+  // Concat hosts them all; the earlier ones then lie at the start of its
+  // buffer (below) instead of copying.
   std::vector<int> host(nr, -1);  // host[r]: the output whose buffer holds r
   std::vector<int64_t> slice(nr, 0);
   std::set<int> is_planned(planned.begin(), planned.end());
@@ -739,7 +742,8 @@ void ProgramBuilder::plan_memory() {
   // resnet50's first block computes conv1 and the downsample branch as one
   // 1x1 convolution whose Split copied 4 MB per run.
   for (bool splits : {false, true}) {
-    for (const ConcatSite& site : concat_sites_) {
+    for (auto it = concat_sites_.rbegin(); it != concat_sites_.rend(); ++it) {
+      const ConcatSite& site = *it;
       if (site.split != splits || !is_planned.count(site.output) || host[site.output] >= 0) continue;
       bool ok = true;
       std::set<int> seen;
@@ -760,6 +764,26 @@ void ProgramBuilder::plan_memory() {
       in.callee = -1;
       in.inputs.clear();
     }
+  }
+  // A Concat whose inputs all lie, in its order and back to back, in one
+  // host buffer (a prefix of a later Concat's inputs) is that stretch of it.
+  for (const ConcatSite& site : concat_sites_) {
+    if (site.split || !is_planned.count(site.output) || host[site.output] >= 0 || site.inputs.empty()) continue;
+    int h = host[site.inputs[0]];
+    int64_t base = slice[site.inputs[0]] - site.offsets[0];
+    bool ok = h >= 0 && h != site.inputs[0] && base >= 0;
+    for (size_t i = 0; ok && i < site.inputs.size(); ++i) {
+      int r = site.inputs[i];
+      ok = host[r] == h && r != h && slice[r] - site.offsets[i] == base;
+    }
+    if (!ok) continue;
+    host[site.output] = h;
+    slice[site.output] = base;
+    last[h] = std::max(last[h], last[site.output]);
+    runtime::Instr& in = p.instrs[site.instr];
+    in.op = runtime::OpCode::kBind;
+    in.callee = -1;
+    in.inputs.clear();
   }
   std::vector<runtime::BufferLifetime> lifetimes;
   std::vector<int> owners;

@@ -235,6 +235,75 @@ std::unique_ptr<Graph> split_graph(int64_t channels, const std::string& mode) {
   return g;
 }
 
+// A densenet-like block: c1 = concat(x, a), c2 = concat(x, a, b), c3 =
+// concat(x, a, b, d), each new feature sigmoid(x + channel sum of the concat
+// so far), every concat read afterwards. c3 hosts x, a, b and d; c1 and c2 lie
+// at the start of its buffer (three binds, no copy), and results are exact.
+TEST(Pipeline, ConcatsOfGrowingPrefixesShareOneBuffer) {
+  const int64_t c = 16, plane = 16;
+  auto g = std::make_unique<Graph>();
+  g->source = "dense";
+  g->opsets[""] = 17;
+  Value* in = g->add_input("in", TensorType{DType::kFloat32, Shape{1, c, 4, 4}});
+  Value* x = g->add_node("Relu", {in}, {"x"})->output(0);
+  Tensor axes_t(DType::kInt64, {1});
+  axes_t.data_as<int64_t>()[0] = 1;
+  Value* axes = g->add_constant("axes", axes_t);
+  auto cat = [&](const std::vector<Value*>& parts, const std::string& name) {
+    Node* n = g->add_node("Concat", parts, {name});
+    Attribute axis;
+    axis.kind = Attribute::Kind::kInt;
+    axis.i = 1;
+    n->set_attr("axis", axis);
+    return n->output(0);
+  };
+  auto feature = [&](Value* from, const std::string& name) {
+    Value* sum = g->add_node("ReduceSum", {from, axes}, {name + "_s"})->output(0);
+    Value* pre = g->add_node("Add", {x, sum}, {name + "_b"})->output(0);
+    return g->add_node("Sigmoid", {pre}, {name})->output(0);
+  };
+  Value* a = feature(x, "a");
+  Value* c1 = cat({x, a}, "c1");
+  Value* b = feature(c1, "b");
+  Value* c2 = cat({x, a, b}, "c2");
+  Value* d = feature(c2, "d");
+  Value* c3 = cat({x, a, b, d}, "c3");
+  g->set_outputs({g->add_node("Neg", {c1}, {"n1"})->output(0), g->add_node("Neg", {c2}, {"n2"})->output(0),
+                  g->add_node("Neg", {c3}, {"n3"})->output(0)});
+  auto compiled = compile_graph(std::move(g), CompileOptions{});
+  ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+  int binds = 0;
+  for (const runtime::Instr& instr : compiled->program->instrs) binds += instr.op == runtime::OpCode::kBind;
+  EXPECT_EQ(binds, 3);
+
+  Tensor t = random_tensor({1, c, 4, 4}, 5);
+  // Reference: the features in channel blocks of c x plane.
+  std::vector<float> all;
+  for (int64_t i = 0; i < c * plane; ++i) all.push_back(std::max(t.data_as<float>()[i], 0.f));
+  std::vector<std::vector<float>> prefixes;
+  for (int f = 0; f < 3; ++f) {
+    int64_t channels = static_cast<int64_t>(all.size()) / plane;
+    std::vector<float> sum(plane, 0.f);
+    for (int64_t ch = 0; ch < channels; ++ch)
+      for (int64_t p = 0; p < plane; ++p) sum[p] += all[ch * plane + p];
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < plane; ++p) all.push_back(1.f / (1.f + std::exp(-(all[ch * plane + p] + sum[p]))));
+    prefixes.push_back(all);
+  }
+  runtime::VM vm(compiled->program, 2);
+  for (int run = 0; run < 2; ++run) {
+    auto out = vm.run({t});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    for (int k = 0; k < 3; ++k) {
+      std::vector<float> want = k < 2 ? std::vector<float>(prefixes[static_cast<size_t>(k)].begin(),
+                                                           prefixes[static_cast<size_t>(k)].begin() + (k + 2) * c * plane)
+                                      : prefixes[2];
+      for (float& v : want) v = -v;
+      expect_close((*out)[static_cast<size_t>(k)], want);
+    }
+  }
+}
+
 TEST(Pipeline, SplitOutputsArePlannedInTheInputsSlices) {
   struct Case {
     int64_t channels;
