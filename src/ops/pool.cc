@@ -90,6 +90,26 @@ Expr tap_count(const Expr& start, int64_t k, int64_t dil, const Expr& lo, const 
   return max(Expr(0), r_hi - r_lo);
 }
 
+// The divisor of an average pool at output position iv: the whole window
+// when count_include_pad (every tap, even those ceil_mode pushes past the
+// end padding, as the ONNX reference counts) or when no window reaches
+// outside the input; otherwise the taps inside the input (at least 1: an
+// all-padding window divides by 1 instead of 0).
+Expr average_count(const Node& n, const PoolGeometry& g, const std::vector<Expr>& iv) {
+  if (!g.needs_bounds || n.attr_int("count_include_pad", 0) != 0) {
+    int64_t c = 1;
+    for (int64_t k : g.kernel) c *= k;
+    return Expr(c);
+  }
+  Expr count;
+  for (size_t d = 0; d < g.kernel.size(); ++d) {
+    Expr start = iv[d + 2] * g.stride[d] - g.pad_begin[d];
+    Expr c = tap_count(start, g.kernel[d], g.dilation[d], Expr(0), g.in[d]);
+    count = count.defined() ? count * c : c;
+  }
+  return max(count, Expr(1));
+}
+
 Status infer_pool(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
@@ -137,11 +157,42 @@ Result<std::vector<tir::ComputeDef>> lower_pool(const Node& n, LowerContext& ctx
   Expr xv = ctx.load_input(0, x_idx);
   std::vector<tir::ComputeDef> stages;
 
+  const bool want_indices = ctx.outputs.size() > 1 && !ctx.outputs[1].name.empty();
+  if ((kind == PoolKind::kMax || kind == PoolKind::kAverage) && rank == 2 && !want_indices && g.kernel[0] >= 2 &&
+      g.kernel[1] >= 2 && n.attr_int("kiln_separable", 0) != 0) {
+    // Separable: the window's rows reduced at every input column (the rows
+    // stage, [N, C, OH, W]), then its columns. A k x k window then takes 2k
+    // steps per output instead of k^2, and the strided column taps (a span
+    // load and a shuffle each) read the rows stage once per column tap
+    // instead of once per tap. Padding is excluded per axis (the neutral
+    // value: -inf or lowest for max, 0 for the sum).
+    const bool is_max = kind == PoolKind::kMax;
+    const Expr neutral = is_max ? lowest_of(dt) : const_of(dt, 0);
+    const tir::Combiner comb = is_max ? tir::Combiner::kMax : tir::Combiner::kSum;
+    std::vector<std::string> ra = fresh_axes(ctx, 4, "i");
+    std::vector<Expr> rvv = axis_vars(ra);
+    std::vector<std::string> rk = fresh_axes(ctx, 1, "k");
+    Expr row = rvv[2] * g.stride[0] - g.pad_begin[0] + var(rk[0]) * g.dilation[0];
+    Expr rx = ctx.load_input(0, {rvv[0], rvv[1], g.needs_bounds ? clamp_index(row, g.in[0]) : row, rvv[3]});
+    Expr rbody = g.needs_bounds ? select(logical_and(le(Expr(0), row), lt(row, g.in[0])), rx, neutral) : rx;
+    std::vector<Expr> rows_shape = {y.shape[0], y.shape[1], y.shape[2], x.shape[3]};
+    stages.push_back(make_reduce_stage(y.name + ".rows", dt, ra, rows_shape, rk, {Expr(g.kernel[0])}, comb, neutral,
+                                       rbody));
+    std::vector<std::string> ck = fresh_axes(ctx, 1, "k");
+    Expr col = iv[3] * g.stride[1] - g.pad_begin[1] + var(ck[0]) * g.dilation[1];
+    Expr cx = stage_load(stages[0], {iv[0], iv[1], iv[2], g.needs_bounds ? clamp_index(col, g.in[1]) : col});
+    Expr cbody = g.needs_bounds ? select(logical_and(le(Expr(0), col), lt(col, g.in[1])), cx, neutral) : cx;
+    Expr finalize;
+    if (!is_max) finalize = div(var("acc", dt), cast(dt, simplify(average_count(n, g, iv))));
+    stages.push_back(make_reduce_stage(y.name, dt, axes, y.shape, ck, {Expr(g.kernel[1])}, comb, neutral, cbody,
+                                       finalize));
+    return stages;
+  }
   if (kind == PoolKind::kMax) {
     Expr body = valid.defined() ? select(valid, xv, lowest_of(dt)) : xv;
     stages.push_back(make_reduce_stage(y.name, dt, axes, y.shape, raxes, rext, tir::Combiner::kMax, lowest_of(dt),
                                        body));
-    if (ctx.outputs.size() > 1 && !ctx.outputs[1].name.empty()) {
+    if (want_indices) {
       // Indices: the smallest flat index (row-major over the whole input, or
       // column-major within each plane for storage_order 1) holding the max.
       const tir::Buffer& ind = ctx.outputs[1];
@@ -171,25 +222,7 @@ Result<std::vector<tir::ComputeDef>> lower_pool(const Node& n, LowerContext& ctx
   Expr acc = var("acc", dt);
   if (kind == PoolKind::kAverage) {
     Expr body = valid.defined() ? select(valid, xv, zero) : xv;
-    // count_include_pad counts every tap of the window, including those that
-    // ceil_mode pushes past the end padding (as the ONNX reference does);
-    // otherwise only the taps inside the input.
-    bool include_pad = n.attr_int("count_include_pad", 0) != 0;
-    Expr count;
-    if (!g.needs_bounds || include_pad) {
-      int64_t c = 1;
-      for (int64_t k : g.kernel) c *= k;
-      count = Expr(c);
-    } else {
-      for (size_t d = 0; d < rank; ++d) {
-        Expr start = iv[d + 2] * g.stride[d] - g.pad_begin[d];
-        Expr c = tap_count(start, g.kernel[d], g.dilation[d], Expr(0), g.in[d]);
-        count = count.defined() ? count * c : c;
-      }
-      // An all-padding window divides by 1 instead of 0.
-      count = max(count, Expr(1));
-    }
-    Expr finalize = div(acc, cast(dt, simplify(count)));
+    Expr finalize = div(acc, cast(dt, simplify(average_count(n, g, iv))));
     stages.push_back(make_reduce_stage(y.name, dt, axes, y.shape, raxes, rext, tir::Combiner::kSum, zero, body,
                                        finalize));
     return stages;

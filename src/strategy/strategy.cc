@@ -10,6 +10,7 @@ namespace kiln::strategy {
 
 void register_gemm_candidates();  // gemm.cc
 void register_conv_candidates();  // conv.cc
+void register_pool_candidates();  // pool.cc
 
 namespace {
 
@@ -51,6 +52,7 @@ void register_builtin_candidates() {
   std::call_once(once, [] {
     register_gemm_candidates();
     register_conv_candidates();
+    register_pool_candidates();
   });
 }
 

@@ -512,6 +512,36 @@ TEST(StrategyCandidates, OneByOneTakesPanelsWhereVectorsOverlapTheirPlane) {
   EXPECT_EQ(chosen({Shape{1, 256, 56, 56}, {256, 256, 1, 1}, 1, 0, {1, 256, 56, 56}}), "conv.wvec");
 }
 
+// Pools: the separable candidate where its rows stage fits in half of L2,
+// the window otherwise; the choice sets kiln_separable for the lowering, and
+// a MaxPool asked for its Indices keeps the window.
+TEST(StrategyCandidates, PoolsSeparableWhereTheRowsStageStaysInCache) {
+  auto choose = [](int64_t c, int64_t hw, bool indices) -> std::pair<std::string, int64_t> {
+    auto g = std::make_unique<Graph>();
+    g->opsets[""] = 17;
+    Value* x = g->add_input("x", TensorType{DType::kFloat32, Shape{1, c, hw, hw}});
+    std::vector<std::string> outs = {"y"};
+    if (indices) outs.push_back("idx");
+    Node* p = g->add_node("MaxPool", {x}, outs);
+    p->set_attr("kernel_shape", Attribute::of_ints({3, 3}));
+    p->set_attr("strides", Attribute::of_ints({2, 2}));
+    g->set_outputs({p->output(0)});
+    ops::InferContext ictx;
+    ictx.graph = g.get();
+    EXPECT_TRUE(ops::infer_shapes(*g, ictx).is_ok());
+    strategy::SelectOptions opts;
+    opts.target = *Target::named("avx512-split");
+    EXPECT_TRUE(strategy::select_kernels(*g, opts).is_ok());
+    return {p->attr_string(strategy::kImplAttr, ""), p->attr_int("kiln_separable", 0)};
+  };
+  const int64_t l2 = Target::named("avx512-split")->l2_bytes;
+  // Rows stage 4 * C * OH * W bytes: 256 x 13 x 27 (squeezenet's last pool).
+  if (4 * 256 * 13 * 27 <= l2 / 2) EXPECT_EQ(choose(256, 27, false), std::make_pair(std::string("maxpool.separable"), int64_t{1}));
+  EXPECT_EQ(choose(8, 20, false), std::make_pair(std::string("maxpool.separable"), int64_t{1}));
+  EXPECT_EQ(choose(64, 111, false), std::make_pair(std::string("maxpool.window"), int64_t{0}));  // 1.56 MB
+  EXPECT_EQ(choose(8, 20, true), std::make_pair(std::string("maxpool.window"), int64_t{0}));
+}
+
 TEST(StrategyCandidates, KnobSpacesSampleAndParse) {
   tir::KnobSpace s;
   s.knobs = {{"mr", {1, 2, 4}}, {"nr", {16, 32}}};

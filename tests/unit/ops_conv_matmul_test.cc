@@ -277,6 +277,13 @@ void run_pool_case(const PoolCase& p) {
   std::vector<double> xv = ramp(n * c * p.h * p.w, -2, 2, 11);
   auto out = run_node(g, *node, {make_tensor(DType::kFloat32, {n, c, p.h, p.w}, xv)});
   ASSERT_EQ(out.size(), 1u);
+  // The separable lowering (strategy candidate *.separable) where it applies.
+  std::vector<Tensor> sep;
+  if (p.kh >= 2 && p.kw >= 2) {
+    node->set_attr("kiln_separable", Attribute::of_int(1));
+    sep = run_node(g, *node, {make_tensor(DType::kFloat32, {n, c, p.h, p.w}, xv)});
+    ASSERT_EQ(sep.size(), 1u);
+  }
   std::vector<double> ref;
   for (int64_t pc = 0; pc < n * c; ++pc)
     for (int64_t i = 0; i < oh; ++i)
@@ -302,12 +309,47 @@ void run_pool_case(const PoolCase& p) {
         }
       }
   expect_close(out[0], ref, 1e-5, p.op);
+  if (!sep.empty()) expect_close(sep[0], ref, 1e-5, p.op + " separable");
 }
 
 TEST(PoolNumerics, MaxPlain) { run_pool_case({"MaxPool", 6, 7, 2, 2, {2, 2}, {0, 0, 0, 0}, {1, 1}, false, false}); }
 TEST(PoolNumerics, MaxPadStride) { run_pool_case({"MaxPool", 7, 5, 3, 3, {2, 2}, {1, 1, 1, 1}, {1, 1}, false, false}); }
 TEST(PoolNumerics, MaxCeilDilation) {
   run_pool_case({"MaxPool", 9, 8, 3, 2, {2, 3}, {1, 0, 1, 1}, {2, 1}, true, false});
+}
+// Planes wider than a vector (full vectors, ragged tails, strided column
+// taps across vector boundaries). run_pool_case checks the window lowering
+// and, where the window is at least 2x2, the separable one (rows stage, then
+// columns) against the same reference.
+TEST(PoolNumerics, MaxSeparableWidePlanes) {
+  run_pool_case({"MaxPool", 37, 41, 3, 3, {2, 2}, {0, 0, 0, 0}, {1, 1}, true, false});
+  run_pool_case({"MaxPool", 20, 33, 3, 3, {1, 1}, {1, 1, 1, 1}, {1, 1}, false, false});
+  run_pool_case({"MaxPool", 23, 50, 2, 4, {3, 2}, {1, 2, 0, 1}, {2, 1}, true, false});
+  run_pool_case({"AveragePool", 37, 41, 3, 3, {2, 2}, {1, 1, 1, 1}, {1, 1}, true, false});
+  run_pool_case({"AveragePool", 20, 35, 3, 3, {1, 1}, {1, 1, 1, 1}, {1, 1}, false, true});
+  run_pool_case({"AveragePool", 23, 50, 2, 4, {3, 2}, {1, 2, 0, 1}, {2, 1}, true, false});
+}
+// A NaN reaches exactly the outputs whose window covers it, in both lowerings.
+TEST(PoolNumerics, MaxPropagatesNaN) {
+  Graph g;
+  Value* x = g.add_input("x", tt(DType::kFloat32, static_shape({1, 1, 9, 37})));
+  Node* node = g.add_node("MaxPool", {x}, {"y"});
+  node->set_attr("kernel_shape", Attribute::of_ints({3, 3}));
+  node->set_attr("strides", Attribute::of_ints({2, 2}));
+  ASSERT_TRUE(infer(g).is_ok());
+  std::vector<double> xv = ramp(9 * 37, -2, 2, 5);
+  xv[4 * 37 + 20] = NAN;
+  for (int separable : {0, 1}) {
+    node->set_attr("kiln_separable", Attribute::of_int(separable));
+    auto out = run_node(g, *node, {make_tensor(DType::kFloat32, {1, 1, 9, 37}, xv)});
+    ASSERT_EQ(out.size(), 1u);
+    const float* y = out[0].data_as<float>();
+    for (int64_t i = 0; i < 4; ++i)
+      for (int64_t j = 0; j < 18; ++j) {
+        bool covers = 2 * i <= 4 && 4 <= 2 * i + 2 && 2 * j <= 20 && 20 <= 2 * j + 2;
+        EXPECT_EQ(std::isnan(y[i * 18 + j]), covers) << separable << " " << i << "," << j;
+      }
+  }
 }
 TEST(PoolNumerics, AverageExcludePad) {
   run_pool_case({"AveragePool", 7, 6, 3, 3, {2, 2}, {1, 1, 1, 1}, {1, 1}, false, false});
