@@ -313,6 +313,7 @@ Result<ResizeParams> resize_params(const Node& n, const Shape& x, const SymbolBo
     return node_unsupported(n) << "coordinate_transformation_mode '" << p.coord << "'";
   }
   if (n.has_attr("axes")) return node_unsupported(n) << "the axes attribute";
+  if (n.attr_int("antialias", 0) != 0 && p.mode != "nearest") return node_unsupported(n) << "antialias";
   if (n.attr_string("keep_aspect_ratio_policy", "stretch") != "stretch") {
     return node_unsupported(n) << "keep_aspect_ratio_policy other than stretch";
   }
@@ -353,13 +354,13 @@ Result<ResizeParams> resize_params(const Node& n, const Shape& x, const SymbolBo
 
 // Resize with scales or sizes known only at run time, the axes attribute,
 // keep_aspect_ratio_policy or tf_crop_and_resize (whose roi is read at run
-// time): modes nearest, linear and cubic, no antialiasing.
+// time), and antialiased linear or cubic downsampling: modes nearest, linear
+// and cubic.
 Status check_resize_kernel_support(const Node& n) {
   std::string mode = n.attr_string("mode", "nearest");
   if (mode != "nearest" && mode != "linear" && mode != "cubic") return node_unsupported(n) << "mode '" << mode << "'";
   if (n.attr_string("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize" && !has_input(n, 1))
     return node_invalid(n) << "coordinate_transformation_mode 'tf_crop_and_resize' without a roi input";
-  if (n.attr_int("antialias", 0) != 0) return node_unsupported(n) << "antialias";
   return Status::ok();
 }
 
@@ -813,6 +814,9 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
   double cubic_a = n.attr_float("cubic_coeff_a", -0.75);
   bool exclude_outside = n.attr_int("exclude_outside", 0) != 0;
   double extrapolation = n.attr_float("extrapolation_value", 0.0);
+  // antialias (opset 18): linear and cubic downsampling widen their filter by
+  // 1 / scale (nearest ignores it).
+  bool antialias = n.attr_int("antialias", 0) != 0 && mode != "nearest";
   size_t scales_in = n.num_inputs() == 2 ? 1 : 2;
   return RuntimeKernel([=](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
     const Tensor& x = in[0];
@@ -901,8 +905,9 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
     std::vector<int64_t> xs(static_cast<size_t>(rank), 1);
     for (int64_t k = rank - 1; k > 0; --k) xs[k - 1] = xs[k] * x.shape()[k];
     std::vector<int64_t> idx(static_cast<size_t>(rank), 0);
-    // Per dim: up to four taps (index, weight).
-    std::vector<std::array<std::pair<int64_t, double>, 4>> taps(static_cast<size_t>(rank));
+    // Per dim: the taps (index, weight): up to four, more for an antialiased downsampling.
+    std::vector<std::vector<std::pair<int64_t, double>>> taps(static_cast<size_t>(rank),
+                                                              std::vector<std::pair<int64_t, double>>(4));
     std::vector<int> ntaps(static_cast<size_t>(rank), 1);
     for (int64_t e = 0; e < out[0].numel(); ++e) {
       int64_t rem = e;
@@ -930,6 +935,41 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
                                                       : std::ceil(c - 0.5);
           taps[d][0] = {std::clamp<int64_t>(static_cast<int64_t>(r), 0, len - 1), 1.0};
           ntaps[d] = 1;
+        } else if (antialias && scale[d] < 1.0) {
+          // The filter (triangle or Keys cubic) stretched by 1 / s over the
+          // input: taps at b + i for i in [start, 1 - start], weight
+          // filter(s (i - r)), normalized, where b + r = c with r in (0, 1]
+          // (an integer c counts as the end of the pixel before it); taps off
+          // the input read the edge or, with exclude_outside, drop out. As the
+          // ONNX reference implementation computes them.
+          const double s = scale[d];
+          const bool cubic = mode == "cubic";
+          double b = std::floor(c), r = c - b;
+          if (r == 0) {
+            r = 1;
+            b -= 1;
+          }
+          int64_t start = static_cast<int64_t>(std::floor((cubic ? -2.0 : -1.0) / s)) + 1;
+          int64_t count = 2 - 2 * start;
+          if (count > (int64_t{1} << 20)) return unsupported() << who << ": antialias scale " << s << " too small";
+          taps[d].resize(static_cast<size_t>(count));
+          double total = 0;
+          for (int64_t j = 0; j < count; ++j) {
+            double u = std::fabs(s * (static_cast<double>(start + j) - r)), w;
+            if (cubic) {
+              double a = cubic_a;
+              w = u <= 1 ? ((a + 2) * u - (a + 3)) * u * u + 1 : u < 2 ? ((a * u - 5 * a) * u + 8 * a) * u - 4 * a : 0;
+            } else {
+              w = std::max(0.0, 1 - u);
+            }
+            int64_t pos = static_cast<int64_t>(b) + start + j;
+            if (exclude_outside && (pos < 0 || pos >= len)) w = 0;
+            total += w;
+            taps[d][static_cast<size_t>(j)] = {std::clamp<int64_t>(pos, 0, len - 1), w};
+          }
+          if (total != 0)
+            for (auto& t : taps[d]) t.second /= total;
+          ntaps[d] = static_cast<int>(count);
         } else if (mode == "cubic") {
           // Keys cubic convolution over floor(c) - 1 .. floor(c) + 2; outside
           // taps read the edge or, with exclude_outside, drop out (renormalized).

@@ -765,6 +765,92 @@ TEST(IndexingNumerics, ResizeTfCropAndResizeExtrapolates) {
   EXPECT_FALSE(st.is_ok());  // roi must hold 2 values for one axis
 }
 
+// Antialiased downsampling (runtime kernel): per resized axis, the n input
+// pixels nearest the source point (ties to the lower index, the input
+// edge-replicated), weighted by the triangle or Keys filter stretched by
+// 1 / scale and normalized, as the ONNX reference computes it; exclude_outside
+// drops the pixels off the input. Separable: rows, then columns.
+std::vector<double> antialias_1d(const std::vector<double>& row, double scale, int64_t out, bool cubic,
+                                 bool exclude) {
+  const int64_t len = static_cast<int64_t>(row.size());
+  std::vector<double> res;
+  for (int64_t o = 0; o < out; ++o) {
+    double x = (static_cast<double>(o) + 0.5) / scale - 0.5;  // half_pixel
+    double ratio = x == std::floor(x) ? 1.0 : x - std::floor(x);
+    double s = std::min(scale, 1.0), a = -0.75;
+    int64_t start = static_cast<int64_t>(std::floor((cubic ? -2.0 : -1.0) / s)) + 1, n = 2 - 2 * start;
+    std::vector<double> coef;
+    for (int64_t i = start; i < start + n; ++i) {
+      double u = std::fabs(s * (static_cast<double>(i) - ratio));
+      coef.push_back(cubic ? (u <= 1 ? (a + 2) * u * u * u - (a + 3) * u * u + 1
+                                     : u < 2 ? a * u * u * u - 5 * a * u * u + 8 * a * u - 4 * a : 0.0)
+                           : std::max(0.0, 1 - u));
+    }
+    // The n nearest indices of the edge-padded row (pad ceil(n / 2)).
+    int64_t pad = (n + 1) / 2;
+    std::vector<int64_t> idx;
+    for (int64_t i = 0; i < len + 2 * pad; ++i) idx.push_back(i);
+    double xp = x + static_cast<double>(pad);
+    std::stable_sort(idx.begin(), idx.end(), [&](int64_t p, int64_t q) {
+      return std::fabs(xp - static_cast<double>(p)) < std::fabs(xp - static_cast<double>(q));
+    });
+    idx.resize(static_cast<size_t>(n));
+    std::sort(idx.begin(), idx.end());
+    double total = 0, acc = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t pos = idx[static_cast<size_t>(j)] - pad;
+      if (exclude && (pos < 0 || pos >= len)) coef[static_cast<size_t>(j)] = 0;
+      total += coef[static_cast<size_t>(j)];
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t pos = std::clamp<int64_t>(idx[static_cast<size_t>(j)] - pad, 0, len - 1);
+      acc += coef[static_cast<size_t>(j)] / total * row[static_cast<size_t>(pos)];
+    }
+    res.push_back(acc);
+  }
+  return res;
+}
+
+TEST(IndexingNumerics, ResizeAntialiasMatchesTheReferenceFilters) {
+  const int64_t h = 9, w = 13;
+  std::vector<double> xv;
+  for (int64_t i = 0; i < h * w; ++i) xv.push_back(std::sin(0.7 * static_cast<double>(i)) * 3 + 0.1 * static_cast<double>(i % 5));
+  for (const char* mode : {"linear", "cubic"})
+    for (int exclude : {0, 1})
+      for (auto [sh, sw] : {std::pair<double, double>{0.6, 0.3}, {0.5, 0.75}, {1.0, 0.25}}) {
+        SCOPED_TRACE(std::string(mode) + " exclude " + std::to_string(exclude) + " scales " + std::to_string(sh) + "," +
+                     std::to_string(sw));
+        Graph g;
+        g.opsets[""] = 18;
+        Value* x = g.add_input("x", tt(DType::kFloat32, {1, 1, h, w}));
+        Tensor scales = make_tensor(DType::kFloat32, {4}, {1, 1, sh, sw});
+        Node* n = g.add_node("Resize", {x, nullptr, g.add_constant("scales", scales)}, {"y"});
+        n->set_attr("mode", Attribute::of_string(mode));
+        n->set_attr("antialias", Attribute::of_int(1));
+        n->set_attr("exclude_outside", Attribute::of_int(exclude));
+        ASSERT_TRUE(infer(g).is_ok());
+        auto k = run_kernel(*n, {make_tensor(DType::kFloat32, {1, 1, h, w}, xv), Tensor(), scales});
+        ASSERT_EQ(k.size(), 1u);
+        int64_t oh = static_cast<int64_t>(std::floor(static_cast<double>(h) * sh));
+        int64_t ow = static_cast<int64_t>(std::floor(static_cast<double>(w) * sw));
+        ASSERT_EQ(k[0].shape(), (std::vector<int64_t>{1, 1, oh, ow}));
+        bool cubic = std::string(mode) == "cubic";
+        std::vector<std::vector<double>> cols(static_cast<size_t>(w));  // each column resized along H
+        for (int64_t c = 0; c < w; ++c) {
+          std::vector<double> col;
+          for (int64_t r = 0; r < h; ++r) col.push_back(xv[static_cast<size_t>(r * w + c)]);
+          cols[static_cast<size_t>(c)] = sh == 1.0 ? col : antialias_1d(col, sh, oh, cubic, exclude != 0);
+        }
+        std::vector<double> want;
+        for (int64_t r = 0; r < oh; ++r) {
+          std::vector<double> row;
+          for (int64_t c = 0; c < w; ++c) row.push_back(cols[static_cast<size_t>(c)][static_cast<size_t>(r)]);
+          for (double v : antialias_1d(row, sw, ow, cubic, exclude != 0)) want.push_back(v);
+        }
+        expect_close(k[0], want, 1e-5, "antialias");
+      }
+}
+
 TEST(IndexingNumerics, ResizeAlignCornersUsesFractionalOutputWidth) {
   // ONNX test_resize_downsample_scales_linear_align_corners: width 4 * 0.6 = 2.4
   // (not the integer 2) sets the sampling step.
