@@ -290,9 +290,19 @@ Result<std::vector<bool>> squeezed_dims(const Node& n, const Shape& x, const Sym
   int64_t rank = static_cast<int64_t>(x.size());
   std::vector<bool> drop(x.size(), false);
   if (axes->empty()) {
+    // Every dim of size 1 goes: a symbolic dim must be provably not 1, or
+    // the output's rank would depend on its value at run time (a dim
+    // assumed kept would give [1, 5] where ONNX gives [5]).
     for (size_t k = 0; k < x.size(); ++k) {
-      auto c = simplify(x[k], bounds).as_const();
-      drop[k] = c && *c == 1;
+      Expr d = simplify(x[k], bounds);
+      auto c = d.as_const();
+      if (!c) {
+        Interval b = bound_of(d, bounds);
+        if ((b.lo && *b.lo >= 2) || (b.hi && *b.hi <= 0)) continue;
+        return node_unsupported(n) << "no axes, and dim " << k << " (" << print_expr(d)
+                                   << ") may be 1 at run time, so the output's rank would depend on it (give the axes)";
+      }
+      drop[k] = *c == 1;
     }
     return drop;
   }

@@ -167,6 +167,24 @@ TEST_F(ShapeChain, SqueezeUnsqueezeFlattenTransposeSplit) {
   EXPECT_EQ(shape_of(sp2->output(1)), "[a, 1, b, 4]");
 }
 
+// Squeeze without axes drops every dim of size 1. A symbolic dim that may be
+// 1 at run time would make the output's rank data-dependent: unsupported (it
+// used to be kept, giving [1, 5] where ONNX gives [5] when a = 1). With a
+// bound that excludes 1 the dim stays.
+TEST_F(ShapeChain, SqueezeWithoutAxesNeedsDimsKnownNotToBeOne) {
+  Value* x = g.add_input("x", tt(DType::kFloat32, {var("a"), 1, 5}));
+  g.add_node("Squeeze", {x}, {"sq"});
+  Status st = infer(g);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
+  EXPECT_NE(st.to_string().find("dim 0 (a) may be 1 at run time"), std::string::npos) << st.to_string();
+  Graph h;
+  h.bounds["a"] = Interval{2, std::nullopt};
+  Value* y = h.add_input("y", tt(DType::kFloat32, {var("a"), 1, 5}));
+  Node* sq = h.add_node("Squeeze", {y}, {"sq"});
+  ASSERT_TRUE(infer(h).is_ok());
+  EXPECT_EQ(shape_of(sq->output(0)), "[a, 5]");
+}
+
 TEST_F(ShapeChain, RangeExpandConstantOfShapeFromShapeValues) {
   Value* x = g.add_input("x", tt(DType::kFloat32, {var("a"), var("b")}));
   Node* shape = g.add_node("Shape", {x}, {"shp"});
