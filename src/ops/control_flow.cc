@@ -104,9 +104,27 @@ Status infer_if(Node& n, InferContext& ctx) {
   KILN_RETURN_IF_ERROR(check_outputs(n, *then_g, n.num_outputs(), "then_branch"));
   KILN_RETURN_IF_ERROR(check_outputs(n, *else_g, n.num_outputs(), "else_branch"));
   std::set<std::string> known = outer_symbols(n, ctx);
+  // A condition known at compile time (a constant, or a shape computation
+  // such as Equal(Size(x), 4) in an expanded function): the outputs take the
+  // taken branch's types; the other branch may not even be valid for these
+  // shapes (AffineGrid's expanded 3-D branch splits a 4-element size 5 ways).
+  std::optional<bool> taken;
+  if (auto v = sym_values(n, 0); v && v->size() == 1)
+    if (auto c = simplify((*v)[0], ctx.bounds).as_const()) taken = *c != 0;
   for (size_t i = 0; i < n.num_outputs(); ++i) {
     const TensorType& t = then_g->outputs()[i]->type();
     const TensorType& e = else_g->outputs()[i]->type();
+    if (taken) {
+      const TensorType& b = *taken ? t : e;
+      if (!b.shape) {
+        set_output_unknown_rank(n, i, b.dtype);
+        continue;
+      }
+      Shape shape;
+      for (const Expr& d : *b.shape) shape.push_back(outer_dim(d, known, ctx));
+      set_output(n, i, b.dtype, std::move(shape), ctx);
+      continue;
+    }
     if (t.dtype != e.dtype)
       return node_invalid(n) << "output " << i << " is " << dtype_name(t.dtype) << " in then_branch and "
                              << dtype_name(e.dtype) << " in else_branch";

@@ -124,6 +124,42 @@ TEST(ControlFlow, IfWithDifferentOutputShapes) {
   }
 }
 
+// A condition known at compile time, Equal(Size(x), 4) on x [4]: the output
+// takes the taken branch's shape ([4], not a fresh symbol), and the run gives
+// that branch's result. With x [5] the else branch's [10].
+TEST(ControlFlow, IfWithConditionKnownAtCompileTime) {
+  for (int64_t len : {4, 5}) {
+    auto g = new_graph("if_static");
+    Value* x = g->add_input("x", f32({len}));
+    Value* size = g->add_node("Size", {x}, {"n"})->output(0);
+    Value* c = g->add_node("Equal", {size, g->add_constant("four", scalar_i64(4))}, {"c"})->output(0);
+    auto then_g = std::make_shared<Graph>();
+    then_g->name = "then";
+    then_g->set_outputs({then_g->add_capture("x", f32({len}))});
+    auto else_g = std::make_shared<Graph>();
+    else_g->name = "else";
+    Value* ex = else_g->add_capture("x", f32({len}));
+    Node* e = else_g->add_node("Concat", {ex, ex}, {"e"});
+    e->set_attr("axis", Attribute::of_int(0));
+    else_g->set_outputs({e->output(0)});
+    Node* n = g->add_node("If", {c}, {"y"});
+    n->set_attr("then_branch", Attribute::of_graph(then_g));
+    n->set_attr("else_branch", Attribute::of_graph(else_g));
+    g->set_outputs({n->output(0)});
+    auto probe = compile_graph(std::move(g), CompileOptions{});
+    ASSERT_TRUE(probe.is_ok()) << probe.status().to_string();
+    ASSERT_EQ(probe->outputs[0].dims.size(), 1u);
+    EXPECT_EQ(probe->outputs[0].dims[0], len == 4 ? "4" : "10");
+    Tensor xt = random_tensor({len}, 3);
+    runtime::VM vm(probe->program, 1);
+    auto out = vm.run({xt});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    std::vector<float> want(xt.data_as<float>(), xt.data_as<float>() + len);
+    if (len != 4) want.insert(want.end(), xt.data_as<float>(), xt.data_as<float>() + len);
+    expect_close((*out)[0], want, {static_cast<int64_t>(want.size())});
+  }
+}
+
 // Loop body: s_out = s_in + x[i]; scan output s_out; cond_out = i + 1 < limit
 // (with `limit` captured) or the input cond.
 std::shared_ptr<Graph> running_sum_body(int64_t rows, bool early_exit) {
