@@ -7,7 +7,8 @@ intra_op_num_threads = N, inter_op_num_threads = 1) and, with --torch, PyTorch e
 torch module the ONNX file comes from, torch.set_num_threads(N), inference_mode) on the same
 fixed inputs, median of --runs after --warmup runs. Prints a Markdown table with the ratio
 kiln/ORT per model, each model's GFLOP per run and the share of this machine's FP32 peak
-(measured by kernel_bench --peak-only at the same thread count) that Kiln and ORT reach, and
+(measured by kernel_bench --peak-only at the same thread count, before and after the models,
+the higher kept) that Kiln and ORT reach, and
 the geometric mean of the ratios (below 1: Kiln is faster).
 
 With --rounds R (default 1) each model and thread count is timed R times, ORT and Kiln
@@ -177,10 +178,10 @@ def main():
     work = os.path.join(model_zoo.cache_dir(args.cache_dir), "bench_inputs")
     os.makedirs(work, exist_ok=True)
 
+    # The peak is measured before and after the models, and the higher kept:
+    # on a shared host one short measurement can fall in a slow phase (81.6
+    # GFLOP/s at 1 thread in one run, 114 in the next).
     peaks = {t: (None if args.ort_only else measured_peak(args.kiln, t)) for t in threads_list}
-    for t, p in peaks.items():
-        if p:
-            print(f"measured peak at {t} thread(s): {p:.1f} GFLOP/s (kernel_bench --peak-only)", file=sys.stderr)
     rows, results = [], []
     for name in names:
         spec = model_zoo.MODELS_BY_NAME[name]
@@ -208,11 +209,10 @@ def main():
             torch_ratio = kiln_r["median_ms"] / torch_r["median_ms"] if kiln_r and torch_r else None
             kiln_gflops = gflop / (kiln_r["median_ms"] * 1e-3) if kiln_r else None
             ort_gflops = gflop / (ort_r["median_ms"] * 1e-3)
-            peak = peaks.get(threads)
             results.append({"model": name, "threads": threads, "ort": ort_r, "kiln": kiln_r,
                             "torch": torch_r, "ratio": ratio, "torch_ratio": torch_ratio, "error": error,
                             "gflop": gflop, "kiln_gflops": kiln_gflops, "ort_gflops": ort_gflops,
-                            "peak_gflops": peak})
+                            "peak_gflops": None})
             label = name + (f" (seq {seq})" if seq else "")
             kiln_cell = (f"{kiln_r['median_ms']:.2f}" if kiln_r else ("error" if error else "-"))
             compile_cell = f"{kiln_r['compile_s']:.1f}" if kiln_r else "-"
@@ -220,14 +220,31 @@ def main():
             torch_cell = f"{torch_r['median_ms']:.2f}" if torch_r else "-"
             torch_ratio_cell = f"{torch_ratio:.2f}" if torch_ratio else "-"
             gf_cell = f"{kiln_gflops:.1f}" if kiln_gflops else "-"
-            share_cell = f"{100 * kiln_gflops / peak:.0f}%" if kiln_gflops and peak else "-"
-            ort_share = f"{100 * ort_gflops / peak:.0f}%" if peak else "-"
             torch_cols = f" {torch_cell} | {torch_ratio_cell} |" if args.torch else ""
-            rows.append(f"| {label} | {threads} | {kiln_cell} | {ort_r['median_ms']:.2f} | "
-                        f"{ratio_cell} | {gflop:.2f} | {gf_cell} | {share_cell} | {ort_share} |{torch_cols} "
-                        f"{compile_cell} |" + (f" {error} |" if error else " |"))
+            # The share-of-peak cells are filled in once the peak is final.
+            rows.append((threads, kiln_gflops, ort_gflops,
+                         f"| {label} | {threads} | {kiln_cell} | {ort_r['median_ms']:.2f} | "
+                         f"{ratio_cell} | {gflop:.2f} | {gf_cell} |",
+                         f"{torch_cols} {compile_cell} |" + (f" {error} |" if error else " |")))
             print(f"{label} threads={threads}: ort {ort_r['median_ms']:.2f} ms, kiln {kiln_cell} ms",
                   file=sys.stderr, flush=True)
+
+    for t in threads_list:
+        again = None if args.ort_only else measured_peak(args.kiln, t)
+        if again and (peaks[t] is None or again > peaks[t]):
+            peaks[t] = again
+        if peaks[t]:
+            print(f"measured peak at {t} thread(s): {peaks[t]:.1f} GFLOP/s (kernel_bench --peak-only, "
+                  "the higher of before and after the models)", file=sys.stderr)
+    for r in results:
+        r["peak_gflops"] = peaks.get(r["threads"])
+    formatted = []
+    for threads, kiln_gflops, ort_gflops, head, tail in rows:
+        peak = peaks.get(threads)
+        share_cell = f"{100 * kiln_gflops / peak:.0f}%" if kiln_gflops and peak else "-"
+        ort_share = f"{100 * ort_gflops / peak:.0f}%" if peak else "-"
+        formatted.append(f"{head} {share_cell} | {ort_share} |{tail}")
+    rows = formatted
 
     rounds = f"; fastest of {args.rounds} alternating rounds per side" if args.rounds > 1 else ""
     print(f"\nmedian of {args.runs} runs after {args.warmup} warm-up{rounds}; "
