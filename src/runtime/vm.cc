@@ -216,6 +216,9 @@ Status check_broadcast(const Instr& in, const Env& env) {
     if (*d_in == 1 || *d_in == *d_out) continue;
     int64_t input = i + 1 < in.attrs.size() ? in.attrs[i] : -1;
     int64_t axis = i + 1 < in.attrs.size() ? in.attrs[i + 1] : -1;
+    if (auto one = in.values[i + 1].as_const(); one && *one == 1)  // a squeezed axis
+      return invalid_argument() << in.where << ": input " << input << " has " << *d_in << " on axis " << axis
+                                << " (" << print_expr(in.values[i]) << "), which must be 1 to be squeezed";
     return invalid_argument() << in.where << ": input " << input << " has " << *d_in << " on axis " << axis
                               << ", which cannot broadcast to " << *d_out << " (" << print_expr(in.values[i])
                               << " against " << print_expr(in.values[i + 1])

@@ -27,8 +27,9 @@
 //   kCheckBroadcast  values [d_in, d_out, ...] in pairs, attrs [input, axis, ...]:
 //              each d_in, evaluated now, must be 1 or equal to d_out (a symbolic
 //              dim of an input that inference broadcast to the output without
-//              proof, e.g. [n] + [m] -> [max(m, n)]); else an error naming the
-//              node, the input, the axis and both sizes
+//              proof, e.g. [n] + [m] -> [max(m, n)]), or a symbolic axis a
+//              compiled Squeeze drops (d_out the constant 1: it must be 1);
+//              else an error naming the node, the input, the axis and both sizes
 //   kJump / kBranch / kRet  control flow (kBranch: jump when a bool scalar is false)
 //   kIf / kLoop / kScan  ONNX control flow: run a sub-program (see below)
 //

@@ -131,6 +131,38 @@ TEST(Pipeline, UnprovenSymbolicBroadcastIsCheckedAtRunTime) {
       << bad.status().message();
 }
 
+// Relu -> Squeeze(axis 1) -> Relu on [n, m, 5] fuses into one kernel, where no
+// view checks the element count: the squeezed symbolic axis m is checked to be
+// 1 before the kernel runs (m = 3 used to give a [2, 5] result from the
+// first rows instead of an error).
+TEST(Pipeline, FusedSqueezeOfASymbolicAxisIsCheckedAtRunTime) {
+  auto g = std::make_unique<Graph>();
+  g->source = "squeeze";
+  g->opsets[""] = 17;
+  Value* x = g->add_input("x", TensorType{DType::kFloat32, Shape{var("n"), var("m"), 5}});
+  Value* r = g->add_node("Relu", {x}, {"r"})->output(0);
+  Tensor axes(DType::kInt64, {1});
+  axes.data_as<int64_t>()[0] = 1;
+  Value* sq = g->add_node("Squeeze", {r, g->add_constant("axes", axes)}, {"sq"})->output(0);
+  g->set_outputs({g->add_node("Relu", {sq}, {"out"})->output(0)});
+  g->bounds["n"] = Interval{1, std::nullopt};
+  g->bounds["m"] = Interval{1, std::nullopt};
+  auto compiled = compile_graph(std::move(g), CompileOptions{});
+  ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+  EXPECT_EQ(compiled->stats.num_kernels, 1);
+  runtime::VM vm(compiled->program, 1);
+  Tensor good = random_tensor({2, 1, 5}, 1);
+  auto ok = vm.run({good});
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  ASSERT_EQ((*ok)[0].shape(), (std::vector<int64_t>{2, 5}));
+  for (int i = 0; i < 10; ++i) EXPECT_EQ((*ok)[0].data_as<float>()[i], std::max(0.f, good.data_as<float>()[i]));
+  auto bad = vm.run({random_tensor({2, 3, 5}, 2)});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("input 0 has 3 on axis 1 (m), which must be 1 to be squeezed"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 TEST(Pipeline, UnsupportedOpsAreListedAtOnce) {
   auto g = std::make_unique<Graph>();
   g->source = "bad.onnx";
