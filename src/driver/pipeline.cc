@@ -440,32 +440,17 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
     chk.where = describe(n);
     prog_->instrs.push_back(std::move(chk));
   }
-  // A compiled Squeeze (inside a fused kernel, where no view checks the
-  // element count) drops its axes unchecked: a symbolic one must be 1 at run
-  // time, checked like a broadcast dim against the constant 1.
+  // Dims the lowering assumed (OpDef::dim_checks: a fused Squeeze's axes)
+  // are checked the same way.
   for (const Node* n : group.nodes) {
-    if (!n->domain().empty() || n->op_type() != "Squeeze" || n->input(0) == nullptr || !n->input(0)->type().shape)
-      continue;
-    const Shape& is = *n->input(0)->type().shape;
-    std::vector<int64_t> axes;
-    if (n->num_inputs() > 1 && n->input(1) != nullptr) {
-      if (!n->input(1)->is_constant()) continue;
-      const Tensor& t = n->input(1)->constant();
-      for (int64_t i = 0; i < t.numel(); ++i) axes.push_back(t.get_i64(i));
-    } else {
-      axes = n->attr_ints("axes", {});  // opset < 13; none: only constant-1 dims were dropped
-    }
-    const int64_t rank = static_cast<int64_t>(is.size());
+    const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
+    if (!def || !def->dim_checks) continue;
     runtime::Instr chk;
-    for (int64_t a : axes) {
-      int64_t k = a < 0 ? a + rank : a;
-      if (k < 0 || k >= rank) continue;  // inference rejected it already
-      auto c = is[static_cast<size_t>(k)].as_const();
-      if (c && *c == 1) continue;
-      chk.values.push_back(is[static_cast<size_t>(k)]);
-      chk.values.push_back(Expr(int64_t{1}));
-      chk.attrs.push_back(0);
-      chk.attrs.push_back(k);
+    for (const ops::DimCheck& c : def->dim_checks(*n)) {
+      chk.values.push_back(c.dim);
+      chk.values.push_back(c.to);
+      chk.attrs.push_back(static_cast<int64_t>(c.input));
+      chk.attrs.push_back(c.axis);
     }
     if (chk.values.empty()) continue;
     chk.op = runtime::OpCode::kCheckBroadcast;

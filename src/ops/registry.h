@@ -70,6 +70,15 @@ struct IndexCheck {
   std::vector<Expr> extents;
 };
 
+// Dim `axis` of input `input` (the symbolic extent `dim`) must be 1 or equal
+// `to` at run time; the VM checks it before the node's compiled kernel runs
+// (a Squeeze'd axis, checked against the constant 1).
+struct DimCheck {
+  size_t input = 0;
+  int64_t axis = 0;
+  Expr dim, to;
+};
+
 struct OpDef {
   std::string name;
   std::string domain;  // "" = ai.onnx
@@ -95,6 +104,8 @@ struct OpDef {
   bool is_elementwise = false;
   // Compiled ops that read through index tensors: the run-time range checks.
   std::function<Result<std::vector<IndexCheck>>(const Node&)> index_checks;
+  // Compiled ops whose lowering assumes a symbolic dim's value: the run-time checks.
+  std::function<std::vector<DimCheck>(const Node&)> dim_checks;
 };
 
 // Registration (called from each family's register_*() function).

@@ -315,6 +315,23 @@ Result<std::vector<bool>> squeezed_dims(const Node& n, const Shape& x, const Sym
   return drop;
 }
 
+// A compiled Squeeze (fused into a kernel, where no view checks the element
+// count) drops its axes as given: a symbolic one must be 1 at run time.
+std::vector<DimCheck> squeeze_dim_checks(const Node& n) {
+  std::vector<DimCheck> checks;
+  auto axes = axes_of(n);
+  const Value* x = n.input(0);
+  if (!axes || x == nullptr || !x->type().shape) return checks;
+  const Shape& xs = *x->type().shape;
+  for (int64_t a : *axes) {
+    auto k = normalize_axis(n, a, static_cast<int64_t>(xs.size()));
+    if (!k.is_ok()) continue;  // inference rejected it already
+    auto c = xs[static_cast<size_t>(*k)].as_const();
+    if (!c || *c != 1) checks.push_back({0, *k, xs[static_cast<size_t>(*k)], Expr(int64_t{1})});
+  }
+  return checks;
+}
+
 Status infer_squeeze(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
@@ -1409,7 +1426,9 @@ void register_shape_ops() {
   register_op(make_def("Size", infer_size, lower_size));
   register_op(make_def("Reshape", infer_reshape, lower_view_copy, true, reshape_kernel));
   register_op(make_def("Flatten", infer_flatten, lower_view_copy, true));
-  register_op(make_def("Squeeze", infer_squeeze, lower_unit_dims, true, reshape_kernel));
+  OpDef squeeze = make_def("Squeeze", infer_squeeze, lower_unit_dims, true, reshape_kernel);
+  squeeze.dim_checks = squeeze_dim_checks;
+  register_op(std::move(squeeze));
   register_op(make_def("Unsqueeze", infer_unsqueeze, lower_unit_dims, true, reshape_kernel));
   register_op(make_def("Transpose", infer_transpose, lower_transpose));
   register_op(make_def("Concat", infer_concat, lower_concat));

@@ -41,7 +41,8 @@ std::optional<double> rows_stage_bytes(const Node& n) {
   if (y == nullptr || !y->type().shape || y->type().shape->size() != 4) return std::nullopt;
   auto b = xs[0].as_const(), c = xs[1].as_const(), w = xs[3].as_const(), oh = (*y->type().shape)[2].as_const();
   if (!b || !c || !w || !oh) return std::nullopt;
-  return 4.0 * static_cast<double>(*b) * static_cast<double>(*c) * static_cast<double>(*w) * static_cast<double>(*oh);
+  return static_cast<double>(dtype_size(n.input(0)->dtype())) * static_cast<double>(*b) * static_cast<double>(*c) *
+         static_cast<double>(*w) * static_cast<double>(*oh);
 }
 
 int separable_priority(const Node& n, const Target& t) {
