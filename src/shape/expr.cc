@@ -1805,6 +1805,15 @@ class Simplifier {
     ops->push_back(p);
   }
 
+  // The operands of a chain of binary min (or max) nodes.
+  static void collect_chain(ExprKind kind, const Expr& e, std::vector<Expr>* out) {
+    if (e.kind() != kind) {
+      out->push_back(e);
+      return;
+    }
+    for (const Expr& a : e->args) collect_chain(kind, a, out);
+  }
+
   Poly minmax_poly(ExprKind kind, std::vector<Poly> in) {
     const bool is_min = kind == ExprKind::kMin;
     std::vector<Poly> ops;
@@ -1819,6 +1828,27 @@ class Simplifier {
         bool j_better = is_min ? diff.lo >= 0 : diff.hi <= 0;
         bool tie = diff.lo == 0 && diff.hi == 0;
         if (j_better && (!tie || j < i)) alive[i] = false;
+      }
+    }
+    // Absorption: in max(x, ...), an operand min(a, b, ...) with an argument
+    // that x bounds from above is never chosen (min(a, ...) <= a <= x), and
+    // dually for min over max. Broadcasting seq against min(seq, 1024) gives
+    // max(seq, min(seq, 1024)) = seq.
+    const ExprKind opposite = is_min ? ExprKind::kMax : ExprKind::kMin;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Expr* atom = alive[i] ? ops[i].single_atom() : nullptr;
+      if (!atom || atom->kind() != opposite) continue;
+      for (size_t j = 0; j < ops.size() && alive[i]; ++j) {
+        if (i == j || !alive[j]) continue;
+        std::vector<Expr> leaves;
+        collect_chain(opposite, *atom, &leaves);
+        for (const Expr& a : leaves) {
+          Range diff = range_of_poly(poly_sub(to_poly(a), ops[j]));
+          if (is_min ? diff.lo >= 0 : diff.hi <= 0) {
+            alive[i] = false;
+            break;
+          }
+        }
       }
     }
     std::vector<Poly> kept;

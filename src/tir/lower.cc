@@ -1137,9 +1137,220 @@ struct Lowerer {
   }
 };
 
-}  // namespace
+// A kernel without the modulo indices that hold only for some symbol values.
+// Broadcasting an input whose dim may be 1 (seq against min(seq, 1024)) reads
+// it at index mod(i, d): an integer division per element and, along the
+// vector, a gather. Where the axis's extent E is at most d, mod(i, d) = i for
+// every i in [0, E), whatever the operands are. `fast` has those modulos
+// replaced; `cond` is the conjunction of the E <= d that simplification could
+// not decide (undefined when every one was proved or none was found).
+struct ModuloSpecialization {
+  KernelDef fast;
+  Expr cond;
+  bool changed = false;
+};
 
-Result<PrimFunc> lower(const KernelDef& k, const Schedule& s) {
+ModuloSpecialization specialize_modulo(const KernelDef& k) {
+  ModuloSpecialization out{k, Expr(), false};
+  std::vector<Expr> conds;
+  for (ComputeDef& st : out.fast.stages) {
+    ExprMap extents;
+    for (size_t i = 0; i < st.axes.size(); ++i) extents[st.axes[i]] = st.shape[i];
+    for (size_t i = 0; i < st.reduce_axes.size(); ++i) extents[st.reduce_axes[i]] = st.reduce_extents[i];
+    auto drop_modulo = [&](const Expr& e) -> Expr {
+      if (e.kind() != ExprKind::kMod || e.dtype() != DType::kInt64) return Expr();
+      const Expr& i = e->args[0];
+      const Expr& d = e->args[1];
+      if (!i.is_var() || d.is_const()) return Expr();
+      auto it = extents.find(i->name);
+      if (it == extents.end()) return Expr();
+      Expr c = simplify(le(it->second, d));
+      if (c.kind() == ExprKind::kIntImm) {
+        if (c->int_value == 0) return Expr();
+      } else {
+        bool seen = false;
+        for (const Expr& o : conds) seen = seen || o.same_as(c);
+        if (!seen) conds.push_back(c);
+      }
+      out.changed = true;
+      return i;
+    };
+    for (Expr* e : {&st.body, &st.init, &st.finalize})
+      if (e->defined()) *e = rewrite(*e, drop_modulo);
+  }
+  for (const Expr& c : conds) out.cond = out.cond.defined() ? logical_and(out.cond, c) : c;
+  return out;
+}
+
+// Applies f to every expression of s: extents, indices, values, conditions
+// and allocated shapes.
+Stmt map_exprs(const Stmt& s, const std::function<Expr(const Expr&)>& f) {
+  if (!s) return s;
+  auto n = std::make_shared<StmtNode>(*s);
+  auto apply = [&](Expr& e) {
+    if (e.defined()) e = f(e);
+  };
+  apply(n->extent);
+  apply(n->value);
+  apply(n->cond);
+  for (Expr& e : n->indices) apply(e);
+  for (Expr& e : n->buffer.shape) apply(e);
+  n->body = map_exprs(n->body, f);
+  n->then_case = map_exprs(n->then_case, f);
+  n->else_case = map_exprs(n->else_case, f);
+  for (Stmt& c : n->seq) c = map_exprs(c, f);
+  return n;
+}
+
+// The tail of a split axis masks vector lanes: `for o { for i in 0..16
+// vectorized { if (i + 16*o < E) ... } }`. Every iteration then runs masked
+// loads and stores, and a reduction's lane accumulator, stored under a mask,
+// stays in memory (a softmax over a symbolic row ran at half the speed of the
+// same kernel with the row length known). The loop is peeled: o in
+// [0, M) runs without such guards, where M is the number of iterations whose
+// every lane passes them, and the rest (at most a few) keeps them. A guard
+// qualifies when it is `c*o + r < E` inside a vectorized loop below o, with c a
+// positive constant, r non-decreasing in loop variables of constant extent
+// below o, and E free of o and of those variables. Loops with a loop of
+// symbolic extent below them are left alone (their bodies are register tiles
+// versioned already, and copying them would double the code again).
+struct PeelResult {
+  Stmt stmt;
+  bool peeled = false;
+};
+
+class LanePeeler {
+ public:
+  PeelResult run(const Stmt& s) {
+    if (!s) return {s, false};
+    switch (s->kind) {
+      case StmtKind::kFor: {
+        PeelResult body = run(s->body);
+        Stmt loop = body.stmt == s->body ? s : make_for(s->var, s->extent, s->for_kind, body.stmt);
+        if (body.peeled || s->for_kind != ForKind::kSerial) return {loop, body.peeled};
+        return peel(loop);
+      }
+      case StmtKind::kIfThenElse: {
+        PeelResult t = run(s->then_case), e = run(s->else_case);
+        if (t.stmt == s->then_case && e.stmt == s->else_case) return {s, t.peeled || e.peeled};
+        return {make_if(s->cond, t.stmt, e.stmt), t.peeled || e.peeled};
+      }
+      case StmtKind::kAllocate: {
+        PeelResult b = run(s->body);
+        return {b.stmt == s->body ? s : make_allocate(s->buffer, b.stmt), b.peeled};
+      }
+      case StmtKind::kSeq: {
+        std::vector<Stmt> seq;
+        bool changed = false, peeled = false;
+        for (const Stmt& c : s->seq) {
+          PeelResult r = run(c);
+          changed = changed || r.stmt != c;
+          peeled = peeled || r.peeled;
+          seq.push_back(r.stmt);
+        }
+        return {changed ? make_seq(std::move(seq)) : s, peeled};
+      }
+      default: return {s, false};
+    }
+  }
+
+ private:
+  struct Scan {
+    std::string o;
+    std::map<std::string, int64_t> below;  // loop var -> constant extent
+    bool symbolic_loop = false;
+    std::vector<Expr> limits;  // M of each qualifying guard
+    std::vector<Expr> guards;  // the qualifying conditions
+  };
+
+  static void scan(const Stmt& s, bool in_vector, Scan& sc) {
+    if (!s) return;
+    switch (s->kind) {
+      case StmtKind::kFor: {
+        auto c = s->extent.as_const();
+        if (!c) {
+          sc.symbolic_loop = true;
+          return;
+        }
+        sc.below[s->var] = *c;
+        scan(s->body, in_vector || s->for_kind == ForKind::kVectorized, sc);
+        sc.below.erase(s->var);
+        return;
+      }
+      case StmtKind::kIfThenElse:
+        if (in_vector) qualify(s->cond, sc);
+        scan(s->then_case, in_vector, sc);
+        scan(s->else_case, in_vector, sc);
+        return;
+      case StmtKind::kAllocate: scan(s->body, in_vector, sc); return;
+      case StmtKind::kSeq:
+        for (const Stmt& c : s->seq) scan(c, in_vector, sc);
+        return;
+      default: return;
+    }
+  }
+
+  static void qualify(const Expr& cond, Scan& sc) {
+    if (cond.kind() != ExprKind::kLT || cond->args[0].dtype() != DType::kInt64) return;
+    const Expr& lhs = cond->args[0];
+    const Expr& limit = cond->args[1];
+    for (const std::string& v : free_vars(limit))
+      if (v == sc.o || sc.below.count(v)) return;
+    auto step = simplify(substitute(lhs, {{sc.o, var(sc.o) + int_imm(1)}}) - lhs).as_const();
+    if (!step || *step <= 0) return;
+    Expr rest = simplify(substitute(lhs, {{sc.o, int_imm(0)}}));
+    ExprMap last;
+    for (const std::string& v : free_vars(rest)) {
+      auto it = sc.below.find(v);
+      if (it == sc.below.end() || it->second < 1) return;
+      auto inc = simplify(substitute(rest, {{v, var(v) + int_imm(1)}}) - rest).as_const();
+      if (!inc || *inc < 0) return;
+      last[v] = int_imm(it->second - 1);
+    }
+    auto rmax = simplify(substitute(rest, last)).as_const();
+    if (!rmax) return;
+    // c*o + rmax < E  <=>  o < floordiv(E - rmax - 1, c) + 1 (o >= 0).
+    sc.limits.push_back(floordiv(limit - int_imm(*rmax + 1), int_imm(*step)) + int_imm(1));
+    sc.guards.push_back(cond);
+  }
+
+  static PeelResult peel(const Stmt& loop) {
+    Scan sc;
+    sc.o = loop->var;
+    scan(loop->body, false, sc);
+    if (sc.symbolic_loop || sc.guards.empty()) return {loop, false};
+    Expr m = sc.limits[0];
+    for (size_t i = 1; i < sc.limits.size(); ++i) m = min(m, sc.limits[i]);
+    m = simplify(max(int_imm(0), min(loop->extent, m)));
+    // Guards are replaced only where this loop's own scan found them (inside
+    // a vectorized loop); the same condition elsewhere stays.
+    std::function<Stmt(const Stmt&, bool)> drop = [&](const Stmt& s, bool in_vector) -> Stmt {
+      if (!s) return s;
+      auto n = std::make_shared<StmtNode>(*s);
+      if (s->kind == StmtKind::kIfThenElse && in_vector) {
+        for (const Expr& g : sc.guards)
+          if (g.same_as(s->cond)) return drop(s->then_case, in_vector);
+      }
+      bool v = in_vector || (s->kind == StmtKind::kFor && s->for_kind == ForKind::kVectorized);
+      n->body = drop(n->body, v);
+      n->then_case = drop(n->then_case, v);
+      n->else_case = drop(n->else_case, v);
+      for (Stmt& c : n->seq) c = drop(c, v);
+      return n;
+    };
+    Stmt main = make_for(loop->var, m, ForKind::kSerial, drop(loop->body, false));
+    if (auto always = simplify(loop->extent - m).as_const(); always && *always == 0) return {main, true};
+    // The tail: one iteration (a constant split) is the body at o = m.
+    Expr rest = simplify(loop->extent - m);
+    auto one = rest.as_const();
+    ExprMap shift = {{loop->var, one && *one == 1 ? m : var(loop->var) + m}};
+    Stmt tail = map_exprs(loop->body, [&](const Expr& e) { return simplify(substitute(e, shift)); });
+    if (!one || *one != 1) tail = make_for(loop->var, rest, ForKind::kSerial, tail);
+    return {make_seq({main, tail}), true};
+  }
+};
+
+Result<PrimFunc> lower_one(const KernelDef& k, const Schedule& s) {
   Lowerer l(k);
   KILN_RETURN_IF_ERROR(l.init());
   for (const Primitive& p : s.prims) KILN_RETURN_IF_ERROR(l.apply(p));
@@ -1150,7 +1361,21 @@ Result<PrimFunc> lower(const KernelDef& k, const Schedule& s) {
   f.params = k.params;
   f.sym_names = l.sym_names();
   KILN_ASSIGN_OR_RETURN(Stmt body, l.lower_from(0));
-  f.body = body ? body : make_seq({});
+  f.body = body ? LanePeeler().run(body).stmt : make_seq({});
+  return f;
+}
+
+}  // namespace
+
+Result<PrimFunc> lower(const KernelDef& k, const Schedule& s) {
+  ModuloSpecialization m = specialize_modulo(k);
+  if (!m.changed) return lower_one(k, s);
+  KILN_ASSIGN_OR_RETURN(PrimFunc fast, lower_one(m.fast, s));
+  if (!m.cond.defined()) return fast;
+  // Two copies: the one without modulos when every E <= d holds at run time
+  // (checked once per call), the general one otherwise.
+  KILN_ASSIGN_OR_RETURN(PrimFunc f, lower_one(k, s));
+  f.body = make_if(m.cond, fast.body, f.body);
   return f;
 }
 

@@ -156,6 +156,21 @@ TEST(ShapeExpr, MinMaxByBounds) {
   EXPECT_EQ(simp(max(m, n), both), "m");
 }
 
+// max(x, min(x, y)) = x and min(x, max(x, y)) = x for any y: broadcasting a
+// sequence length against a slice of a fixed-size mask, min(seq, 1024), gives
+// seq, so the kernels index both operands without a modulo.
+TEST(ShapeExpr, MinMaxAbsorption) {
+  Expr s = var("seq"), y = var("y"), z = var("z");
+  EXPECT_EQ(simp(max(s, min(s, 1024))), "seq");
+  EXPECT_EQ(simp(max(min(s, 1024), s)), "seq");
+  EXPECT_EQ(simp(min(s, max(s, y))), "seq");
+  EXPECT_EQ(simp(max(s + 1, min(s, y))), "seq + 1");
+  EXPECT_EQ(simp(max(s, min(y, min(z, s)))), "seq");
+  // Not absorbed: no argument of the inner min is bounded by the other operand.
+  EXPECT_EQ(simp(max(s, min(s + 1, y))), simp(max(min(s + 1, y), s)));
+  EXPECT_NE(simp(max(s, min(s + 1, y))), "seq");
+}
+
 TEST(ShapeExpr, SelectAndCompareFold) {
   Expr a = var("a"), b = var("b"), n = var("n");
   EXPECT_EQ(simp(select(lt(Expr(1), Expr(2)), a, b)), "a");

@@ -679,11 +679,12 @@ TEST(TirLower, RfactorAndPrefetch) {
   auto f = lower(k, *parse_schedule("split(C, k, 2)\nrfactor(C, k.i)\nprefetch(C, j)\n"));
   ASSERT_TRUE(f.is_ok()) << f.status().to_string();
   std::string text = print_func(*f);
-  size_t ko = text.find("for k.o in 0..3 {");
+  // Two full vectors of k, then the last one (k = 4) with its lane guard.
+  size_t ko = text.find("for k.o in 0..2 {");
   ASSERT_NE(ko, std::string::npos) << text;
   EXPECT_NE(text.find("prefetch B#1[2*k.o, j + 1] x1", ko), std::string::npos) << text;
   EXPECT_NE(text.find("for k.i in 0..2 vectorized", ko), std::string::npos) << text;
-  EXPECT_NE(text.find("if (k.i + 2*k.o < 5)", ko), std::string::npos) << text;
+  EXPECT_NE(text.find("if (k.i + 4 < 5)", ko), std::string::npos) << text;
   // rfactor of a spatial axis, or of a reduce axis without a small constant extent, is an error.
   for (const char* bad : {"rfactor(C, i)\n", "split(C, k, 2)\nrfactor(C, k.o)\nrfactor(C, k.i)\n"}) {
     auto s = parse_schedule(bad);
@@ -710,8 +711,8 @@ TEST(TirLower, FuseAdjacentSpatialLoops) {
   auto f = lower(k, *parse_schedule("fuse(C, i, j)\nsplit(C, i_j, 16)\ncache_write(C, i_j.o)\nvectorize(C, i_j.i)\n"));
   ASSERT_TRUE(f.is_ok()) << f.status().to_string();
   std::string text = print_func(*f);
-  EXPECT_NE(text.find("for i_j.o in 0..9 {"), std::string::npos) << text;
-  EXPECT_NE(text.find("if (i_j.i + 16*i_j.o < 133)"), std::string::npos) << text;
+  EXPECT_NE(text.find("for i_j.o in 0..8 {"), std::string::npos) << text;
+  EXPECT_NE(text.find("if (i_j.i + 128 < 133)"), std::string::npos) << text;
   // Not adjacent, the wrong order, a reduce axis, a name that exists, a
   // marked or cached loop: errors.
   for (const char* bad : {"reorder(C, j, i)\nfuse(C, i, j)\n", "fuse(C, j, i)\n", "fuse(C, j, k)\n",
@@ -781,21 +782,91 @@ TEST(TirLower, SymbolicExtents) {
   }
 }
 
+// C[i, j] = A[i, j] + B[j mod d]: B's dim d broadcast against the output's
+// m, as ops lower an input whose dim may be 1. The kernel runs a copy without
+// the modulo when m <= d (then j mod d = j), checked once per call, and the
+// general one otherwise; both give the reference's results.
+TEST(TirLower, SymbolicModuloIsSpecializedAtRunTime) {
+  Expr n = var("n"), m = var("m"), d = var("d");
+  KernelDef k;
+  k.name = "bcast_mod";
+  k.params = {buf("A", {n, m}), buf("B", {d}), buf("C", {n, m})};
+  k.num_inputs = 2;
+  k.stages = {stage("C", {"i", "j"}, {n, m}, ld("A", 0, {var("i"), var("j")}) + ld("B", 1, {mod(var("j"), d)}))};
+  auto f = lower(k, default_schedule(k));
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  std::string text = print_func(*f);
+  size_t fast = text.find("if (m <= d) {");
+  size_t general = text.find("} else {", fast);
+  ASSERT_NE(fast, std::string::npos) << text;
+  ASSERT_NE(general, std::string::npos) << text;
+  EXPECT_EQ(text.substr(fast, general - fast).find(" mod "), std::string::npos) << text;
+  EXPECT_NE(text.find(" mod d", general), std::string::npos) << text;
+  for (auto [nv, mv, dv] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{3, 17, 17}, {2, 17, 1}, {4, 5, 1}, {1, 1, 1}}) {
+    Env env{{"n", nv}, {"m", mv}, {"d", dv}};
+    auto ref = [nv = nv, mv = mv, dv = dv](const HostData& r) {
+      auto a = as_floats(r.bytes[0]), b = as_floats(r.bytes[1]);
+      std::vector<float> c(static_cast<size_t>(nv * mv));
+      for (int64_t i = 0; i < nv; ++i)
+        for (int64_t j = 0; j < mv; ++j) c[i * mv + j] = a[i * mv + j] + b[j % dv];
+      return std::vector<std::vector<float>>{c};
+    };
+    expect_matches(k, default_schedule(k), env, ref);
+    expect_matches(k, naive_schedule(k), env, ref);
+  }
+  // A modulo the extent provably fits in needs no second copy.
+  KernelDef fixed = k;
+  fixed.params[1] = buf("B", {m});
+  fixed.stages[0].body = ld("A", 0, {var("i"), var("j")}) + ld("B", 1, {mod(var("j"), m)});
+  auto g = lower(fixed, default_schedule(fixed));
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  EXPECT_EQ(print_func(*g).find(" mod "), std::string::npos) << print_func(*g);
+  EXPECT_EQ(print_func(*g).find("if (m <="), std::string::npos) << print_func(*g);
+}
+
+// A reduction vectorized along a symbolic row keeps its lane guard only in
+// the last iterations: the loop over full vectors runs unmasked.
+TEST(TirLower, LaneTailsOfSymbolicRowsArePeeled) {
+  Expr n = var("n"), m = var("m");
+  KernelDef k = softmax(n, m);
+  Schedule s = *parse_schedule("split(s, k, 4)\nrfactor(s, k.i)\n");
+  auto f = lower(k, s);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  std::string text = print_func(*f);
+  // The first k.o loop has no guard below it; the second one does.
+  size_t first = text.find("for k.o in ");
+  size_t second = text.find("for k.o in ", first + 1);
+  ASSERT_NE(second, std::string::npos) << text;
+  EXPECT_EQ(text.substr(first, second - first).find("if ("), std::string::npos) << text;
+  EXPECT_NE(text.find("if (k.i + 4*", second), std::string::npos) << text;
+  for (auto [nv, mv] : std::vector<std::pair<int64_t, int64_t>>{{2, 9}, {3, 1}, {2, 4}, {1, 16}, {2, 3}}) {
+    Env env{{"n", nv}, {"m", mv}};
+    auto ref = [nv = nv, mv = mv](const HostData& r) { return softmax_ref(r, nv, mv); };
+    expect_matches(k, s, env, ref);
+    expect_matches(k, default_schedule(k), env, ref);
+  }
+}
+
 TEST(TirLower, GoldenLoopIr) {
   KernelDef k = add_broadcast(2, 3);
   auto f = lower(k, *parse_schedule("split(C, j, 2)\nparallel(C, i)\nvectorize(C, j.i)\n"));
   ASSERT_TRUE(f.is_ok()) << f.status().to_string();
   // The split index as the shared simplifier prints it (its term order is the
-  // expression printer's business, not the loop IR's).
+  // expression printer's business, not the loop IR's). The full vector runs
+  // unguarded; the last, half-full one (j.o = 1) keeps its lane guard.
   const std::string jj = print_expr(simplify(var("j.o") * 2 + var("j.i")));
+  const std::string tail = print_expr(simplify(var("j.i") + 2));
   EXPECT_EQ(print_func(*f),
             "func add_bcast(A:f32[2, 3], B:f32[3], C:f32[2, 3]) syms() {\n"
             "  for i in 0..2 parallel {\n"
-            "    for j.o in 0..2 {\n"
+            "    for j.o in 0..1 {\n"
             "      for j.i in 0..2 vectorized {\n"
-            "        if (" + jj + " < 3) {\n"
-            "          C#2[i, " + jj + "] = load(A#0:f32, i, " + jj + ") + load(B#1:f32, " + jj + ")\n"
-            "        }\n"
+            "        C#2[i, " + jj + "] = load(A#0:f32, i, " + jj + ") + load(B#1:f32, " + jj + ")\n"
+            "      }\n"
+            "    }\n"
+            "    for j.i in 0..2 vectorized {\n"
+            "      if (" + tail + " < 3) {\n"
+            "        C#2[i, " + tail + "] = load(A#0:f32, i, " + tail + ") + load(B#1:f32, " + tail + ")\n"
             "      }\n"
             "    }\n"
             "  }\n"
