@@ -256,7 +256,12 @@ tir::KnobSpace panels_space(const Node& n, const Target& t) {
   if (strided_one_by_one(n)) s.knobs.push_back(tir::Knob{"subsample", {0, 1}});
   s.knobs.push_back(tir::Knob{"ci", {0, 1, 2, 4}});
   if (!strided_one_by_one(n)) s.knobs.push_back(tir::Knob{"cl", {0, 1}});
-  s.valid = [lanes, acc](const tir::Knobs& k) { return k.at("mr") * k.at("nr") / lanes <= acc; };
+  // Three-vector panels only for one column (see gemm_packed_space: LLVM
+  // spills register tiles of <48 x float> rows; 7x1 192->192 17x17 with mr 6
+  // nr 48 ran 38 ms against 1.4 with nr 32).
+  s.valid = [lanes, acc](const tir::Knobs& k) {
+    return k.at("mr") * k.at("nr") / lanes <= acc && (k.at("nr") != 3 * lanes || k.at("mr") == 1);
+  };
   return s;
 }
 
