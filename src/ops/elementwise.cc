@@ -565,6 +565,10 @@ std::vector<Elementwise> elementwise_ops() {
     id.sym = [](const Node&, const std::vector<Expr>& in, const SymbolBounds&) -> std::optional<Expr> {
       return in[0];
     };
+    add_op(id);
+    // OptionalGetElement of a tensor (opset 18) is that tensor. Optional-typed
+    // values are refused at import, so every input reaching it is a tensor.
+    id.name = "OptionalGetElement";
     add_op(std::move(id));
   }
   {

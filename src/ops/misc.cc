@@ -957,9 +957,24 @@ Result<RuntimeKernel> upsample_kernel(const Node& n) {
   });
 }
 
+// OptionalHasElement (opset 18): true for a tensor input, false for a
+// missing one (no input, or an empty name). Optional-typed values are refused
+// at import, so whether the element is there is known when compiling.
+Status infer_optional_has_element(Node& n, InferContext& ctx) {
+  set_output(n, 0, DType::kBool, {}, ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_optional_has_element(const Node& n, LowerContext& ctx) {
+  std::vector<tir::ComputeDef> stages;
+  stages.push_back(make_stage(ctx.outputs[0].name, DType::kBool, {}, {}, bool_imm(has_input(n, 0))));
+  return stages;
+}
+
 }  // namespace
 
 void register_misc_ops() {
+  register_op(compiled_op("OptionalHasElement", infer_optional_has_element, lower_optional_has_element));
   register_op(compiled_op("EyeLike", infer_eye_like, lower_eye_like));
   register_op(compiled_op(
       "DepthToSpace", [](Node& n, InferContext& ctx) { return infer_depth_space(n, ctx, true); },

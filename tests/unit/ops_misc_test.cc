@@ -72,6 +72,23 @@ TEST(MiscOps, DepthToSpaceBothModesAndSpaceToDepthInverse) {
                "space_to_depth");
 }
 
+// Opset 18 optionals over plain tensors: OptionalHasElement is true for a
+// tensor and false without an input; OptionalGetElement is the tensor.
+TEST(MiscOps, OptionalsOfTensorsAreKnownWhenCompiling) {
+  auto g = new_graph();
+  Value* in = g->add_input("x", tt(DType::kFloat32, {3}));
+  Node* has = g->add_node("OptionalHasElement", {in}, {"h"});
+  Node* none = g->add_node("OptionalHasElement", {}, {"n"});
+  Node* get = g->add_node("OptionalGetElement", {in}, {"y"});
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  EXPECT_EQ(has->output(0)->type().to_string(), "bool[]");
+  EXPECT_EQ(get->output(0)->type().to_string(), "f32[3]");
+  Tensor x = make_tensor(DType::kFloat32, {3}, {1.5, -2, 4});
+  expect_close(run_node(*g, *has, {x}).at(0), {1}, 0, "has");
+  expect_close(run_node(*g, *none, {}).at(0), {0}, 0, "none");
+  expect_close(run_node(*g, *get, {x}).at(0), {1.5, -2, 4}, 0, "get");
+}
+
 TEST(MiscOps, LrnMatchesReference) {
   const int64_t C = 5, HW = 3, size = 3;
   const double alpha = 2e-2, beta = 0.75, bias = 1.5;
