@@ -614,9 +614,11 @@ Status ProgramBuilder::emit_control(const Node* n) {
     in.outputs.push_back(reg(o));
   }
   if (in.op == runtime::OpCode::kLoop && in.inputs.size() < 2) return invalid_model() << in.where << ": missing M, cond";
+  // Scan in opset 8 (kiln_scan_batched): input 0, sequence_lens, may be omitted.
+  const bool batched_scan = in.op == runtime::OpCode::kScan && n->attr_int("kiln_scan_batched", 0) != 0;
   if (in.op != runtime::OpCode::kLoop)
-    for (int r : in.inputs)
-      if (r < 0) return invalid_model() << in.where << ": omitted input";
+    for (size_t i = batched_scan ? 1 : 0; i < in.inputs.size(); ++i)
+      if (in.inputs[i] < 0) return invalid_model() << in.where << ": omitted input";
   std::vector<int> captured;
   for (const char* name : names) {
     const Attribute* a = n->attr(name);
@@ -637,24 +639,31 @@ Status ProgramBuilder::emit_control(const Node* n) {
   }
   if (in.op == runtime::OpCode::kScan) {
     int64_t num_scan_in = n->attr_int("num_scan_inputs", 0);
-    size_t num_state = n->num_inputs() - num_scan_in;
+    size_t num_state = n->num_inputs() - num_scan_in - (batched_scan ? 1 : 0);
     size_t num_scan_out = n->num_outputs() - num_state;
-    std::vector<int64_t> in_axes = n->attr_ints("scan_input_axes", std::vector<int64_t>(num_scan_in, 0));
-    std::vector<int64_t> in_dirs = n->attr_ints("scan_input_directions", std::vector<int64_t>(num_scan_in, 0));
-    std::vector<int64_t> out_axes = n->attr_ints("scan_output_axes", std::vector<int64_t>(num_scan_out, 0));
-    std::vector<int64_t> out_dirs = n->attr_ints("scan_output_directions", std::vector<int64_t>(num_scan_out, 0));
+    // Opset 8: per batch element, slices along its axis 0; `directions` per scan input.
+    std::vector<int64_t> in_axes = batched_scan ? std::vector<int64_t>(num_scan_in, 0)
+                                                : n->attr_ints("scan_input_axes", std::vector<int64_t>(num_scan_in, 0));
+    std::vector<int64_t> in_dirs =
+        n->attr_ints(batched_scan ? "directions" : "scan_input_directions", std::vector<int64_t>(num_scan_in, 0));
+    std::vector<int64_t> out_axes = batched_scan ? std::vector<int64_t>(num_scan_out, 0)
+                                                 : n->attr_ints("scan_output_axes", std::vector<int64_t>(num_scan_out, 0));
+    std::vector<int64_t> out_dirs = batched_scan ? std::vector<int64_t>(num_scan_out, 0)
+                                                 : n->attr_ints("scan_output_directions", std::vector<int64_t>(num_scan_out, 0));
     if (in_dirs.size() != static_cast<size_t>(num_scan_in) || out_dirs.size() != num_scan_out ||
         in_axes.size() != static_cast<size_t>(num_scan_in) || out_axes.size() != num_scan_out)
       return invalid_model() << in.where << ": scan axes / directions have the wrong length";
     in.attrs.push_back(num_scan_in);
+    in.attrs.push_back(batched_scan ? 1 : 0);
+    size_t first_scan_in = num_state + (batched_scan ? 1 : 0);
     for (int64_t j = 0; j < num_scan_in; ++j) {
-      int64_t rank = n->input(num_state + j)->type().rank();
+      int64_t rank = n->input(first_scan_in + j)->type().rank() - (batched_scan ? 1 : 0);
       int64_t axis = in_axes[j] < 0 ? in_axes[j] + rank : in_axes[j];
       in.attrs.push_back(axis);
       in.attrs.push_back(in_dirs[j]);
     }
     for (size_t k = 0; k < num_scan_out; ++k) {
-      int64_t rank = n->output(num_state + k)->type().rank();
+      int64_t rank = n->output(num_state + k)->type().rank() - (batched_scan ? 1 : 0);
       int64_t axis = out_axes[k] < 0 ? out_axes[k] + rank : out_axes[k];
       in.attrs.push_back(axis);
       in.attrs.push_back(out_dirs[k]);

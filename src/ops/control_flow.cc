@@ -236,9 +236,72 @@ Status infer_loop(Node& n, InferContext& ctx) {
   return Status::ok();
 }
 
+// Scan in opset 8: input 0 is the optional sequence_lens ([B], int64), then
+// the initial states [B, ...] and the scan inputs [B, T, ...]; the body sees
+// one batch element's states and one step's slices (no batch axis).
+// Outputs: the final states [B, ...] and the scan outputs [B, T, ...], zero
+// past an element's sequence length. Attribute `directions`: per scan input,
+// 1 = reverse. The node is marked kiln_scan_batched for the program builder.
+Status infer_scan8(Node& n, InferContext& ctx) {
+  Graph* body = subgraph(n, "body");
+  if (!body) return node_invalid(n) << "missing body";
+  int64_t num_scan_in = n.attr_int("num_scan_inputs", -1);
+  if (num_scan_in < 1 || static_cast<size_t>(num_scan_in) + 1 > n.num_inputs())
+    return node_invalid(n) << "num_scan_inputs " << num_scan_in << " out of range";
+  size_t num_state = n.num_inputs() - 1 - static_cast<size_t>(num_scan_in);
+  if (body->inputs().size() != num_state + static_cast<size_t>(num_scan_in))
+    return node_invalid(n) << "body has " << body->inputs().size() << " inputs, expected "
+                           << num_state + static_cast<size_t>(num_scan_in);
+  if (body->outputs().size() < num_state || n.num_outputs() != body->outputs().size())
+    return node_invalid(n) << "body has " << body->outputs().size() << " outputs, node has " << n.num_outputs();
+  size_t num_scan_out = body->outputs().size() - num_state;
+  std::vector<int64_t> dirs = n.attr_ints("directions", std::vector<int64_t>(num_scan_in, 0));
+  if (dirs.size() != static_cast<size_t>(num_scan_in)) return node_invalid(n) << "directions has the wrong length";
+  if (has_input(n, 0)) {
+    KILN_ASSIGN_OR_RETURN(Shape lens, input_shape(n, 0));
+    if (lens.size() != 1 || n.input(0)->dtype() != DType::kInt64)
+      return node_invalid(n) << "sequence_lens must be a 1-D int64 tensor";
+  }
+  Expr batch, len;
+  std::vector<TensorType> state;
+  for (size_t j = 0; j < num_state; ++j) {
+    KILN_ASSIGN_OR_RETURN(Shape s, input_shape(n, 1 + j));
+    if (s.empty()) return node_invalid(n) << "state " << j << " has no batch axis";
+    if (!batch.defined()) batch = s[0];
+    s.erase(s.begin());
+    state.push_back(TensorType{n.input(1 + j)->dtype(), s});
+    body->inputs()[j]->set_type(state.back());
+  }
+  for (int64_t j = 0; j < num_scan_in; ++j) {
+    size_t i = 1 + num_state + static_cast<size_t>(j);
+    KILN_ASSIGN_OR_RETURN(Shape s, input_shape(n, i));
+    if (s.size() < 2) return node_invalid(n) << "scan input " << j << " has no batch and sequence axes";
+    if (!batch.defined()) batch = s[0];
+    if (!len.defined()) len = s[1];
+    s.erase(s.begin(), s.begin() + 2);
+    body->inputs()[num_state + static_cast<size_t>(j)]->set_type(TensorType{n.input(i)->dtype(), s});
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> carried,
+                        infer_carried(n, *body, 0, 0, state, body->outputs().size(), ctx));
+  for (size_t j = 0; j < num_state; ++j) {
+    Shape shape{batch};
+    shape.insert(shape.end(), carried[j].shape->begin(), carried[j].shape->end());
+    set_output(n, j, carried[j].dtype, std::move(shape), ctx);
+  }
+  std::set<std::string> known = outer_symbols(n, ctx);
+  for (size_t k = 0; k < num_scan_out; ++k) {
+    const TensorType& t = body->outputs()[num_state + k]->type();
+    if (!t.shape) return node_unsupported(n) << "scan output " << k << " has unknown rank";
+    Shape shape{batch, len};
+    for (const Expr& d : *t.shape) shape.push_back(outer_dim(d, known, ctx));
+    set_output(n, num_state + k, t.dtype, std::move(shape), ctx);
+  }
+  n.set_attr("kiln_scan_batched", Attribute::of_int(1));
+  return Status::ok();
+}
+
 Status infer_scan(Node& n, InferContext& ctx) {
-  if (onnx_opset(ctx) != 0 && onnx_opset(ctx) < 9)
-    return node_unsupported(n) << "Scan before opset 9 (sequence_lens, batch axis)";
+  if (onnx_opset(ctx) != 0 && onnx_opset(ctx) < 9) return infer_scan8(n, ctx);
   Graph* body = subgraph(n, "body");
   if (!body) return node_invalid(n) << "missing body";
   int64_t num_scan_in = n.attr_int("num_scan_inputs", -1);

@@ -447,48 +447,117 @@ Result<std::vector<Tensor>> VM::Impl::run_loop(const Instr& in, const std::vecto
 
 Result<std::vector<Tensor>> VM::Impl::run_scan(const Instr& in, const std::vector<Tensor>& regs, const Env& env) {
   size_t num_operands = in.inputs.size() - in.captures[0].size();
+  KILN_CHECK(in.attrs.size() >= 2) << "malformed kScan";
   size_t num_scan_in = static_cast<size_t>(in.attrs[0]);
-  size_t num_state = num_operands - num_scan_in;
+  const bool batched = in.attrs[1] != 0;
+  size_t first = batched ? 1 : 0;  // operand 0 of a batched scan: sequence_lens
+  size_t num_state = num_operands - first - num_scan_in;
   size_t num_scan_out = in.outputs.size() - num_state;
-  KILN_CHECK(in.attrs.size() == 1 + 2 * (num_scan_in + num_scan_out)) << "malformed kScan";
-  auto in_axis = [&](size_t j) { return in.attrs[1 + 2 * j]; };
-  auto in_rev = [&](size_t j) { return in.attrs[2 + 2 * j] != 0; };
-  auto out_axis = [&](size_t k) { return in.attrs[1 + 2 * (num_scan_in + k)]; };
-  auto out_rev = [&](size_t k) { return in.attrs[2 + 2 * (num_scan_in + k)] != 0; };
-  int64_t len = -1;
-  for (size_t j = 0; j < num_scan_in; ++j) {
-    const Tensor& x = regs[in.inputs[num_state + j]];
-    if (in_axis(j) >= x.rank())
-      return invalid_argument() << in.where << ": scan axis " << in_axis(j) << " out of range for " << x.describe();
-    int64_t l = x.shape()[in_axis(j)];
-    if (len >= 0 && l != len)
-      return invalid_argument() << in.where << ": scan inputs have different lengths (" << len << " vs " << l << ")";
-    len = l;
-  }
-  if (len < 0) len = 0;
-  std::vector<Tensor> state;
-  for (size_t j = 0; j < num_state; ++j) state.push_back(regs[in.inputs[j]]);
-  std::vector<std::vector<Tensor>> scans(num_scan_out);
-  for (int64_t t = 0; t < len; ++t) {
-    std::vector<Tensor> args = state;
-    for (size_t j = 0; j < num_scan_in; ++j) {
-      const Tensor& x = regs[in.inputs[num_state + j]];
-      args.push_back(take_slice(x, in_axis(j), in_rev(j) ? len - 1 - t : t));
+  KILN_CHECK(in.attrs.size() == 2 + 2 * (num_scan_in + num_scan_out)) << "malformed kScan";
+  auto in_axis = [&](size_t j) { return in.attrs[2 + 2 * j]; };
+  auto in_rev = [&](size_t j) { return in.attrs[3 + 2 * j] != 0; };
+  auto out_axis = [&](size_t k) { return in.attrs[2 + 2 * (num_scan_in + k)]; };
+  auto out_rev = [&](size_t k) { return in.attrs[3 + 2 * (num_scan_in + k)] != 0; };
+  // One scan: `len` steps over xs (the first `len` slices along each axis,
+  // reversed ones counted from `len`), from `state`; the final state and each
+  // scan output's slices.
+  auto scan = [&](std::vector<Tensor> state, const std::vector<Tensor>& xs, int64_t len,
+                  const std::string& where) -> Result<std::vector<std::vector<Tensor>>> {
+    std::vector<std::vector<Tensor>> scans(num_scan_out);
+    for (int64_t t = 0; t < len; ++t) {
+      std::vector<Tensor> args = state;
+      for (size_t j = 0; j < num_scan_in; ++j) args.push_back(take_slice(xs[j], in_axis(j), in_rev(j) ? len - 1 - t : t));
+      KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, run_sub(in.subprograms[0], std::move(args), in.captures[0], regs,
+                                                              where + " iteration " + std::to_string(t)));
+      if (outs.size() != num_state + num_scan_out)
+        return internal_error() << in.where << ": body returned " << outs.size() << " outputs";
+      for (size_t j = 0; j < num_state; ++j) state[j] = std::move(outs[j]);
+      for (size_t k = 0; k < num_scan_out; ++k) scans[k].push_back(std::move(outs[num_state + k]));
     }
-    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs,
-                          run_sub(in.subprograms[0], std::move(args), in.captures[0], regs,
-                                  in.where + " iteration " + std::to_string(t)));
-    if (outs.size() != num_state + num_scan_out)
-      return internal_error() << in.where << ": body returned " << outs.size() << " outputs";
-    for (size_t j = 0; j < num_state; ++j) state[j] = std::move(outs[j]);
-    for (size_t k = 0; k < num_scan_out; ++k) scans[k].push_back(std::move(outs[num_state + k]));
+    std::vector<std::vector<Tensor>> result;
+    for (Tensor& t : state) result.push_back({len == 0 ? t.clone() : std::move(t)});
+    for (auto& sc : scans) result.push_back(std::move(sc));
+    return result;
+  };
+  // The common length of the scan inputs along their axes.
+  auto length_of = [&](const std::vector<Tensor>& xs) -> Result<int64_t> {
+    int64_t len = -1;
+    for (size_t j = 0; j < num_scan_in; ++j) {
+      if (in_axis(j) >= xs[j].rank())
+        return invalid_argument() << in.where << ": scan axis " << in_axis(j) << " out of range for " << xs[j].describe();
+      int64_t l = xs[j].shape()[in_axis(j)];
+      if (len >= 0 && l != len)
+        return invalid_argument() << in.where << ": scan inputs have different lengths (" << len << " vs " << l << ")";
+      len = l;
+    }
+    return len < 0 ? 0 : len;
+  };
+  auto operand = [&](size_t i) -> const Tensor& { return regs[in.inputs[first + i]]; };
+  if (!batched) {
+    std::vector<Tensor> state, xs;
+    for (size_t j = 0; j < num_state; ++j) state.push_back(operand(j));
+    for (size_t j = 0; j < num_scan_in; ++j) xs.push_back(operand(num_state + j));
+    KILN_ASSIGN_OR_RETURN(int64_t len, length_of(xs));
+    KILN_ASSIGN_OR_RETURN(auto parts, scan(std::move(state), xs, len, in.where));
+    std::vector<Tensor> results;
+    for (size_t j = 0; j < num_state; ++j) results.push_back(std::move(parts[j][0]));
+    for (size_t k = 0; k < num_scan_out; ++k) {
+      const RegisterInfo& info = prog->registers[in.outputs[num_state + k]];
+      KILN_ASSIGN_OR_RETURN(Tensor t, stack(parts[num_state + k], out_axis(k), out_rev(k), info.dtype,
+                                            empty_slice_shape(info, static_cast<size_t>(out_axis(k)), env), in.where));
+      results.push_back(std::move(t));
+    }
+    return results;
+  }
+  // Opset 8: every operand has a leading batch axis; each element is scanned
+  // on its own for its sequence length.
+  int64_t batch = -1;
+  for (size_t i = 0; i < num_state + num_scan_in; ++i) {
+    const Tensor& x = operand(i);
+    if (x.rank() < 1) return invalid_argument() << in.where << ": operand " << i << " has no batch axis";
+    if (batch >= 0 && x.shape()[0] != batch)
+      return invalid_argument() << in.where << ": batch sizes differ (" << batch << " vs " << x.shape()[0] << ")";
+    batch = x.shape()[0];
+  }
+  const Tensor* lens = in.inputs[0] >= 0 ? &regs[in.inputs[0]] : nullptr;
+  if (lens && (lens->rank() != 1 || lens->shape()[0] != batch))
+    return invalid_argument() << in.where << ": sequence_lens has shape " << shape_to_string(lens->shape())
+                              << ", expected [" << batch << "]";
+  std::vector<std::vector<Tensor>> finals(num_state), outs(num_scan_out);
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<Tensor> state, xs;
+    for (size_t j = 0; j < num_state; ++j) state.push_back(take_slice(operand(j), 0, b));
+    for (size_t j = 0; j < num_scan_in; ++j) xs.push_back(take_slice(operand(num_state + j), 0, b));
+    KILN_ASSIGN_OR_RETURN(int64_t steps, length_of(xs));
+    int64_t len = steps;
+    if (lens) {
+      len = static_cast<int64_t>(lens->get_f64(b));
+      if (len < 0 || len > steps)
+        return invalid_argument() << in.where << ": sequence_lens[" << b << "] = " << len << " outside [0, " << steps << "]";
+    }
+    std::string where = in.where + " batch element " + std::to_string(b);
+    KILN_ASSIGN_OR_RETURN(auto parts, scan(std::move(state), xs, len, where));
+    for (size_t j = 0; j < num_state; ++j) finals[j].push_back(std::move(parts[j][0]));
+    for (size_t k = 0; k < num_scan_out; ++k) {
+      const RegisterInfo& info = prog->registers[in.outputs[num_state + k]];
+      std::vector<int64_t> step = empty_slice_shape(info, 0, env);  // [T, ...] of one element
+      step.erase(step.begin());
+      std::vector<Tensor>& p = parts[num_state + k];
+      if (!p.empty()) step = p[0].shape();
+      while (static_cast<int64_t>(p.size()) < steps) p.emplace_back(info.dtype, step);  // zero past the length
+      KILN_ASSIGN_OR_RETURN(Tensor t, stack(p, out_axis(k), out_rev(k), info.dtype, step, where));
+      outs[k].push_back(std::move(t));
+    }
   }
   std::vector<Tensor> results;
-  for (Tensor& t : state) results.push_back(len == 0 ? t.clone() : std::move(t));
+  for (size_t j = 0; j < num_state; ++j) {
+    const RegisterInfo& info = prog->registers[in.outputs[j]];
+    KILN_ASSIGN_OR_RETURN(Tensor t, stack(finals[j], 0, false, info.dtype, empty_slice_shape(info, 0, env), in.where));
+    results.push_back(std::move(t));
+  }
   for (size_t k = 0; k < num_scan_out; ++k) {
     const RegisterInfo& info = prog->registers[in.outputs[num_state + k]];
-    KILN_ASSIGN_OR_RETURN(Tensor t, stack(scans[k], out_axis(k), out_rev(k), info.dtype,
-                                          empty_slice_shape(info, static_cast<size_t>(out_axis(k)), env), in.where));
+    KILN_ASSIGN_OR_RETURN(Tensor t, stack(outs[k], 0, false, info.dtype, empty_slice_shape(info, 0, env), in.where));
     results.push_back(std::move(t));
   }
   return results;

@@ -51,8 +51,13 @@
 //          along a new axis 0
 //   kScan  inputs [initial state..., scan inputs..., captures...]; outputs
 //          [final state..., scan outputs...]; attrs = [num_scan_inputs,
-//          (axis, direction) per scan input, (axis, direction) per scan output],
-//          axes already non-negative
+//          batched, (axis, direction) per scan input, (axis, direction) per
+//          scan output], axes already non-negative. batched = 1 (Scan in
+//          opset 8): inputs [sequence_lens (or -1), initial state...,
+//          scan inputs..., captures...], every operand and output with a
+//          leading batch axis; each batch element is scanned on its own (axes
+//          are those of one element), for its sequence length, and its scan
+//          outputs are zero past it
 //
 // Memory: with static shapes every intermediate lives at a fixed offset of one
 // arena planned at compile time (runtime/memory_plan.h); with symbolic shapes

@@ -307,6 +307,23 @@ TEST(ControlFlow, LoopNestedInIf) {
   }
 }
 
+// A Scan body over [2] rows: sum_out = sum_in + next, and (with `squares`)
+// the scan output sum_out^2.
+std::shared_ptr<Graph> running_sum_body(bool squares) {
+  auto body = std::make_shared<Graph>();
+  body->name = "body";
+  Value* s = body->add_input("sum_in", f32({2}));
+  Value* next = body->add_input("next", f32({2}));
+  Value* sum = body->add_node("Add", {s, next}, {"sum_out"})->output(0);
+  if (squares) {
+    Value* scan = body->add_node("Mul", {sum, sum}, {"scan_out"})->output(0);
+    body->set_outputs({sum, scan});
+  } else {
+    body->set_outputs({sum});
+  }
+  return body;
+}
+
 // Scan: running sum over rows (or columns with scan_input_axes = 1), forward
 // or reverse, scan output stacked along axis 0 or 1.
 std::unique_ptr<Graph> scan_graph(Expr len, int64_t in_axis, int64_t in_dir, int64_t out_axis, int64_t out_dir) {
@@ -315,13 +332,7 @@ std::unique_ptr<Graph> scan_graph(Expr len, int64_t in_axis, int64_t in_dir, int
   Shape xs = in_axis == 0 ? Shape{len, 2} : Shape{2, len};
   Value* x = g->add_input("x", f32(xs));
   if (len.is_var()) g->bounds[len->name] = Interval{1, std::nullopt};
-  auto body = std::make_shared<Graph>();
-  body->name = "body";
-  Value* s = body->add_input("sum_in", f32({2}));
-  Value* next = body->add_input("next", f32({2}));
-  Value* sum = body->add_node("Add", {s, next}, {"sum_out"})->output(0);
-  Value* scan = body->add_node("Mul", {sum, sum}, {"scan_out"})->output(0);
-  body->set_outputs({sum, scan});
+  auto body = running_sum_body(true);
   Node* n = g->add_node("Scan", {init, x}, {"y", "z"});
   n->set_attr("body", Attribute::of_graph(body));
   n->set_attr("num_scan_inputs", Attribute::of_int(1));
@@ -365,6 +376,71 @@ TEST(ControlFlow, Scan) {
       }
     }
   }
+}
+
+// Scan in opset 8: a batch axis on every operand, optional sequence_lens,
+// `directions` per scan input. Batch element b sums its first lens[b] rows
+// (reversed: counted back from lens[b] - 1); its scan output is zero past
+// lens[b]; its final state is the sum.
+TEST(ControlFlow, ScanOpset8BatchesWithSequenceLengths) {
+  const int64_t batch = 3, len = 4;
+  for (bool with_lens : {false, true}) {
+    for (int64_t dir : {0, 1}) {
+      auto g = new_graph("scan8");
+      g->opsets[""] = 8;
+      Value* lens = with_lens ? g->add_input("lens", TensorType{DType::kInt64, Shape{batch}}) : nullptr;
+      Value* init = g->add_input("init", f32({batch, 2}));
+      Value* x = g->add_input("x", f32({batch, len, 2}));
+      auto body = running_sum_body(true);
+      Node* n = g->add_node("Scan", {lens, init, x}, {"y", "z"});
+      n->set_attr("body", Attribute::of_graph(body));
+      n->set_attr("num_scan_inputs", Attribute::of_int(1));
+      n->set_attr("directions", Attribute::of_ints({dir}));
+      g->set_outputs({n->output(0), n->output(1)});
+      Tensor init_t = random_tensor({batch, 2}, 11);
+      Tensor x_t = random_tensor({batch, len, 2}, 12);
+      Tensor lens_t(DType::kInt64, {batch});
+      const int64_t lv[batch] = {4, 2, 0};
+      for (int64_t b = 0; b < batch; ++b) lens_t.data_as<int64_t>()[b] = with_lens ? lv[b] : len;
+      std::vector<Tensor> args = {init_t, x_t};
+      if (with_lens) args.insert(args.begin(), lens_t);
+      auto out = compile_and_run(std::move(g), args);
+      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+      std::vector<float> y(batch * 2), z(batch * len * 2, 0.f);
+      for (int64_t b = 0; b < batch; ++b) {
+        int64_t l = lens_t.data_as<int64_t>()[b];
+        float acc[2] = {init_t.data_as<float>()[b * 2], init_t.data_as<float>()[b * 2 + 1]};
+        for (int64_t t = 0; t < l; ++t) {
+          int64_t src = dir ? l - 1 - t : t;
+          for (int j = 0; j < 2; ++j) {
+            acc[j] += x_t.data_as<float>()[(b * len + src) * 2 + j];
+            z[(b * len + t) * 2 + j] = acc[j] * acc[j];
+          }
+        }
+        y[b * 2] = acc[0];
+        y[b * 2 + 1] = acc[1];
+      }
+      expect_close((*out)[0], y, {batch, 2});
+      expect_close((*out)[1], z, {batch, len, 2});
+    }
+  }
+  // A length past the sequence axis is an error naming the node.
+  auto g = new_graph("scan8_bad");
+  g->opsets[""] = 8;
+  Value* lens = g->add_input("lens", TensorType{DType::kInt64, Shape{1}});
+  Value* init = g->add_input("init", f32({1, 2}));
+  Value* x = g->add_input("x", f32({1, 2, 2}));
+  auto body = running_sum_body(false);
+  Node* n = g->add_node("Scan", {lens, init, x}, {"y"});
+  n->set_attr("body", Attribute::of_graph(body));
+  n->set_attr("num_scan_inputs", Attribute::of_int(1));
+  g->set_outputs({n->output(0)});
+  Tensor bad(DType::kInt64, {1});
+  bad.data_as<int64_t>()[0] = 3;
+  auto out = compile_and_run(std::move(g), {bad, random_tensor({1, 2}, 1), random_tensor({1, 2, 2}, 2)});
+  ASSERT_FALSE(out.is_ok());
+  EXPECT_NE(out.status().message().find("sequence_lens[0] = 3 outside [0, 2]"), std::string::npos)
+      << out.status().message();
 }
 
 TEST(ControlFlow, IfConditionMustBeScalar) {
