@@ -44,6 +44,7 @@ void register_detection_ops();    // detection.cc
 void register_random_ops();       // random.cc
 void register_string_ops();       // strings.cc
 void register_ml_ops();           // ml.cc
+void register_optimizer_ops();    // optimizer.cc
 
 // Dropout in training mode (random.cc), for elementwise.cc's Dropout.
 Result<RuntimeKernel> dropout_training_kernel(const Node& n);

@@ -89,6 +89,44 @@ TEST(MiscOps, OptionalsOfTensorsAreKnownWhenCompiling) {
   expect_close(run_node(*g, *get, {x}).at(0), {1.5, -2, 4}, 0, "get");
 }
 
+// ai.onnx.preview.training Adam with bias correction (T > 0) against the
+// reference formula, and a gradient shaped unlike its X refused.
+TEST(MiscOps, AdamWithBiasCorrectionAndShapeErrors) {
+  auto g = new_graph();
+  std::vector<Value*> in;
+  for (const char* name : {"R", "T"}) in.push_back(g->add_input(name, tt(std::string(name) == "R" ? DType::kFloat32 : DType::kInt64, {})));
+  for (const char* name : {"X", "G", "V", "H"}) in.push_back(g->add_input(name, tt(DType::kFloat32, {2})));
+  Node* n = g->add_node("Adam", in, {"X_new", "V_new", "H_new"}, "ai.onnx.preview.training");
+  n->set_attr("alpha", Attribute::of_float(0.9));
+  n->set_attr("beta", Attribute::of_float(0.99));
+  n->set_attr("epsilon", Attribute::of_float(1e-3));
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  EXPECT_EQ(n->output(2)->type().to_string(), "f32[2]");
+  const double r = 0.1, a = 0.9, b = 0.99, eps = 1e-3;
+  const int64_t t = 3;
+  std::vector<double> x = {1.0, -2.0}, gr = {0.5, 3.0}, v = {0.2, -0.1}, h = {0.4, 1.0};
+  auto out = testing::try_kernel(*n, {make_tensor(DType::kFloat32, {}, {r}), make_tensor(DType::kInt64, {}, {double(t)}),
+                                      make_tensor(DType::kFloat32, {2}, x), make_tensor(DType::kFloat32, {2}, gr),
+                                      make_tensor(DType::kFloat32, {2}, v), make_tensor(DType::kFloat32, {2}, h)});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  std::vector<double> wx, wv, wh;
+  for (int i = 0; i < 2; ++i) {
+    double vn = a * v[i] + (1 - a) * gr[i], hn = b * h[i] + (1 - b) * gr[i] * gr[i];
+    double ra = r * std::sqrt(1 - std::pow(b, t)) / (1 - std::pow(a, t));
+    wx.push_back(x[i] - ra * vn / (std::sqrt(hn) + eps));
+    wv.push_back(vn);
+    wh.push_back(hn);
+  }
+  expect_close((*out)[0], wx, 1e-6, "X_new");
+  expect_close((*out)[1], wv, 1e-6, "V_new");
+  expect_close((*out)[2], wh, 1e-6, "H_new");
+  auto bad = testing::try_kernel(*n, {make_tensor(DType::kFloat32, {}, {r}), make_tensor(DType::kInt64, {}, {1}),
+                                      make_tensor(DType::kFloat32, {2}, x), make_tensor(DType::kFloat32, {3}, {1, 2, 3}),
+                                      make_tensor(DType::kFloat32, {2}, v), make_tensor(DType::kFloat32, {2}, h)});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("input 3 has shape [3], X_0 [2]"), std::string::npos) << bad.status().message();
+}
+
 TEST(MiscOps, LrnMatchesReference) {
   const int64_t C = 5, HW = 3, size = 3;
   const double alpha = 2e-2, beta = 0.75, bias = 1.5;
