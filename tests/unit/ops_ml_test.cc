@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <memory>
 
 #include "ops/registry.h"
 #include "ops_test_harness.h"
@@ -31,6 +33,73 @@ TEST(MlOps, BinarizerComparesWithThreshold) {
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(values(r->at(0)), (std::vector<double>{0, 1, 0, 0, 1}));  // equal is not above; NaN is not above
   EXPECT_EQ(r->at(0).dtype(), DType::kFloat32);
+}
+
+// TreeEnsemble: two trees over 2 features, 2 targets. Tree 0: x0 <= 1 ?
+// leaf 0 (target 0, weight 2) : (x1 < 5, a NaN going true ? leaf 1 (target 1,
+// 4) : leaf 2 (target 0, -6)); tree 1: x0 <= 0 ? leaf 0 : leaf 3 (target 1,
+// 10), which every row takes.
+// Every aggregate and the logistic transform against values worked by hand;
+// a tree with a cycle and a leaf target past n_targets are errors.
+TEST(MlOps, TreeEnsembleAggregatesTransformsAndBadTrees) {
+  auto make = [](int64_t aggregate, int64_t post, std::vector<int64_t> true_ids, int64_t target3) {
+    auto g = std::make_unique<Graph>();
+    g->opsets["ai.onnx.ml"] = 5;
+    Value* x = g->add_input("x", tt(DType::kFloat32, {3, 2}));
+    Node* n = g->add_node("TreeEnsemble", {x}, {"y"}, "ai.onnx.ml");
+    n->set_attr("nodes_splits", Attribute::of_tensor(make_tensor(DType::kFloat32, {3}, {1, 5, 0})));  // node 2: x0 <= 0
+    n->set_attr("nodes_featureids", Attribute::of_ints({0, 1, 0}));
+    n->set_attr("nodes_modes", Attribute::of_tensor(make_tensor(DType::kUInt8, {3}, {0, 1, 0})));
+    n->set_attr("nodes_truenodeids", Attribute::of_ints(std::move(true_ids)));
+    n->set_attr("nodes_falsenodeids", Attribute::of_ints({1, 2, 3}));
+    n->set_attr("nodes_trueleafs", Attribute::of_ints({1, 1, 1}));
+    n->set_attr("nodes_falseleafs", Attribute::of_ints({0, 1, 1}));
+    n->set_attr("nodes_missing_value_tracks_true", Attribute::of_ints({0, 1, 0}));
+    n->set_attr("leaf_targetids", Attribute::of_ints({0, 1, 0, target3}));
+    n->set_attr("leaf_weights", Attribute::of_tensor(make_tensor(DType::kFloat32, {4}, {2, 4, -6, 10})));
+    n->set_attr("tree_roots", Attribute::of_ints({0, 2}));
+    n->set_attr("n_targets", Attribute::of_int(2));
+    n->set_attr("aggregate_function", Attribute::of_int(aggregate));
+    n->set_attr("post_transform", Attribute::of_int(post));
+    return g;
+  };
+  Tensor x = make_tensor(DType::kFloat32, {3, 2}, {0.5, 9, 3, NAN, 3, 7});
+  // Row 0: leaf 0 and leaf 3; row 1: leaf 1 (NaN tracks true) and 3; row 2: leaf 2 and 3.
+  const double fmax = std::numeric_limits<float>::max(), fmin = std::numeric_limits<float>::lowest();
+  struct Case {
+    int64_t aggregate, post;
+    std::vector<double> want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {1, 0, {2, 10, 0, 14, -6, 10}},
+           {0, 0, {1, 5, 0, 7, -3, 5}},
+           {2, 0, {2, 10, fmax, 4, -6, 10}},
+           {3, 0, {2, 10, fmin, 10, -6, 10}},
+           {1, 2, {1 / (1 + std::exp(-2.0)), 1 / (1 + std::exp(-10.0)), 0.5, 1 / (1 + std::exp(-14.0)),
+                   1 / (1 + std::exp(6.0)), 1 / (1 + std::exp(-10.0))}}}) {
+    auto g = make(c.aggregate, c.post, {0, 1, 0}, 1);
+    ASSERT_TRUE(testing::infer(*g).is_ok());
+    EXPECT_EQ(g->nodes()[0]->output(0)->type().to_string(), "f32[3, 2]");
+    auto r = try_kernel(*g->nodes()[0], {x});
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    std::vector<double> got = values(r->at(0));
+    ASSERT_EQ(got.size(), c.want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], c.want[i], 1e-6 * std::max(1.0, std::fabs(c.want[i])))
+          << "aggregate " << c.aggregate << " post " << c.post << " element " << i;
+  }
+  // Node 1's true branch back to node 0 (not a leaf): a cycle on row 1.
+  auto cyc = make(1, 0, {0, 0, 0}, 1);
+  Node* cn = cyc->nodes()[0];
+  cn->set_attr("nodes_trueleafs", Attribute::of_ints({1, 0, 1}));
+  ASSERT_TRUE(testing::infer(*cyc).is_ok());
+  auto r = try_kernel(*cn, {x});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("has a cycle"), std::string::npos) << r.status().message();
+  auto bad = make(1, 0, {0, 1, 0}, 2);
+  auto k = try_kernel(*bad->nodes()[0], {x});
+  ASSERT_FALSE(k.is_ok());
+  EXPECT_NE(k.status().message().find("leaf target 2 outside [0, 2)"), std::string::npos) << k.status().message();
 }
 
 TEST(MlOps, ArrayFeatureExtractorSelectsAlongTheLastAxis) {
