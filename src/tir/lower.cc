@@ -632,28 +632,39 @@ struct Lowerer {
         lanes = *c;
       }
     }
-    rewrite(body, [&](const Expr& e) -> Expr {
-      if (e.kind() != ExprKind::kLoad || e->int_value < 0 || e->args.empty()) return Expr();
-      bool uses = false;
-      for (const Expr& a : e->args)
-        for (const std::string& v : free_vars(a)) uses = uses || v == axis;
-      if (!uses) return Expr();
+    add_load_prefetches(body, axis, at, vec, lanes, false, seen, out);
+    return out;
+  }
+
+  // Appends a prefetch of each param load in `e` whose index uses loop
+  // variable `uses`, at that index with `at` substituted, spanning the vector
+  // loop `vec` (`lanes` wide) where the load is contiguous along it: its last
+  // index steps by 1 and no other depends on it, or, with `wrapped`, its last
+  // index steps by 1 or by no constant (a fused plane axis: x floordiv W,
+  // x mod W is contiguous but at row ends). `seen` drops repeats.
+  static void add_load_prefetches(const Expr& e, const std::string& uses, const ExprMap& at, const std::string& vec,
+                                  int64_t lanes, bool wrapped, std::set<std::string>& seen, std::vector<Stmt>& out) {
+    rewrite(e, [&](const Expr& ld) -> Expr {
+      if (ld.kind() != ExprKind::kLoad || ld->int_value < 0 || ld->args.empty()) return Expr();
+      bool found = false;
+      for (const Expr& a : ld->args)
+        for (const std::string& v : free_vars(a)) found = found || v == uses;
+      if (!found) return Expr();
       std::vector<Expr> idx;
-      for (const Expr& a : e->args) idx.push_back(simplify(substitute(a, at)));
+      for (const Expr& a : ld->args) idx.push_back(simplify(substitute(a, at)));
       int64_t span = 1;
       if (!vec.empty()) {
         bool contiguous = true;
-        for (size_t i = 0; i + 1 < e->args.size(); ++i)
-          for (const std::string& v : free_vars(e->args[i])) contiguous = contiguous && v != vec;
-        auto step = simplify(substitute(e->args.back(), {{vec, var(vec) + int_imm(1)}}) - e->args.back()).as_const();
-        if (contiguous && step && *step == 1) span = lanes;
+        for (size_t i = 0; i + 1 < ld->args.size() && !wrapped; ++i)
+          for (const std::string& v : free_vars(ld->args[i])) contiguous = contiguous && v != vec;
+        auto step = simplify(substitute(ld->args.back(), {{vec, var(vec) + int_imm(1)}}) - ld->args.back()).as_const();
+        if (contiguous && (step ? *step == 1 : wrapped)) span = lanes;
       }
-      std::string key = e->name;
+      std::string key = ld->name;
       for (const Expr& i : idx) key += "," + i.to_string();
-      if (seen.insert(key).second) out.push_back(make_prefetch(e->name, static_cast<int>(e->int_value), e->dtype, idx, span));
+      if (seen.insert(key).second) out.push_back(make_prefetch(ld->name, static_cast<int>(ld->int_value), ld->dtype, idx, span));
       return Expr();
     });
-    return out;
   }
 
   // Prefetches, at the start of a register tile, of what its write-back
@@ -686,23 +697,7 @@ struct Lowerer {
         rest /= e;
       }
       if (!vec.empty()) at[vec] = int_imm(0);
-      rewrite(result, [&](const Expr& e) -> Expr {
-        if (e.kind() != ExprKind::kLoad || e->int_value < 0 || e->args.empty()) return Expr();
-        bool varies = false;
-        for (const Expr& a : e->args)
-          for (const std::string& v : free_vars(a)) varies = varies || v == vec;
-        if (!varies) return Expr();
-        std::vector<Expr> idx;
-        for (const Expr& a : e->args) idx.push_back(simplify(substitute(a, at)));
-        // The vector's span, unless its lanes lie a constant stride apart
-        // (a fused plane axis, x mod W, is contiguous but at row ends).
-        auto step = simplify(substitute(e->args.back(), {{vec, var(vec) + int_imm(1)}}) - e->args.back()).as_const();
-        int64_t span = !step || *step == 1 ? lanes : 1;
-        std::string key = e->name;
-        for (const Expr& i : idx) key += "," + i.to_string();
-        if (seen.insert(key).second) out.push_back(make_prefetch(e->name, static_cast<int>(e->int_value), e->dtype, idx, span));
-        return Expr();
-      });
+      if (!vec.empty()) add_load_prefetches(result, vec, at, vec, lanes, true, seen, out);
     }
     return out;
   }
