@@ -1,5 +1,5 @@
 // ai.onnx.ml ops as runtime kernels (LabelEncoder is with the string ops in
-// strings.cc): Binarizer and ArrayFeatureExtractor.
+// strings.cc): Binarizer, ArrayFeatureExtractor and TreeEnsemble.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -101,6 +101,16 @@ Result<RuntimeKernel> feature_extractor_kernel(const Node&) {
 // per target: SUM, AVERAGE (over the trees), MIN or MAX, as the ONNX
 // reference; post_transform NONE, LOGISTIC, SOFTMAX and SOFTMAX_ZERO.
 
+std::vector<double> tensor_attr_values(const Node& n, const std::string& name) {
+  std::vector<double> v;
+  const Attribute* a = n.attr(name);
+  if (a && a->kind == Attribute::Kind::kTensor)
+    for (int64_t i = 0; i < a->t.numel(); ++i) v.push_back(a->t.get_f64(i));
+  else if (a && a->kind == Attribute::Kind::kFloats)
+    v = a->floats;
+  return v;
+}
+
 Status infer_tree_ensemble(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType x, input_type(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape s, input_shape(n, 0));
@@ -111,16 +121,6 @@ Status infer_tree_ensemble(Node& n, InferContext& ctx) {
   if (targets < 1) return node_invalid(n) << "n_targets must be positive";
   set_output(n, 0, x.dtype, {s[0], Expr(targets)}, ctx);
   return Status::ok();
-}
-
-std::vector<double> tensor_attr_values(const Node& n, const std::string& name) {
-  std::vector<double> v;
-  const Attribute* a = n.attr(name);
-  if (a && a->kind == Attribute::Kind::kTensor)
-    for (int64_t i = 0; i < a->t.numel(); ++i) v.push_back(a->t.get_f64(i));
-  else if (a && a->kind == Attribute::Kind::kFloats)
-    v = a->floats;
-  return v;
 }
 
 struct TreeModel {
@@ -162,8 +162,14 @@ Result<TreeModel> tree_model(const Node& n) {
   };
   for (int64_t t : m.targets)
     if (t < 0 || t >= m.n_targets) return node_invalid(n) << "leaf target " << t << " outside [0, " << m.n_targets << ")";
-  for (int64_t r : m.roots)
+  for (int64_t r : m.roots) {
     if (r < 0 || static_cast<size_t>(r) >= nodes) return node_invalid(n) << "tree root " << r << " outside the nodes";
+    // A root whose branches are one leaf is that leaf, read at the root's
+    // index as the ONNX reference does: it must name a leaf too.
+    size_t i = static_cast<size_t>(r);
+    if (m.true_leaf[i] && m.false_leaf[i] && m.true_ids[i] == m.false_ids[i] && i >= m.weights.size())
+      return node_invalid(n) << "tree root " << r << " is a leaf but there are only " << m.weights.size() << " leaves";
+  }
   std::vector<double> members = tensor_attr_values(n, "membership_values");
   size_t next = 0;
   m.members.resize(nodes);
@@ -190,7 +196,8 @@ Result<RuntimeKernel> tree_ensemble_kernel(const Node& n) {
     for (int64_t f : m.features)
       if (f >= feats) return invalid_argument() << where << ": a node reads feature " << f << " of " << feats;
     out.resize(1);
-    out[0] = Tensor(x.dtype(), {rows, m.n_targets});
+    KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), {rows, m.n_targets}, where + " output"));
+    if (rows == 0) return Status::ok();  // (the row accumulator is no larger than the output)
     const size_t nodes = m.splits.size();
     const double init = m.aggregate == 2 ? std::numeric_limits<double>::max()
                         : m.aggregate == 3 ? std::numeric_limits<double>::lowest() : 0.0;

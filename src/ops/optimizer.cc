@@ -59,7 +59,7 @@ Status check_group(const std::vector<Tensor>& in, size_t count, size_t groups, s
   return Status::ok();
 }
 
-Scalars scalars(const std::vector<Tensor>& in) { return {in[0].get_f64(0), static_cast<int64_t>(in[1].get_f64(0))}; }
+Scalars scalars(const std::vector<Tensor>& in) { return {in[0].get_f64(0), in[1].get_i64(0)}; }
 
 // Runs `step(e, x, g, state..., outputs...)` per element of each tensor k.
 template <typename F>
@@ -68,7 +68,9 @@ Status per_element(const std::vector<Tensor>& in, std::vector<Tensor>& out, size
   out.resize(count * (groups - 1));
   for (size_t k = 0; k < count; ++k) {
     KILN_RETURN_IF_ERROR(check_group(in, count, groups, k, op));
-    for (size_t o = 0; o + 1 < groups; ++o) out[o * count + k] = Tensor(in[2 + k].dtype(), in[2 + k].shape());
+    for (size_t o = 0; o + 1 < groups; ++o) {
+      KILN_ASSIGN_OR_RETURN(out[o * count + k], Tensor::allocate(in[2 + k].dtype(), in[2 + k].shape(), std::string(op) + " output"));
+    }
     for (int64_t e = 0; e < in[2 + k].numel(); ++e) step(k, count, e);
   }
   return Status::ok();
@@ -96,6 +98,9 @@ Result<RuntimeKernel> adagrad_kernel(const Node& n) {
 }
 
 Result<RuntimeKernel> momentum_kernel(const Node& n) {
+  // The spec gives Momentum no defaults.
+  for (const char* a : {"alpha", "beta", "mode", "norm_coefficient"})
+    if (!n.attr(a)) return node_invalid(n) << "missing attribute '" << a << "'";
   double alpha = n.attr_float("alpha", 0.0), beta = n.attr_float("beta", 0.0),
          norm = n.attr_float("norm_coefficient", 0.0);
   std::string mode = n.attr_string("mode", "standard");

@@ -531,7 +531,7 @@ Result<std::vector<Tensor>> VM::Impl::run_scan(const Instr& in, const std::vecto
     KILN_ASSIGN_OR_RETURN(int64_t steps, length_of(xs));
     int64_t len = steps;
     if (lens) {
-      len = static_cast<int64_t>(lens->get_f64(b));
+      len = lens->get_i64(b);
       if (len < 0 || len > steps)
         return invalid_argument() << in.where << ": sequence_lens[" << b << "] = " << len << " outside [0, " << steps << "]";
     }
@@ -544,7 +544,10 @@ Result<std::vector<Tensor>> VM::Impl::run_scan(const Instr& in, const std::vecto
       step.erase(step.begin());
       std::vector<Tensor>& p = parts[num_state + k];
       if (!p.empty()) step = p[0].shape();
-      while (static_cast<int64_t>(p.size()) < steps) p.emplace_back(info.dtype, step);  // zero past the length
+      while (static_cast<int64_t>(p.size()) < steps) {  // zero past the length
+        KILN_ASSIGN_OR_RETURN(Tensor zero, Tensor::allocate(info.dtype, step, in.where + " scan output"));
+        p.push_back(std::move(zero));
+      }
       KILN_ASSIGN_OR_RETURN(Tensor t, stack(p, out_axis(k), out_rev(k), info.dtype, step, where));
       outs[k].push_back(std::move(t));
     }

@@ -1159,6 +1159,15 @@ ModuloSpecialization specialize_modulo(const KernelDef& k) {
       if (!i.is_var() || d.is_const()) return Expr();
       auto it = extents.find(i->name);
       if (it == extents.end()) return Expr();
+      // The condition is checked once per call: d must be a function of the
+      // symbols alone (no axis, no load).
+      bool invariant = true;
+      rewrite(d, [&](const Expr& x) -> Expr {
+        invariant = invariant && x.kind() != ExprKind::kLoad && x.kind() != ExprKind::kCall;
+        return Expr();
+      });
+      for (const std::string& v : free_vars(d)) invariant = invariant && !extents.count(v);
+      if (!invariant) return Expr();
       Expr c = simplify(le(it->second, d));
       if (c.kind() == ExprKind::kIntImm) {
         if (c->int_value == 0) return Expr();
@@ -1363,9 +1372,16 @@ Result<PrimFunc> lower_one(const KernelDef& k, const Schedule& s) {
 }  // namespace
 
 Result<PrimFunc> lower(const KernelDef& k, const Schedule& s) {
-  ModuloSpecialization m = specialize_modulo(k);
+  // split_padded evaluates a reduction's body past an axis's extent (only
+  // its stores are guarded): there i mod d and i differ, so no copy without
+  // modulos.
+  bool padded = false;
+  for (const Primitive& p : s.prims) padded = padded || p.kind == "split_padded";
+  ModuloSpecialization m = padded ? ModuloSpecialization{k, Expr(), false} : specialize_modulo(k);
   if (!m.changed) return lower_one(k, s);
-  KILN_ASSIGN_OR_RETURN(PrimFunc fast, lower_one(m.fast, s));
+  Result<PrimFunc> lowered = lower_one(m.fast, s);
+  if (!lowered.is_ok()) return lower_one(k, s);
+  PrimFunc fast = std::move(*lowered);
   if (!m.cond.defined()) return fast;
   // Two copies: the one without modulos when every E <= d holds at run time
   // (checked once per call), the general one otherwise.

@@ -125,6 +125,12 @@ TEST(MiscOps, AdamWithBiasCorrectionAndShapeErrors) {
                                       make_tensor(DType::kFloat32, {2}, v), make_tensor(DType::kFloat32, {2}, h)});
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("input 3 has shape [3], X_0 [2]"), std::string::npos) << bad.status().message();
+  // Momentum's attributes have no defaults in the spec.
+  Node* m = g->add_node("Momentum", {in[0], in[1], in[2], in[3], in[4]}, {"Xm", "Vm"}, "ai.onnx.preview.training");
+  m->set_attr("alpha", Attribute::of_float(0.9));
+  auto mk = testing::try_kernel(*m, {});
+  ASSERT_FALSE(mk.is_ok());
+  EXPECT_NE(mk.status().message().find("missing attribute 'beta'"), std::string::npos) << mk.status().message();
 }
 
 TEST(MiscOps, LrnMatchesReference) {

@@ -100,6 +100,35 @@ TEST(MlOps, TreeEnsembleAggregatesTransformsAndBadTrees) {
   auto k = try_kernel(*bad->nodes()[0], {x});
   ASSERT_FALSE(k.is_ok());
   EXPECT_NE(k.status().message().find("leaf target 2 outside [0, 2)"), std::string::npos) << k.status().message();
+  // SOFTMAX over the targets: row 0 sums to [2, 10].
+  auto soft = make(1, 1, {0, 1, 0}, 1);
+  auto sr = try_kernel(*soft->nodes()[0], {x});
+  ASSERT_TRUE(sr.is_ok()) << sr.status().to_string();
+  EXPECT_NEAR(values(sr->at(0))[0], 1 / (1 + std::exp(8.0)), 1e-6);
+  EXPECT_NEAR(values(sr->at(0))[1], 1 / (1 + std::exp(-8.0)), 1e-6);
+  // A root whose branches are one leaf is the leaf at the root's index (the
+  // ONNX reference's reading), which must exist: tree_roots [0, 5] with 4 leaves.
+  auto leafy = make(1, 0, {0, 1, 0}, 1);
+  Node* ln = leafy->nodes()[0];
+  ln->set_attr("nodes_splits", Attribute::of_tensor(make_tensor(DType::kFloat32, {6}, {1, 5, 0, 0, 0, 0})));
+  ln->set_attr("nodes_featureids", Attribute::of_ints({0, 1, 0, 0, 0, 0}));
+  ln->set_attr("nodes_modes", Attribute::of_tensor(make_tensor(DType::kUInt8, {6}, {0, 1, 0, 0, 0, 0})));
+  ln->set_attr("nodes_truenodeids", Attribute::of_ints({0, 1, 0, 0, 0, 1}));
+  ln->set_attr("nodes_falsenodeids", Attribute::of_ints({1, 2, 3, 0, 0, 1}));
+  ln->set_attr("nodes_trueleafs", Attribute::of_ints({1, 1, 1, 1, 1, 1}));
+  ln->set_attr("nodes_falseleafs", Attribute::of_ints({0, 1, 1, 1, 1, 1}));
+  ln->set_attr("nodes_missing_value_tracks_true", Attribute::of_ints({0, 1, 0, 0, 0, 0}));
+  ln->set_attr("tree_roots", Attribute::of_ints({0, 5}));
+  auto lk = try_kernel(*ln, {x});
+  ASSERT_FALSE(lk.is_ok());
+  EXPECT_NE(lk.status().message().find("tree root 5 is a leaf but there are only 4 leaves"), std::string::npos)
+      << lk.status().message();
+  // A node reading a feature X does not have is an error when it runs.
+  auto wide = make(1, 0, {0, 1, 0}, 1);
+  wide->nodes()[0]->set_attr("nodes_featureids", Attribute::of_ints({0, 2, 0}));
+  auto wr = try_kernel(*wide->nodes()[0], {x});
+  ASSERT_FALSE(wr.is_ok());
+  EXPECT_NE(wr.status().message().find("reads feature 2 of 2"), std::string::npos) << wr.status().message();
 }
 
 TEST(MlOps, ArrayFeatureExtractorSelectsAlongTheLastAxis) {

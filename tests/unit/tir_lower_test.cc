@@ -814,6 +814,20 @@ TEST(TirLower, SymbolicModuloIsSpecializedAtRunTime) {
     expect_matches(k, default_schedule(k), env, ref);
     expect_matches(k, naive_schedule(k), env, ref);
   }
+  // A divisor that depends on an axis is not a per-call condition: no copy.
+  KernelDef by_row = k;
+  by_row.params[1] = buf("B", {m});
+  by_row.stages[0].body = ld("A", 0, {var("i"), var("j")}) + ld("B", 1, {mod(var("j"), var("i") + 1)});
+  auto r = lower(by_row, default_schedule(by_row));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(print_func(*r).find("if (m <="), std::string::npos) << print_func(*r);
+  expect_matches(by_row, default_schedule(by_row), Env{{"n", 3}, {"m", 5}}, [](const HostData& hd) {
+    auto a = as_floats(hd.bytes[0]), b = as_floats(hd.bytes[1]);
+    std::vector<float> c(15);
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t j = 0; j < 5; ++j) c[i * 5 + j] = a[i * 5 + j] + b[j % (i + 1)];
+    return std::vector<std::vector<float>>{c};
+  });
   // A modulo the extent provably fits in needs no second copy.
   KernelDef fixed = k;
   fixed.params[1] = buf("B", {m});
