@@ -1834,16 +1834,24 @@ class Simplifier {
     // that x bounds from above is never chosen (min(a, ...) <= a <= x), and
     // dually for min over max. Broadcasting seq against min(seq, 1024) gives
     // max(seq, min(seq, 1024)) = seq.
+    // An operand may carry other terms t: max(a, ...) + t >= a + t.
     const ExprKind opposite = is_min ? ExprKind::kMax : ExprKind::kMin;
     for (size_t i = 0; i < ops.size(); ++i) {
-      const Expr* atom = alive[i] ? ops[i].single_atom() : nullptr;
-      if (!atom || atom->kind() != opposite) continue;
+      if (!alive[i]) continue;
+      const Expr* atom = nullptr;
+      for (const auto& [m, c] : ops[i].terms)
+        if (c == 1 && m.size() == 1 && m[0].kind() == opposite) {
+          atom = &m[0];
+          break;
+        }
+      if (!atom) continue;
+      Poly rest = poly_sub(ops[i], poly_atom(*atom));
       for (size_t j = 0; j < ops.size() && alive[i]; ++j) {
         if (i == j || !alive[j]) continue;
         std::vector<Expr> leaves;
         collect_chain(opposite, *atom, &leaves);
         for (const Expr& a : leaves) {
-          Range diff = range_of_poly(poly_sub(to_poly(a), ops[j]));
+          Range diff = range_of_poly(poly_sub(poly_add(to_poly(a), rest), ops[j]));
           if (is_min ? diff.lo >= 0 : diff.hi <= 0) {
             alive[i] = false;
             break;

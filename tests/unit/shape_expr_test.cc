@@ -169,6 +169,14 @@ TEST(ShapeExpr, MinMaxAbsorption) {
   // Not absorbed: no argument of the inner min is bounded by the other operand.
   EXPECT_EQ(simp(max(s, min(s + 1, y))), simp(max(min(s + 1, y), s)));
   EXPECT_NE(simp(max(s, min(s + 1, y))), "seq");
+  // With terms beside the inner max: max(d + 4, c) - a >= c - a > c - a - d - 5 for d >= -5,
+  // found in one pass (the random idempotence test met it only after the common -a was
+  // taken out on a first pass).
+  Expr a = var("a"), c = var("c"), d = var("d");
+  SymbolBounds bounded{{"a", between(0, 12)}, {"d", between(-5, 5)}};
+  Expr e = min(max(d + 4, c) - (a - 0), c - a - (d + 4) + -1);
+  EXPECT_EQ(simp(e, bounded), print_expr(simplify(c - a - d - 5)));
+  EXPECT_EQ(print_expr(simplify(simplify(e, bounded), bounded)), simp(e, bounded));
 }
 
 TEST(ShapeExpr, SelectAndCompareFold) {
