@@ -1282,7 +1282,7 @@ class LanePeeler {
         return;
       }
       case StmtKind::kIfThenElse:
-        if (in_vector) qualify(s->cond, sc);
+        if (in_vector && !s->else_case) qualify(s->cond, sc);  // a lane guard has no else
         scan(s->then_case, in_vector, sc);
         scan(s->else_case, in_vector, sc);
         return;
@@ -1331,7 +1331,7 @@ class LanePeeler {
     std::function<Stmt(const Stmt&, bool)> drop = [&](const Stmt& s, bool in_vector) -> Stmt {
       if (!s) return s;
       auto n = std::make_shared<StmtNode>(*s);
-      if (s->kind == StmtKind::kIfThenElse && in_vector) {
+      if (s->kind == StmtKind::kIfThenElse && in_vector && !s->else_case) {
         for (const Expr& g : sc.guards)
           if (g.same_as(s->cond)) return drop(s->then_case, in_vector);
       }
