@@ -130,7 +130,34 @@ bool is_bits_of(kiln::DType narrow, kiln::DType given) {
   return kiln::dtype_is_narrow_float(narrow) && narrow != DType::kFloat16 && given == DType::kUInt8;
 }
 
+InputTensor to_tensor(const std::string& name, const py::handle& value, kiln::DType expected);
+
+// A sequence input is a list (or tuple) of arrays; an optional one is None or
+// its element (an array, or a list for an optional sequence). Elements are
+// copied: a container owns its elements' memory.
+InputTensor to_container(const std::string& name, const py::handle& value, kiln::DType expected) {
+  using kiln::DType;
+  bool is_list = py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value);
+  std::vector<kiln::Tensor> elems;
+  if (expected == DType::kSequence) {
+    if (!is_list) raise_kiln_error("input '" + name + "' is a sequence: pass a list of arrays");
+    for (py::handle item : value) {
+      if (py::isinstance<py::list>(item) || py::isinstance<py::tuple>(item) || item.is_none())
+        raise_kiln_error("input '" + name + "': a sequence's elements are arrays");
+      elems.push_back(to_tensor(name, item, DType::kUndefined).tensor.clone());
+    }
+  } else if (!value.is_none()) {
+    InputTensor e = to_tensor(name, value, is_list ? DType::kSequence : DType::kUndefined);
+    elems.push_back(e.tensor.owns_storage() ? e.tensor : e.tensor.clone());
+  }
+  InputTensor in;
+  in.tensor = kiln::Tensor(expected, {static_cast<int64_t>(elems.size())});
+  for (size_t i = 0; i < elems.size(); ++i) in.tensor.data_as<kiln::Tensor>()[i] = std::move(elems[i]);
+  return in;
+}
+
 InputTensor to_tensor(const std::string& name, const py::handle& value, kiln::DType expected) {
+  if (kiln::dtype_is_container(expected)) return to_container(name, value, expected);
   py::module_ np = py::module_::import("numpy");
   py::array arr = np.attr("asarray")(value);
   kiln::DType dtype = dtype_from_numpy(arr.dtype());
@@ -186,6 +213,14 @@ InputTensor to_tensor(const std::string& name, const py::handle& value, kiln::DT
 }
 
 py::object to_numpy(const std::string& name, const kiln::Tensor& t) {
+  // A sequence is a list of arrays; an optional None or its element.
+  if (t.dtype() == kiln::DType::kSequence) {
+    py::list items;
+    for (int64_t i = 0; i < t.numel(); ++i) items.append(to_numpy(name, t.data_as<kiln::Tensor>()[i]));
+    return items;
+  }
+  if (t.dtype() == kiln::DType::kOptional)
+    return t.numel() == 0 ? py::object(py::none()) : to_numpy(name, t.data_as<kiln::Tensor>()[0]);
   const char* np_name = numpy_name(t.dtype());
   if (np_name == nullptr) {
     raise_kiln_error("output '" + name + "' has dtype " + kiln::dtype_name(t.dtype()) +

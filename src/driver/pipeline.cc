@@ -25,9 +25,10 @@ namespace {
 
 enum class Mode { kSkip, kCompiled, kView, kHost, kShape, kControl };
 
-// If / Loop / Scan: each subgraph becomes a sub-program run by the VM.
+// If / Loop / Scan / SequenceMap: each subgraph becomes a sub-program run by the VM.
 bool is_control_flow(const Node* n) {
-  return n->domain().empty() && (n->op_type() == "If" || n->op_type() == "Loop" || n->op_type() == "Scan");
+  return n->domain().empty() && (n->op_type() == "If" || n->op_type() == "Loop" || n->op_type() == "Scan" ||
+                                 n->op_type() == "SequenceMap");
 }
 
 std::string describe(const Node* n) { return n->describe(); }
@@ -168,6 +169,7 @@ int ProgramBuilder::reg(const Value* v) {
   info.name = v->name();
   info.dtype = v->dtype();
   if (v->type().shape) info.shape = *v->type().shape;
+  for (const TensorType* e = v->type().elem.get(); e != nullptr; e = e->elem.get()) info.elem_dtypes.push_back(e->dtype);
   if (v->is_constant()) {
     info.is_constant = true;
     info.constant = v->constant();
@@ -193,14 +195,28 @@ Status ProgramBuilder::classify() {
     if (in->type().shape)
       for (const Expr& d : *in->type().shape)
         for (const std::string& v : free_vars(d)) bound.insert(v);
+  // The node output whose dims first name each data-dependent symbol: it must
+  // run wherever a live node's shape or symbolic value uses the symbol (a
+  // Shape of a host kernel's output, computed from symbols, needs the kernel
+  // to have bound them).
+  std::map<std::string, const Value*> introduced_by;
   for (const Node* n : nodes) {
     bound_before_[n] = bound;
     if (has_data_dependent_output(n, bound)) data_dependent.insert(n);
     for (const Value* out : n->outputs())
       if (out && out->type().shape)
         for (const Expr& d : *out->type().shape)
-          for (const std::string& v : free_vars(d)) bound.insert(v);
+          for (const std::string& v : free_vars(d))
+            if (bound.insert(v).second) introduced_by.emplace(v, out);
   }
+  auto need_symbols_of = [&](const Value* o, std::set<const Value*>& needed) {
+    std::vector<Expr> exprs;
+    if (o->type().shape) exprs = *o->type().shape;
+    if (o->sym_value()) exprs.insert(exprs.end(), o->sym_value()->begin(), o->sym_value()->end());
+    for (const Expr& e : exprs)
+      for (const std::string& v : free_vars(e))
+        if (auto it = introduced_by.find(v); it != introduced_by.end() && it->second != o) needed.insert(it->second);
+  };
   for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
     Node* n = *it;
     bool live = false;
@@ -213,6 +229,8 @@ Status ProgramBuilder::classify() {
     bool shape_only = true;
     for (const Value* o : n->outputs())
       if (o && needed.count(o) && !has_complete_sym_value(o)) shape_only = false;
+    for (const Value* o : n->outputs())
+      if (o && needed.count(o)) need_symbols_of(o, needed);
     if (shape_only) {
       mode_[n] = Mode::kShape;
       continue;
@@ -604,9 +622,13 @@ Status ProgramBuilder::emit_control(const Node* n) {
     in.op = runtime::OpCode::kIf;
     names = {"then_branch", "else_branch"};
   } else {
-    in.op = n->op_type() == "Loop" ? runtime::OpCode::kLoop : runtime::OpCode::kScan;
+    in.op = n->op_type() == "Loop"          ? runtime::OpCode::kLoop
+            : n->op_type() == "SequenceMap" ? runtime::OpCode::kSequenceMap
+                                            : runtime::OpCode::kScan;
     names = {"body"};
   }
+  if (in.op == runtime::OpCode::kSequenceMap)
+    for (const Value* v : n->inputs()) in.attrs.push_back(v && v->dtype() == DType::kSequence ? 1 : 0);
   for (const Value* v : n->inputs()) in.inputs.push_back(v ? reg(v) : -1);
   for (const Value* o : n->outputs()) {
     if (!o) return unsupported() << in.where << ": omitted outputs";
@@ -695,7 +717,7 @@ void ProgramBuilder::plan_memory() {
       // Outputs a host kernel allocates itself are not planned; those it
       // fills (fills_outputs) are, like a compiled kernel's.
       if ((in.op == runtime::OpCode::kCallHost && !in.fills_outputs) || in.op == runtime::OpCode::kIf ||
-          in.op == runtime::OpCode::kLoop || in.op == runtime::OpCode::kScan)
+          in.op == runtime::OpCode::kLoop || in.op == runtime::OpCode::kScan || in.op == runtime::OpCode::kSequenceMap)
         host_owned[r] = true;
     }
   }
@@ -718,7 +740,8 @@ void ProgramBuilder::plan_memory() {
   std::vector<int> planned;
   for (size_t r = 0; r < nr; ++r) {
     if (pinned[r] || host_owned[r] || alias_of[r] >= 0 || def_at[r] < 0) continue;
-    if (!shape_is_static(p.registers[r].shape) || p.registers[r].dtype == DType::kString) {
+    if (!shape_is_static(p.registers[r].shape) || p.registers[r].dtype == DType::kString ||
+        dtype_is_container(p.registers[r].dtype)) {
       all_static = false;
       continue;
     }

@@ -91,8 +91,17 @@ Expr TensorType::numel() const {
   return simplify(n);
 }
 
+TensorType TensorType::container(DType kind, TensorType elem, Dim length) {
+  TensorType t;
+  t.dtype = kind;
+  t.shape = Shape{std::move(length)};
+  t.elem = std::make_shared<const TensorType>(std::move(elem));
+  return t;
+}
+
 std::string TensorType::to_string() const {
   std::string s = dtype_name(dtype);
+  if (elem) s += "<" + elem->to_string() + ">";
   if (!shape) return s + "[?]";
   return s + shape_to_string(*shape);
 }

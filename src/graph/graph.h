@@ -40,6 +40,11 @@ std::string shape_to_string(const Shape& shape);  // "[n, 3, 224, 224]"
 struct TensorType {
   DType dtype = DType::kUndefined;
   std::optional<Shape> shape;  // nullopt: rank unknown
+  // Containers (dtype kSequence / kOptional): the shape is [length] (an
+  // optional's length is 0 or 1) and `elem` the type of every element; the
+  // elements' dims are data, so an element type has a static shape, or a rank
+  // of unknown dims (fresh symbols where an op reads one out), or no rank.
+  std::shared_ptr<const TensorType> elem;
 
   bool has_shape() const { return shape.has_value(); }
   int64_t rank() const { return shape ? static_cast<int64_t>(shape->size()) : -1; }
@@ -47,7 +52,10 @@ struct TensorType {
   bool is_static() const;
   std::vector<int64_t> static_shape() const;  // requires is_static()
   Expr numel() const;                         // product of dims (simplified)
-  std::string to_string() const;              // "f32[n, 3, 224, 224]", "f32[?]" for unknown rank
+  std::string to_string() const;              // "f32[n, 3, 224, 224]", "f32[?]" for unknown rank,
+                                              // "seq<f32[?]>[n]" for a container
+  bool is_container() const { return dtype_is_container(dtype); }
+  static TensorType container(DType kind, TensorType elem, Dim length);
 };
 
 class Graph;

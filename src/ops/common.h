@@ -45,6 +45,7 @@ void register_random_ops();       // random.cc
 void register_string_ops();       // strings.cc
 void register_ml_ops();           // ml.cc
 void register_optimizer_ops();    // optimizer.cc
+void register_sequence_ops();     // sequence.cc (after elementwise.cc and misc.cc: extends their Optional ops)
 
 // Dropout in training mode (random.cc), for elementwise.cc's Dropout.
 Result<RuntimeKernel> dropout_training_kernel(const Node& n);
@@ -57,6 +58,15 @@ OpDef make_def(const std::string& name, std::function<Status(Node&, InferContext
 // An OpDef for a runtime-kernel op (no lowering).
 OpDef kernel_op(const std::string& name, std::function<Status(Node&, InferContext&)> infer,
                 std::function<Result<RuntimeKernel>(const Node&)> kernel);
+
+// ---- Containers (sequence.cc) ------------------------------------------------
+
+// The type of a container that is `a` on one path and `b` on another (If
+// branches, a loop-carried value before and after the body): its length
+// where both agree, else a fresh symbol; its element type joined likewise.
+Result<TensorType> join_container_types(const Node& n, const TensorType& a, const TensorType& b, InferContext& ctx);
+// Same dtype, rank and constant dims at every level (symbols are not compared).
+bool same_container_shape(const TensorType& a, const TensorType& b);
 
 // ---- Errors ---------------------------------------------------------------
 

@@ -114,6 +114,14 @@ Status infer_if(Node& n, InferContext& ctx) {
   for (size_t i = 0; i < n.num_outputs(); ++i) {
     const TensorType& t = then_g->outputs()[i]->type();
     const TensorType& e = else_g->outputs()[i]->type();
+    if (t.is_container() || e.is_container()) {
+      // A container's length and element dims are bound from the value, so
+      // the branches' symbols never leak out: the joined type, fresh length.
+      KILN_ASSIGN_OR_RETURN(TensorType j, join_container_types(n, taken ? (*taken ? t : e) : t, taken ? (*taken ? t : e) : e, ctx));
+      (*j.shape)[0] = ctx.fresh_symbol();
+      n.output(i)->set_type(std::move(j));
+      continue;
+    }
     if (taken) {
       const TensorType& b = *taken ? t : e;
       if (!b.shape) {
@@ -164,6 +172,16 @@ Result<std::vector<TensorType>> infer_carried(Node& n, Graph& body, size_t first
     for (size_t j = 0; j < state.size(); ++j) {
       Value* in = body.inputs()[first + j];
       const TensorType& out = body.outputs()[out_first + j]->type();
+      if (state[j].is_container() || out.is_container()) {
+        // The element type and length the body leaves: joined until they settle.
+        KILN_ASSIGN_OR_RETURN(TensorType joined, join_container_types(n, in->type(), out, ctx));
+        if (!same_container_shape(joined, in->type())) {
+          (*joined.shape)[0] = ctx.fresh_symbol();
+          in->set_type(std::move(joined));
+          changed = true;
+        }
+        continue;
+      }
       if (out.dtype != state[j].dtype)
         return node_invalid(n) << "body changes the dtype of loop-carried value " << j << " from "
                                << dtype_name(state[j].dtype) << " to " << dtype_name(out.dtype);
@@ -183,6 +201,12 @@ Result<std::vector<TensorType>> infer_carried(Node& n, Graph& body, size_t first
   }
   std::vector<TensorType> out;
   for (size_t j = 0; j < state.size(); ++j) {
+    if (state[j].is_container()) {
+      TensorType t = body.inputs()[first + j]->type();
+      (*t.shape)[0] = ctx.fresh_symbol();
+      out.push_back(std::move(t));
+      continue;
+    }
     Shape shape = *state[j].shape;
     for (size_t k = 0; k < shape.size(); ++k)
       shape[k] = varies[j][k] ? ctx.fresh_symbol() : outer_dim(shape[k], known, ctx);
@@ -214,7 +238,10 @@ Status infer_loop(Node& n, InferContext& ctx) {
   for (size_t j = 0; j < num_carried; ++j) body->inputs()[2 + j]->set_type(state[j]);
   KILN_ASSIGN_OR_RETURN(std::vector<TensorType> carried,
                         infer_carried(n, *body, 2, 1, state, num_carried + 1 + num_scan, ctx));
-  for (size_t j = 0; j < num_carried; ++j) set_output(n, j, carried[j].dtype, *carried[j].shape, ctx);
+  for (size_t j = 0; j < num_carried; ++j) {
+    if (carried[j].is_container()) n.output(j)->set_type(carried[j]);
+    else set_output(n, j, carried[j].dtype, *carried[j].shape, ctx);
+  }
 
   std::set<std::string> known = outer_symbols(n, ctx);
   // The trip count is M when there is no condition and M is known.
@@ -348,12 +375,53 @@ Status infer_scan(Node& n, InferContext& ctx) {
   return Status::ok();
 }
 
+// SequenceMap (opset 17): runs `body` once per element of the first input
+// (a sequence); every other sequence input gives its element at the same
+// position, a tensor input is passed whole. Output k is the sequence of the
+// body's output k. The body's inputs take the elements' types (fresh dims
+// where the elements' vary, bound on each run of the body).
+Status infer_sequence_map(Node& n, InferContext& ctx) {
+  Graph* body = subgraph(n, "body");
+  if (!body) return node_invalid(n) << "missing body";
+  if (n.num_inputs() < 1 || body->inputs().size() != n.num_inputs())
+    return node_invalid(n) << "body has " << body->inputs().size() << " inputs, expected " << n.num_inputs();
+  KILN_ASSIGN_OR_RETURN(TensorType first, input_type(n, 0));
+  if (first.dtype != DType::kSequence || !first.elem) return node_invalid(n) << "input 0 must be a sequence";
+  for (size_t j = 0; j < n.num_inputs(); ++j) {
+    KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, j));
+    if (t.dtype == DType::kOptional) return node_unsupported(n) << "input " << j << " is an optional";
+    if (t.dtype != DType::kSequence) {
+      body->inputs()[j]->set_type(t);
+      continue;
+    }
+    if (!t.elem || t.elem->is_container() || !t.elem->shape)
+      return node_unsupported(n) << "input " << j << ": the rank of the sequence's elements is unknown";
+    Shape dims;
+    for (const Dim& d : *t.elem->shape) dims.push_back(d.is_const() ? d : ctx.fresh_symbol());
+    body->inputs()[j]->set_type(TensorType{t.elem->dtype, std::move(dims)});
+  }
+  KILN_RETURN_IF_ERROR(infer_subgraph(n, *body, ctx));
+  KILN_RETURN_IF_ERROR(check_outputs(n, *body, n.num_outputs(), "body"));
+  for (size_t k = 0; k < n.num_outputs(); ++k) {
+    const TensorType& t = body->outputs()[k]->type();
+    if (t.is_container()) return node_unsupported(n) << "body output " << k << " is a container";
+    TensorType e{t.dtype, std::nullopt};
+    if (t.shape) {
+      e.shape = Shape{};
+      for (const Dim& d : *t.shape) e.shape->push_back(d.is_const() ? d : ctx.fresh_symbol());
+    }
+    n.output(k)->set_type(TensorType::container(DType::kSequence, std::move(e), (*first.shape)[0]));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 void register_control_flow_ops() {
-  register_op(OpDef{.name = "If", .infer = infer_if});
-  register_op(OpDef{.name = "Loop", .infer = infer_loop});
+  register_op(OpDef{.name = "If", .infer = infer_if, .takes_containers = true});
+  register_op(OpDef{.name = "Loop", .infer = infer_loop, .takes_containers = true});
   register_op(OpDef{.name = "Scan", .infer = infer_scan});
+  register_op(OpDef{.name = "SequenceMap", .infer = infer_sequence_map, .takes_containers = true});
 }
 
 }  // namespace kiln::ops

@@ -96,6 +96,7 @@ void register_all_ops() {
     register_string_ops();  // after elementwise: extends Cast, CastLike and Equal
     register_ml_ops();
     register_optimizer_ops();
+    register_sequence_ops();
   });
 }
 
@@ -121,7 +122,14 @@ Status infer_shapes(Graph& g, InferContext& ctx) {
     for (Value* in : n->inputs()) seed_sym_value(in);
     const OpDef* def = find_op(n->domain(), n->op_type());
     if (def == nullptr || !def->infer) continue;
-    Status st = def->infer(*n, ctx);
+    Status st = Status::ok();
+    if (!def->takes_containers)
+      for (size_t i = 0; i < n->num_inputs() && st.is_ok(); ++i)
+        if (n->input(i) != nullptr && n->input(i)->type().is_container())
+          st = node_unsupported(*n) << "input " << i << " ('" << n->input(i)->name() << "') is a "
+                                    << (n->input(i)->dtype() == DType::kSequence ? "sequence" : "optional")
+                                    << "; " << n->op_type() << " takes tensors only";
+    if (st.is_ok()) st = def->infer(*n, ctx);
     if (!st.is_ok()) {
       std::string prefix = g.source.empty() ? std::string() : g.source + ": ";
       if (st.message().rfind(n->describe(), 0) != 0) prefix += n->describe() + ": ";

@@ -102,6 +102,9 @@ struct OpDef {
   bool is_view = false;
   // Elementwise (with broadcasting): may be fused into a chain with neighbours.
   bool is_elementwise = false;
+  // The op reads or writes sequences or optionals (dtype kSequence / kOptional,
+  // TensorType::elem). infer_shapes refuses a container input to any other op.
+  bool takes_containers = false;
   // Compiled ops that read through index tensors: the run-time range checks.
   std::function<Result<std::vector<IndexCheck>>(const Node&)> index_checks;
   // Compiled ops whose lowering assumes a symbolic dim's value: the run-time checks.

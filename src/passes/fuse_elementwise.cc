@@ -15,6 +15,8 @@ namespace {
 bool is_elementwise(const Node* n) {
   const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
   if (def == nullptr || !def->lower) return false;
+  for (const Value* v : n->inputs())
+    if (v != nullptr && v->type().is_container()) return false;
   if (def->is_elementwise || def->is_view) return true;
   return n->domain().empty() && n->op_type() == "BatchNormalization" && n->num_outputs() == 1;
 }

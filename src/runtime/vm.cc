@@ -177,6 +177,23 @@ Status bind_dims(const std::vector<Expr>& pattern, const std::vector<int64_t>& d
   return Status::ok();
 }
 
+// A container input's elements (and theirs) have the dtypes `chain` lists
+// (RegisterInfo::elem_dtypes); an element of an optional or a sequence is
+// never undefined.
+Status check_elements(const Tensor& t, const std::vector<DType>& chain, const What& what, size_t depth = 0) {
+  if (!dtype_is_container(t.dtype())) return Status::ok();
+  if (depth >= chain.size()) return internal_error() << what << ": no element type recorded";
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const Tensor& e = t.data_as<Tensor>()[i];
+    if (!e.defined()) return invalid_argument() << what << " element " << i << " is missing";
+    if (e.dtype() != chain[depth])
+      return invalid_argument() << what << " element " << i << " has dtype " << dtype_name(e.dtype()) << ", expected "
+                                << dtype_name(chain[depth]);
+    KILN_RETURN_IF_ERROR(check_elements(e, chain, what, depth + 1));
+  }
+  return Status::ok();
+}
+
 // kCheckIndices: every index within [-extent, extent) of its data dim.
 Status check_indices(const Instr& in, const Tensor& indices, const Env& env) {
   std::vector<int64_t> extents;
@@ -262,6 +279,10 @@ void copy_elements(const Tensor& src, int64_t src_off, Tensor& dst, int64_t dst_
   if (src.dtype() == DType::kString) {
     for (int64_t i = 0; i < count; ++i)
       dst.data_as<std::string>()[dst_off + i] = src.data_as<std::string>()[src_off + i];
+    return;
+  }
+  if (dtype_is_container(src.dtype())) {
+    for (int64_t i = 0; i < count; ++i) dst.data_as<Tensor>()[dst_off + i] = src.data_as<Tensor>()[src_off + i];
     return;
   }
   int64_t es = dtype_size(src.dtype());
@@ -359,6 +380,7 @@ struct VM::Impl {
   Result<std::vector<Tensor>> run_if(const Instr& in, const std::vector<Tensor>& regs);
   Result<std::vector<Tensor>> run_loop(const Instr& in, const std::vector<Tensor>& regs, const Env& env);
   Result<std::vector<Tensor>> run_scan(const Instr& in, const std::vector<Tensor>& regs, const Env& env);
+  Result<std::vector<Tensor>> run_sequence_map(const Instr& in, const std::vector<Tensor>& regs);
 };
 
 // The shape of one slice of a stacked output register along `axis`, for a
@@ -441,6 +463,40 @@ Result<std::vector<Tensor>> VM::Impl::run_loop(const Instr& in, const std::vecto
     const RegisterInfo& info = prog->registers[in.outputs[num_carried + k]];
     KILN_ASSIGN_OR_RETURN(Tensor t, stack(scans[k], 0, false, info.dtype, empty_slice_shape(info, 0, env), in.where));
     results.push_back(std::move(t));
+  }
+  return results;
+}
+
+Result<std::vector<Tensor>> VM::Impl::run_sequence_map(const Instr& in, const std::vector<Tensor>& regs) {
+  size_t num_operands = in.attrs.size();
+  const Tensor& first = regs[in.inputs[0]];
+  if (first.dtype() != DType::kSequence) return internal_error() << in.where << ": input 0 is not a sequence";
+  int64_t n = first.numel();
+  for (size_t j = 0; j < num_operands; ++j) {
+    const Tensor& t = regs[in.inputs[j]];
+    if (in.attrs[j] != 0 && t.numel() != n)
+      return invalid_argument() << in.where << ": input " << j << " is a sequence of " << t.numel()
+                                << " elements, input 0 has " << n;
+  }
+  std::vector<std::vector<Tensor>> collected(in.outputs.size());
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<Tensor> args;
+    for (size_t j = 0; j < num_operands; ++j) {
+      const Tensor& t = regs[in.inputs[j]];
+      args.push_back(in.attrs[j] != 0 ? t.data_as<Tensor>()[i] : t);
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, run_sub(in.subprograms[0], std::move(args), in.captures[0], regs,
+                                                            in.where + " element " + std::to_string(i)));
+    if (outs.size() != in.outputs.size())
+      return internal_error() << in.where << ": body returned " << outs.size() << " outputs";
+    // Sub-program outputs are fresh tensors: the sequences own them.
+    for (size_t k = 0; k < outs.size(); ++k) collected[k].push_back(std::move(outs[k]));
+  }
+  std::vector<Tensor> results;
+  for (auto& elems : collected) {
+    KILN_ASSIGN_OR_RETURN(Tensor s, Tensor::allocate(DType::kSequence, {n}, in.where + " output"));
+    for (int64_t i = 0; i < n; ++i) s.data_as<Tensor>()[i] = std::move(elems[static_cast<size_t>(i)]);
+    results.push_back(std::move(s));
   }
   return results;
 }
@@ -639,6 +695,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
       return invalid_argument() << what << " has dtype " << dtype_name(t.dtype()) << ", expected "
                                 << dtype_name(info.dtype);
     KILN_RETURN_IF_ERROR(bind_dims(info.shape, t.shape(), env, p.bounds, what, sym_slots));
+    KILN_RETURN_IF_ERROR(check_elements(t, info.elem_dtypes, what));
     // Kernels assume 64-byte aligned buffers: copy a misaligned input.
     if (reinterpret_cast<uintptr_t>(t.data()) % kAlign != 0 && t.nbytes() > 0)
       regs[r] = t.clone();
@@ -666,11 +723,12 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
   };
   auto allocate = [&](int r) -> Status {
     const RegisterInfo& info = p.registers[r];
-    bool planned = info.arena_offset >= 0 && !info.is_output && info.dtype != DType::kString && arena_begin;
+    bool object_dtype = info.dtype == DType::kString || dtype_is_container(info.dtype);
+    bool planned = info.arena_offset >= 0 && !info.is_output && !object_dtype && arena_begin;
     if (planned && holds(r, arena_begin + info.arena_offset)) return Status::ok();
     What what{"", info.name};
     KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, eval_shape(info.shape, env, what));
-    if (info.dtype == DType::kString) {
+    if (object_dtype) {
       KILN_ASSIGN_OR_RETURN(regs[r], Tensor::allocate(info.dtype, std::move(shape), what.str()));
     } else if (info.arena_offset >= 0 && !info.is_output) {
       regs[r] = Tensor::borrow(info.dtype, std::move(shape), static_cast<char*>(arena.get()) + info.arena_offset);
@@ -817,8 +875,8 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         int out = in.outputs[0];
         KILN_RETURN_IF_ERROR(allocate(out).with_context(in.where));
         const Tensor& src = regs[in.inputs[0]];
-        if (src.dtype() == DType::kString) {
-          for (int64_t i = 0; i < src.numel(); ++i) regs[out].data_as<std::string>()[i] = src.data_as<std::string>()[i];
+        if (src.dtype() == DType::kString || dtype_is_container(src.dtype())) {
+          copy_elements(src, 0, regs[out], 0, src.numel());
         } else if (src.nbytes() > 0) {
           std::memcpy(regs[out].data(), src.data(), static_cast<size_t>(src.nbytes()));
         }
@@ -844,10 +902,12 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
         break;
       case OpCode::kIf:
       case OpCode::kLoop:
-      case OpCode::kScan: {
-        Result<std::vector<Tensor>> outs = in.op == OpCode::kIf     ? run_if(in, regs)
-                                           : in.op == OpCode::kLoop ? run_loop(in, regs, env)
-                                                                    : run_scan(in, regs, env);
+      case OpCode::kScan:
+      case OpCode::kSequenceMap: {
+        Result<std::vector<Tensor>> outs = in.op == OpCode::kIf            ? run_if(in, regs)
+                                           : in.op == OpCode::kLoop        ? run_loop(in, regs, env)
+                                           : in.op == OpCode::kSequenceMap ? run_sequence_map(in, regs)
+                                                                           : run_scan(in, regs, env);
         if (!outs.is_ok()) return outs.status();
         if (outs->size() != in.outputs.size())
           return internal_error() << in.where << ": produced " << outs->size() << " outputs, expected "

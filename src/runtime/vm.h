@@ -3,7 +3,9 @@
 // compiled kernel entry points, host (C++) kernels, constants, the memory plan.
 // The runtime does not link LLVM, the op registry or the graph IR.
 //
-// Registers hold tensors. Instructions:
+// Registers hold tensors; a sequence or an optional is a tensor of dtype
+// kSequence / kOptional whose elements are tensors (support/dtype.h), made and
+// read by host kernels only. Instructions:
 //   kCall      call a compiled kernel: buffers = arg registers (inputs then
 //              outputs); outputs are allocated first (shapes from their
 //              symbolic types under the current symbol bindings)
@@ -58,6 +60,11 @@
 //          leading batch axis; each batch element is scanned on its own (axes
 //          are those of one element), for its sequence length, and its scan
 //          outputs are zero past it
+//   kSequenceMap  inputs [operands..., captures...]; attrs: per operand 1 for a
+//          sequence (iterated: the body gets its element i), 0 for a tensor
+//          (passed whole); the body runs once per element of operand 0 (every
+//          sequence operand must have that length) and output k is the
+//          sequence of the body's output k
 //
 // Memory: with static shapes every intermediate lives at a fixed offset of one
 // arena planned at compile time (runtime/memory_plan.h); with symbolic shapes
@@ -81,7 +88,8 @@ using KernelFn = void (*)(void** buffers, const int64_t* syms);
 using HostKernel = std::function<Status(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs)>;
 
 enum class OpCode : uint8_t {
-  kCall, kCallHost, kView, kBind, kShapeOf, kCopy, kCheckIndices, kCheckBroadcast, kJump, kBranch, kRet, kIf, kLoop, kScan
+  kCall, kCallHost, kView, kBind, kShapeOf, kCopy, kCheckIndices, kCheckBroadcast, kJump, kBranch, kRet, kIf, kLoop, kScan,
+  kSequenceMap
 };
 
 struct Instr {
@@ -110,6 +118,9 @@ struct RegisterInfo {
   Tensor constant;                    // when is_constant
   int64_t arena_offset = -1;          // static plan: byte offset in the arena; -1: not planned
   bool is_output = false;             // a graph output: allocated fresh each run, returned to the caller
+  // Containers (kSequence, kOptional): the dtypes of its elements, of theirs, ...
+  // ([kSequence, kFloat32] for an optional sequence of f32 tensors); checked on inputs.
+  std::vector<DType> elem_dtypes;
 };
 
 struct CompiledKernel {

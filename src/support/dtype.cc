@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
+
+#include "support/tensor.h"
 
 namespace kiln {
 
@@ -19,6 +22,8 @@ constexpr DTypeInfo kInfo[kMaxDType + 1] = {
 }  // namespace
 
 const char* dtype_name(DType t) {
+  if (t == DType::kSequence) return "seq";
+  if (t == DType::kOptional) return "opt";
   int i = static_cast<int>(t);
   return i <= kMaxDType ? kInfo[i].name : "undef";
 }
@@ -26,12 +31,15 @@ const char* dtype_name(DType t) {
 DType dtype_from_name(std::string_view name) {
   for (int i = 1; i <= kMaxDType; ++i)
     if (name == kInfo[i].name) return static_cast<DType>(i);
+  if (name == "seq") return DType::kSequence;
+  if (name == "opt") return DType::kOptional;
   return DType::kUndefined;
 }
 
 int64_t dtype_size(DType t) {
   int i = static_cast<int>(t);
   if (t == DType::kString) return static_cast<int64_t>(sizeof(std::string));
+  if (dtype_is_container(t)) return static_cast<int64_t>(sizeof(Tensor));
   return i <= kMaxDType ? kInfo[i].size : 0;
 }
 

@@ -32,15 +32,25 @@ enum class DType : uint8_t {
   kUInt4 = 21,
   kInt4 = 22,
   kFloat4E2M1 = 23,
+  // Containers, not ONNX element types (outside [0, kMaxDType], so a model
+  // file cannot name them): a sequence is a rank-1 tensor whose elements are
+  // Tensors (its length the dim), an optional one of length 0 (no element) or
+  // 1. The element type is TensorType::elem at compile time.
+  kSequence = 64,
+  kOptional = 65,
 };
 
 constexpr int kMaxDType = 23;
+
+// kSequence or kOptional: elements are Tensor objects.
+inline bool dtype_is_container(DType t) { return t == DType::kSequence || t == DType::kOptional; }
 
 // Short lowercase name used by the IR printer: f32, i64, bool, ...
 const char* dtype_name(DType t);
 // Inverse of dtype_name; kUndefined when the name is unknown.
 DType dtype_from_name(std::string_view name);
-// Size of one element in bytes (strings: sizeof(std::string); 4-bit types: 1).
+// Size of one element in bytes (strings: sizeof(std::string); containers:
+// sizeof(Tensor); 4-bit types: 1).
 int64_t dtype_size(DType t);
 bool dtype_is_float(DType t);   // f16, bf16, f32, f64 and the float8s
 bool dtype_is_int(DType t);     // signed and unsigned integers (not bool)

@@ -16,6 +16,10 @@ std::shared_ptr<void> try_allocate_storage(DType dtype, int64_t n) {
     auto* p = new std::string[n > 0 ? n : 1];
     return std::shared_ptr<void>(p, [](void* q) { delete[] static_cast<std::string*>(q); });
   }
+  if (dtype_is_container(dtype)) {
+    auto* p = new Tensor[n > 0 ? n : 1];
+    return std::shared_ptr<void>(p, [](void* q) { delete[] static_cast<Tensor*>(q); });
+  }
   int64_t bytes = n * dtype_size(dtype);
   // 64-byte alignment for vector loads (huge pages for large blocks:
   // support/memory.h); at least one cache line so data() is never null.
@@ -133,6 +137,8 @@ Tensor Tensor::clone() const {
   if (dtype_ == DType::kString) {
     for (int64_t i = 0; i < numel(); ++i)
       t.data_as<std::string>()[i] = data_as<std::string>()[i];
+  } else if (dtype_is_container(dtype_)) {
+    for (int64_t i = 0; i < numel(); ++i) t.data_as<Tensor>()[i] = data_as<Tensor>()[i].clone();
   } else if (nbytes() > 0) {
     std::memcpy(t.data_, data_, static_cast<size_t>(nbytes()));
   }
@@ -164,6 +170,11 @@ bool same_contents(const Tensor& a, const Tensor& b) {
   if (a.dtype() == DType::kString) {
     for (int64_t i = 0; i < a.numel(); ++i)
       if (a.data_as<std::string>()[i] != b.data_as<std::string>()[i]) return false;
+    return true;
+  }
+  if (dtype_is_container(a.dtype())) {
+    for (int64_t i = 0; i < a.numel(); ++i)
+      if (!same_contents(a.data_as<Tensor>()[i], b.data_as<Tensor>()[i])) return false;
     return true;
   }
   return a.data() == b.data() || std::memcmp(a.data(), b.data(), static_cast<size_t>(a.nbytes())) == 0;
@@ -199,6 +210,8 @@ uint64_t content_hash(const Tensor& t) {
       mix(&len, sizeof len);
       mix(s.data(), s.size());
     }
+  } else if (dtype_is_container(t.dtype())) {
+    for (int64_t i = 0; i < t.numel(); ++i) mix_word(content_hash(t.data_as<Tensor>()[i]));
   } else {
     mix(t.data(), static_cast<size_t>(t.nbytes()));
   }

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""Runs the ONNX backend node tests shipped with the pinned onnx package through Kiln.
+"""Runs the ONNX backend test suites shipped with the pinned onnx package through Kiln.
 
-Each case onnx/backend/test/data/node/<name>/ (model.onnx + test_data_set_*/) is compiled
+Suites: node, simple, pytorch-converted, pytorch-operator, and real where its models are
+present (the onnx package ships only their data.json with a download URL; nothing is
+downloaded, so absent real models are reported as skipped, never as passes). Case names
+are unique across suites. Each case onnx/backend/test/data/<suite>/<name>/ (model.onnx +
+test_data_set_*/) is compiled
 with the Python module and every data set is compared as onnx.backend.test does:
 numpy.testing.assert_allclose with the case's rtol/atol (1e-3 / 1e-7 unless its
 data.json says otherwise), equal dtypes, exact equality for non-numeric outputs.
@@ -41,19 +45,38 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FILTER = os.path.join(HERE, "filter.txt")
 
 
-def node_test_dir():
+SUITES = ("node", "simple", "pytorch-converted", "pytorch-operator", "real")
+
+
+def data_root():
     import onnx
-    return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "node")
+    return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
 
 
-def list_cases(pattern=None):
-    root = node_test_dir()
-    names = sorted(d for d in os.listdir(root)
-                   if os.path.isfile(os.path.join(root, d, "model.onnx")))
-    if pattern:
-        rx = re.compile(pattern)
-        names = [n for n in names if rx.search(n)]
-    return names
+def case_dir(name):
+    """The directory of case `name` in whichever suite holds it."""
+    for suite in SUITES:
+        d = os.path.join(data_root(), suite, name)
+        if os.path.isdir(d):
+            return d
+    raise FileNotFoundError(f"no backend test case named {name}")
+
+
+def list_cases(pattern=None, suites=SUITES):
+    """(runnable case names, skipped {name: why}) over `suites`, names unique across them."""
+    names, skipped = [], {}
+    for suite in suites:
+        root = os.path.join(data_root(), suite)
+        if not os.path.isdir(root):
+            continue
+        for d in sorted(os.listdir(root)):
+            if not d.startswith("test_") or (pattern and not re.search(pattern, d)):
+                continue
+            if os.path.isfile(os.path.join(root, d, "model.onnx")):
+                names.append(d)
+            else:
+                skipped[d] = f"{suite}: model not present (the onnx package ships a download URL)"
+    return sorted(names), skipped
 
 
 KINDS = ("unsupported-op", "unsupported-dtype", "unsupported", "wrong-result", "error")
@@ -122,6 +145,16 @@ def _load_value(path, type_proto):
         t = onnx.TensorProto()
         t.ParseFromString(content)
         return numpy_helper.to_array(t)
+    # Sequences as lists of arrays, optionals as None or their element (the
+    # form both Kiln's Python module and onnxruntime take and return).
+    if type_proto.HasField("sequence_type"):
+        s = onnx.SequenceProto()
+        s.ParseFromString(content)
+        return numpy_helper.to_list(s)
+    if type_proto.HasField("optional_type"):
+        o = onnx.OptionalProto()
+        o.ParseFromString(content)
+        return numpy_helper.to_optional(o)
     kind = type_proto.WhichOneof("value")
     raise NotImplementedError(f"{kind} values are not supported by the Kiln API "
                               f"({os.path.basename(path)})")
@@ -129,6 +162,21 @@ def _load_value(path, type_proto):
 
 def _compare(name, ref, out, rtol, atol):
     import numpy as np
+    if ref is None or isinstance(ref, list):
+        if isinstance(ref, list) and not isinstance(out, list):
+            raise AssertionError(f"output {name}: {type(out).__name__}, expected a sequence (list)")
+        if ref is None:
+            if out is not None:
+                raise AssertionError(f"output {name}: {out!r}, expected an empty optional (None)")
+            return
+        if len(out) != len(ref):
+            raise AssertionError(f"output {name}: sequence of {len(out)} elements, expected {len(ref)}")
+        for i, (r, o) in enumerate(zip(ref, out)):
+            _compare(f"{name}[{i}]", r, o, rtol, atol)
+        return
+    if isinstance(out, list) or out is None:
+        raise AssertionError(f"output {name}: {type(out).__name__}, expected an array")
+    np.testing.assert_equal(np.shape(out), np.shape(ref), err_msg=f"output {name}: shape")
     if not np.issubdtype(ref.dtype, np.number):
         if ref.dtype == np.bool_ and out.dtype != np.bool_:
             raise AssertionError(f"output {name}: dtype {out.dtype}, expected bool")
@@ -145,14 +193,14 @@ def _compare(name, ref, out, rtol, atol):
 
 def _run_case(name, backend, threads):
     import onnx
-    case_dir = os.path.join(node_test_dir(), name)
+    case_path = case_dir(name)
     rtol, atol = 1e-3, 1e-7
-    data_json = os.path.join(case_dir, "data.json")
+    data_json = os.path.join(case_path, "data.json")
     if os.path.exists(data_json):
         with open(data_json) as f:
             data = json.load(f)
         rtol, atol = data.get("rtol", rtol), data.get("atol", atol)
-    model_path = os.path.join(case_dir, "model.onnx")
+    model_path = os.path.join(case_path, "model.onnx")
     model = onnx.load(model_path, load_external_data=False)
     graph_inputs = [i for i in model.graph.input]
     graph_outputs = [o for o in model.graph.output]
@@ -174,7 +222,7 @@ def _run_case(name, backend, threads):
             names = [o.name for o in sess.get_outputs()]
             return dict(zip(names, sess.run(names, feeds)))
 
-    sets = sorted(glob.glob(os.path.join(case_dir, "test_data_set*")))
+    sets = sorted(glob.glob(os.path.join(case_path, "test_data_set*")))
     if not sets:
         raise AssertionError("no test_data_set directories")
     for data_dir in sets:
@@ -304,7 +352,7 @@ def describe_failure(name, result):
     if ops is not None:
         return f"{kind}: {', '.join(ops)}"
     first = (result["message"].splitlines() or [""])[0]
-    first = first.replace(os.path.join(node_test_dir(), name) + os.sep, "")
+    first = first.replace(case_dir(name) + os.sep, "")
     first = re.sub(r"^KilnError: unsupported: ", "", first)
     return " ".join(f"{kind}: {first}".split())[:200]
 
@@ -320,7 +368,7 @@ def changed(reason, result):
 
 
 def write_filter(path, results, old):
-    lines = ["# ONNX backend node tests that Kiln is known to fail, one per line:",
+    lines = ["# ONNX backend tests (all suites) that Kiln is known to fail, one per line:",
              "#   test_name  # KIND: detail   (KIND: " + ", ".join(KINDS) + ";",
              "#   see run_backend_tests.py). Generated by --write-filter, which keeps the detail",
              "#   of a line whose kind still holds; edit the details freely."]
@@ -339,6 +387,8 @@ def write_filter(path, results, old):
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", default="all",
+                        help="comma-separated suites (" + ", ".join(SUITES) + ") or all")
     parser.add_argument("-k", dest="pattern", default=None, help="regex selecting case names")
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--filter", default=DEFAULT_FILTER)
@@ -357,7 +407,11 @@ def main():
         worker_main(args.backend, args.threads)
         return 0
 
-    cases = list_cases(args.pattern)
+    suites = SUITES if args.suite == "all" else tuple(args.suite.split(","))
+    unknown = [s for s in suites if s not in SUITES]
+    if unknown:
+        parser.error(f"unknown suite {', '.join(unknown)}; suites: {', '.join(SUITES)}, all")
+    cases, skipped = list_cases(args.pattern, suites)
     if not cases:
         print("no test cases selected", file=sys.stderr)
         return 2
@@ -373,15 +427,24 @@ def main():
     different = {n: changed(expected_failures[n], results[n]) for n in failed if n in expected_failures}
     different = {n: why for n, why in different.items() if why is not None}
     fixed = [n for n in passed if n in expected_failures]
-    stale = sorted(n for n in expected_failures if n not in results and not args.pattern)
+    stale = sorted(n for n in expected_failures
+                   if n not in results and not args.pattern and args.suite == "all")
 
     by_status = {}
     for n in failed:
         by_status.setdefault(results[n]["status"], []).append(n)
     print()
-    print(f"ONNX backend node tests ({args.backend}): {len(passed)}/{len(cases)} passed "
-          f"({100.0 * len(passed) / len(cases):.1f}%) in {elapsed:.0f} s; " +
+    for suite in suites:
+        in_suite = [n for n in cases if os.path.basename(os.path.dirname(case_dir(n))) == suite]
+        if in_suite:
+            ok = sum(results[n]["status"] == "pass" for n in in_suite)
+            print(f"  {suite}: {ok}/{len(in_suite)} passed")
+    print(f"ONNX backend tests ({args.backend}, {', '.join(suites)}): {len(passed)}/{len(cases)} "
+          f"passed ({100.0 * len(passed) / len(cases):.1f}%) in {elapsed:.0f} s; " +
           ", ".join(f"{len(v)} {k}" for k, v in sorted(by_status.items())))
+    if skipped:
+        print(f"skipped {len(skipped)} case(s) without a local model: "
+              + "; ".join(f"{n} ({why})" for n, why in sorted(skipped.items())))
     if failed:
         print(f"\nfailing cases ({len(failed)}):")
         for n in failed:

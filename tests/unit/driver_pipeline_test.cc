@@ -6,7 +6,10 @@
 #include <cmath>
 #include <random>
 
+#include <onnx/onnx_pb.h>
+
 #include "driver/pipeline.h"
+#include "frontend/onnx/import.h"
 #include "runtime/vm.h"
 
 namespace kiln::driver {
@@ -59,6 +62,67 @@ void expect_close(const Tensor& got, const std::vector<float>& want) {
   ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
   for (size_t i = 0; i < want.size(); ++i)
     ASSERT_NEAR(got.data_as<float>()[i], want[i], 1e-4 + 1e-4 * std::fabs(want[i])) << "element " << i;
+}
+
+// Opset 6 Add with broadcast = 1, axis = 1: B [3] is aligned with A's dim 1
+// (of [2, 3, 4, 3]), not with its last dim as numpy would (the shapes allow
+// both, so the wrong rule would run and give other numbers). PRelu of opset 6
+// applies a 1-D slope per channel.
+TEST(Pipeline, LegacyBroadcastAlignsAtAxis) {
+  auto build = [](const std::string& op, bool with_axis) {
+    onnx::ModelProto m;
+    m.set_ir_version(3);
+    auto* os = m.add_opset_import();
+    os->set_version(6);
+    auto* g = m.mutable_graph();
+    g->set_name("legacy");
+    auto input = [&](const std::string& name, std::vector<int64_t> dims) {
+      auto* vi = g->add_input();
+      vi->set_name(name);
+      auto* tt = vi->mutable_type()->mutable_tensor_type();
+      tt->set_elem_type(onnx::TensorProto::FLOAT);
+      for (int64_t d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
+    };
+    input("A", {2, 3, 4, 3});
+    input("B", {3});
+    auto* n = g->add_node();
+    n->set_op_type(op);
+    n->set_name("legacy_node");
+    n->add_input("A");
+    n->add_input("B");
+    n->add_output("Y");
+    if (with_axis) {
+      auto* b = n->add_attribute();
+      b->set_name("broadcast");
+      b->set_type(onnx::AttributeProto::INT);
+      b->set_i(1);
+      auto* a = n->add_attribute();
+      a->set_name("axis");
+      a->set_type(onnx::AttributeProto::INT);
+      a->set_i(1);
+    }
+    g->add_output()->set_name("Y");
+    return m.SerializeAsString();
+  };
+  Tensor a = random_tensor({2, 3, 4, 3}, 5);
+  Tensor b = random_tensor({3}, 6);
+  for (const char* op : {"Add", "PRelu"}) {
+    SCOPED_TRACE(op);
+    auto g = import_onnx_bytes(build(op, std::string(op) == "Add"), "legacy.onnx");
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    auto compiled = compile_graph(std::move(g).value(), CompileOptions{});
+    ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+    runtime::VM vm(compiled.value().program, 1);
+    auto out = vm.run({a, b});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    const float* y = out.value()[0].data_as<float>();
+    ASSERT_EQ(out.value()[0].shape(), (std::vector<int64_t>{2, 3, 4, 3}));
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      float x = a.data_as<float>()[i], s = b.data_as<float>()[(i / 12) % 3];
+      float want = std::string(op) == "Add" ? x + s : (x < 0 ? x * s : x);
+      ASSERT_FLOAT_EQ(y[i], want) << "element " << i;
+    }
+  }
 }
 
 TEST(Pipeline, StaticShapesFusedAndPlanned) {

@@ -307,16 +307,49 @@ class Importer {
 
   // required: a top-level input, which must have a tensor type with a dtype.
   Result<TensorType> type_of(const onnx::ValueInfoProto& vi, bool required, const std::string& what) {
-    TensorType t;
     if (!vi.has_type()) {
       if (required) return err() << what << " has no type";
-      return t;
+      return TensorType{};
     }
-    const onnx::TypeProto& tp = vi.type();
+    return type_of(vi.type(), required, what, 0);
+  }
+
+  // A sequence or optional type: a container of its element type (see
+  // TensorType::elem) whose length is a fresh symbol. The element's dims are
+  // per element, so named ones are not graph symbols: only a static shape
+  // (or the rank, as fresh dims) is kept.
+  Result<TensorType> type_of(const onnx::TypeProto& tp, bool required, const std::string& what, int depth) {
+    if (tp.has_sequence_type() || tp.has_optional_type()) {
+      if (depth > 4) return unsupported() << source_ << ": " << what << " nests containers too deeply";
+      bool seq = tp.has_sequence_type();
+      const onnx::TypeProto* et = seq ? (tp.sequence_type().has_elem_type() ? &tp.sequence_type().elem_type() : nullptr)
+                                      : (tp.optional_type().has_elem_type() ? &tp.optional_type().elem_type() : nullptr);
+      if (!et) return err() << what << " is a " << (seq ? "sequence" : "optional") << " without an element type";
+      if (et->has_optional_type() || (seq && et->has_sequence_type()))
+        return unsupported() << source_ << ": " << what << " has a " << (seq ? "sequence" : "optional") << " of "
+                             << (et->has_optional_type() ? "optionals" : "sequences") << "; Kiln supports sequences of tensors and optionals of tensors or sequences";
+      KILN_ASSIGN_OR_RETURN(TensorType e, type_of(*et, true, what + " element", depth + 1));
+      if (!e.is_container() && e.shape) {
+        bool all_static = true;
+        for (const Dim& d : *e.shape) all_static = all_static && d.is_const();
+        if (!all_static) {
+          Shape fresh;
+          for (size_t i = 0; i < e.shape->size(); ++i) fresh.push_back(var(fresh_symbol()));
+          e.shape = std::move(fresh);
+        }
+      }
+      Dim length = var(fresh_symbol());
+      if (!seq) {
+        // The length (0 or 1) is a symbol bounded to [0, 1].
+        root_->bounds[length.to_string()] = Interval{0, 1};
+      }
+      return TensorType::container(seq ? DType::kSequence : DType::kOptional, std::move(e), length);
+    }
     if (!tp.has_tensor_type()) {
-      const char* kind = tp.has_sequence_type() ? "sequence" : tp.has_map_type() ? "map" : tp.has_optional_type() ? "optional" : "non-tensor";
-      return unsupported() << source_ << ": " << what << " has a " << kind << " type; only tensors are supported";
+      const char* kind = tp.has_map_type() ? "map" : tp.has_sparse_tensor_type() ? "sparse tensor" : "non-tensor";
+      return unsupported() << source_ << ": " << what << " has a " << kind << " type; only tensors, sequences and optionals are supported";
     }
+    TensorType t;
     const auto& tt = tp.tensor_type();
     int elem = tt.elem_type();
     if (elem < 0 || elem > kMaxDType || (elem == 0 && required))
@@ -591,6 +624,22 @@ class Importer {
           a.graphs.push_back(std::move(g));
         }
         break;
+      case AP::TYPE_PROTO: {
+        // (Optional's `type`.) Kiln keeps [0, dtype] for a tensor type and
+        // [kSequence, dtype] for a sequence of tensors.
+        const onnx::TypeProto& tp = ap.tp();
+        const onnx::TypeProto* t = &tp;
+        int64_t container = 0;
+        if (tp.has_sequence_type() && tp.sequence_type().has_elem_type()) {
+          container = static_cast<int64_t>(DType::kSequence);
+          t = &tp.sequence_type().elem_type();
+        }
+        if (!t->has_tensor_type() || t->tensor_type().elem_type() <= 0 || t->tensor_type().elem_type() > kMaxDType)
+          return unsupported() << source_ << ": " << what << " is a type other than a tensor or a sequence of tensors";
+        a.kind = Attribute::Kind::kInts;
+        a.ints = {container, t->tensor_type().elem_type()};
+        break;
+      }
       default:
         return unsupported() << source_ << ": " << what << " has unsupported attribute type " << type;
     }
@@ -636,6 +685,66 @@ class Importer {
       }
     }
     return err() << where << " has no value attribute";
+  }
+
+  // Before opset 7, a binary op broadcast its second input only with
+  // `broadcast` = 1, aligning that input's dims with the first input's from
+  // `axis` on (trailing dims, numpy's rule, when `axis` is absent); PRelu
+  // applied a 1-D slope per channel (dim 1). Where the alignment is not
+  // numpy's, the second input is reshaped here to rank(A) - axis trailing
+  // ones more, with graph ops (Shape, Size, Sub, ConstantOfShape, Concat,
+  // Reshape) that shape inference folds; a negative count (the input does not
+  // fit after `axis`) fails in ConstantOfShape, named after this node.
+  Status align_legacy_broadcast(Graph& g, const onnx::NodeProto& np, std::map<std::string, Attribute>& attrs,
+                                std::vector<Value*>& ins, const std::unordered_map<std::string, size_t>& producer) {
+    if (!normalize_domain(np.domain()).empty() || ins.size() < 2 || !ins[0] || !ins[1]) return Status::ok();
+    auto op = root_->opsets.find("");
+    if (op == root_->opsets.end() || op->second >= 7) return Status::ok();
+    static const std::set<std::string> kLegacy = {"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor",
+                                                  "Equal", "Greater", "Less"};
+    int64_t axis = 0;
+    if (kLegacy.count(np.op_type())) {
+      auto b = attrs.find("broadcast"), a = attrs.find("axis");
+      if (b == attrs.end() || b->second.i != 1 || a == attrs.end()) return Status::ok();
+      axis = a->second.i;
+      attrs.erase(a);
+    } else if (np.op_type() == "PRelu") {
+      // Only a slope known to be 1-D with more than one element: a rank-1
+      // tensor of size 1 broadcasts the same under either rule.
+      Value* s = ins[1];
+      if (s->type().rank() != 1 || (*s->type().shape)[0].as_const() == std::optional<int64_t>(1)) return Status::ok();
+      axis = 1;
+    } else {
+      return Status::ok();
+    }
+    if (axis < 0) return err() << np.op_type() << " node '" << np.name() << "': legacy broadcast axis " << axis << " is negative";
+    std::string base = (np.name().empty() ? np.op_type() : np.name()) + "/legacy_broadcast";
+    auto fresh = [&](const std::string& what) {
+      std::string name = g.unique_name(base + "/" + what);
+      for (int k = 0; producer.count(name); ++k) name = g.unique_name(base + "/" + what + std::to_string(k));
+      return name;
+    };
+    auto one_node = [&](const std::string& op_type, std::vector<Value*> in, const std::string& what) {
+      return g.add_node(op_type, in, {fresh(what)}, "", base + "/" + what)->output(0);
+    };
+    auto i64 = [&](std::vector<int64_t> shape, std::vector<int64_t> vals, const std::string& what) {
+      Tensor t(DType::kInt64, std::move(shape));
+      for (size_t i = 0; i < vals.size(); ++i) t.data_as<int64_t>()[i] = vals[i];
+      return g.add_constant(fresh(what), std::move(t));
+    };
+    Value* rank_a = one_node("Size", {one_node("Shape", {ins[0]}, "shape_a")}, "rank_a");
+    Value* shape_b = one_node("Shape", {ins[1]}, "shape_b");
+    Value* rank_b = one_node("Size", {shape_b}, "rank_b");
+    Value* count = one_node("Sub", {one_node("Sub", {rank_a, i64({}, {axis}, "axis")}, "after_axis"), rank_b}, "count");
+    Value* count1 = one_node("Reshape", {count, i64({1}, {1}, "one_dim")}, "count_1d");
+    Node* ones = g.add_node("ConstantOfShape", {count1}, {fresh("ones")}, "", base + "/ones");
+    Tensor one(DType::kInt64, {1});
+    one.data_as<int64_t>()[0] = 1;
+    ones->set_attr("value", Attribute::of_tensor(std::move(one)));
+    Node* cat = g.add_node("Concat", {shape_b, ones->output(0)}, {fresh("new_shape")}, "", base + "/new_shape");
+    cat->set_attr("axis", Attribute::of_int(0));
+    ins[1] = one_node("Reshape", {ins[1], cat->output(0)}, "aligned");
+    return Status::ok();
   }
 
   // release: the same GraphProto, mutable, to free initializer data once converted.
@@ -766,6 +875,7 @@ class Importer {
         if (!o.empty() && g.find_value(o))
           return err() << where << " defines value '" << o << "', which is already defined (shadowing an outer value)";
       std::vector<std::string> outs(np.output().begin(), np.output().end());
+      KILN_RETURN_IF_ERROR(align_legacy_broadcast(g, np, attrs, ins, producer));
       Node* n = g.add_node(np.op_type(), ins, outs, normalize_domain(np.domain()), np.name());
       for (auto& [k, a] : attrs) n->set_attr(k, std::move(a));
     }
