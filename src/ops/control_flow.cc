@@ -174,7 +174,14 @@ Result<std::vector<TensorType>> infer_carried(Node& n, Graph& body, size_t first
       const TensorType& out = body.outputs()[out_first + j]->type();
       if (state[j].is_container() || out.is_container()) {
         // The element type and length the body leaves: joined until they settle.
-        KILN_ASSIGN_OR_RETURN(TensorType joined, join_container_types(n, in->type(), out, ctx));
+        // An optional carried value may come back as its element (ONNX lets an
+        // optional become the value it holds): it stays optional, and the VM
+        // wraps the body's output (run_loop).
+        TensorType next = out;
+        if (in->type().dtype == DType::kOptional && out.dtype != DType::kOptional && in->type().elem &&
+            in->type().elem->dtype == out.dtype)
+          next = TensorType::container(DType::kOptional, out, Dim(int64_t{1}));
+        KILN_ASSIGN_OR_RETURN(TensorType joined, join_container_types(n, in->type(), next, ctx));
         if (!same_container_shape(joined, in->type())) {
           (*joined.shape)[0] = ctx.fresh_symbol();
           in->set_type(std::move(joined));
