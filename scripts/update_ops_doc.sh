@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Regenerates docs/ops.md from the op registry (`kiln ops`) and the last ONNX
-# backend run's pass rate, if any. Run after adding ops.
+# Regenerates docs/ops.md from the op registry (`kiln ops`), the hand-written
+# notes (docs/ops_notes.md) and the operator x dtype table (docs/op_dtypes.md).
+# Run after adding ops. With --dtypes the table is measured again first
+# (tests/onnx/op_dtype_table.py: every op's dtypes run through Kiln against the
+# ONNX reference evaluator; a few minutes); without, the last table is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--dtypes" ]; then
+  PYTHONPATH=build/python .venv/bin/python tests/onnx/op_dtype_table.py --out docs/op_dtypes.md
+fi
 {
   echo "# Supported ONNX ops"
   echo
@@ -16,6 +22,10 @@ cd "$(dirname "$0")/.."
   echo "| op | how it runs |"
   echo "|---|---|"
   ./build/bin/kiln ops | awk -F'\t' '{ printf "| %s | %s |\n", $1, $2 }'
+  if [ -f docs/op_dtypes.md ]; then
+    echo
+    sed 's/^# Operators by dtype/# Operators by dtype (measured)/' docs/op_dtypes.md
+  fi
   # Hand-written notes per op family (kept in docs/ops_notes.md).
   if [ -f docs/ops_notes.md ]; then
     echo

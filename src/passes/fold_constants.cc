@@ -11,8 +11,11 @@ namespace kiln::passes {
 
 namespace {
 
+// Containers (sequences, optionals) are never folded: their elements are not
+// in the value's bytes, and a constant container has no ONNX initializer form.
 std::optional<int64_t> static_bytes(const Value* v) {
-  if (v == nullptr || !v->type().is_static() || v->dtype() == DType::kUndefined) return std::nullopt;
+  if (v == nullptr || !v->type().is_static() || v->dtype() == DType::kUndefined || v->type().is_container())
+    return std::nullopt;
   return checked_nbytes(v->dtype(), v->type().static_shape());
 }
 

@@ -53,8 +53,16 @@ def data_root():
     return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
 
 
+# --cases-dir: run the case directories under this folder instead of the onnx
+# package's suites (tests/onnx/op_dtype_table.py writes its variants there).
+# Passed to the workers through the environment.
+CASES_DIR_ENV = "KILN_BACKEND_CASES_DIR"
+
+
 def case_dir(name):
     """The directory of case `name` in whichever suite holds it."""
+    if os.environ.get(CASES_DIR_ENV):
+        return os.path.join(os.environ[CASES_DIR_ENV], name)
     for suite in SUITES:
         d = os.path.join(data_root(), suite, name)
         if os.path.isdir(d):
@@ -65,6 +73,11 @@ def case_dir(name):
 def list_cases(pattern=None, suites=SUITES):
     """(runnable case names, skipped {name: why}) over `suites`, names unique across them."""
     names, skipped = [], {}
+    if os.environ.get(CASES_DIR_ENV):
+        root = os.environ[CASES_DIR_ENV]
+        names = [d for d in sorted(os.listdir(root)) if os.path.isfile(os.path.join(root, d, "model.onnx"))
+                 and (not pattern or re.search(pattern, d))]
+        return names, skipped
     for suite in suites:
         root = os.path.join(data_root(), suite)
         if not os.path.isdir(root):
@@ -191,7 +204,8 @@ def _compare(name, ref, out, rtol, atol):
         np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol, err_msg=f"output {name}")
 
 
-def _run_case(name, backend, threads):
+def _run_case(name, backend, threads, how):
+    """Runs case `name`; raises on a failure. `how` gets the compiled model's kernel counts."""
     import onnx
     case_path = case_dir(name)
     rtol, atol = 1e-3, 1e-7
@@ -208,6 +222,9 @@ def _run_case(name, backend, threads):
     if backend == "kiln":
         import kiln
         compiled = kiln.compile(model_path, threads=threads)
+        stats = compiled.stats
+        how["kernels"] = stats["num_kernels"]
+        how["runtime_kernels"] = stats["num_runtime_kernels"]
 
         def run(feeds):
             return compiled.run(feeds)
@@ -258,8 +275,9 @@ def worker_main(backend, threads):
         if not name:
             continue
         start = time.time()
+        how = {}
         try:
-            _run_case(name, backend, threads)
+            _run_case(name, backend, threads, how)
             result = {"name": name, "status": "pass", "message": ""}
         except BaseException as exc:  # noqa: BLE001: every failure is a result
             kind, message = _classify(exc)
@@ -267,6 +285,7 @@ def worker_main(backend, threads):
                 message += "\n" + traceback.format_exc(limit=3)
             result = {"name": name, "status": kind, "message": message}
         result["seconds"] = round(time.time() - start, 3)
+        result.update(how)
         out.write(json.dumps(result) + "\n")
         out.flush()
 
@@ -387,6 +406,8 @@ def write_filter(path, results, old):
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases-dir", default=None,
+                        help="run the case directories in this folder instead of the onnx suites")
     parser.add_argument("--suite", default="all",
                         help="comma-separated suites (" + ", ".join(SUITES) + ") or all")
     parser.add_argument("-k", dest="pattern", default=None, help="regex selecting case names")
@@ -403,6 +424,8 @@ def main():
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
+    if args.cases_dir:
+        os.environ[CASES_DIR_ENV] = os.path.abspath(args.cases_dir)
     if args.worker:
         worker_main(args.backend, args.threads)
         return 0

@@ -28,14 +28,32 @@ void tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorProto
   tp->set_raw_data(std::string(reinterpret_cast<const char*>(bytes), static_cast<size_t>(t.nbytes())));
 }
 
-Status value_info(const Value* v, onnx::ValueInfoProto* vi) {
-  vi->set_name(v->name());
-  if (v->dtype() == DType::kUndefined) return unsupported() << "value '" << v->name() << "' has no dtype";
-  onnx::TypeProto_Tensor* tt = vi->mutable_type()->mutable_tensor_type();
-  tt->set_elem_type(static_cast<int>(v->dtype()));
-  if (!v->type().shape) return Status::ok();
+// A value's type: a tensor type, or a sequence / optional of its element type
+// (the container's length is not part of an ONNX type).
+Status type_proto(const TensorType& t, const std::string& name, onnx::TypeProto* tp) {
+  if (t.dtype == DType::kUndefined) return unsupported() << "value '" << name << "' has no dtype";
+  if (t.is_container()) {
+    if (!t.elem) return internal_error() << "container value '" << name << "' without an element type";
+    onnx::TypeProto* elem = t.dtype == DType::kSequence ? tp->mutable_sequence_type()->mutable_elem_type()
+                                                       : tp->mutable_optional_type()->mutable_elem_type();
+    if (!t.elem->is_container()) {
+      // Element dims other than constants vary per element: left unnamed.
+      onnx::TypeProto_Tensor* tt = elem->mutable_tensor_type();
+      tt->set_elem_type(static_cast<int>(t.elem->dtype));
+      if (t.elem->shape)
+        for (const Expr& d : *t.elem->shape) {
+          auto* dim = tt->mutable_shape()->add_dim();
+          if (auto c = d.as_const()) dim->set_dim_value(*c);
+        }
+      return Status::ok();
+    }
+    return type_proto(*t.elem, name, elem);
+  }
+  onnx::TypeProto_Tensor* tt = tp->mutable_tensor_type();
+  tt->set_elem_type(static_cast<int>(t.dtype));
+  if (!t.shape) return Status::ok();
   onnx::TensorShapeProto* shape = tt->mutable_shape();
-  for (const Expr& d : *v->type().shape) {
+  for (const Expr& d : *t.shape) {
     auto* dim = shape->add_dim();
     if (auto c = d.as_const()) dim->set_dim_value(*c);
     else dim->set_dim_param(print_expr(d));
@@ -43,11 +61,25 @@ Status value_info(const Value* v, onnx::ValueInfoProto* vi) {
   return Status::ok();
 }
 
+Status value_info(const Value* v, onnx::ValueInfoProto* vi) {
+  vi->set_name(v->name());
+  return type_proto(v->type(), v->name(), vi->mutable_type());
+}
+
 Status graph_to_proto(const Graph& g, onnx::GraphProto* gp);
 
 Status attribute_to_proto(const std::string& key, const Attribute& a, const Node& n, onnx::AttributeProto* ap) {
   using AP = onnx::AttributeProto;
   ap->set_name(key);
+  if (n.domain().empty() && n.op_type() == "Optional" && key == "type" && a.kind == Attribute::Kind::kInts &&
+      a.ints.size() == 2) {
+    // The importer keeps Optional's TYPE_PROTO as [0 or kSequence, dtype].
+    ap->set_type(AP::TYPE_PROTO);
+    onnx::TypeProto* t = ap->mutable_tp();
+    if (a.ints[0] == static_cast<int64_t>(DType::kSequence)) t = t->mutable_sequence_type()->mutable_elem_type();
+    t->mutable_tensor_type()->set_elem_type(static_cast<int>(a.ints[1]));
+    return Status::ok();
+  }
   switch (a.kind) {
     case Attribute::Kind::kFloat: ap->set_type(AP::FLOAT); ap->set_f(static_cast<float>(a.f)); break;
     case Attribute::Kind::kInt: ap->set_type(AP::INT); ap->set_i(a.i); break;
