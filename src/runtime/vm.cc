@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "support/memory.h"
@@ -372,7 +374,14 @@ struct VM::Impl {
   std::vector<void*> host_given;
   SlotValues sym_slots;
 
-  Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs);
+  // outer: the symbols bound in the calling program (a sub-program's captured
+  // values may have dims such as min(n, 300) + min(m, 300) over them, which
+  // only those bindings can evaluate); the ones this program uses are bound first.
+  Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs, const Env* outer = nullptr);
+  // The symbols this program's register shapes and kernels name (computed once).
+  const std::vector<std::string>& used_symbols();
+  std::optional<std::vector<std::string>> used_symbols_;
+  const Env* current_env = nullptr;  // the running program's bindings, for its sub-programs
   // Runs sub-program `index` on `inputs` followed by the captured registers.
   Result<std::vector<Tensor>> run_sub(int index, std::vector<Tensor> inputs, const std::vector<int>& captures,
                                       const std::vector<Tensor>& regs, const std::string& where);
@@ -403,7 +412,7 @@ Result<std::vector<Tensor>> VM::Impl::run_sub(int index, std::vector<Tensor> inp
     subvms[index]->set_memory_limit(memory_limit);
   }
   for (int r : captures) inputs.push_back(regs[r]);
-  auto out = subvms[index]->run(inputs);
+  auto out = subvms[index]->impl_->run(inputs, current_env);
   if (!out.is_ok()) return out.status().with_context(where);
   return out;
 }
@@ -652,7 +661,23 @@ void VM::set_profiling(bool enabled) {
 const std::vector<VM::InstrProfile>& VM::profile() const { return impl_->profile; }
 const Program& VM::program() const { return *impl_->prog; }
 
-Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
+const std::vector<std::string>& VM::Impl::used_symbols() {
+  if (!used_symbols_) {
+    std::set<std::string> names;
+    auto add = [&](const Expr& e) {
+      for (const std::string& v : free_vars(e)) names.insert(v);
+    };
+    for (const RegisterInfo& r : prog->registers)
+      for (const Expr& d : r.shape) add(d);
+    for (const Instr& in : prog->instrs)
+      for (const Expr& e : in.values) add(e);
+    for (const std::string& s : prog->symbols) names.insert(s);
+    used_symbols_ = std::vector<std::string>(names.begin(), names.end());
+  }
+  return *used_symbols_;
+}
+
+Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, const Env* outer) {
   const Program& p = *prog;
   const int64_t limit = memory_limit > 0 ? memory_limit : current_memory_limit();
   ScopedMemoryLimit scoped_limit(limit);
@@ -693,6 +718,13 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs) {
   ScopeExit<decltype(drop_transient)> drop(drop_transient);
   Env env;
   sym_slots.reset(p);
+  current_env = &env;
+  if (outer != nullptr)
+    for (const std::string& name : used_symbols())
+      if (auto it = outer->find(name); it != outer->end()) {
+        env[name] = it->second;
+        sym_slots.set(name, it->second);
+      }
 
   if (inputs.size() != p.input_registers.size())
     return invalid_argument() << "expected " << p.input_registers.size() << " inputs, got " << inputs.size();

@@ -1793,7 +1793,17 @@ class Simplifier {
 
   // Adds the operands of a min (max) to ops, distributing nested mins (maxes):
   // min(x, y) + t contributes x + t and y + t.
+  // The operands of min (max) over `p`: min(a, b) + t contributes a + t and
+  // b + t. Only where p holds one such atom: distributing t over several
+  // (min(d0, 300) + ... + min(d9, 300), a detector's concatenated per-class
+  // top-k counts) would make 2^k operands.
   void flatten_minmax(ExprKind kind, const Poly& p, std::vector<Poly>* ops) {
+    int atoms = 0;
+    for (const auto& [m, c] : p.terms) atoms += m.size() == 1 && m[0].kind() == kind;
+    if (atoms != 1) {
+      ops->push_back(p);
+      return;
+    }
     for (const auto& [m, c] : p.terms) {
       if (c == 1 && m.size() == 1 && m[0].kind() == kind) {
         Poly t = p;

@@ -160,6 +160,50 @@ TEST(ControlFlow, IfWithConditionKnownAtCompileTime) {
   }
 }
 
+// A branch capturing a value whose dim is an expression of the outer graph's
+// symbols ([min(n, 3) + min(m, 3)], from slices): the sub-program is given
+// the outer bindings, so the capture binds (before, its dim could not be
+// evaluated in the branch).
+TEST(ControlFlow, CapturesWithCompoundDimsBindInBranches) {
+  auto g = new_graph("if_compound");
+  Value* c = g->add_input("c", boolean({}));
+  Value* a = g->add_input("a", f32({var("n")}));
+  Value* b = g->add_input("b", f32({var("m")}));
+  auto i64v = [&](const std::string& name, int64_t v) {
+    Tensor t(DType::kInt64, {1});
+    t.data_as<int64_t>()[0] = v;
+    return g->add_constant(name, t);
+  };
+  Value* zero = i64v("zero", 0);
+  Value* three = i64v("three", 3);
+  Value* sa = g->add_node("Slice", {a, zero, three}, {"sa"})->output(0);
+  Value* sb = g->add_node("Slice", {b, zero, three}, {"sb"})->output(0);
+  Node* cat = g->add_node("Concat", {sa, sb}, {"s"});
+  cat->set_attr("axis", Attribute::of_int(0));
+  Shape s_shape = {min(var("n"), 3) + min(var("m"), 3)};
+  auto then_g = std::make_shared<Graph>();
+  then_g->name = "then";
+  Value* ts = then_g->add_capture("s", f32(s_shape));
+  then_g->set_outputs({then_g->add_node("Neg", {ts}, {"neg"})->output(0)});
+  auto else_g = std::make_shared<Graph>();
+  else_g->name = "else";
+  Value* es = else_g->add_capture("s", f32(s_shape));
+  else_g->set_outputs({else_g->add_node("Abs", {es}, {"abs"})->output(0)});
+  Node* n = g->add_node("If", {c}, {"y"});
+  n->set_attr("then_branch", Attribute::of_graph(then_g));
+  n->set_attr("else_branch", Attribute::of_graph(else_g));
+  g->set_outputs({n->output(0)});
+  g->bounds["n"] = Interval{1, std::nullopt};
+  g->bounds["m"] = Interval{1, std::nullopt};
+  Tensor av = random_tensor({5}, 1), bv = random_tensor({2}, 2);
+  auto out = compile_and_run(std::move(g), {scalar_bool(true), av, bv});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  std::vector<float> want;
+  for (int i = 0; i < 3; ++i) want.push_back(-av.data_as<float>()[i]);
+  for (int i = 0; i < 2; ++i) want.push_back(-bv.data_as<float>()[i]);
+  expect_close((*out)[0], want, {5});
+}
+
 // Loop body: s_out = s_in + x[i]; scan output s_out; cond_out = i + 1 < limit
 // (with `limit` captured) or the input cond.
 std::shared_ptr<Graph> running_sum_body(int64_t rows, bool early_exit) {

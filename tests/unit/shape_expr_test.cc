@@ -179,6 +179,22 @@ TEST(ShapeExpr, MinMaxAbsorption) {
   EXPECT_EQ(print_expr(simplify(simplify(e, bounded), bounded)), simp(e, bounded));
 }
 
+// A detector's box count is a sum of per-class top-k counts, min(d_i, 300)
+// each; a min over it stays one min of two operands (distributing the sum over
+// every inner min made 2^k operands: the simplifier ran out of memory).
+TEST(ShapeExpr, MinOverASumOfMinsStaysSmall) {
+  Expr x = var("x"), n = Expr(int64_t{0});
+  for (int i = 0; i < 40; ++i) n = n + min(var("d" + std::to_string(i)), 300);
+  Expr r = simplify(max(min(x, n - 1), 0));
+  ASSERT_EQ(r.kind(), ExprKind::kMax);
+  Expr inner = r->args[0].kind() == ExprKind::kMin ? r->args[0] : r->args[1];
+  ASSERT_EQ(inner.kind(), ExprKind::kMin);
+  EXPECT_EQ(inner->args.size(), 2u);
+  // One inner min is still distributed: min(x, min(a, b) + 1) = min(x, a + 1, b + 1).
+  Expr a = var("a"), b = var("b");
+  EXPECT_EQ(simp(min(x, min(a, b) + 1)), simp(min(min(x, a + 1), b + 1)));
+}
+
 TEST(ShapeExpr, SelectAndCompareFold) {
   Expr a = var("a"), b = var("b"), n = var("n");
   EXPECT_EQ(simp(select(lt(Expr(1), Expr(2)), a, b)), "a");
