@@ -372,53 +372,122 @@ Result<RuntimeKernel> nms_kernel(const Node& n) {
     double score_th = has_score_th ? in[4].get_f64(0) : 0.0;
     int64_t batches = boxes.shape()[0], count = boxes.shape()[1], classes = scores.shape()[1];
     std::vector<int64_t> result;
-    auto corners = [&](int64_t b, int64_t i, double c[4]) {
-      double v[4];
-      for (int k = 0; k < 4; ++k) v[k] = boxes.get_f64((b * count + i) * 4 + k);
-      if (center) {
-        c[0] = v[1] - v[3] / 2;  // y1
-        c[1] = v[0] - v[2] / 2;  // x1
-        c[2] = v[1] + v[3] / 2;
-        c[3] = v[0] + v[2] / 2;
-      } else {
-        c[0] = std::min(v[0], v[2]);
-        c[1] = std::min(v[1], v[3]);
-        c[2] = std::max(v[0], v[2]);
-        c[3] = std::max(v[1], v[3]);
-      }
-    };
-    auto iou = [&](int64_t b, int64_t i, int64_t j) {
-      double a[4], c[4];
-      corners(b, i, a);
-      corners(b, j, c);
-      double ih = std::max(0.0, std::min(a[2], c[2]) - std::max(a[0], c[0]));
-      double iw = std::max(0.0, std::min(a[3], c[3]) - std::max(a[1], c[1]));
-      double inter = ih * iw;
-      double uni = (a[2] - a[0]) * (a[3] - a[1]) + (c[2] - c[0]) * (c[3] - c[1]) - inter;
-      return uni > 0 ? inter / uni : 0.0;
-    };
+    // Corners (y1, x1, y2, x2, normalized so 1 <= 2) and areas of a batch's
+    // boxes in float, as arrays: the suppression test of a candidate against
+    // every kept box is a branch-free loop over them (a detector's batched
+    // NMS runs tens of thousands of boxes through one class). IoU in float,
+    // in the order ONNX Runtime computes it, so ties at the threshold agree.
+    std::vector<float> y1(count), x1(count), y2(count), x2(count), area(count);
+    std::vector<float> ky1, kx1, ky2, kx2, karea;
+    std::vector<std::vector<int32_t>> cells;  // kept boxes (indices into k*) by grid cell
+    std::vector<int> touched;                 // cells holding some, cleared per class
+    std::vector<int32_t> wide;                // kept boxes spanning more than kMaxSpan cells
+    constexpr int kMaxSpan = 32;
+    std::vector<double> sc(count);
     for (int64_t b = 0; b < batches; ++b) {
+      for (int64_t i = 0; i < count; ++i) {
+        float v[4];
+        for (int k = 0; k < 4; ++k) v[k] = static_cast<float>(boxes.get_f64((b * count + i) * 4 + k));
+        if (center) {
+          y1[i] = v[1] - v[3] / 2;
+          x1[i] = v[0] - v[2] / 2;
+          y2[i] = v[1] + v[3] / 2;
+          x2[i] = v[0] + v[2] / 2;
+        } else {
+          y1[i] = std::min(v[0], v[2]);
+          x1[i] = std::min(v[1], v[3]);
+          y2[i] = std::max(v[0], v[2]);
+          x2[i] = std::max(v[1], v[3]);
+        }
+        area[i] = (y2[i] - y1[i]) * (x2[i] - x1[i]);
+      }
+      // The grid over x (see below): cells of equal width over the batch's extent.
+      float gx0 = std::numeric_limits<float>::infinity(), gx1 = -gx0;
+      bool finite = true;
+      for (int64_t i = 0; i < count; ++i) {
+        finite = finite && std::isfinite(x1[i]) && std::isfinite(x2[i]) && std::isfinite(y1[i]) && std::isfinite(y2[i]);
+        gx0 = std::min(gx0, x1[i]);
+        gx1 = std::max(gx1, x2[i]);
+      }
+      const int grid = static_cast<int>(std::clamp<int64_t>(count / 4, 1, 4096));
+      const bool use_grid = finite && count > 64 && gx1 > gx0;
+      const float cell_w = use_grid ? (gx1 - gx0) / static_cast<float>(grid) : 1.0f;
+      cells.assign(use_grid ? static_cast<size_t>(grid) : 0, {});
+      touched.clear();
+      auto cell_of = [&](float x) {
+        float f = (x - gx0) / cell_w;
+        return static_cast<int>(std::clamp(f, 0.0f, static_cast<float>(grid - 1)));
+      };
       for (int64_t c = 0; c < classes; ++c) {
         std::vector<int64_t> cand;
         for (int64_t i = 0; i < count; ++i) {
-          double s = scores.get_f64((b * classes + c) * count + i);
-          if (!has_score_th || s > score_th) cand.push_back(i);
+          sc[i] = scores.get_f64((b * classes + c) * count + i);
+          if (!has_score_th || sc[i] > score_th) cand.push_back(i);
         }
-        std::stable_sort(cand.begin(), cand.end(), [&](int64_t i, int64_t j) {
-          return scores.get_f64((b * classes + c) * count + i) > scores.get_f64((b * classes + c) * count + j);
-        });
-        std::vector<int64_t> kept;
+        std::stable_sort(cand.begin(), cand.end(), [&](int64_t i, int64_t j) { return sc[i] > sc[j]; });
+        ky1.clear(), kx1.clear(), ky2.clear(), kx2.clear(), karea.clear();
+        const float th = static_cast<float>(iou_th);
+        // Kept boxes by the cells of a grid over x they span: boxes that do
+        // not overlap along x have IoU 0, which suppresses nothing unless the
+        // threshold is negative (then, or with non-finite corners, every kept
+        // box is tested). Batched NMS offsets each class's boxes apart, so a
+        // candidate meets only its own class's kept boxes.
+        if (use_grid) {
+          for (int cell : touched) cells[static_cast<size_t>(cell)].clear();
+          touched.clear();
+          wide.clear();
+        }
+        auto test = [&](int64_t i, size_t k) {
+          float ih = std::max(0.0f, std::min(y2[i], ky2[k]) - std::max(y1[i], ky1[k]));
+          float iw = std::max(0.0f, std::min(x2[i], kx2[k]) - std::max(x1[i], kx1[k]));
+          float inter = ih * iw;
+          float uni = area[i] + karea[k] - inter;
+          return karea[k] > 0 && uni > 0 && inter / uni > th;
+        };
         for (int64_t i : cand) {
-          if (static_cast<int64_t>(kept.size()) >= max_out) break;
-          bool ok = true;
-          for (int64_t k : kept)
-            if (iou(b, i, k) > iou_th) {
-              ok = false;
-              break;
+          if (static_cast<int64_t>(ky1.size()) >= max_out) break;
+          bool suppressed = false;
+          int c0 = 0, c1 = 0;
+          bool in_grid = use_grid && th >= 0;
+          if (in_grid) {
+            c0 = cell_of(x1[i]);
+            c1 = cell_of(x2[i]);
+            in_grid = c1 - c0 <= kMaxSpan;
+          }
+          if (area[i] > 0 && in_grid) {
+            for (int cell = c0; cell <= c1 && !suppressed; ++cell)
+              for (int32_t k : cells[static_cast<size_t>(cell)])
+                if (test(i, static_cast<size_t>(k))) {
+                  suppressed = true;
+                  break;
+                }
+            for (size_t w = 0; w < wide.size() && !suppressed; ++w) suppressed = test(i, static_cast<size_t>(wide[w]));
+          } else if (area[i] > 0) {
+            const size_t nk = ky1.size();
+            for (size_t k0 = 0; k0 < nk && !suppressed; k0 += 64) {
+              const size_t k1 = std::min(nk, k0 + 64);
+              int hit = 0;
+              for (size_t k = k0; k < k1; ++k) hit |= test(i, k);
+              suppressed = hit != 0;
             }
-          if (ok) kept.push_back(i);
+          }
+          if (suppressed) continue;
+          if (use_grid) {
+            int32_t k = static_cast<int32_t>(ky1.size());
+            int k0 = cell_of(x1[i]), k1 = cell_of(x2[i]);
+            if (k1 - k0 > kMaxSpan) {
+              wide.push_back(k);
+            } else {
+              for (int cell = k0; cell <= k1; ++cell) {
+                if (cells[static_cast<size_t>(cell)].empty()) touched.push_back(cell);
+                cells[static_cast<size_t>(cell)].push_back(k);
+              }
+            }
+          }
+          ky1.push_back(y1[i]), kx1.push_back(x1[i]), ky2.push_back(y2[i]), kx2.push_back(x2[i]);
+          karea.push_back(area[i]);
+          result.insert(result.end(), {b, c, i});
         }
-        for (int64_t k : kept) result.insert(result.end(), {b, c, k});
       }
     }
     out.resize(1);

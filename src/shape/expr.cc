@@ -1791,9 +1791,8 @@ class Simplifier {
     return poly_atom(make_node(ExprKind::kMod, DType::kInt64, {to_expr(rest), int_imm(k)}));
   }
 
-  // Adds the operands of a min (max) to ops, distributing nested mins (maxes):
-  // min(x, y) + t contributes x + t and y + t.
-  // The operands of min (max) over `p`: min(a, b) + t contributes a + t and
+  // Adds the operands of a min (max) over `p` to ops, distributing nested mins
+  // (maxes): min(a, b) + t contributes a + t and
   // b + t. Only where p holds one such atom: distributing t over several
   // (min(d0, 300) + ... + min(d9, 300), a detector's concatenated per-class
   // top-k counts) would make 2^k operands.

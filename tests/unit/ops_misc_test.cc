@@ -279,5 +279,89 @@ TEST(MiscOps, DetCompressAndNms) {
   expect_close(sel.at(0), {0, 0, 1, 0, 0, 2}, 0, "nms");
 }
 
+// The kernel's grid over x (taken from 65 boxes up) against the plain
+// definition (every kept box tested), in float as the kernel computes IoU:
+// clustered boxes of two classes offset apart as batched NMS does, boxes wide
+// enough to span many cells, ties in score, thresholds 0.5, 0 and -0.1 (a
+// negative one suppresses boxes that do not overlap, so the grid is bypassed),
+// and a NaN corner (grid off).
+TEST(MiscOps, NmsMatchesTheDefinitionOnManyBoxes) {
+  auto reference = [](const std::vector<float>& bx, const std::vector<float>& sc, int64_t n, int64_t classes,
+                      float th, int64_t max_out) {
+    std::vector<int64_t> out;
+    for (int64_t c = 0; c < classes; ++c) {
+      std::vector<int64_t> order(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sc[c * n + a] > sc[c * n + b]; });
+      auto corner = [&](int64_t i, int k) {
+        const float* v = &bx[static_cast<size_t>(i * 4)];
+        return k == 0 ? std::min(v[0], v[2]) : k == 1 ? std::min(v[1], v[3]) : k == 2 ? std::max(v[0], v[2]) : std::max(v[1], v[3]);
+      };
+      std::vector<int64_t> kept;
+      for (int64_t i : order) {
+        if (static_cast<int64_t>(kept.size()) >= max_out) break;
+        float ai = (corner(i, 2) - corner(i, 0)) * (corner(i, 3) - corner(i, 1));
+        bool suppressed = false;
+        for (int64_t k : kept) {
+          float ak = (corner(k, 2) - corner(k, 0)) * (corner(k, 3) - corner(k, 1));
+          float ih = std::max(0.0f, std::min(corner(i, 2), corner(k, 2)) - std::max(corner(i, 0), corner(k, 0)));
+          float iw = std::max(0.0f, std::min(corner(i, 3), corner(k, 3)) - std::max(corner(i, 1), corner(k, 1)));
+          float inter = ih * iw, uni = ai + ak - inter;
+          if (ai > 0 && ak > 0 && uni > 0 && inter / uni > th) suppressed = true;
+        }
+        if (!suppressed) kept.push_back(i);
+      }
+      for (int64_t k : kept) out.insert(out.end(), {0, c, k});
+    }
+    return out;
+  };
+  const int64_t n = 600, classes = 2;
+  std::vector<double> bx, sc;
+  uint64_t state = 12345;
+  auto rnd = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>((state >> 11) % 1000000) / 1000000.0;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    double off = i < n / 2 ? 0 : 100;  // two clusters, as batched NMS's class offsets
+    double y = off + rnd() * 20, x = off + rnd() * 20;
+    double h = 0.5 + rnd() * 4, w = i % 50 == 0 ? 60 : 0.5 + rnd() * 4;  // some wide boxes
+    if (i % 3 == 0) bx.insert(bx.end(), {y + h, x + w, y, x});            // flipped corners
+    else bx.insert(bx.end(), {y, x, y + h, x + w});
+  }
+  for (int64_t i = 0; i < classes * n; ++i) sc.push_back(std::floor(rnd() * 50) / 50);  // ties
+  std::vector<float> bxf(bx.begin(), bx.end()), scf(sc.begin(), sc.end());
+  auto g = new_graph();
+  Value* boxes = g->add_input("boxes", tt(DType::kFloat32, {1, n, 4}));
+  Value* scores = g->add_input("scores", tt(DType::kFloat32, {1, classes, n}));
+  Value* max_out = g->add_input("max", tt(DType::kInt64, {1}));
+  Value* iou = g->add_input("iou", tt(DType::kFloat32, {1}));
+  Node* nms = g->add_node("NonMaxSuppression", {boxes, scores, max_out, iou}, {"sel"});
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  for (float th : {0.5f, 0.0f, -0.1f}) {
+    for (int64_t limit : {int64_t{1000}, int64_t{40}}) {
+      SCOPED_TRACE(::testing::Message() << "threshold " << th << ", max " << limit);
+      auto sel = run_kernel(*nms, {make_tensor(DType::kFloat32, {1, n, 4}, bx), make_tensor(DType::kFloat32, {1, classes, n}, sc),
+                                   make_tensor(DType::kInt64, {1}, {static_cast<double>(limit)}),
+                                   make_tensor(DType::kFloat32, {1}, {th})});
+      std::vector<int64_t> want = reference(bxf, scf, n, classes, th, limit);
+      ASSERT_EQ(sel.at(0).numel(), static_cast<int64_t>(want.size()));
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(sel.at(0).data_as<int64_t>()[i], want[i]) << "row " << i / 3;
+      if (th == 0.5f && limit == 1000) {
+        EXPECT_GT(want.size() / 3, 100u);  // informative: many kept, many suppressed
+        EXPECT_LT(want.size() / 3, static_cast<size_t>(classes * n - 100));
+      }
+    }
+  }
+  // A NaN corner: the grid is off and the result is still the definition's.
+  bx[5] = std::nan("");
+  bxf.assign(bx.begin(), bx.end());
+  auto sel = run_kernel(*nms, {make_tensor(DType::kFloat32, {1, n, 4}, bx), make_tensor(DType::kFloat32, {1, classes, n}, sc),
+                               make_tensor(DType::kInt64, {1}, {1000}), make_tensor(DType::kFloat32, {1}, {0.5})});
+  std::vector<int64_t> want = reference(bxf, scf, n, classes, 0.5f, 1000);
+  ASSERT_EQ(sel.at(0).numel(), static_cast<int64_t>(want.size()));
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(sel.at(0).data_as<int64_t>()[i], want[i]) << "row " << i / 3;
+}
+
 }  // namespace
 }  // namespace kiln::ops
