@@ -578,23 +578,47 @@ Result<RuntimeKernel> scatter_elements_kernel(const Node& n) {
       return invalid_argument() << who << ": bad shapes " << data.describe() << ", " << ind.describe() << ", "
                                 << upd.describe();
     }
+    for (int64_t k = 0; k < rank; ++k)
+      if (k != axis && ind.shape()[k] > data.shape()[k])
+        return invalid_argument() << who << ": indices " << ind.describe() << " exceed data " << data.describe()
+                                  << " on axis " << k;
     out.resize(1);
     out[0] = data.clone();
     std::vector<int64_t> ds = strides_of(data.shape());
+    // The destination offset without the axis term, kept as the position
+    // advances (an odometer over the indices' shape): a detector scatters
+    // millions of RoI features, and a division per dim per element was most
+    // of the time.
     std::vector<int64_t> pos(static_cast<size_t>(rank), 0);
-    for (int64_t e = 0; e < ind.numel(); ++e) {
-      int64_t rem = e;
-      for (int64_t k = rank; k-- > 0;) {
-        pos[k] = rem % ind.shape()[k];
-        rem /= ind.shape()[k];
-      }
-      int64_t i = ind.get_i64(e);
-      int64_t dim = data.shape()[axis];
+    int64_t base = 0;
+    const int64_t dim = data.shape()[axis], n_ind = ind.numel();
+    const bool plain = reduction == "none";
+    const int64_t es = dtype_size(data.dtype());
+    char* dst_bytes = static_cast<char*>(out[0].data());
+    const char* src_bytes = static_cast<const char*>(upd.data());
+    const int64_t* i64 = ind.dtype() == DType::kInt64 ? ind.data_as<int64_t>() : nullptr;
+    for (int64_t e = 0; e < n_ind; ++e) {
+      int64_t i = i64 ? i64[e] : ind.get_i64(e);
       if (i < 0) i += dim;
       if (i < 0 || i >= dim) return invalid_argument() << who << ": index " << ind.get_i64(e) << " out of range";
-      int64_t dst = 0;
-      for (int64_t k = 0; k < rank; ++k) dst += (k == axis ? i : pos[k]) * ds[k];
-      scatter_one(out[0], dst, upd, e, reduction);
+      int64_t dst = base + i * ds[axis];
+      if (plain) {
+        switch (es) {
+          case 4: std::memcpy(dst_bytes + dst * 4, src_bytes + e * 4, 4); break;
+          case 8: std::memcpy(dst_bytes + dst * 8, src_bytes + e * 8, 8); break;
+          default: std::memcpy(dst_bytes + dst * es, src_bytes + e * es, static_cast<size_t>(es));
+        }
+      } else {
+        scatter_one(out[0], dst, upd, e, reduction);
+      }
+      for (int64_t k = rank; k-- > 0;) {
+        if (++pos[k] < ind.shape()[k]) {
+          if (k != axis) base += ds[k];
+          break;
+        }
+        if (k != axis) base -= (pos[k] - 1) * ds[k];
+        pos[k] = 0;
+      }
     }
     return Status::ok();
   });
@@ -909,112 +933,183 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
     std::vector<std::vector<std::pair<int64_t, double>>> taps(static_cast<size_t>(rank),
                                                               std::vector<std::pair<int64_t, double>>(4));
     std::vector<int> ntaps(static_cast<size_t>(rank), 1);
-    for (int64_t e = 0; e < out[0].numel(); ++e) {
-      int64_t rem = e;
-      for (int64_t k = rank - 1; k >= 0; --k) {
-        idx[k] = rem % shape[k];
-        rem /= shape[k];
+    // The taps of output index o along dim d (they depend on nothing else):
+    // computed once per (d, o) into tables, not per element.
+    auto fill = [&](int64_t d, int64_t o, bool& outside) -> Status {
+      if (taps[d].size() < 4) taps[d].resize(4);
+      int64_t len = x.shape()[d];
+      if (!cropped[d] && scale[d] == 1.0 && shape[d] == len) {
+        taps[d][0] = {o, 1.0};
+        ntaps[d] = 1;
+        return Status::ok();
       }
-      bool outside = false;  // tf_crop_and_resize: a source point off the input takes extrapolation_value
-      for (int64_t d = 0; d < rank; ++d) {
-        int64_t len = x.shape()[d];
-        if (!cropped[d] && scale[d] == 1.0 && shape[d] == len) {
-          taps[d][0] = {idx[d], 1.0};
-          ntaps[d] = 1;
-          continue;
+      double c = source(d, o);
+      if (crop && (c < 0 || c > static_cast<double>(len - 1))) {
+        outside = true;
+        return Status::ok();
+      }
+      if (mode == "nearest") {
+        double r = nearest == "floor" ? std::floor(c)
+                   : nearest == "ceil" ? std::ceil(c)
+                   : nearest == "round_prefer_ceil" ? std::floor(c + 0.5)
+                                                    : std::ceil(c - 0.5);
+        taps[d][0] = {std::clamp<int64_t>(static_cast<int64_t>(r), 0, len - 1), 1.0};
+        ntaps[d] = 1;
+      } else if (antialias && scale[d] < 1.0) {
+        // The filter (triangle or Keys cubic) stretched by 1 / s over the
+        // input: taps at b + i for i in [start, 1 - start], weight
+        // filter(s (i - r)), normalized, where b + r = c with r in (0, 1]
+        // (an integer c counts as the end of the pixel before it); taps off
+        // the input read the edge or, with exclude_outside, drop out. As the
+        // ONNX reference implementation computes them.
+        const double s = scale[d];
+        const bool cubic = mode == "cubic";
+        double b = std::floor(c), r = c - b;
+        if (r == 0) {
+          r = 1;
+          b -= 1;
         }
-        double c = source(d, idx[d]);
-        if (crop && (c < 0 || c > static_cast<double>(len - 1))) {
-          outside = true;
-          break;
+        int64_t start = static_cast<int64_t>(std::floor((cubic ? -2.0 : -1.0) / s)) + 1;
+        int64_t count = 2 - 2 * start;
+        if (count > (int64_t{1} << 20)) return unsupported() << who << ": antialias scale " << s << " too small";
+        taps[d].resize(static_cast<size_t>(count));
+        double total = 0;
+        for (int64_t j = 0; j < count; ++j) {
+          double u = std::fabs(s * (static_cast<double>(start + j) - r)), w;
+          if (cubic) {
+            double a = cubic_a;
+            w = u <= 1 ? ((a + 2) * u - (a + 3)) * u * u + 1 : u < 2 ? ((a * u - 5 * a) * u + 8 * a) * u - 4 * a : 0;
+          } else {
+            w = std::max(0.0, 1 - u);
+          }
+          int64_t pos = static_cast<int64_t>(b) + start + j;
+          if (exclude_outside && (pos < 0 || pos >= len)) w = 0;
+          total += w;
+          taps[d][static_cast<size_t>(j)] = {std::clamp<int64_t>(pos, 0, len - 1), w};
         }
-        if (mode == "nearest") {
-          double r = nearest == "floor" ? std::floor(c)
-                     : nearest == "ceil" ? std::ceil(c)
-                     : nearest == "round_prefer_ceil" ? std::floor(c + 0.5)
-                                                      : std::ceil(c - 0.5);
-          taps[d][0] = {std::clamp<int64_t>(static_cast<int64_t>(r), 0, len - 1), 1.0};
-          ntaps[d] = 1;
-        } else if (antialias && scale[d] < 1.0) {
-          // The filter (triangle or Keys cubic) stretched by 1 / s over the
-          // input: taps at b + i for i in [start, 1 - start], weight
-          // filter(s (i - r)), normalized, where b + r = c with r in (0, 1]
-          // (an integer c counts as the end of the pixel before it); taps off
-          // the input read the edge or, with exclude_outside, drop out. As the
-          // ONNX reference implementation computes them.
-          const double s = scale[d];
-          const bool cubic = mode == "cubic";
-          double b = std::floor(c), r = c - b;
-          if (r == 0) {
-            r = 1;
-            b -= 1;
-          }
-          int64_t start = static_cast<int64_t>(std::floor((cubic ? -2.0 : -1.0) / s)) + 1;
-          int64_t count = 2 - 2 * start;
-          if (count > (int64_t{1} << 20)) return unsupported() << who << ": antialias scale " << s << " too small";
-          taps[d].resize(static_cast<size_t>(count));
-          double total = 0;
-          for (int64_t j = 0; j < count; ++j) {
-            double u = std::fabs(s * (static_cast<double>(start + j) - r)), w;
-            if (cubic) {
-              double a = cubic_a;
-              w = u <= 1 ? ((a + 2) * u - (a + 3)) * u * u + 1 : u < 2 ? ((a * u - 5 * a) * u + 8 * a) * u - 4 * a : 0;
-            } else {
-              w = std::max(0.0, 1 - u);
-            }
-            int64_t pos = static_cast<int64_t>(b) + start + j;
-            if (exclude_outside && (pos < 0 || pos >= len)) w = 0;
-            total += w;
-            taps[d][static_cast<size_t>(j)] = {std::clamp<int64_t>(pos, 0, len - 1), w};
-          }
-          if (total != 0)
-            for (auto& t : taps[d]) t.second /= total;
-          ntaps[d] = static_cast<int>(count);
-        } else if (mode == "cubic") {
-          // Keys cubic convolution over floor(c) - 1 .. floor(c) + 2; outside
-          // taps read the edge or, with exclude_outside, drop out (renormalized).
-          double f = std::floor(c), t = c - f, a = cubic_a;
-          auto far = [a](double x) { return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a; };
-          auto near = [a](double x) { return ((a + 2) * x - (a + 3)) * x * x + 1; };
-          double w[4] = {far(t + 1), near(t), near(1 - t), far(2 - t)};
-          double total = 0;
-          for (int j = 0; j < 4; ++j) {
-            int64_t pos = static_cast<int64_t>(f) - 1 + j;
-            if (exclude_outside && (pos < 0 || pos >= len)) w[j] = 0;
-            total += w[j];
-            taps[d][j] = {std::clamp<int64_t>(pos, 0, len - 1), w[j]};
-          }
-          if (exclude_outside && total != 0)
-            for (int j = 0; j < 4; ++j) taps[d][j].second /= total;
-          ntaps[d] = 4;
-        } else {
-          c = std::clamp(c, 0.0, static_cast<double>(len - 1));
-          int64_t lo = static_cast<int64_t>(std::floor(c));
-          double w = c - static_cast<double>(lo);
-          taps[d][0] = {lo, 1.0 - w};
-          taps[d][1] = {std::min(lo + 1, len - 1), w};
-          ntaps[d] = 2;
+        if (total != 0)
+          for (auto& t : taps[d]) t.second /= total;
+        ntaps[d] = static_cast<int>(count);
+      } else if (mode == "cubic") {
+        // Keys cubic convolution over floor(c) - 1 .. floor(c) + 2; outside
+        // taps read the edge or, with exclude_outside, drop out (renormalized).
+        double f = std::floor(c), t = c - f, a = cubic_a;
+        auto far = [a](double x) { return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a; };
+        auto near = [a](double x) { return ((a + 2) * x - (a + 3)) * x * x + 1; };
+        double w[4] = {far(t + 1), near(t), near(1 - t), far(2 - t)};
+        double total = 0;
+        for (int j = 0; j < 4; ++j) {
+          int64_t pos = static_cast<int64_t>(f) - 1 + j;
+          if (exclude_outside && (pos < 0 || pos >= len)) w[j] = 0;
+          total += w[j];
+          taps[d][j] = {std::clamp<int64_t>(pos, 0, len - 1), w[j]};
         }
+        if (exclude_outside && total != 0)
+          for (int j = 0; j < 4; ++j) taps[d][j].second /= total;
+        ntaps[d] = 4;
+      } else {
+        c = std::clamp(c, 0.0, static_cast<double>(len - 1));
+        int64_t lo = static_cast<int64_t>(std::floor(c));
+        double w = c - static_cast<double>(lo);
+        taps[d][0] = {lo, 1.0 - w};
+        taps[d][1] = {std::min(lo + 1, len - 1), w};
+        ntaps[d] = 2;
+      }
+          return Status::ok();
+    };
+    std::vector<std::vector<std::vector<std::pair<int64_t, double>>>> table(static_cast<size_t>(rank));
+    std::vector<std::vector<char>> off_table(static_cast<size_t>(rank));
+    for (int64_t d = 0; d < rank; ++d) {
+      table[d].resize(static_cast<size_t>(shape[d]));
+      off_table[d].assign(static_cast<size_t>(shape[d]), 0);
+      for (int64_t o = 0; o < shape[d]; ++o) {
+        bool off = false;
+        KILN_RETURN_IF_ERROR(fill(d, o, off));
+        off_table[d][o] = off;
+        table[d][o].assign(taps[d].begin(), taps[d].begin() + (off ? 0 : ntaps[d]));
+      }
+    }
+    const bool f32 = x.dtype() == DType::kFloat32;
+    const float* xf = f32 ? x.data_as<float>() : nullptr;
+    float* yf = f32 ? out[0].data_as<float>() : nullptr;
+    const int64_t total_out = out[0].numel();
+    // Fast path (an image resized in its last two dims, f32): the leading
+    // dims copy through (one tap of weight 1 at the same index), and each
+    // output is the same double sum, in the same order, as the general loop.
+    bool planes = f32 && rank >= 2;
+    for (int64_t d = 0; planes && d < rank - 2; ++d)
+      for (int64_t o = 0; planes && o < shape[d]; ++o)
+        planes = off_table[d][o] == 0 && table[d][o].size() == 1 && table[d][o][0].first == o &&
+                 table[d][o][0].second == 1.0;
+    for (int64_t d = rank - 2; planes && d < rank; ++d)
+      for (int64_t o = 0; planes && o < shape[d]; ++o) planes = off_table[d][o] == 0;
+    if (planes) {
+      const int64_t oh = shape[rank - 2], ow = shape[rank - 1];
+      const int64_t ih = x.shape()[rank - 2], iw = x.shape()[rank - 1];
+      const int64_t count = oh * ow == 0 ? 0 : total_out / (oh * ow);
+      const auto& th = table[rank - 2];
+      const auto& tw = table[rank - 1];
+      for (int64_t p = 0; p < count; ++p) {
+        const float* src = xf + p * ih * iw;
+        float* dst = yf + p * oh * ow;
+        for (int64_t r = 0; r < oh; ++r)
+          for (int64_t c = 0; c < ow; ++c) {
+            double acc = 0;
+            for (const auto& [hi, hw] : th[r])
+              for (const auto& [wi, ww] : tw[c]) acc += ww * hw * static_cast<double>(src[hi * iw + wi]);
+            dst[r * ow + c] = static_cast<float>(acc);
+          }
+      }
+      return Status::ok();
+    }
+    std::vector<int64_t> active;
+    active.reserve(static_cast<size_t>(rank));
+    for (int64_t e = 0; e < total_out; ++e) {
+      if (e > 0)
+        for (int64_t k = rank - 1; k >= 0; --k) {
+          if (++idx[k] < shape[k]) break;
+          idx[k] = 0;
+        }
+      bool outside = false;
+      for (int64_t d = 0; d < rank && !outside; ++d) {
+        outside = off_table[d][idx[d]] != 0;
+        ntaps[d] = static_cast<int>(table[d][idx[d]].size());
       }
       if (outside) {
         out[0].set_f64(e, extrapolation);
         continue;
       }
+      // Dims with one tap contribute a fixed offset and weight; the taps of
+      // the others (the resized dims, usually two) are combined.
+      int64_t base = 0;
+      double w0 = 1.0;
+      active.clear();
+      for (int64_t d = 0; d < rank; ++d) {
+        const auto& t = table[d][idx[d]];
+        if (t.size() == 1) {
+          base += t[0].first * xs[d];
+          w0 *= t[0].second;
+        } else {
+          active.push_back(d);
+        }
+      }
       double acc = 0;
       int64_t combos = 1;
-      for (int t : ntaps) combos *= t;
+      for (int64_t d : active) combos *= ntaps[d];
       for (int64_t c = 0; c < combos; ++c) {
-        int64_t rest = c, src = 0;
-        double w = 1.0;
-        for (int64_t d = rank - 1; d >= 0; --d) {
-          const auto& tap = taps[d][rest % ntaps[d]];
+        int64_t rest = c, src = base;
+        double w = w0;
+        for (size_t a = active.size(); a-- > 0;) {
+          int64_t d = active[a];
+          const auto& tap = table[d][idx[d]][static_cast<size_t>(rest % ntaps[d])];
           rest /= ntaps[d];
           src += tap.first * xs[d];
           w *= tap.second;
         }
-        acc += w * x.get_f64(src);
+        acc += w * (f32 ? static_cast<double>(xf[src]) : x.get_f64(src));
       }
-      out[0].set_f64(e, acc);
+      if (f32) yf[e] = static_cast<float>(acc);
+      else out[0].set_f64(e, acc);
     }
     return Status::ok();
   });

@@ -534,6 +534,13 @@ Result<std::vector<Expr>> split_sizes(const Node& n, const Expr& dim, size_t num
       total = total + e;
     }
     if (!prove_equal(total, dim, bounds)) {
+      // Not provably equal, not provably different (a traced split [1] of an
+      // axis inferred as a data-dependent symbol): the caller runs the
+      // runtime kernel, which checks the sum (kUnsupported marks this case).
+      auto ct = simplify(total, bounds).as_const(), cd = simplify(dim, bounds).as_const();
+      if (!(ct && cd))
+        return node_unsupported(n) << "split sizes sum to " << print_expr(simplify(total, bounds)) << ", the axis has "
+                                   << print_expr(simplify(dim, bounds));
       return node_invalid(n) << "split sizes sum to " << print_expr(simplify(total, bounds)) << ", the axis has "
                              << print_expr(simplify(dim, bounds));
     }
@@ -569,7 +576,16 @@ Status infer_split(Node& n, InferContext& ctx) {
     }
     return Status::ok();
   }
-  KILN_ASSIGN_OR_RETURN(std::vector<Expr> sizes, split_sizes(n, x[axis], n.num_outputs(), ctx.bounds));
+  Result<std::vector<Expr>> checked = split_sizes(n, x[axis], n.num_outputs(), ctx.bounds);
+  if (!checked.is_ok() && checked.status().code() == StatusCode::kUnsupported && (has_input(n, 1) || n.has_attr("split"))) {
+    for (size_t k = 0; k < n.num_outputs(); ++k) {
+      Shape s = x;
+      s[axis] = ctx.fresh_symbol();
+      set_output(n, k, xt.dtype, std::move(s), ctx);
+    }
+    return Status::ok();
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<Expr> sizes, std::move(checked));
   auto xv = n.input(0)->sym_value();
   Expr off = Expr(0);
   for (size_t k = 0; k < n.num_outputs(); ++k) {
@@ -715,7 +731,15 @@ Status infer_slice(Node& n, InferContext& ctx) {
   for (size_t k = 0; k < x.size(); ++k) dims[k] = SliceDim{Expr(0), x[k], 1};
   for (size_t k = 0; k < p.axes.size(); ++k) {
     int64_t a = p.axes[k];
-    KILN_ASSIGN_OR_RETURN(dims[a], slice_dim(n, x[a], p.starts[k], p.ends[k], p.steps[k], ctx.bounds));
+    Result<SliceDim> sd = slice_dim(n, x[a], p.starts[k], p.ends[k], p.steps[k], ctx.bounds);
+    if (!sd.is_ok() && sd.status().code() == StatusCode::kUnsupported) {
+      // A bound whose sign the bounds cannot settle (Faster R-CNN's anchor
+      // count 15*(a + 1)*(b + 1) over floor divisions that may be -1): the
+      // slice runs its runtime kernel, which clamps the values it is given.
+      set_data_dependent_output(n, 0, xt.dtype, static_cast<int64_t>(x.size()), ctx);
+      return Status::ok();
+    }
+    KILN_ASSIGN_OR_RETURN(dims[a], std::move(sd));
     out[a] = dims[a].length;
   }
   set_output(n, 0, xt.dtype, out, ctx);

@@ -869,6 +869,34 @@ TEST(IndexingNumerics, ResizeAntialiasMatchesTheReferenceFilters) {
       }
 }
 
+// The runtime kernel's plane loop (f32, only the last two dims resized)
+// gives what its general loop gives (f64, the same values): every mode.
+TEST(IndexingNumerics, ResizePlanesMatchTheGeneralLoop) {
+  const int64_t h = 7, w = 11;
+  std::vector<double> xv;
+  for (int64_t i = 0; i < 2 * 3 * h * w; ++i) xv.push_back(static_cast<float>(std::cos(0.37 * static_cast<double>(i)) * 5));
+  for (const char* mode : {"nearest", "linear", "cubic"})
+    for (auto [sh, sw] : {std::pair<double, double>{2.0, 0.5}, {0.7, 1.6}}) {
+      SCOPED_TRACE(std::string(mode) + " " + std::to_string(sh) + "," + std::to_string(sw));
+      std::vector<Tensor> outs;
+      for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+        Graph g;
+        g.opsets[""] = 18;
+        Value* x = g.add_input("x", tt(dt, {2, 3, h, w}));
+        Tensor scales = make_tensor(DType::kFloat32, {4}, {1, 1, sh, sw});
+        Node* n = g.add_node("Resize", {x, nullptr, g.add_constant("scales", scales)}, {"y"});
+        n->set_attr("mode", Attribute::of_string(mode));
+        ASSERT_TRUE(infer(g).is_ok());
+        auto k = run_kernel(*n, {make_tensor(dt, {2, 3, h, w}, xv), Tensor(), scales});
+        ASSERT_EQ(k.size(), 1u);
+        outs.push_back(k[0]);
+      }
+      ASSERT_EQ(outs[0].shape(), outs[1].shape());
+      for (int64_t i = 0; i < outs[0].numel(); ++i)
+        ASSERT_EQ(outs[0].data_as<float>()[i], static_cast<float>(outs[1].data_as<double>()[i])) << "element " << i;
+    }
+}
+
 TEST(IndexingNumerics, ResizeAlignCornersUsesFractionalOutputWidth) {
   // ONNX test_resize_downsample_scales_linear_align_corners: width 4 * 0.6 = 2.4
   // (not the integer 2) sets the sampling step.
@@ -945,6 +973,37 @@ TEST(ShapeKernels, AgreeWithLowerings) {
   expect_kernel_matches_lowering(g, *cos, {cs_shape});
   expect_kernel_matches_lowering(g, *cumsum, {xt, axis});
   expect_kernel_matches_lowering(g, *oh, {i64s({2, 2}, {0, -1, 5, 2}), depth, make_tensor(DType::kFloat32, {2}, {0, 1})});
+}
+
+// Bounds known only at run time in sign (Faster R-CNN's anchor counts) and
+// split sizes that cannot be proven to tile a data-dependent axis (a traced
+// split [1]) leave the output dims data-dependent: the runtime kernels take
+// the values and check them, where inference used to refuse the model.
+TEST(ShapeKernels, UnprovableBoundsAndSplitsRunTheirKernels) {
+  Graph g;
+  g.opsets[""] = 13;
+  g.bounds["n"] = Interval{1, std::nullopt};
+  g.bounds["m"] = Interval{0, std::nullopt};
+  Value* x = g.add_input("x", tt(DType::kFloat32, {var("n")}));
+  Value* shape = g.add_node("Shape", {x}, {"shape"})->output(0);
+  Value* five = g.add_constant("five", make_tensor(DType::kInt64, {1}, {5}));
+  Value* end = g.add_node("Sub", {shape, five}, {"end"})->output(0);
+  Value* zero = g.add_constant("zero", make_tensor(DType::kInt64, {1}, {0}));
+  Node* slice = g.add_node("Slice", {x, zero, end}, {"y"});
+  Value* z = g.add_input("z", tt(DType::kFloat32, {var("m"), 2}));
+  Node* split = g.add_node("Split", {z, g.add_constant("one", make_tensor(DType::kInt64, {1}, {1}))}, {"part"});
+  ASSERT_TRUE(infer(g).is_ok());
+  ASSERT_EQ(slice->output(0)->type().rank(), 1);
+  EXPECT_TRUE((*slice->output(0)->type().shape)[0].is_var());  // data-dependent: n - 5 may be negative
+  EXPECT_TRUE((*split->output(0)->type().shape)[0].is_var());
+  auto y = run_kernel(*slice, {make_tensor(DType::kFloat32, {8}, framp(8, 0, 1, 3)), make_tensor(DType::kInt64, {1}, {0}),
+                               make_tensor(DType::kInt64, {1}, {3})});
+  EXPECT_EQ(y.at(0).shape(), (std::vector<int64_t>{3}));
+  auto part = run_kernel(*split, {make_tensor(DType::kFloat32, {1, 2}, {4, 5}), make_tensor(DType::kInt64, {1}, {1})});
+  EXPECT_EQ(part.at(0).shape(), (std::vector<int64_t>{1, 2}));
+  auto bad = try_kernel(*split, {make_tensor(DType::kFloat32, {2, 2}, {4, 5, 6, 7}), make_tensor(DType::kInt64, {1}, {1})});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("split sizes do not match"), std::string::npos) << bad.status().to_string();
 }
 
 TEST(ShapeKernels, RuntimeShapeInputsGiveDataDependentDims) {
