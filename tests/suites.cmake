@@ -53,6 +53,14 @@ if(KILN_BUILD_PYTHON)
   set_tests_properties(models_export PROPERTIES
     LABELS models ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 1800 RESOURCE_LOCK kiln_model_cache)
 
+  # torchvision's ssdlite and Faster R-CNN (conditioned random weights, dynamic
+  # image size): every detection matched against ONNX Runtime's at three sizes.
+  add_test(NAME models_detectors
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/models/run_detector_test.py
+            --cache-dir ${KILN_MODEL_CACHE_DIR})
+  set_tests_properties(models_detectors PROPERTIES
+    LABELS models ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 1800 RESOURCE_LOCK kiln_model_cache)
+
   # The README's main command, minus installing and building: export, info,
   # run against ONNX Runtime's outputs, bench (scripts/demo_steps.sh).
   add_test(NAME demo
