@@ -182,8 +182,13 @@ Result<std::vector<TensorType>> infer_carried(Node& n, Graph& body, size_t first
             in->type().elem->dtype == out.dtype)
           next = TensorType::container(DType::kOptional, out, Dim(int64_t{1}));
         KILN_ASSIGN_OR_RETURN(TensorType joined, join_container_types(n, in->type(), next, ctx));
-        if (!same_container_shape(joined, in->type())) {
-          (*joined.shape)[0] = ctx.fresh_symbol();
+        // A length the body changes is a symbol of the body's own (bound per
+        // iteration), never the initial value's: the VM binds the caller's
+        // symbols in a sub-program before its inputs.
+        bool grows = !prove_equal((*in->type().shape)[0], (*next.shape)[0], ctx.bounds) && !varies[j][0];
+        if (grows || !same_container_shape(joined, in->type())) {
+          varies[j][0] = varies[j][0] || grows;
+          (*joined.shape)[0] = varies[j][0] ? ctx.fresh_symbol() : (*in->type().shape)[0];
           in->set_type(std::move(joined));
           changed = true;
         }

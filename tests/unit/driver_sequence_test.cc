@@ -164,6 +164,32 @@ TEST(Sequences, LoopCarriesAGrowingSequence) {
   EXPECT_EQ(values((*out)[0]), (std::vector<float>{0, 1, 2, 3, 4, 5}));
 }
 
+// The same with the initial sequence a graph input of symbolic length: the
+// body's length must be its own symbol, not the input's (the sub-program is
+// given the caller's bindings, so the input's would be pinned to its value).
+TEST(Sequences, LoopGrowsASequenceInput) {
+  auto g = new_graph("loop_seq_in");
+  Value* m = g->add_input("m", i64({}));
+  Value* s0 = g->add_input("s0", TensorType::container(DType::kSequence, f32({2}), var("len")));
+  g->bounds["len"] = Interval{0, std::nullopt};
+  g->add_input("x", f32({5, 2}));
+  auto body = std::make_shared<Graph>();
+  body->name = "body";
+  Value* i = body->add_input("i", i64({}));
+  Value* cin = body->add_input("cond_in", boolean({}));
+  Value* s = body->add_input("s_in", TensorType::container(DType::kSequence, f32({2}), var("len")));
+  Value* bx = body->add_capture("x", f32({5, 2}));
+  Value* row = body->add_node("Gather", {bx, i}, {"row"})->output(0);
+  Value* s_out = body->add_node("SequenceInsert", {s, row}, {"s_out"})->output(0);
+  body->set_outputs({body->add_node("Identity", {cin}, {"cond_out"})->output(0), s_out});
+  Node* loop = g->add_node("Loop", {m, nullptr, s0}, {"rows"});
+  loop->set_attr("body", Attribute::of_graph(body));
+  g->set_outputs({g->add_node("SequenceLength", {loop->output(0)}, {"n"})->output(0)});
+  auto out = compile_and_run(std::move(g), {scalar_i64(3), sequence({ramp({2}, 7)}), ramp({5, 2}, 0)});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ((*out)[0].data_as<int64_t>()[0], 4);
+}
+
 // Optional(x) has an element; Optional of a type has none. Through If, the
 // branches' optionals join (the element's rank comes from the branch that
 // has one), and reading an empty one is an error naming the node.
