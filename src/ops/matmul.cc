@@ -11,6 +11,7 @@
 // attribute kiln_b_columns), so a tile of nr output columns reads one
 // contiguous panel. The logical B is [K, N] for inference.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -177,11 +178,21 @@ Result<std::vector<tir::ComputeDef>> lower_gemm(const Node& n, LowerContext& ctx
   Expr kext = ta ? a.shape[0] : a.shape[1];
   Expr acc = var("acc", dt);
   Expr finalize;
-  if (alpha != 1.0) finalize = const_of(dt, alpha) * acc;
-  if (has_input(n, 2) && beta != 0.0) {
-    Expr c = load_broadcast(ctx, 2, iv, y.shape);
-    if (beta != 1.0) c = const_of(dt, beta) * c;
-    finalize = (finalize.defined() ? finalize : acc) + c;
+  bool has_c = has_input(n, 2) && beta != 0.0;
+  if (!dtype_is_float(dt) && ((alpha != 1.0 && alpha != std::trunc(alpha)) || (has_c && beta != std::trunc(beta)))) {
+    // Integer Gemm with a fractional alpha or beta: the scaling in f64 and
+    // one conversion back (truncating), as the ONNX reference computes it;
+    // alpha cast to the integer type first made 0.25 * A B zero.
+    Expr f = const_of(DType::kFloat64, alpha) * cast(DType::kFloat64, acc);
+    if (has_c) f = f + const_of(DType::kFloat64, beta) * cast(DType::kFloat64, load_broadcast(ctx, 2, iv, y.shape));
+    finalize = cast(dt, f);
+  } else {
+    if (alpha != 1.0) finalize = const_of(dt, alpha) * acc;
+    if (has_c) {
+      Expr c = load_broadcast(ctx, 2, iv, y.shape);
+      if (beta != 1.0) c = const_of(dt, beta) * c;
+      finalize = (finalize.defined() ? finalize : acc) + c;
+    }
   }
   std::vector<tir::ComputeDef> stages;
   stages.push_back(make_reduce_stage(y.name, dt, axes, y.shape, {k}, {kext}, tir::Combiner::kSum, const_of(dt, 0),

@@ -513,6 +513,31 @@ TEST(GemmNumerics, TransAWithRowBias) { run_gemm(true, false, 0.5, 2.0, {4}); }
 TEST(GemmNumerics, TransBColumnBias) { run_gemm(false, true, 1.0, 1.0, {3, 1}); }
 TEST(GemmNumerics, BothTransScalarBias) { run_gemm(true, true, 1.5, -1.0, {}); }
 
+// Integer Gemm with fractional alpha and beta: scaled in f64 and truncated
+// once, as the ONNX reference does (casting alpha = 0.25 to int gave zeros).
+TEST(GemmNumerics, IntegerWithFractionalScales) {
+  Graph g;
+  Value* a = g.add_input("a", tt(DType::kInt32, {2, 3}));
+  Value* b = g.add_input("b", tt(DType::kInt32, {3, 2}));
+  Value* c = g.add_input("c", tt(DType::kInt32, {2}));
+  Node* node = g.add_node("Gemm", {a, b, c}, {"y"});
+  node->set_attr("alpha", Attribute::of_float(0.25));
+  node->set_attr("beta", Attribute::of_float(0.5));
+  ASSERT_TRUE(infer(g).is_ok());
+  std::vector<double> av = {1, 2, 3, 4, 5, 6}, bv = {7, -8, 9, 10, -11, 12}, cv = {3, -5};
+  auto out = run_node(g, *node, {make_tensor(DType::kInt32, {2, 3}, av), make_tensor(DType::kInt32, {3, 2}, bv),
+                                 make_tensor(DType::kInt32, {2}, cv)});
+  ASSERT_EQ(out.size(), 1u);
+  std::vector<double> want;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j) {
+      double acc = 0;
+      for (int q = 0; q < 3; ++q) acc += av[i * 3 + q] * bv[q * 2 + j];
+      want.push_back(std::trunc(0.25 * acc + 0.5 * cv[j]));
+    }
+  expect_close(out[0], want, 0, "integer gemm");
+}
+
 
 // ---- Einsum -------------------------------------------------------------------------------------
 
