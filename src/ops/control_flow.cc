@@ -98,7 +98,8 @@ Status infer_if(Node& n, InferContext& ctx) {
   Graph* else_g = subgraph(n, "else_branch");
   if (!then_g || !else_g) return node_invalid(n) << "missing then_branch or else_branch";
   KILN_ASSIGN_OR_RETURN(TensorType cond, input_type(n, 0));
-  (void)cond;
+  if (cond.is_container() || cond.dtype == DType::kString)
+    return node_invalid(n) << "condition is " << cond.to_string() << ", expected a bool tensor";
   KILN_RETURN_IF_ERROR(infer_subgraph(n, *then_g, ctx));
   KILN_RETURN_IF_ERROR(infer_subgraph(n, *else_g, ctx));
   KILN_RETURN_IF_ERROR(check_outputs(n, *then_g, n.num_outputs(), "then_branch"));
@@ -240,6 +241,12 @@ Status infer_loop(Node& n, InferContext& ctx) {
   size_t num_scan = body->outputs().size() - 1 - num_carried;
   if (n.num_outputs() != num_carried + num_scan)
     return node_invalid(n) << "has " << n.num_outputs() << " outputs, body defines " << num_carried + num_scan;
+  for (size_t i = 0; i < 2; ++i) {
+    if (!has_input(n, i)) continue;
+    KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, i));
+    if (t.is_container() || t.dtype == DType::kString)
+      return node_invalid(n) << (i == 0 ? "M" : "cond") << " is " << t.to_string() << ", expected a tensor";
+  }
   std::vector<TensorType> state;
   for (size_t j = 0; j < num_carried; ++j) {
     KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 2 + j));
@@ -250,6 +257,8 @@ Status infer_loop(Node& n, InferContext& ctx) {
   for (size_t j = 0; j < num_carried; ++j) body->inputs()[2 + j]->set_type(state[j]);
   KILN_ASSIGN_OR_RETURN(std::vector<TensorType> carried,
                         infer_carried(n, *body, 2, 1, state, num_carried + 1 + num_scan, ctx));
+  if (const TensorType& c = body->outputs()[0]->type(); c.is_container() || c.dtype == DType::kString)
+    return node_invalid(n) << "body condition is " << c.to_string() << ", expected a bool tensor";
   for (size_t j = 0; j < num_carried; ++j) {
     if (carried[j].is_container()) n.output(j)->set_type(carried[j]);
     else set_output(n, j, carried[j].dtype, *carried[j].shape, ctx);

@@ -578,6 +578,9 @@ Result<RuntimeKernel> scatter_elements_kernel(const Node& n) {
       return invalid_argument() << who << ": bad shapes " << data.describe() << ", " << ind.describe() << ", "
                                 << upd.describe();
     }
+    if (upd.dtype() != data.dtype())
+      return invalid_argument() << who << ": updates " << upd.describe() << " do not have the data's dtype "
+                                << dtype_name(data.dtype());
     for (int64_t k = 0; k < rank; ++k)
       if (k != axis && ind.shape()[k] > data.shape()[k])
         return invalid_argument() << who << ": indices " << ind.describe() << " exceed data " << data.describe()
@@ -1037,6 +1040,8 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
     // dims copy through (one tap of weight 1 at the same index), and each
     // output is the same double sum, in the same order, as the general loop.
     bool planes = f32 && rank >= 2;
+    for (int64_t d = 0; planes && d < rank - 2; ++d)
+      planes = shape[d] == x.shape()[d];  // (nearest can map 3 -> 2 through identity taps)
     for (int64_t d = 0; planes && d < rank - 2; ++d)
       for (int64_t o = 0; planes && o < shape[d]; ++o)
         planes = off_table[d][o] == 0 && table[d][o].size() == 1 && table[d][o][0].first == o &&

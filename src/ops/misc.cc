@@ -371,6 +371,9 @@ Result<RuntimeKernel> nms_kernel(const Node& n) {
     bool has_score_th = in.size() > 4 && in[4].defined() && in[4].numel() > 0;
     double score_th = has_score_th ? in[4].get_f64(0) : 0.0;
     int64_t batches = boxes.shape()[0], count = boxes.shape()[1], classes = scores.shape()[1];
+    if (scores.shape()[0] != batches || scores.shape()[2] != count)
+      return invalid_argument() << "NonMaxSuppression: scores " << scores.describe() << " do not match boxes "
+                                << boxes.describe() << " (scores [B, C, N] for boxes [B, N, 4])";
     std::vector<int64_t> result;
     // Corners (y1, x1, y2, x2, normalized so 1 <= 2) and areas of a batch's
     // boxes in float, as arrays: the suppression test of a candidate against
@@ -410,13 +413,16 @@ Result<RuntimeKernel> nms_kernel(const Node& n) {
         gx1 = std::max(gx1, x2[i]);
       }
       const int grid = static_cast<int>(std::clamp<int64_t>(count / 4, 1, 4096));
-      const bool use_grid = finite && count > 64 && gx1 > gx0;
-      const float cell_w = use_grid ? (gx1 - gx0) / static_cast<float>(grid) : 1.0f;
+      // In double: a float span can overflow (coordinates near FLT_MAX) or a
+      // cell width underflow to 0; then the grid is off.
+      const double cell_w = (static_cast<double>(gx1) - static_cast<double>(gx0)) / grid;
+      const bool use_grid = finite && count > 64 && gx1 > gx0 && std::isfinite(cell_w) && cell_w > 0;
       cells.assign(use_grid ? static_cast<size_t>(grid) : 0, {});
       touched.clear();
       auto cell_of = [&](float x) {
-        float f = (x - gx0) / cell_w;
-        return static_cast<int>(std::clamp(f, 0.0f, static_cast<float>(grid - 1)));
+        double f = (static_cast<double>(x) - static_cast<double>(gx0)) / cell_w;
+        if (!(f >= 0)) return 0;  // also NaN
+        return f >= grid - 1 ? grid - 1 : static_cast<int>(f);
       };
       for (int64_t c = 0; c < classes; ++c) {
         std::vector<int64_t> cand;

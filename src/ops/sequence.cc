@@ -103,6 +103,18 @@ Result<int64_t> position(const Node& n, const Tensor& p, int64_t len, int64_t ex
   return v < 0 ? v + len : v;
 }
 
+// A position input (i32/i64 scalar or one element) when present; required where `required`.
+Status check_position_input(const Node& n, size_t i, bool required) {
+  if (!has_input(n, i)) {
+    if (required) return node_invalid(n) << "missing the position input";
+    return Status::ok();
+  }
+  KILN_ASSIGN_OR_RETURN(TensorType p, input_type(n, i));
+  if ((p.dtype != DType::kInt32 && p.dtype != DType::kInt64) || (p.shape && p.shape->size() > 1))
+    return node_invalid(n) << "position must be an int32/int64 scalar, got " << p.to_string();
+  return Status::ok();
+}
+
 // ---- SequenceEmpty, SequenceConstruct, SequenceInsert, SequenceErase -------------------
 
 Status infer_sequence_empty(Node& n, InferContext&) {
@@ -127,6 +139,7 @@ Status infer_sequence_construct(Node& n, InferContext& ctx) {
 
 Status infer_sequence_insert(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType s, container_input(n, 0, DType::kSequence));
+  KILN_RETURN_IF_ERROR(check_position_input(n, 2, false));
   KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 1));
   if (t.is_container()) return node_unsupported(n) << "inserting a container into a sequence";
   TensorType e = element_type(t, ctx);
@@ -143,6 +156,7 @@ Status infer_sequence_insert(Node& n, InferContext& ctx) {
 
 Status infer_sequence_erase(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType s, container_input(n, 0, DType::kSequence));
+  KILN_RETURN_IF_ERROR(check_position_input(n, 1, false));
   Dim len = (*s.shape)[0];
   auto c = len.as_const();
   Dim out = c ? (*c > 0 ? Dim(*c - 1) : ctx.fresh_symbol()) : ctx.fresh_symbol();
@@ -199,6 +213,7 @@ Result<RuntimeKernel> sequence_erase_kernel(const Node& n) {
 
 Status infer_sequence_at(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType s, container_input(n, 0, DType::kSequence));
+  KILN_RETURN_IF_ERROR(check_position_input(n, 1, true));
   KILN_ASSIGN_OR_RETURN(TensorType t, read_out(n, *s.elem, ctx));
   set_type(n, 0, std::move(t));
   return Status::ok();
@@ -234,6 +249,11 @@ Status infer_split_to_sequence(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
   KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
   if (xt.is_container()) return node_invalid(n) << "input 0 must be a tensor";
+  if (has_input(n, 1)) {
+    KILN_ASSIGN_OR_RETURN(TensorType st, input_type(n, 1));
+    if ((st.dtype != DType::kInt32 && st.dtype != DType::kInt64) || (st.shape && st.shape->size() > 1))
+      return node_invalid(n) << "split must be an int32/int64 scalar or 1-D tensor, got " << st.to_string();
+  }
   KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n, n.attr_int("axis", 0), static_cast<int64_t>(x.size())));
   bool keep = n.attr_int("keepdims", 1) != 0 || has_input(n, 1);
   TensorType e{xt.dtype, Shape{}};
@@ -389,6 +409,8 @@ Status infer_optional(Node& n, InferContext& ctx) {
   }
   std::vector<int64_t> type = n.attr_ints("type");
   if (type.size() != 2) return node_invalid(n) << "without an input, needs its 'type' attribute";
+  if ((type[0] != 0 && type[0] != static_cast<int64_t>(DType::kSequence)) || type[1] < 1 || type[1] > kMaxDType)
+    return node_invalid(n) << "'type' must name a tensor or a sequence of tensors";
   TensorType elem{static_cast<DType>(type[1]), std::nullopt};
   if (type[0] == static_cast<int64_t>(DType::kSequence))
     elem = TensorType::container(DType::kSequence, elem, ctx.fresh_symbol());

@@ -740,7 +740,10 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
     KILN_RETURN_IF_ERROR(bind_dims(info.shape, t.shape(), env, p.bounds, what, sym_slots));
     KILN_RETURN_IF_ERROR(check_elements(t, info.elem_dtypes, what));
     // Kernels assume 64-byte aligned buffers: copy a misaligned input.
-    if (reinterpret_cast<uintptr_t>(t.data()) % kAlign != 0 && t.nbytes() > 0)
+    // (Not object dtypes: strings and containers are never read by kernels as
+    // bytes, and new[] of non-trivial objects is not 64-byte aligned.)
+    if (reinterpret_cast<uintptr_t>(t.data()) % kAlign != 0 && t.nbytes() > 0 && t.dtype() != DType::kString &&
+        !dtype_is_container(t.dtype()))
       regs[r] = t.clone();
     else
       regs[r] = t;

@@ -309,6 +309,34 @@ TEST(Sequences, BadPositionsAndMisuseAreErrors) {
             std::string::npos)
       << bad.status().to_string();
 
+  {
+    // SequenceAt without its position, an If on a sequence: refused when compiling.
+    auto g2 = new_graph("no_position");
+    Value* x2 = g2->add_input("x", f32({2}));
+    Value* s2 = g2->add_node("SequenceConstruct", {x2}, {"s"})->output(0);
+    g2->set_outputs({g2->add_node("SequenceAt", {s2}, {"y"})->output(0)});
+    auto r2 = compile_graph(std::move(g2), CompileOptions{});
+    ASSERT_FALSE(r2.is_ok());
+    EXPECT_NE(r2.status().message().find("missing the position input"), std::string::npos) << r2.status().to_string();
+
+    auto g3 = new_graph("if_on_sequence");
+    Value* x3 = g3->add_input("x", f32({2}));
+    Value* s3 = g3->add_node("SequenceConstruct", {x3}, {"s"})->output(0);
+    auto branch = [&](const std::string& name) {
+      auto b = std::make_shared<Graph>();
+      b->name = name;
+      b->set_outputs({b->add_node("Neg", {b->add_capture("x", f32({2}))}, {name + "_y"})->output(0)});
+      return b;
+    };
+    Node* n3 = g3->add_node("If", {s3}, {"y"});
+    n3->set_attr("then_branch", Attribute::of_graph(branch("then")));
+    n3->set_attr("else_branch", Attribute::of_graph(branch("else")));
+    g3->set_outputs({n3->output(0)});
+    auto r3 = compile_graph(std::move(g3), CompileOptions{});
+    ASSERT_FALSE(r3.is_ok());
+    EXPECT_NE(r3.status().message().find("expected a bool tensor"), std::string::npos) << r3.status().to_string();
+  }
+
   auto g = new_graph("misuse");
   Value* x = g->add_input("x", f32({2}));
   Value* s = g->add_node("SequenceConstruct", {x}, {"s"})->output(0);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <limits>
 #include <string>
 #include <vector>
@@ -875,17 +876,20 @@ TEST(IndexingNumerics, ResizePlanesMatchTheGeneralLoop) {
   const int64_t h = 7, w = 11;
   std::vector<double> xv;
   for (int64_t i = 0; i < 2 * 3 * h * w; ++i) xv.push_back(static_cast<float>(std::cos(0.37 * static_cast<double>(i)) * 5));
+  // The last case shrinks the channel dim 3 -> 2 with nearest/asymmetric taps
+  // that map 0 -> 0 and 1 -> 1: not a plane copy (the plane loop must not take it).
   for (const char* mode : {"nearest", "linear", "cubic"})
-    for (auto [sh, sw] : {std::pair<double, double>{2.0, 0.5}, {0.7, 1.6}}) {
-      SCOPED_TRACE(std::string(mode) + " " + std::to_string(sh) + "," + std::to_string(sw));
+    for (auto [sc, sh, sw] : {std::tuple<double, double, double>{1.0, 2.0, 0.5}, {1.0, 0.7, 1.6}, {2.0 / 3, 1.0, 1.0}}) {
+      SCOPED_TRACE(std::string(mode) + " " + std::to_string(sc) + "," + std::to_string(sh) + "," + std::to_string(sw));
       std::vector<Tensor> outs;
       for (DType dt : {DType::kFloat32, DType::kFloat64}) {
         Graph g;
         g.opsets[""] = 18;
         Value* x = g.add_input("x", tt(dt, {2, 3, h, w}));
-        Tensor scales = make_tensor(DType::kFloat32, {4}, {1, 1, sh, sw});
+        Tensor scales = make_tensor(DType::kFloat32, {4}, {1, sc, sh, sw});
         Node* n = g.add_node("Resize", {x, nullptr, g.add_constant("scales", scales)}, {"y"});
         n->set_attr("mode", Attribute::of_string(mode));
+        n->set_attr("coordinate_transformation_mode", Attribute::of_string("asymmetric"));
         ASSERT_TRUE(infer(g).is_ok());
         auto k = run_kernel(*n, {make_tensor(dt, {2, 3, h, w}, xv), Tensor(), scales});
         ASSERT_EQ(k.size(), 1u);
@@ -894,6 +898,12 @@ TEST(IndexingNumerics, ResizePlanesMatchTheGeneralLoop) {
       ASSERT_EQ(outs[0].shape(), outs[1].shape());
       for (int64_t i = 0; i < outs[0].numel(); ++i)
         ASSERT_EQ(outs[0].data_as<float>()[i], static_cast<float>(outs[1].data_as<double>()[i])) << "element " << i;
+      if (sc != 1.0 && std::string(mode) == "nearest") {
+        // Output channel 1 is input channel 1 (asymmetric: 1 / (2/3) = 1.5 -> 1).
+        const int64_t oh = outs[0].shape()[2], ow = outs[0].shape()[3];
+        ASSERT_EQ(outs[0].shape()[1], 2);
+        EXPECT_EQ(outs[0].data_as<float>()[oh * ow], static_cast<float>(xv[static_cast<size_t>(h * w)]));
+      }
     }
 }
 
