@@ -467,9 +467,17 @@ class Parser {
     return t;
   }
 
-  Result<TensorType> tensor_type() {
+  Result<TensorType> tensor_type(int depth = 0) {
     TensorType t;
     KILN_ASSIGN_OR_RETURN(t.dtype, dtype());
+    if (t.is_container()) {
+      // seq<ELEMENT>[LENGTH], opt<ELEMENT>[LENGTH] (TensorType::to_string).
+      if (depth > 4) return error("containers nested too deeply");
+      KILN_RETURN_IF_ERROR(expect("<"));
+      KILN_ASSIGN_OR_RETURN(TensorType e, tensor_type(depth + 1));
+      KILN_RETURN_IF_ERROR(expect(">"));
+      t.elem = std::make_shared<const TensorType>(std::move(e));
+    }
     if (accept("[?]")) return t;
     KILN_ASSIGN_OR_RETURN(Shape s, expr_list());
     t.shape = std::move(s);

@@ -175,6 +175,9 @@ Expr stage_load(const tir::ComputeDef& stage, std::vector<Expr> indices);
 // A constant of the given dtype: float_imm for floats, int_imm for integers,
 // bool_imm for bool (v != 0).
 Expr const_of(DType dtype, double v);
+// Copies elements [si, si + count) of src to [di, di + count) of dst (same
+// dtype; strings and containers by assignment, others as bytes).
+void copy_elements(Tensor& dst, int64_t di, const Tensor& src, int64_t si, int64_t count);
 // The smallest / largest finite-or-infinite value of a dtype: -inf/+inf for
 // floats, numeric limits for integers, false/true for bool. Identities of max / min.
 Expr lowest_of(DType dtype);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <mutex>
 
@@ -453,6 +454,19 @@ tir::ComputeDef make_reduce_stage(std::string name, DType dtype, std::vector<std
 
 Expr stage_load(const tir::ComputeDef& stage, std::vector<Expr> indices) {
   return load(stage.name, -1, stage.dtype, std::move(indices));
+}
+
+void copy_elements(Tensor& dst, int64_t di, const Tensor& src, int64_t si, int64_t count) {
+  if (count <= 0) return;
+  if (src.dtype() == DType::kString) {
+    std::copy_n(src.data_as<std::string>() + si, count, dst.data_as<std::string>() + di);
+  } else if (dtype_is_container(src.dtype())) {
+    std::copy_n(src.data_as<Tensor>() + si, count, dst.data_as<Tensor>() + di);
+  } else {
+    int64_t es = dtype_size(src.dtype());
+    std::memcpy(static_cast<char*>(dst.data()) + di * es, static_cast<const char*>(src.data()) + si * es,
+                static_cast<size_t>(count * es));
+  }
 }
 
 Expr const_of(DType dtype, double v) {

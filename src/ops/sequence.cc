@@ -15,7 +15,6 @@
 // container (SequenceAt, OptionalGetElement, ConcatFromSequence) gets fresh
 // data-dependent symbols for them, bound when the kernel has run.
 #include <algorithm>
-#include <cstring>
 
 #include "ops/common.h"
 
@@ -279,16 +278,7 @@ Result<Tensor> slab(const Tensor& x, int64_t axis, int64_t begin, int64_t count,
   shape[axis] = count;
   if (!keep) shape.erase(shape.begin() + axis);
   KILN_ASSIGN_OR_RETURN(Tensor out, Tensor::allocate(x.dtype(), shape, "SplitToSequence element"));
-  int64_t es = dtype_size(x.dtype());
-  for (int64_t o = 0; o < outer; ++o) {
-    int64_t src = (o * len + begin) * inner, dst = o * count * inner;
-    if (x.dtype() == DType::kString) {
-      for (int64_t i = 0; i < count * inner; ++i) out.data_as<std::string>()[dst + i] = x.data_as<std::string>()[src + i];
-    } else if (count * inner > 0) {
-      std::memcpy(static_cast<char*>(out.data()) + dst * es, static_cast<const char*>(x.data()) + src * es,
-                  static_cast<size_t>(count * inner * es));
-    }
-  }
+  for (int64_t o = 0; o < outer; ++o) copy_elements(out, o * count * inner, x, (o * len + begin) * inner, count * inner);
   return out;
 }
 
@@ -379,18 +369,10 @@ Result<RuntimeKernel> concat_from_sequence_kernel(const Node& n) {
     int64_t outer = 1, inner = 1;
     for (int64_t k = 0; k < axis; ++k) outer *= shape[k];
     for (size_t k = static_cast<size_t>(axis) + 1; k < shape.size(); ++k) inner *= shape[k];
-    int64_t es = dtype_size(y.dtype()), at = 0;
+    int64_t at = 0;
     for (const Tensor& t : e) {
       int64_t len = new_axis ? 1 : t.shape()[axis];
-      for (int64_t o = 0; o < outer; ++o) {
-        int64_t src = o * len * inner, dst = (o * total + at) * inner;
-        if (y.dtype() == DType::kString) {
-          for (int64_t i = 0; i < len * inner; ++i) y.data_as<std::string>()[dst + i] = t.data_as<std::string>()[src + i];
-        } else if (len * inner > 0) {
-          std::memcpy(static_cast<char*>(y.data()) + dst * es, static_cast<const char*>(t.data()) + src * es,
-                      static_cast<size_t>(len * inner * es));
-        }
-      }
+      for (int64_t o = 0; o < outer; ++o) copy_elements(y, (o * total + at) * inner, t, o * len * inner, len * inner);
       at += len;
     }
     out[0] = std::move(y);

@@ -461,10 +461,10 @@ Result<std::vector<Tensor>> VM::Impl::run_loop(const Instr& in, const std::vecto
       if (outs[0].numel() != 1) return invalid_argument() << in.where << ": body condition is not a scalar";
       cond.data_as<bool>()[0] = truth(outs[0]);
     }
+    const Program& body = *prog->subprograms[in.subprograms[0]];
     for (size_t j = 0; j < num_carried; ++j) {
       // An optional carried value the body returned as its element: wrapped
       // (inference typed the carried value optional throughout).
-      const Program& body = *prog->subprograms[in.subprograms[0]];
       if (body.registers[body.input_registers[2 + j]].dtype == DType::kOptional &&
           outs[1 + j].dtype() != DType::kOptional) {
         Tensor wrapped(DType::kOptional, {1});

@@ -239,6 +239,29 @@ TEST(GraphPrinter, ParseErrorsNameTheLine) {
   ASSERT_FALSE(r.is_ok());
 }
 
+// Sequence and optional types print with their element type and parse back
+// (an element type could not be parsed before, so such a graph did not round-trip).
+TEST(GraphPrinter, ContainerTypesRoundTrip) {
+  auto g = std::make_unique<Graph>();
+  g->name = "containers";
+  Value* s = g->add_input("s", TensorType::container(DType::kSequence, ty(DType::kFloat32, {Expr(3), var("e")}), var("n")));
+  Value* o = g->add_input(
+      "o", TensorType::container(DType::kOptional, TensorType::container(DType::kSequence, TensorType{DType::kInt64, std::nullopt},
+                                                                         var("m")),
+                                 var("k")));
+  Node* at = g->add_node("SequenceLength", {s}, {"len"});
+  at->output(0)->set_type(ty(DType::kInt64, {}));
+  Node* get = g->add_node("OptionalGetElement", {o}, {"inner"});
+  get->output(0)->set_type(TensorType::container(DType::kSequence, TensorType{DType::kInt64, std::nullopt}, var("m")));
+  g->set_outputs({at->output(0), get->output(0)});
+  std::string text = roundtrip_check(*g);
+  EXPECT_NE(text.find("%s: seq<f32[3, e]>[n]"), std::string::npos) << text;
+  EXPECT_NE(text.find("%o: opt<seq<i64[?]>[m]>[k]"), std::string::npos) << text;
+  auto bare = parse_graph("graph g(%x: seq[2]) -> (%x) {\n}\n");
+  ASSERT_FALSE(bare.is_ok());
+  EXPECT_NE(bare.status().message().find("<"), std::string::npos) << bare.status().message();
+}
+
 TEST(GraphPrinter, ParsesHandWrittenText) {
   auto r = parse_graph(R"(
     // a comment
