@@ -478,8 +478,12 @@ class Parser {
       KILN_RETURN_IF_ERROR(expect(">"));
       t.elem = std::make_shared<const TensorType>(std::move(e));
     }
-    if (accept("[?]")) return t;
+    if (accept("[?]")) {
+      if (t.is_container()) return error("a container's shape is its length, [LENGTH]");
+      return t;
+    }
     KILN_ASSIGN_OR_RETURN(Shape s, expr_list());
+    if (t.is_container() && s.size() != 1) return error("a container's shape is its length, [LENGTH]");
     t.shape = std::move(s);
     return t;
   }

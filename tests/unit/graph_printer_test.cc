@@ -260,6 +260,11 @@ TEST(GraphPrinter, ContainerTypesRoundTrip) {
   auto bare = parse_graph("graph g(%x: seq[2]) -> (%x) {\n}\n");
   ASSERT_FALSE(bare.is_ok());
   EXPECT_NE(bare.status().message().find("<"), std::string::npos) << bare.status().message();
+  for (const char* bad : {"seq<f32[2]>[?]", "seq<f32[2]>[2, 3]"}) {
+    auto r = parse_graph(std::string("graph g(%x: ") + bad + ") -> (%x) {\n}\n");
+    ASSERT_FALSE(r.is_ok()) << bad;
+    EXPECT_NE(r.status().message().find("[LENGTH]"), std::string::npos) << r.status().message();
+  }
 }
 
 TEST(GraphPrinter, ParsesHandWrittenText) {
