@@ -695,6 +695,26 @@ TEST(IndexingKernels, ScatterNDAndScatterElements) {
   expect_close(e[0], {1, 202, 3, 4, 105, 6}, 0, "scatter_elements add");
   // The input is not modified.
   expect_close(xt, {1, 2, 3, 4, 5, 6}, 0, "input untouched");
+  // Plain scatter over a rank-3 odometer, axis 1 (the offsets walk every dim).
+  Graph g3;
+  Value* x3 = g3.add_input("x", tt(DType::kFloat32, {2, 3, 2}));
+  Node* el3 = g3.add_node("ScatterElements", {x3, g3.add_input("i", tt(DType::kInt64, {2, 1, 2})),
+                                               g3.add_input("u", tt(DType::kFloat32, {2, 1, 2}))}, {"z"});
+  el3->set_attr("axis", Attribute::of_int(1));
+  ASSERT_TRUE(infer(g3).is_ok());
+  std::vector<double> base(12, 0);
+  auto e3 = run_kernel(*el3, {make_tensor(DType::kFloat32, {2, 3, 2}, base), i64s({2, 1, 2}, {2, 0, 1, -1}),
+                              make_tensor(DType::kFloat32, {2, 1, 2}, {1, 2, 3, 4})});
+  ASSERT_EQ(e3.size(), 1u);
+  expect_close(e3[0], {0, 2, 0, 0, 1, 0, 0, 0, 3, 0, 0, 4}, 0, "scatter_elements rank 3");
+  // Indices longer than the data on a non-axis dim would write past the
+  // output; updates of another dtype would be read past their end: errors.
+  auto longer = try_kernel(*el, {xt, i64s({1, 3}, {0, 0, 0}), make_tensor(DType::kFloat32, {1, 3}, {1, 2, 3})});
+  ASSERT_FALSE(longer.is_ok());
+  EXPECT_NE(longer.status().message().find("exceed data"), std::string::npos) << longer.status().to_string();
+  auto other = try_kernel(*el, {xt, i64s({1, 2}, {0, 0}), make_tensor(DType::kFloat64, {1, 2}, {1, 2})});
+  ASSERT_FALSE(other.is_ok());
+  EXPECT_NE(other.status().message().find("dtype"), std::string::npos) << other.status().to_string();
 }
 
 
