@@ -179,6 +179,10 @@ int main(int argc, char** argv) {
   cases.push_back(matmul_case(128, 768, 768));
   cases.push_back(matmul_case(128, 768, 3072));
   cases.push_back(matmul_case(128, 3072, 768));
+  // Long reductions, where a weight panel outgrows L2 (K blocking):
+  // Faster R-CNN's box head (RoIs x 256*7*7 -> 1024) and a 8192-deep product.
+  cases.push_back(matmul_case(150, 12544, 1024));
+  cases.push_back(matmul_case(512, 8192, 512));
   cases.push_back(matmul_case(1, 768, 3072));
   cases.push_back(matmul_case(1, 768, 50257));
   cases.push_back(conv_case("conv 3x3 64->64 56x56", 64, 64, 56, 3, 1, 1));

@@ -84,6 +84,7 @@ tir::KnobSpace gemm_packed_space(const Node& n, const Target& t) {
   s.knobs.push_back(tir::Knob{"mr", {1, 2, 3, 4, 6, 8, 12}});
   s.knobs.push_back(nr);
   s.knobs.push_back(tir::Knob{"prefetch", {0, 1}});
+  s.knobs.push_back(tir::Knob{"kc", {0, 128, 256, 512, 1024, 2048}});
   // Three-vector panels only for one row: LLVM legalizes a register tile of
   // several <48 x float> rows through per-element inserts and spills (256 x
   // 256 x 480, 1 thread: mr 6 nr 48 15.9 ms against 0.55 with nr 32).
@@ -100,8 +101,8 @@ tir::Knobs gemm_packed_defaults(const Node& n, const Target& t) {
   if (rows && *rows == 1) {
     // Matrix-vector: one row, the widest panel (independent accumulators per vector).
     for (int64_t v : {4 * lanes, 3 * lanes, 2 * lanes, lanes})
-      if (cols % v == 0) return {{"mr", 1}, {"nr", v}, {"prefetch", 0}};
-    return {{"mr", 1}, {"nr", 4 * lanes}, {"prefetch", 0}};
+      if (cols % v == 0) return {{"mr", 1}, {"nr", v}, {"prefetch", 0}, {"kc", 0}};
+    return {{"mr", 1}, {"nr", 4 * lanes}, {"prefetch", 0}, {"kc", 0}};
   }
   // Two vectors of columns (16 accumulators with mr = 8 on AVX-512; one
   // vector leaves 8, too few to hide the FMA latency) unless padding N to
@@ -113,7 +114,7 @@ tir::Knobs gemm_packed_defaults(const Node& n, const Target& t) {
   int64_t mr = std::min<int64_t>(8, acc / (nr / lanes));
   // Several row tiles use each panel: the first would otherwise wait on
   // memory for all of it (weights that do not stay in cache between runs).
-  return {{"mr", mr}, {"nr", nr}, {"prefetch", 1}};
+  return {{"mr", mr}, {"nr", nr}, {"prefetch", 1}, {"kc", 0}};
 }
 
 // B [K, N] (or [N, K] with transB) -> panels [ceil(N / nr), K, nr], the
@@ -166,13 +167,23 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   }
   std::string m_outer, m_inner;
   std::optional<int64_t> m_ext;
+  // K blocking (knob kc): the reduction in blocks of kc, the block loop just
+  // outside the row tiles, so that each row tile reuses the same kc x nr
+  // block of the panel from cache (partial sums kept in the output between
+  // blocks). Only with several row tiles (one tile reads its panel once
+  // either way); their last one is then guarded, not overlapping (tiles
+  // sharing rows would add a block twice to them).
+  int64_t kc = knobs.count("kc") ? knobs.at("kc") : 0;
+  auto k_ext = st.reduce_extents.size() == 1 ? st.reduce_extents[0].as_const() : std::nullopt;
+  std::optional<int64_t> rows = rank >= 2 ? st.shape[rank - 2].as_const() : std::optional<int64_t>(1);
+  const bool block_k = kc > 0 && k_ext && *k_ext > kc && (!rows || *rows > mr);
   if (rank >= 2) {
     m_inner = st.axes[rank - 2];
     m_ext = st.shape[rank - 2].as_const();
     if (!m_ext) {
       prims.push_back(prim("split", stage, {m_inner}, mr));
     } else if (*m_ext > mr) {
-      prims.push_back(prim(*m_ext % mr == 0 ? "split" : "split_overlap", stage, {m_inner}, mr));
+      prims.push_back(prim(*m_ext % mr == 0 || block_k ? "split" : "split_overlap", stage, {m_inner}, mr));
     }
     if (!m_ext || *m_ext > mr) {
       m_outer = m_inner + ".o";
@@ -203,7 +214,16 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   prims.push_back(prim("vectorize", stage, {n_inner}));
   if (int par = tir::choose_parallel(counts); par >= 0)
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
-  if (knob_on(knobs, "prefetch") && !n_outer.empty()) prims.push_back(prim("prefetch", stage, {n_outer}));
+  if (block_k) {
+    std::vector<std::string> args = {st.reduce_axes[0] + ".o"};
+    auto mo = std::find(outer.begin(), outer.end(), m_outer);
+    if (mo != outer.begin()) args.push_back(*(mo - 1));
+    prims.push_back(prim("split", stage, {st.reduce_axes[0]}, kc));
+    prims.push_back(prim("hoist_reduce", stage, args));
+  }
+  // The next panel's prefetch serves a panel read once, start to end; with
+  // K blocked the next block of the same panel comes first.
+  if (knob_on(knobs, "prefetch") && !n_outer.empty() && !block_k) prims.push_back(prim("prefetch", stage, {n_outer}));
   return replace_stage_schedule(k, stage, prims);
 }
 

@@ -39,6 +39,9 @@ struct StagePlan {
   std::string cache_axis;  // empty: no cache_write
   std::string rfactor_axis;  // empty: no rfactor; else a reduce loop accumulated in vector lanes
   std::string prefetch_axis;  // empty: no prefetch; else the spatial loop whose next iteration's data is prefetched
+  bool overlapped = false;    // a spatial axis was split_overlap (tiles share points)
+  std::string hoisted;        // hoist_reduce: a reduce loop run outside the tile (empty: none)
+  std::string hoisted_at;     // ... just inside this spatial loop (empty: outermost)
   bool fuse_epilogue = false;  // fuse_epilogue asked for
   std::string epilogue_axis;   // fuse_epilogue(stage, axis): the epilogue runs after each iteration of this loop
   int epilogue = -1;           // the stage computed in this one's write-back
@@ -259,9 +262,13 @@ struct Lowerer {
         return invalid_argument() << "schedule: split(" << p.stage << ", " << old.var
                                   << ") of a loop already marked " << for_kind_name(old.kind);
       }
-      if (old.var == plan.cache_axis || old.var == plan.rfactor_axis) {
-        return invalid_argument() << "schedule: split(" << p.stage << ", " << old.var
-                                  << ") of the " << (old.var == plan.cache_axis ? "cache_write" : "rfactor") << " axis";
+      if (old.var == plan.cache_axis || old.var == plan.rfactor_axis || old.var == plan.hoisted ||
+          old.var == plan.hoisted_at) {
+        return invalid_argument() << "schedule: split(" << p.stage << ", " << old.var << ") of the "
+                                  << (old.var == plan.cache_axis     ? "cache_write"
+                                      : old.var == plan.rfactor_axis ? "rfactor"
+                                                                     : "hoist_reduce")
+                                  << " axis";
       }
       std::string outer = old.var + ".o", inner = old.var + ".i";
       for (const std::string& n : {outer, inner}) {
@@ -286,6 +293,7 @@ struct Lowerer {
         Expr start = *c % p.factor == 0 ? var(outer) * f
                                         : min(var(outer) * f, int_imm(*c - p.factor));
         Expr value = simplify(start + var(inner));
+        plan.overlapped = plan.overlapped || *c % p.factor != 0;
         loops[where.second] = {outer, int_imm((*c + p.factor - 1) / p.factor)};
         loops.insert(loops.begin() + static_cast<long>(where.second) + 1, Loop{inner, f});
         ExprMap repl{{old.var, value}};
@@ -338,7 +346,7 @@ struct Lowerer {
       }
       for (const std::string& a : p.axes) {
         const Loop& l = plan.spatial[a == p.axes[0] ? wa.second : wb.second];
-        if (l.kind != ForKind::kSerial || a == plan.cache_axis || a == plan.prefetch_axis) {
+        if (l.kind != ForKind::kSerial || a == plan.cache_axis || a == plan.prefetch_axis || a == plan.hoisted_at) {
           return invalid_argument() << "schedule: fuse(" << p.stage << ", " << a
                                     << ") of a loop already marked or cached";
         }
@@ -435,7 +443,36 @@ struct Lowerer {
         return invalid_argument() << "schedule: rfactor(" << p.stage << ", " << p.axes[0]
                                   << ") needs a constant extent of 1 to 64 (split the axis first)";
       }
+      if (p.axes[0] == plan.hoisted) {
+        return invalid_argument() << "schedule: rfactor(" << p.stage << ", " << p.axes[0] << ") of the hoist_reduce axis";
+      }
       plan.rfactor_axis = p.axes[0];
+      plan.touched = true;
+      return Status::ok();
+    }
+    if (p.kind == "hoist_reduce") {
+      if (p.axes.empty() || p.axes.size() > 2) return invalid_argument() << "schedule: hoist_reduce takes one or two axes";
+      if (!is_reduction(st)) {
+        return invalid_argument() << "schedule: hoist_reduce(" << p.stage << ") of a stage that is not a reduction";
+      }
+      if (!plan.hoisted.empty()) return invalid_argument() << "schedule: hoist_reduce(" << p.stage << ") applied twice";
+      KILN_ASSIGN_OR_RETURN(auto where, find_loop(plan, p, p.axes[0]));
+      if (!where.first) {
+        return invalid_argument() << "schedule: hoist_reduce(" << p.stage << ", " << p.axes[0] << ") of a spatial axis";
+      }
+      if (p.axes[0] == plan.rfactor_axis || plan.reduce[where.second].kind != ForKind::kSerial) {
+        return invalid_argument() << "schedule: hoist_reduce(" << p.stage << ", " << p.axes[0]
+                                  << ") of a loop already marked or accumulated in lanes";
+      }
+      if (p.axes.size() == 2) {
+        KILN_ASSIGN_OR_RETURN(auto at, find_loop(plan, p, p.axes[1]));
+        if (at.first) {
+          return invalid_argument() << "schedule: hoist_reduce(" << p.stage << ", " << p.axes[0] << ", " << p.axes[1]
+                                    << "): the place must be a spatial loop";
+        }
+        plan.hoisted_at = p.axes[1];
+      }
+      plan.hoisted = p.axes[0];
       plan.touched = true;
       return Status::ok();
     }
@@ -857,6 +894,41 @@ struct Lowerer {
       }
     }
 
+    // hoist_reduce: that reduce loop runs among the outer loops, just inside
+    // hoisted_at; the tile resumes from and saves partial results in the
+    // stage's buffer (below).
+    std::vector<Loop> reduce_loops = plan.reduce;
+    std::optional<Loop> hoisted;
+    if (!plan.hoisted.empty()) {
+      auto it = std::find_if(reduce_loops.begin(), reduce_loops.end(),
+                             [&](const Loop& l) { return l.var == plan.hoisted; });
+      if (it == reduce_loops.end()) {
+        return invalid_argument() << "schedule: hoist_reduce(" << st.name << ", " << plan.hoisted
+                                  << "): the axis no longer exists";
+      }
+      if (plan.epilogue >= 0 && !plan.epilogue_axis.empty()) {
+        return invalid_argument() << "schedule: hoist_reduce(" << st.name
+                                  << ") with a deferred epilogue (fuse_epilogue with an axis)";
+      }
+      if (plan.overlapped) {
+        // Two tiles sharing points would each add a block to the other's saved partial sums.
+        return invalid_argument() << "schedule: hoist_reduce(" << st.name
+                                  << ") with overlapping tiles (split_overlap): points two tiles share would get a block twice";
+      }
+      hoisted = *it;
+      reduce_loops.erase(it);
+      size_t pos = 0;
+      if (!plan.hoisted_at.empty()) {
+        auto at = std::find_if(outer.begin(), outer.end(), [&](const Loop& l) { return l.var == plan.hoisted_at; });
+        if (at == outer.end()) {
+          return invalid_argument() << "schedule: hoist_reduce(" << st.name << ", " << plan.hoisted << ", "
+                                    << plan.hoisted_at << "): the place is inside the register tile (cache_write) or no longer exists";
+        }
+        pos = static_cast<size_t>(at - outer.begin()) + 1;
+      }
+      outer.insert(outer.begin() + static_cast<long>(pos), *hoisted);
+    }
+
     Buffer acc;
     acc.name = st.name + ".acc";
     acc.dtype = st.dtype;
@@ -883,7 +955,6 @@ struct Lowerer {
     Expr acc_load = load(acc.name, -1, acc.dtype, acc_idx);
     Expr init = st.init.defined() ? to_loops(cast_to(st.dtype, st.init))
                                   : default_init(st.combiner, st.dtype);
-    std::vector<Loop> reduce_loops = plan.reduce;
     // rfactor: the reduce loop rf runs innermost, vectorized, each lane
     // accumulating its own partial (from the combiner's neutral element) in
     // lanes[inner..., rf]; the lanes are then combined, from `init`, into acc,
@@ -952,6 +1023,18 @@ struct Lowerer {
       final_guards.insert(final_guards.end(), plan.store_guards.begin(), plan.store_guards.end());
       Stmt final_nest = build_nest(inner, make_store(store_name, store_index, out_indices, result), final_guards,
                                    bound_outside, loop_vars);
+      if (hoisted) {
+        // First block: the init; later ones resume from the partial result
+        // (its valid points; padded columns restart from the init, never
+        // stored). Last block: the write-back; earlier ones save the partial.
+        Stmt resume = build_nest(inner, make_store(acc.name, -1, acc_idx, load(st.name, out_index, st.dtype, out_indices)),
+                                 final_guards, bound_outside, loop_vars);
+        if (!plan.store_guards.empty()) resume = make_seq({init_nest, resume});
+        Stmt save = build_nest(inner, make_store(st.name, out_index, out_indices, acc_load), final_guards, bound_outside,
+                               loop_vars);
+        init_nest = make_if(eq(var(hoisted->var), int_imm(0)), init_nest, resume);
+        final_nest = make_if(eq(var(hoisted->var), simplify(hoisted->extent - int_imm(1))), final_nest, save);
+      }
       if (!rf) {
         // What the write-back reads from params (a residual) is prefetched
         // at the start of the tile, so it arrives during the reduction: a
@@ -1099,8 +1182,8 @@ struct Lowerer {
       Buffer b{written.name, written.dtype, written.shape};
       body = make_allocate(b, body);
     }
-    // A deferred epilogue reads the stage's own buffer too.
-    if (e >= 0 && !plans[s].epilogue_axis.empty() && !param_index.count(stages[s].name)) {
+    // A deferred epilogue reads the stage's own buffer too; hoist_reduce keeps partial results in it.
+    if (e >= 0 && (!plans[s].epilogue_axis.empty() || !plans[s].hoisted.empty()) && !param_index.count(stages[s].name)) {
       Buffer b{stages[s].name, stages[s].dtype, stages[s].shape};
       body = make_allocate(b, body);
     }

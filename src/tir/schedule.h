@@ -38,6 +38,19 @@
 //                                        which otherwise vectorizes across rows
 //                                        with gathers. Reassociates the combiner
 //                                        (sum, prod, max, min)
+//   hoist_reduce(stage, r [, axis])   -> for a reduction: reduce loop r (the
+//                                        outer half of a split reduce axis) runs
+//                                        outside the cache_write tile, just
+//                                        inside spatial loop `axis` (outermost
+//                                        without it): cache blocking of the
+//                                        reduction. The tile starts from the
+//                                        init at r = 0 and from the partial
+//                                        sums in the stage's buffer otherwise,
+//                                        and stores partial sums there until the
+//                                        last r, which writes the result (and
+//                                        the fused epilogue). A GEMM's weight
+//                                        panel is then used in blocks that stay
+//                                        in cache across the row tiles
 //   prefetch(stage, axis)             -> for a reduction: each reduce step also
 //                                        prefetches (into L2) what the next
 //                                        iteration of spatial loop `axis` will
@@ -75,7 +88,7 @@
 namespace kiln::tir {
 
 struct Primitive {
-  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write, rfactor, prefetch, fuse_epilogue
+  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write, rfactor, hoist_reduce, prefetch, fuse_epilogue
   std::string stage;
   std::vector<std::string> axes;
   int64_t factor = 0;

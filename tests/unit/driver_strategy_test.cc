@@ -208,6 +208,51 @@ TEST(StrategyCandidates, GemmTemplatesMatchNaiveAtRandomKnobs) {
   }
 }
 
+// K blocking (gemm.packed's kc): the reduction in blocks outside the row
+// tiles, partial sums saved between blocks (in the output, or in a scratch
+// buffer where the ReLU is fused). K not a multiple of kc (a guarded last
+// block), N padded past the last panel, rows not a multiple of mr (guarded,
+// not overlapping: overlapping row tiles would add a block twice), symbolic
+// rows, a batch, Gemm's C; 1 and 2 threads, against the naive lowering.
+TEST(StrategyCandidates, GemmKBlocksMatchNaive) {
+  const std::vector<GemmCase> cases = {
+      {"MatMul", Shape{19, 300}, {300, 40}, false, false, {19, 300}},
+      {"MatMul", Shape{var("m"), 257}, {257, 64}, false, false, {23, 257}},
+      {"Gemm", Shape{17, 384}, {48, 384}, true, true, {17, 384}},
+      {"MatMul", Shape{2, 9, 256}, {256, 32}, false, false, {2, 9, 256}},
+  };
+  uint32_t seed = 100;
+  for (const GemmCase& c : cases) {
+    Tensor b = random_tensor(c.b, seed++);
+    int64_t cols = c.trans_b ? c.b[0] : c.b[1];
+    int64_t k = c.trans_b ? c.b[1] : c.b[0];
+    Tensor bias = random_tensor({cols}, seed++);
+    Tensor x = random_tensor(c.a_run, seed++);
+    auto want = run(gemm_graph(c, b, bias), true, x, 1, std::nullopt, nullptr);
+    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+    for (int64_t kc : {128, 256}) {
+      for (int threads : {1, 2}) {
+        std::string name = c.op == "Gemm" ? "gemm.packed" : "matmul.packed";
+        strategy::Choice choice{name, {{"kc", kc}, {"mr", 4}, {"nr", 16}, {"prefetch", 1}}, "database", ""};
+        std::string impl;
+        auto got = run(gemm_graph(c, b, bias), false, x, threads, choice, &impl, *Target::named("avx512"));
+        std::string what = c.op + " K " + std::to_string(k) + " kc " + std::to_string(kc) + " threads " +
+                           std::to_string(threads);
+        ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+        EXPECT_EQ(impl, name + " kc=" + std::to_string(kc) + " mr=4 nr=16 prefetch=1") << what;
+        ASSERT_EQ(got->shape(), want->shape()) << what;
+        for (int64_t i = 0; i < want->numel(); ++i) {
+          float g = got->data_as<float>()[i], w = want->data_as<float>()[i];
+          if (std::fabs(g - w) > 1e-6 * static_cast<double>(k) * (1 + std::fabs(w))) {
+            ADD_FAILURE() << what << ", element " << i << ": " << g << " vs naive " << w;
+            break;
+          }
+        }
+      }
+    }
+  }
+}
+
 struct ConvCase {
   Shape x;                       // may be symbolic ("h", "w")
   std::vector<int64_t> w;        // [O, I, KH, KW]

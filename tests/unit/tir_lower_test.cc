@@ -693,6 +693,71 @@ TEST(TirLower, RfactorAndPrefetch) {
   }
 }
 
+// hoist_reduce: blocks of the reduction run outside the register tile, which
+// starts from the init at the first block, resumes from the partial sums
+// saved in C otherwise (with the SiLU fused, C is a scratch buffer and the
+// epilogue runs at the last block only): K = 5 in blocks of 2 (a guarded
+// last block) and 3, the place outermost or inside j.o, columns guarded or
+// padded, rows guarded. A spatial axis, a place inside the tile, overlapping
+// tiles and a deferred epilogue are errors.
+TEST(TirLower, HoistedReduceBlocks) {
+  KernelDef k = matmul(7, 19, 5);
+  auto ref = [](const HostData& r) { return matmul_ref(r, 7, 19, 5); };
+  const std::string tile =
+      "split(C, j, 16)\nsplit(C, i, 4)\nreorder(C, j.o, i.o, i.i, j.i)\ncache_write(C, i.o)\n"
+      "unroll(C, i.i)\nvectorize(C, j.i)\n";
+  for (const std::string& hand : {
+           std::string("split(C, k, 2)\nhoist_reduce(C, k.o)\n"),
+           "split(C, k, 2)\n" + tile + "hoist_reduce(C, k.o, j.o)\nparallel(C, j.o)\n",
+           "split(C, k, 3)\n" + tile + "hoist_reduce(C, k.o)\nparallel(C, i.o)\n",
+           std::string("split(C, k, 2)\nsplit(C, k.i, 2)\nrfactor(C, k.i.i)\nhoist_reduce(C, k.o)\n"),
+       }) {
+    auto s = parse_schedule(hand);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    expect_matches(k, *s, {}, ref);
+  }
+  auto f = lower(k, *parse_schedule("split(C, k, 2)\n" + tile + "hoist_reduce(C, k.o, j.o)\n"));
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  std::string text = print_func(*f);
+  size_t ko = text.find("for k.o in 0..3 {");
+  ASSERT_NE(ko, std::string::npos) << text;
+  EXPECT_LT(text.find("for j.o in 0..1"), ko) << text;  // the full column tile; the guarded last one follows
+  EXPECT_NE(text.find("for i.o in 0..2", ko), std::string::npos) << text;
+  EXPECT_NE(text.find("if (k.o == 0)", ko), std::string::npos) << text;
+  EXPECT_NE(text.find("if (k.o == 2)", ko), std::string::npos) << text;
+
+  KernelDef ks = matmul_silu(7, 19, 5);
+  auto ref_silu = [](const HostData& r) {
+    auto c = matmul_ref(r, 7, 19, 5)[0];
+    for (float& v : c) v = static_cast<float>(v / (1.0 + std::exp(-static_cast<double>(v))));
+    return std::vector<std::vector<float>>{c};
+  };
+  auto s = parse_schedule("split(C, k, 2)\n" + tile + "hoist_reduce(C, k.o, j.o)\nfuse_epilogue(C)\n");
+  ASSERT_TRUE(s.is_ok());
+  expect_matches(ks, *s, {}, ref_silu);
+  f = lower(ks, *s);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  text = print_func(*f);
+  EXPECT_NE(text.find("allocate C:f32[7, 19]"), std::string::npos) << text;  // partial sums
+  EXPECT_NE(text.find("sigmoid:f32(load(C.acc"), std::string::npos) << text;
+
+  for (const std::string& bad : {
+           std::string("hoist_reduce(C, i)\n"),
+           "split(C, k, 2)\n" + tile + "hoist_reduce(C, k.o, i.i)\n",
+           std::string("split(C, k, 2)\nsplit_overlap(C, j, 16)\nhoist_reduce(C, k.o)\n"),
+           std::string("split(C, k, 2)\nhoist_reduce(C, k.o)\nhoist_reduce(C, k.i)\n"),
+           std::string("split(C, k, 2)\nhoist_reduce(C, k.o)\nsplit(C, k.o, 2)\n"),
+       }) {
+    auto b = parse_schedule(bad);
+    ASSERT_TRUE(b.is_ok()) << bad;
+    EXPECT_FALSE(lower(k, *b).is_ok()) << bad;
+  }
+  auto deferred = parse_schedule("split(C, k, 2)\n" + tile + "hoist_reduce(C, k.o, j.o)\nfuse_epilogue(C, j.o)\n");
+  ASSERT_TRUE(deferred.is_ok());
+  EXPECT_FALSE(lower(ks, *deferred).is_ok());
+  EXPECT_FALSE(parse_schedule("hoist_reduce(C)\n").is_ok());
+}
+
 // fuse: C's rows and columns as one loop of 7 * 19, split, vectorized and
 // tiled like any other axis, gives the reference's results.
 TEST(TirLower, FuseAdjacentSpatialLoops) {
