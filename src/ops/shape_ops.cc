@@ -1244,15 +1244,21 @@ Result<RuntimeKernel> pad_kernel(const Node& n) {
     }
     out.resize(1);
     KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(x.dtype(), shape));
-    std::vector<int64_t> xs = row_strides(x.shape());
-    for_each_index(shape, [&](int64_t e, const std::vector<int64_t>& idx) {
-      int64_t src = 0;
-      bool inside = true;
-      for (size_t k = 0; k < idx.size(); ++k) {
-        int64_t d = x.shape()[k], p = idx[k] - begin[k];
+    Tensor& y = out[0];
+    if (y.numel() == 0) return Status::ok();
+    if (rank == 0) {
+      copy_elements(y, 0, x, 0, 1);
+      return Status::ok();
+    }
+    // Per axis, the source index of each output index (-1: the fill value).
+    std::vector<std::vector<int64_t>> from(static_cast<size_t>(rank));
+    for (int64_t k = 0; k < rank; ++k) {
+      int64_t d = x.shape()[k];
+      for (int64_t i = 0; i < shape[k]; ++i) {
+        int64_t p = i - begin[k];
         if (p < 0 || p >= d) {
           if (mode == "constant" || d == 0) {
-            inside = false;
+            p = -1;
           } else if (mode == "edge") {
             p = std::clamp<int64_t>(p, 0, d - 1);
           } else if (mode == "wrap") {
@@ -1263,14 +1269,46 @@ Result<RuntimeKernel> pad_kernel(const Node& n) {
             if (p >= d) p = period - p;
           }
         }
+        from[k].push_back(p);
+      }
+    }
+    // Output rows along the last axis: a row whose outer indices read the
+    // fill is the fill; the others are runs of consecutive source elements
+    // (one copy each: the whole interior of a constant pad) and of the fill.
+    const int64_t inner = shape[rank - 1];
+    const std::vector<int64_t>& last = from.back();
+    Tensor fill_row(x.dtype(), {inner});
+    for (int64_t j = 0; j < inner; ++j) copy_elements(fill_row, j, fill, 0, 1);
+    std::vector<int64_t> xs = row_strides(x.shape());
+    std::vector<int64_t> idx(static_cast<size_t>(rank - 1), 0);
+    for (int64_t row = 0, rows = y.numel() / inner; row < rows; ++row) {
+      int64_t src = 0;
+      bool inside = true;
+      for (size_t k = 0; k < idx.size(); ++k) {
+        int64_t p = from[k][idx[k]];
+        inside = inside && p >= 0;
         src += p * xs[k];
       }
-      if (inside) {
-        copy_element(out[0], e, x, src);
+      if (!inside) {
+        copy_elements(y, row * inner, fill_row, 0, inner);
       } else {
-        copy_element(out[0], e, fill, 0);
+        for (int64_t j = 0; j < inner;) {
+          int64_t e = j + 1;
+          if (last[j] < 0) {
+            while (e < inner && last[e] < 0) ++e;
+            copy_elements(y, row * inner + j, fill_row, 0, e - j);
+          } else {
+            while (e < inner && last[e] == last[e - 1] + 1) ++e;
+            copy_elements(y, row * inner + j, x, src + last[j], e - j);
+          }
+          j = e;
+        }
       }
-    });
+      for (size_t k = idx.size(); k-- > 0;) {
+        if (++idx[k] < shape[k]) break;
+        idx[k] = 0;
+      }
+    }
     return Status::ok();
   });
 }

@@ -4,6 +4,7 @@
 // base is 64-byte aligned as the runtime guarantees.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -617,6 +618,49 @@ TEST(CodegenJit, GuardedLoadInSelect) {
     EXPECT_EQ(out[nv + 1], -1.0f);
     for (int64_t t = 1; t <= nv; ++t) ASSERT_EQ(out[t], static_cast<float>(t));
     EXPECT_TRUE(out.sentinels_intact());
+  }
+}
+
+// A zero-padded stride-2 read of a row of symbolic length n, its clamp in the
+// form the simplifier writes (the offset outside the min: max(0, min(n, 2i) -
+// 1)): the select's condition implies the clamp is the identity on the lanes
+// it takes, so the vector is one masked span load, no gather. Without the
+// select (an edge-replicating read, the clamp acting) the edge lanes are
+// gathered. Both match the scalar definition at every length.
+TEST(CodegenJit, ClampedStridedLoads) {
+  // Vectors of 16 outputs, the last one guarded: i = 16 o + l.
+  Expr n = var("n"), i = int_imm(16) * var("o") + var("l");
+  Expr at = int_imm(2) * i - int_imm(1);
+  Expr clamped = max(int_imm(0), min(n, int_imm(2) * i) - int_imm(1));
+  Expr m = floordiv(n - int_imm(1), int_imm(2)) + int_imm(1);
+  for (bool padded : {true, false}) {
+    PrimFunc f;
+    f.name = padded ? "zero_pad_s2" : "edge_s2";
+    f.params = {buf("a", {n}), buf("out", {m})};
+    f.sym_names = {"n"};
+    Expr value = ld("a", 0, {clamped});
+    if (padded) value = select(logical_and(le(int_imm(0), at), lt(at, n)), value, float_imm(0.0));
+    f.body = tir::make_for(
+        "o", floordiv(m + int_imm(15), int_imm(16)), ForKind::kSerial,
+        tir::make_for("l", int_imm(16), ForKind::kVectorized,
+                      tir::make_if(lt(i, m), tir::make_store("out", 1, {i}, value))));
+    auto mod = compile_ok({f});
+    ASSERT_TRUE(mod);
+    EXPECT_EQ(mod->llvm_ir().find("masked.gather") == std::string::npos, padded) << f.name;
+    for (int64_t nv : {1, 2, 3, 17, 40, 1023}) {
+      int64_t mv = (nv - 1) / 2 + 1;
+      Aligned<float> a(nv), out(mv, 0, 9.0f);
+      for (int64_t t = 0; t < nv; ++t) a[t] = static_cast<float>(t + 1);
+      void* bufs[] = {a.data(), out.data()};
+      int64_t syms[] = {nv};
+      mod->lookup(f.name)(bufs, syms);
+      for (int64_t t = 0; t < mv; ++t) {
+        int64_t j = 2 * t - 1;
+        float want = j >= 0 && j < nv ? a[j] : padded ? 0.f : a[std::clamp<int64_t>(j, 0, nv - 1)];
+        ASSERT_EQ(out[t], want) << f.name << " n " << nv << " i " << t;
+      }
+      EXPECT_TRUE(out.sentinels_intact());
+    }
   }
 }
 

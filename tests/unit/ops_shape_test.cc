@@ -1005,6 +1005,26 @@ TEST(ShapeKernels, AgreeWithLowerings) {
   expect_kernel_matches_lowering(g, *oh, {i64s({2, 2}, {0, -1, 5, 2}), depth, make_tensor(DType::kFloat32, {2}, {0, 1})});
 }
 
+// The Pad kernel copies runs of each output row: rank 3, pads and crops on
+// every axis, all four modes, against the lowering.
+TEST(ShapeKernels, PadRunsAgreeWithLoweringInThreeDims) {
+  Graph g;
+  Value* x = g.add_input("x", tt(DType::kFloat32, {3, 4, 6}));
+  Tensor xt = make_tensor(DType::kFloat32, {3, 4, 6}, framp(72, -1, 1, 40));
+  std::vector<std::pair<Node*, Tensor>> cases;
+  for (std::string mode : {"constant", "reflect", "edge", "wrap"}) {
+    for (std::vector<int64_t> pv : {std::vector<int64_t>{1, 2, 3, 2, 0, 4}, std::vector<int64_t>{-1, 1, -2, 0, 2, 1}}) {
+      Tensor pads = i64vec(pv);
+      std::string name = mode + std::to_string(cases.size());
+      Node* p = g.add_node("Pad", {x, g.add_constant("pads_" + name, pads)}, {"pad_" + name});
+      p->set_attr("mode", Attribute::of_string(mode));
+      cases.emplace_back(p, pads);
+    }
+  }
+  ASSERT_TRUE(infer(g).is_ok());
+  for (auto& [p, pads] : cases) expect_kernel_matches_lowering(g, *p, {xt, pads});
+}
+
 // Bounds known only at run time in sign (Faster R-CNN's anchor counts) and
 // split sizes that cannot be proven to tile a data-dependent axis (a traced
 // split [1]) leave the output dims data-dependent: the runtime kernels take

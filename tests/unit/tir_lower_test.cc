@@ -847,6 +847,39 @@ TEST(TirLower, SymbolicExtents) {
   }
 }
 
+// A register tile whose columns (the vector lanes) and rows a symbolic
+// extent cuts: the accumulator's init and update keep every lane, selecting
+// the old value where the guards fail (their loads masked), so no store to the
+// tile is conditional; only the write-back is guarded. Matches the reference
+// at sizes below, at and above the tile.
+TEST(TirLower, PartialTilesSelectInsteadOfGuardingTheAccumulator) {
+  Expr n = var("n"), m = var("m");
+  KernelDef k = matmul(n, m, 5);
+  Schedule s = *parse_schedule(
+      "split(C, j, 16)\nsplit(C, i, 4)\nreorder(C, i.o, j.o, i.i, j.i)\ncache_write(C, j.o)\nunroll(C, i.i)\n"
+      "vectorize(C, j.i)\n");
+  auto f = lower(k, s);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  std::string text = print_func(*f);
+  EXPECT_NE(text.find("C.acc#-1[i.i, j.i] = select(j.i + 16*j.o < m && i.i + 4*i.o < n"), std::string::npos) << text;
+  // No store to the tile right under an if (the vector loop's header between).
+  std::vector<std::string> lines;
+  for (size_t at = 0, nl; at < text.size(); at = nl + 1) {
+    nl = text.find('\n', at);
+    if (nl == std::string::npos) nl = text.size();
+    lines.push_back(text.substr(at, nl - at));
+  }
+  for (size_t l = 2; l < lines.size(); ++l) {
+    if (lines[l].find("C.acc#-1[") == std::string::npos || lines[l].find("C.acc#-1[") > lines[l].find('=')) continue;
+    EXPECT_EQ(lines[l - 2].find("if ("), std::string::npos) << lines[l - 2] << "\n" << lines[l] << "\n" << text;
+  }
+  for (auto [nv, mv] : std::vector<std::pair<int64_t, int64_t>>{{3, 14}, {4, 16}, {9, 35}, {1, 1}}) {
+    Env env{{"n", nv}, {"m", mv}};
+    auto ref = [nv = nv, mv = mv](const HostData& r) { return matmul_ref(r, nv, mv, 5); };
+    expect_matches(k, s, env, ref);
+  }
+}
+
 // C[i, j] = A[i, j] + B[j mod d]: B's dim d broadcast against the output's
 // m, as ops lower an input whose dim may be 1. The kernel runs a copy without
 // the modulo when m <= d (then j mod d = j), checked once per call, and the

@@ -273,6 +273,7 @@ class Emitter {
   llvm::Value* strided_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
   // Lanes a widened load may read (inside a select arm); null: all.
   llvm::Value* wmask_ = nullptr;
+  std::vector<Expr> wfacts_;  // conjuncts of the select conditions true on the lanes of wmask_
   Expr merge_lane_terms(const Expr& e) const;
   llvm::Value* float_unary(const std::string& name, llvm::Value* a, bool f32);
   llvm::Value* clamped_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
@@ -1189,6 +1190,32 @@ llvm::Value* Emitter::strided_load(const BufferRef& ref, const std::vector<Expr>
 // min(b..., d0 + min(d1 - d0, ..., 0)). The simplifier distributes a split's
 // min(40, 16*o) into a clamp (min(55, i + 39) and i + 16*o - 1 under one min),
 // which otherwise hides the clamp from clamped_load.
+// The conjuncts of a condition (a && b && ...), appended to `out`.
+void add_conjuncts(const Expr& c, std::vector<Expr>& out) {
+  if (c.kind() == ExprKind::kAnd) {
+    for (const Expr& a : c->args) add_conjuncts(a, out);
+  } else {
+    out.push_back(c);
+  }
+}
+
+// Whether a <= b (or a < b), `c`, follows from one of `facts` alone: a fact
+// p <= q (p < q) with (b - a) - (q - p) a constant >= 0 (>= -1 for p < q).
+bool implied(const Expr& c, const std::vector<Expr>& facts) {
+  if ((c.kind() != ExprKind::kLE && c.kind() != ExprKind::kLT) || c->args.size() != 2) return false;
+  Expr need = c->args[1] - c->args[0];
+  if (c.kind() == ExprKind::kLT) need = need - int_imm(1, need.dtype());
+  for (const Expr& f : facts) {
+    if ((f.kind() != ExprKind::kLE && f.kind() != ExprKind::kLT) || f->args.size() != 2) continue;
+    if (f->args[0].dtype() != c->args[0].dtype()) continue;
+    Expr have = f->args[1] - f->args[0];
+    if (f.kind() == ExprKind::kLT) have = have - int_imm(1, have.dtype());
+    auto gap = simplify(need - have).as_const();
+    if (gap && *gap >= 0) return true;
+  }
+  return false;
+}
+
 Expr Emitter::merge_lane_terms(const Expr& e) const {
   ExprKind k = e.kind();
   if ((k != ExprKind::kMin && k != ExprKind::kMax) || !depends(e)) return e;
@@ -1235,23 +1262,54 @@ llvm::Value* Emitter::clamped_load(const BufferRef& ref, const std::vector<Expr>
       if (!depends(a) && depends(b)) b = merge_lane_terms(b);
       return x.kind() == ExprKind::kMin ? min(a, b) : max(a, b);
     };
-    e = level(e);
+    // A clamp the simplifier wrote with its offset outside, min(w, x + 1) - 1
+    // (a symbolic row end), is min(w - 1, x): the offset goes in.
+    auto offset_in = [&](const Expr& x) {
+      ExprKind k = x.kind();
+      if ((k != ExprKind::kAdd && k != ExprKind::kSub) || x->args.size() < 2 || !depends(x)) return x;
+      int clamp = -1;
+      for (size_t i = 0; i < x->args.size(); ++i) {
+        const Expr& a = x->args[i];
+        if (!depends(a)) continue;
+        bool minmax = (a.kind() == ExprKind::kMin || a.kind() == ExprKind::kMax) && a->args.size() == 2;
+        if (clamp >= 0 || !minmax || (k == ExprKind::kSub && i != 0)) return x;
+        clamp = static_cast<int>(i);
+      }
+      if (clamp < 0) return x;
+      Expr c;
+      for (size_t i = 0; i < x->args.size(); ++i) {
+        if (static_cast<int>(i) == clamp) continue;
+        Expr t = k == ExprKind::kSub ? int_imm(0, x->args[i].dtype()) - x->args[i] : x->args[i];
+        c = c.defined() ? c + t : t;
+      }
+      const Expr& m = x->args[static_cast<size_t>(clamp)];
+      Expr a = simplify(m->args[0] + c), b = simplify(m->args[1] + c);
+      return m.kind() == ExprKind::kMin ? min(a, b) : max(a, b);
+    };
+    e = level(offset_in(e));
+    std::vector<std::pair<bool, Expr>> clamps;  // (a max, its bound) per level, outermost first
     while ((e.kind() == ExprKind::kMax || e.kind() == ExprKind::kMin) && e->args.size() == 2 && depends(e)) {
       const Expr &a = e->args[0], &b = e->args[1];
       bool a_dep = depends(a), b_dep = depends(b);
       if (a_dep == b_dep) break;
-      const Expr& bound = a_dep ? b : a;
-      const Expr& inner = a_dep ? a : b;
-      // max(lo, x) is x where lo <= x; min(hi, x) is x where x <= hi.
-      conds.push_back(e.kind() == ExprKind::kMax ? le(bound, inner) : le(inner, bound));
-      e = level(inner);
+      clamps.emplace_back(e.kind() == ExprKind::kMax, a_dep ? b : a);
+      e = level(offset_in(a_dep ? a : b));
     }
+    // max(lo, x) is x where lo <= x; min(hi, x) is x where x <= hi. Where
+    // every level is the identity, each level's operand is the bare index,
+    // so the conditions are stated on it.
+    for (const auto& [is_max, bound] : clamps) conds.push_back(is_max ? le(bound, e) : le(e, bound));
     bare.push_back(e);
   }
   if (conds.empty()) return nullptr;
   Expr flat = flat_index(*ref.buffer, bare);
   auto stride = simplify(substitute(flat, {{wvar_, var(wvar_) + int_imm(1)}}) - flat).as_const();
   if (!stride || *stride < 1 || *stride > 4) return nullptr;
+  // In a select arm whose condition implies every clamp is the identity (a
+  // zero-padding select around its clamped load: 0 <= x < w and max(0,
+  // min(w - 1, x))), the lanes read are all in range: one masked span load.
+  if (wmask_ && std::all_of(conds.begin(), conds.end(), [&](const Expr& c) { return implied(c, wfacts_); }))
+    return span_load(ref, simplify(substitute(flat, {{wvar_, int_imm(0)}})), static_cast<unsigned>(*stride), wmask_);
   for (const Expr& c : conds)
     if (!widenable(c)) return nullptr;
   auto [edge_addr, contiguous] = widened_address(ref, indices);
@@ -1331,15 +1389,20 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
       llvm::Value* c = splat(emit_w(n.args[0]));
       // An arm's loads read only the lanes that take the arm (as the scalar
       // code's branch would): the lane mask narrows while it is emitted.
-      auto arm = [&](const Expr& a, llvm::Value* lanes) {
+      auto arm = [&](const Expr& a, llvm::Value* lanes, bool taken) {
         llvm::Value* saved = wmask_;
-        if (may_trap(a)) wmask_ = saved ? b_.CreateAnd(saved, lanes) : lanes;
+        size_t facts = wfacts_.size();
+        if (may_trap(a)) {
+          wmask_ = saved ? b_.CreateAnd(saved, lanes) : lanes;
+          if (taken) add_conjuncts(n.args[0], wfacts_);
+        }
         llvm::Value* v = splat(convert(splat(emit_w(a)), a.dtype(), n.dtype));
         wmask_ = saved;
+        wfacts_.resize(facts);
         return v;
       };
-      llvm::Value* t = arm(n.args[1], c);
-      llvm::Value* f = arm(n.args[2], b_.CreateNot(c));
+      llvm::Value* t = arm(n.args[1], c, true);
+      llvm::Value* f = arm(n.args[2], b_.CreateNot(c), false);
       return b_.CreateSelect(c, t, f);
     }
     case ExprKind::kCast:
