@@ -99,7 +99,13 @@ TensorInfo make_info(const Value* v) {
 struct BuildState {
   std::vector<tir::PrimFunc> funcs;
   std::vector<KernelChoiceInfo> choices;  // one per func
-  std::map<uint64_t, int> kernel_by_hash;
+  // Functions by workload key (canonical kernel text and the implementation
+  // chosen): a kernel is compiled once however many groups compute it.
+  std::map<std::string, int, std::less<>> func_by_key;
+  // Call targets: a function and the symbols a call passes it, in the order
+  // of its (canonical) sym_names; Instr::callee indexes these.
+  std::vector<std::pair<int, std::vector<std::string>>> entries;
+  std::map<std::pair<int, std::vector<std::string>>, int> entry_index;
   std::vector<std::shared_ptr<runtime::Program>> programs;
   std::string kernels_text;
   int num_host_calls = 0;
@@ -125,7 +131,8 @@ class ProgramBuilder {
   int reg(const Value* v);
   Status classify();
   bool view_between_elementwise(const Node* n);
-  Result<tir::KernelDef> make_kernel_def(const passes::FusedGroup& group, std::vector<int>& in_regs,
+  Result<tir::KernelDef> make_kernel_def(const passes::FusedGroup& group, std::map<const Value*, std::string>& names,
+                                         std::vector<int>& in_regs,
                                           std::vector<int>& out_regs);
   Status emit_group(const passes::FusedGroup& group);
   Status emit_node(const Node* n, Mode mode);
@@ -291,7 +298,9 @@ bool ProgramBuilder::view_between_elementwise(const Node* n) {
   return fusable(in->producer()) && only_reader(in) && only_reader(out) && fusable(out->uses()[0].first);
 }
 
-Result<tir::KernelDef> ProgramBuilder::make_kernel_def(const passes::FusedGroup& group, std::vector<int>& in_regs,
+Result<tir::KernelDef> ProgramBuilder::make_kernel_def(const passes::FusedGroup& group,
+                                                        std::map<const Value*, std::string>& names,
+                                                        std::vector<int>& in_regs,
                                                         std::vector<int>& out_regs) {
   std::set<const Node*> members(group.nodes.begin(), group.nodes.end());
   auto produced_inside = [&](const Value* v) { return v->producer() && members.count(v->producer()); };
@@ -315,7 +324,10 @@ Result<tir::KernelDef> ProgramBuilder::make_kernel_def(const passes::FusedGroup&
     if (!dtype_is_compilable(v->dtype()))
       return unsupported() << "dtype " << dtype_name(v->dtype()) << " of '" << v->name()
                            << "' is not supported by the code generator";
-    return tir::Buffer{"b" + std::to_string(reg(v)), v->dtype(), *v->type().shape};
+    // Named by position in the kernel (params first), not by register: the
+    // same kernel from another model has the same names.
+    auto [it, added] = names.emplace(v, "b" + std::to_string(names.size()));
+    return tir::Buffer{it->second, v->dtype(), *v->type().shape};
   };
 
   tir::KernelDef k;
@@ -372,9 +384,18 @@ Result<tir::KernelDef> ProgramBuilder::make_kernel_def(const passes::FusedGroup&
   return k;
 }
 
+// "// symbols s0 = batch, s1 = seq\n": the model's names of a canonical kernel's symbols.
+std::string symbols_comment(const tir::CanonicalKernel& c) {
+  if (c.symbols.empty()) return std::string();
+  std::string out = "// symbols";
+  for (size_t i = 0; i < c.symbols.size(); ++i) out += (i ? ", s" : " s") + std::to_string(i) + " = " + c.symbols[i];
+  return out + "\n";
+}
+
 Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
   std::vector<int> in_regs, out_regs;
-  auto kdef = make_kernel_def(group, in_regs, out_regs);
+  std::map<const Value*, std::string> names;
+  auto kdef = make_kernel_def(group, names, in_regs, out_regs);
   if (!kdef.is_ok()) return kdef.status().with_context(describe(group.nodes.back()));
   // The node whose implementation the operator strategy chose (the group's
   // MatMul/Gemm/Conv), if any: its stage follows the candidate's template.
@@ -382,23 +403,32 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
   for (const Node* n : group.nodes)
     if (n->has_attr(strategy::kImplAttr)) anchor = n;
   std::optional<strategy::Choice> choice = anchor ? strategy::recorded_choice(*anchor) : std::nullopt;
-  uint64_t h = tir::structural_hash(*kdef);
-  if (choice) h ^= std::hash<std::string>()(choice->candidate + " " + tir::knobs_to_string(choice->knobs)) * 0x9e3779b97f4a7c15ULL;
+  // The workload key: the kernel in canonical form (names by position,
+  // symbols renamed, their bounds) and the implementation chosen. Kernels are
+  // compiled in canonical form, so a schedule trace names the same stages and
+  // axes whichever model the kernel comes from.
+  tir::CanonicalKernel canon = tir::canonicalize(*kdef, &bounds_);
+  std::string key = canon.text;
+  if (choice) key += "impl " + choice->candidate + " " + tir::knobs_to_string(choice->knobs) + "\n";
   int func_index;
-  auto it = state_->kernel_by_hash.find(h);
-  if (it != state_->kernel_by_hash.end()) {
+  auto it = state_->func_by_key.find(key);
+  if (it != state_->func_by_key.end()) {
     func_index = it->second;
   } else {
     tir::Schedule sched;
     if (opts_.naive) {
-      sched = tir::naive_schedule(*kdef);
+      sched = tir::naive_schedule(canon.def);
     } else {
-      std::string stage = anchor ? "b" + std::to_string(reg(anchor->output(0))) : std::string();
-      auto s = strategy::schedule_for(*kdef, stage, anchor);
+      std::string stage;
+      if (anchor) {
+        auto n = canon.names.find(names[anchor->output(0)]);
+        if (n != canon.names.end()) stage = n->second;
+      }
+      auto s = strategy::schedule_for(canon.def, stage, anchor);
       if (!s.is_ok()) return s.status().with_context(describe(group.nodes.back()) + ": schedule");
       sched = std::move(*s);
     }
-    auto func = tir::lower(*kdef, sched);
+    auto func = tir::lower(canon.def, sched);
     if (!func.is_ok())
       return func.status().with_context(describe(group.nodes.back()) + ": lowering");
     func->name = "kiln_k" + std::to_string(state_->funcs.size()) + "_" + kdef->name;
@@ -420,12 +450,23 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
       state_->kernels_text += "// kernel " + func->name + " for " + describe(group.nodes.back()) + "\n" +
                               (choice ? "// implementation " + info.impl + " (" + info.knobs + ") by " + info.source + "\n"
                                       : std::string()) +
-                       tir::print_kernel_def(*kdef) + "// schedule\n" + sched.to_string() + "\n" +
+                              symbols_comment(canon) + tir::print_kernel_def(canon.def) + "// schedule\n" + sched.to_string() + "\n" +
                        tir::print_func(*func) + "\n";
     if (opts_.dump_ir) std::fprintf(stderr, "%s\n", tir::print_func(*func).c_str());
     state_->funcs.push_back(std::move(*func));
-    state_->kernel_by_hash[h] = func_index;
+    state_->func_by_key.emplace(std::move(key), func_index);
   }
+  // The call passes this group's own symbols where the function names s<i>.
+  std::vector<std::string> call_syms;
+  for (const std::string& sym : state_->funcs[static_cast<size_t>(func_index)].sym_names) {
+    size_t i = sym.size() > 1 && sym[0] == 's' ? std::strtoul(sym.c_str() + 1, nullptr, 10) : canon.symbols.size();
+    if (i >= canon.symbols.size()) return internal_error() << "kernel " << sym << ": not a canonical symbol";
+    call_syms.push_back(canon.symbols[i]);
+  }
+  auto entry = std::make_pair(func_index, std::move(call_syms));
+  auto [ent, added] = state_->entry_index.emplace(entry, static_cast<int>(state_->entries.size()));
+  if (added) state_->entries.push_back(std::move(entry));
+  const int callee = ent->second;
   // Symbolic dims broadcast without proof (inference gave [n] + [m] the dim
   // max(m, n)) are checked before the kernel reads them.
   for (const Node* n : group.nodes) {
@@ -497,7 +538,7 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
   }
   runtime::Instr in;
   in.op = runtime::OpCode::kCall;
-  in.callee = func_index;
+  in.callee = callee;
   in.inputs = in_regs;
   in.outputs = out_regs;
   in.where = describe(group.nodes.back());
@@ -923,13 +964,14 @@ Result<CompiledProgram> ProgramBuilder::build(SymbolBounds bounds) {
     std::vector<runtime::CompiledKernel> kernels;
     std::vector<std::string> symbols;
     std::map<std::string, int, std::less<>> slots;
-    for (const tir::PrimFunc& f : funcs) {
+    for (const auto& [func, call_syms] : state_->entries) {
+      const tir::PrimFunc& f = funcs[static_cast<size_t>(func)];
       runtime::CompiledKernel k;
       k.name = f.name;
       k.fn = out.module->lookup(f.name);
       if (k.fn == nullptr) return internal_error() << "kernel " << f.name << " missing after code generation";
-      k.sym_names = f.sym_names;
-      for (const std::string& name : f.sym_names) {
+      k.sym_names = call_syms;
+      for (const std::string& name : call_syms) {
         auto [it, added] = slots.emplace(name, static_cast<int>(symbols.size()));
         if (added) symbols.push_back(name);
         k.sym_slots.push_back(it->second);

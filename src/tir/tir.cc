@@ -1,6 +1,7 @@
 #include "tir/tir.h"
 
 #include <map>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -167,30 +168,74 @@ const char* combiner_name(Combiner c) {
 
 }  // namespace
 
-uint64_t structural_hash(const KernelDef& k) {
-  // Rename buffers and axes positionally, print, and hash the text (FNV-1a,
-  // stable across runs and platforms, so it can key a database).
-  std::map<std::string, std::string, std::less<>> buffer_names;
-  for (size_t i = 0; i < k.params.size(); ++i) buffer_names[k.params[i].name] = positional('p', i);
+namespace {
+
+// Symbols of e (variables that are not in `axes`), in order of first appearance.
+void collect_symbols(const Expr& e, const std::set<std::string>& axes, std::vector<std::string>& out,
+                     std::set<std::string>& seen) {
+  if (!e.defined()) return;
+  if (e.kind() == ExprKind::kVar) {
+    // Not an axis, nor a finalize's accumulator ("acc", of the stage's dtype).
+    bool symbol = e.dtype() == DType::kInt64 && !axes.count(e->name) && e->name != "acc";
+    if (symbol && seen.insert(e->name).second) out.push_back(e->name);
+    return;
+  }
+  for (const Expr& a : e->args) collect_symbols(a, axes, out, seen);
+}
+
+}  // namespace
+
+CanonicalKernel canonicalize(const KernelDef& k, const SymbolBounds* bounds) {
+  CanonicalKernel c;
+  // Symbols: params' shapes first (dims in order), then the stages.
+  std::set<std::string> axes, seen;
+  for (const auto& st : k.stages) {
+    axes.insert(st.axes.begin(), st.axes.end());
+    axes.insert(st.reduce_axes.begin(), st.reduce_axes.end());
+  }
+  for (const auto& b : k.params)
+    for (const Expr& d : b.shape) collect_symbols(d, axes, c.symbols, seen);
+  for (const auto& st : k.stages) {
+    for (const Expr& d : st.shape) collect_symbols(d, axes, c.symbols, seen);
+    for (const Expr& d : st.reduce_extents) collect_symbols(d, axes, c.symbols, seen);
+    for (const Expr* e : {&st.init, &st.body}) collect_symbols(*e, axes, c.symbols, seen);
+    collect_symbols(st.finalize, axes, c.symbols, seen);
+  }
+  std::map<std::string, Expr, std::less<>> sym_repl;
+  for (size_t i = 0; i < c.symbols.size(); ++i) sym_repl[c.symbols[i]] = var(positional('s', i));
+  auto rename_syms = [&](const Expr& e) { return e.defined() ? simplify(substitute(e, sym_repl)) : e; };
+  for (size_t i = 0; i < k.params.size(); ++i) c.names[k.params[i].name] = positional('p', i);
+  // A stage named after another buffer ("b4.pad", the padded input of the
+  // convolution writing b4) keeps its suffix on that buffer's canonical name:
+  // templates find such stages by it.
+  for (size_t s = 0; s < k.stages.size(); ++s)
+    if (k.stages[s].name.find('.') == std::string::npos) c.names.emplace(k.stages[s].name, positional('t', s));
   for (size_t s = 0; s < k.stages.size(); ++s) {
-    buffer_names.emplace(k.stages[s].name, positional('t', s));
+    const std::string& name = k.stages[s].name;
+    size_t dot = name.find('.');
+    if (dot == std::string::npos) continue;
+    auto base = c.names.find(name.substr(0, dot));
+    c.names.emplace(name, base != c.names.end() ? base->second + name.substr(dot) : positional('t', s));
   }
   auto rename_buffers = [&](const Expr& e) {
     if (!e.defined()) return e;
     return rewrite(e, [&](const Expr& n) -> Expr {
       if (n.kind() != ExprKind::kLoad) return Expr();
-      auto it = buffer_names.find(n->name);
-      std::string name = it == buffer_names.end() ? n->name : it->second;
-      return load(name, static_cast<int>(n->int_value), n->dtype, n->args);
+      auto it = c.names.find(n->name);
+      std::string name = it == c.names.end() ? n->name : it->second;
+      return load(name, static_cast<int>(n->int_value), n->dtype, n->args);  // args rewritten already
     });
   };
-  KernelDef c;
-  c.num_inputs = k.num_inputs;
-  for (const auto& b : k.params) c.params.push_back({buffer_names[b.name], b.dtype, b.shape});
+  c.def.num_inputs = k.num_inputs;
+  for (const auto& b : k.params) {
+    std::vector<Expr> shape;
+    for (const Expr& d : b.shape) shape.push_back(rename_syms(d));
+    c.def.params.push_back({c.names[b.name], b.dtype, shape});
+  }
   for (const auto& st : k.stages) {
     ComputeDef d = st;
-    d.name = buffer_names[st.name];
-    std::map<std::string, Expr, std::less<>> repl;
+    d.name = c.names[st.name];
+    std::map<std::string, Expr, std::less<>> repl = sym_repl;
     for (size_t a = 0; a < st.axes.size(); ++a) {
       d.axes[a] = positional('a', a);
       repl[st.axes[a]] = var(d.axes[a]);
@@ -199,19 +244,31 @@ uint64_t structural_hash(const KernelDef& k) {
       d.reduce_axes[a] = positional('r', a);
       repl[st.reduce_axes[a]] = var(d.reduce_axes[a]);
     }
+    for (Expr& e : d.shape) e = rename_syms(e);
+    for (Expr& e : d.reduce_extents) e = rename_syms(e);
     for (Expr* e : {&d.body, &d.init, &d.finalize}) {
       if (e->defined()) *e = rename_buffers(substitute(*e, repl));
     }
-    c.stages.push_back(std::move(d));
+    c.def.stages.push_back(std::move(d));
   }
-  std::string text = print_kernel_def(c);
+  c.text = print_kernel_def(c.def);  // without the kernel's name
+  c.def.name = k.name;
+  for (size_t i = 0; i < c.symbols.size() && bounds; ++i) {
+    auto b = bounds->find(c.symbols[i]);
+    if (b == bounds->end()) continue;
+    c.text += "bound " + positional('s', i) + " in [" + (b->second.lo ? std::to_string(*b->second.lo) : "-inf") + ", " +
+              (b->second.hi ? std::to_string(*b->second.hi) : "inf") + "]\n";
+  }
   uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : text) {
+  for (unsigned char ch : c.text) {
     h ^= ch;
     h *= 1099511628211ull;
   }
-  return h;
+  c.hash = h;
+  return c;
 }
+
+uint64_t structural_hash(const KernelDef& k) { return canonicalize(k).hash; }
 
 std::string print_stmt(const Stmt& s, int indent) {
   std::ostringstream os;

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -105,8 +106,23 @@ struct KernelDef {
   std::vector<ComputeDef> stages;
 };
 
+// A kernel in canonical form: buffers, stages and axes named by position
+// (params p0.., other stages t<stage index>, axes a0.., reduce axes r0..)
+// and symbols s0, s1, .. in order of first appearance (params' shapes first),
+// so that the same computation compiled from two models (other register
+// numbers, `batch` against `N`) has the same text. `text` is the workload key:
+// the kernel printed, then each symbol's bounds where `bounds` gives them.
+struct CanonicalKernel {
+  KernelDef def;
+  std::vector<std::string> symbols;  // symbols[i]: the original name of s<i>
+  std::map<std::string, std::string, std::less<>> names;  // original buffer/stage name -> canonical
+  std::string text;
+  uint64_t hash = 0;  // FNV-1a of text (stable across runs and platforms)
+};
+CanonicalKernel canonicalize(const KernelDef& k, const SymbolBounds* bounds = nullptr);
+
 // Structural hash of what a kernel computes (stage bodies, shapes, dtypes),
-// independent of buffer and kernel names: the workload key for tuning and caching.
+// independent of buffer, axis, symbol and kernel names: canonicalize(k).hash.
 uint64_t structural_hash(const KernelDef& k);
 
 std::string print_stmt(const Stmt& s, int indent = 0);

@@ -165,6 +165,42 @@ TEST(Pipeline, SymbolicBatchRunsAtSeveralSizes) {
   EXPECT_NE(bad.status().message().find("input 'x'"), std::string::npos) << bad.status().message();
 }
 
+// Two groups computing the same thing over differently named symbols (x is
+// [a, 8], y is [b, 8]) share one compiled kernel (the workload key is the
+// canonical kernel, symbols by position), each call passing its own symbol:
+// at a = 3, b = 5 both outputs have their own rows and values.
+TEST(Pipeline, KernelsAreSharedAcrossSymbolSpellings) {
+  auto g = std::make_unique<Graph>();
+  g->source = "shared";
+  g->opsets[""] = 17;
+  Value* x = g->add_input("x", TensorType{DType::kFloat32, Shape{var("a"), 8}});
+  Value* y = g->add_input("y", TensorType{DType::kFloat32, Shape{var("b"), 8}});
+  Value* c = g->add_constant("c", random_tensor({8}, 3));
+  Node* ax = g->add_node("Add", {x, c}, {"ax"});
+  Node* ay = g->add_node("Add", {y, c}, {"ay"});
+  Node* rx = g->add_node("Relu", {ax->output(0)}, {"rx"});
+  Node* ry = g->add_node("Relu", {ay->output(0)}, {"ry"});
+  g->set_outputs({rx->output(0), ry->output(0)});
+  g->bounds["a"] = Interval{1, std::nullopt};
+  g->bounds["b"] = Interval{1, std::nullopt};
+  Tensor cv = g->find_value("c")->constant();
+  auto compiled = compile_graph(std::move(g), CompileOptions{});
+  ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+  EXPECT_EQ(compiled->stats.num_kernels, 1);
+  runtime::VM vm(compiled->program, 1);
+  Tensor xv = random_tensor({3, 8}, 1), yv = random_tensor({5, 8}, 2);
+  auto out = vm.run({xv, yv});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  ASSERT_EQ((*out)[0].shape(), (std::vector<int64_t>{3, 8}));
+  ASSERT_EQ((*out)[1].shape(), (std::vector<int64_t>{5, 8}));
+  for (int o = 0; o < 2; ++o) {
+    const Tensor& in = o == 0 ? xv : yv;
+    for (int64_t i = 0; i < in.numel(); ++i)
+      ASSERT_EQ((*out)[o].data_as<float>()[i], std::max(0.f, in.data_as<float>()[i] + cv.data_as<float>()[i % 8]))
+          << "output " << o << " element " << i;
+  }
+}
+
 // [n] + [m] with unrelated symbols infers [max(m, n)]: a run where neither
 // is 1 and they differ is an error naming the node and both sizes, never a
 // read past the end of the shorter input; a run that broadcasts is right.

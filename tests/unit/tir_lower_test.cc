@@ -1069,6 +1069,40 @@ TEST(TirSchedule, IllegalSchedulesAreErrors) {
   EXPECT_FALSE(lower(bad, naive_schedule(bad)).is_ok());
 }
 
+// Canonical form: a kernel with other buffer, axis and symbol names (the same
+// computation from another model) has the same text, so a schedule written
+// for one lowers the other to the same loops; symbols map back to their
+// names; bounds are part of the key.
+TEST(TirHash, CanonicalKernelsReplayTraces) {
+  KernelDef a = matmul(var("batch"), 19, 5);
+  KernelDef b = matmul(var("N"), 19, 5);
+  b.params[0].name = "lhs";
+  b.stages[0].axes = {"y", "x"};
+  b.stages[0].reduce_axes = {"r"};
+  b.stages[0].body = ld("lhs", 0, {var("y"), var("r")}) * ld("B", 1, {var("r"), var("x")});
+  CanonicalKernel ca = canonicalize(a), cb = canonicalize(b);
+  EXPECT_EQ(ca.text, cb.text);
+  EXPECT_EQ(ca.hash, cb.hash);
+  EXPECT_EQ(ca.symbols, std::vector<std::string>{"batch"});
+  EXPECT_EQ(cb.symbols, std::vector<std::string>{"N"});
+  EXPECT_EQ(ca.names.at("C"), "p2");
+  EXPECT_NE(ca.text.find("p2:f32[a0 < s0, a1 < 19] sum[r0 < 5]"), std::string::npos) << ca.text;
+  Schedule s = *parse_schedule("split(p2, a1, 16)\nreorder(p2, a1.o, a0, a1.i)\ncache_write(p2, a1.o)\nvectorize(p2, a1.i)\n");
+  auto fa = lower(ca.def, s), fb = lower(cb.def, s);
+  ASSERT_TRUE(fa.is_ok()) << fa.status().to_string();
+  ASSERT_TRUE(fb.is_ok()) << fb.status().to_string();
+  EXPECT_EQ(print_func(*fa), print_func(*fb));
+  EXPECT_EQ(fa->sym_names, std::vector<std::string>{"s0"});
+  SymbolBounds small{{"batch", Interval{1, 8}}}, any{{"N", Interval{1, std::nullopt}}};
+  EXPECT_NE(canonicalize(a, &small).text, canonicalize(b, &any).text);
+  EXPECT_NE(canonicalize(a, &small).text.find("bound s0 in [1, 8]"), std::string::npos);
+  // A stage named after a buffer keeps its suffix on the canonical name.
+  KernelDef c = a;
+  c.stages.insert(c.stages.begin(), c.stages[0]);
+  c.stages[0].name = "C.pad";
+  EXPECT_EQ(canonicalize(c).names.at("C.pad"), "p2.pad");
+}
+
 TEST(TirHash, RenamedKernelsHashEqual) {
   KernelDef a = matmul(7, 19, 5);
   KernelDef b = a;
