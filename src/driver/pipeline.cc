@@ -457,11 +457,13 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
     state_->func_by_key.emplace(std::move(key), func_index);
   }
   // The call passes this group's own symbols where the function names s<i>.
+  // (A name canonicalize left alone is the model's own and passes itself.)
+  std::map<std::string, std::string, std::less<>> original;
+  for (size_t i = 0; i < canon.symbols.size(); ++i) original["s" + std::to_string(i)] = canon.symbols[i];
   std::vector<std::string> call_syms;
   for (const std::string& sym : state_->funcs[static_cast<size_t>(func_index)].sym_names) {
-    size_t i = sym.size() > 1 && sym[0] == 's' ? std::strtoul(sym.c_str() + 1, nullptr, 10) : canon.symbols.size();
-    if (i >= canon.symbols.size()) return internal_error() << "kernel " << sym << ": not a canonical symbol";
-    call_syms.push_back(canon.symbols[i]);
+    auto o = original.find(sym);
+    call_syms.push_back(o != original.end() ? o->second : sym);
   }
   auto entry = std::make_pair(func_index, std::move(call_syms));
   auto [ent, added] = state_->entry_index.emplace(entry, static_cast<int>(state_->entries.size()));

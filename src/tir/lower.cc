@@ -915,6 +915,11 @@ struct Lowerer {
         return invalid_argument() << "schedule: hoist_reduce(" << st.name
                                   << ") with overlapping tiles (split_overlap): points two tiles share would get a block twice";
       }
+      if (auto c = it->extent.as_const(); !c || *c < 1) {
+        // With no block the tile would never run: no init, no write-back.
+        return invalid_argument() << "schedule: hoist_reduce(" << st.name << ", " << plan.hoisted
+                                  << ") needs a constant extent of at least 1";
+      }
       hoisted = *it;
       reduce_loops.erase(it);
       size_t pos = 0;
@@ -1038,9 +1043,10 @@ struct Lowerer {
           if (!loop_vars.count(v)) continue;
           inside = inside || in_nest.count(v) != 0;
           placeable = placeable && (in_nest.count(v) != 0 || bound_outside.count(v) != 0);
-          on_lane = on_lane || (lanes_guarded && v == inner.back().var);
         }
-        if (placeable && inside) local.push_back(g);
+        if (!placeable || !inside) continue;
+        local.push_back(g);
+        for (const std::string& v : free_vars(g)) on_lane = on_lane || (lanes_guarded && v == inner.back().var);
       }
       if (!on_lane) return build_nest(loops, make_store(acc.name, -1, acc_idx, value), gs, bound_outside, loop_vars);
       Expr cond = local[0];

@@ -756,6 +756,9 @@ TEST(TirLower, HoistedReduceBlocks) {
   ASSERT_TRUE(deferred.is_ok());
   EXPECT_FALSE(lower(ks, *deferred).is_ok());
   EXPECT_FALSE(parse_schedule("hoist_reduce(C)\n").is_ok());
+  // A symbolic number of blocks may be 0, when the tile (init, write-back) would never run.
+  KernelDef sym = matmul(7, 19, var("kk"));
+  EXPECT_FALSE(lower(sym, *parse_schedule("split(C, k, 2)\nhoist_reduce(C, k.o)\n")).is_ok());
 }
 
 // fuse: C's rows and columns as one loop of 7 * 19, split, vectorized and
