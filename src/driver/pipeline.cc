@@ -421,7 +421,8 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
     } else {
       std::string stage;
       if (anchor) {
-        auto n = canon.names.find(names[anchor->output(0)]);
+        auto own = names.find(anchor->output(0));
+        auto n = own == names.end() ? canon.names.end() : canon.names.find(own->second);
         if (n != canon.names.end()) stage = n->second;
       }
       auto s = strategy::schedule_for(canon.def, stage, anchor);

@@ -166,7 +166,7 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
     n_inner += ".i";
   }
   std::string m_outer, m_inner;
-  std::optional<int64_t> m_ext;
+  std::optional<int64_t> m_ext = rank >= 2 ? st.shape[rank - 2].as_const() : std::optional<int64_t>(1);
   // K blocking (knob kc): the reduction in blocks of kc, the block loop just
   // outside the row tiles, so that each row tile reuses the same kc x nr
   // block of the panel from cache (partial sums kept in the output between
@@ -175,11 +175,9 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   // sharing rows would add a block twice to them).
   int64_t kc = knobs.count("kc") ? knobs.at("kc") : 0;
   auto k_ext = st.reduce_extents.size() == 1 ? st.reduce_extents[0].as_const() : std::nullopt;
-  std::optional<int64_t> rows = rank >= 2 ? st.shape[rank - 2].as_const() : std::optional<int64_t>(1);
-  const bool block_k = kc > 0 && k_ext && *k_ext > kc && (!rows || *rows > mr);
+  const bool block_k = kc > 0 && k_ext && *k_ext > kc && (!m_ext || *m_ext > mr);
   if (rank >= 2) {
     m_inner = st.axes[rank - 2];
-    m_ext = st.shape[rank - 2].as_const();
     if (!m_ext) {
       prims.push_back(prim("split", stage, {m_inner}, mr));
     } else if (*m_ext > mr) {

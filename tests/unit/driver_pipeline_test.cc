@@ -201,6 +201,28 @@ TEST(Pipeline, KernelsAreSharedAcrossSymbolSpellings) {
   }
 }
 
+// A model symbol that canonicalize keeps as spelled (named like a
+// finalize's accumulator, "acc") is passed under its own name: the call
+// used to parse kernel symbol names as s<N> and failed to compile.
+TEST(Pipeline, SymbolsKeptAsSpelledPassThemselves) {
+  auto g = std::make_unique<Graph>();
+  g->source = "acc";
+  g->opsets[""] = 17;
+  Value* x = g->add_input("x", TensorType{DType::kFloat32, Shape{var("acc"), 8}});
+  Node* r = g->add_node("Relu", {x}, {"r"});
+  g->set_outputs({r->output(0)});
+  g->bounds["acc"] = Interval{1, std::nullopt};
+  auto compiled = compile_graph(std::move(g), CompileOptions{});
+  ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+  runtime::VM vm(compiled->program, 1);
+  Tensor xv = random_tensor({3, 8}, 4);
+  auto out = vm.run({xv});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  ASSERT_EQ((*out)[0].shape(), (std::vector<int64_t>{3, 8}));
+  for (int64_t i = 0; i < xv.numel(); ++i)
+    ASSERT_EQ((*out)[0].data_as<float>()[i], std::max(0.f, xv.data_as<float>()[i])) << i;
+}
+
 // [n] + [m] with unrelated symbols infers [max(m, n)]: a run where neither
 // is 1 and they differ is an error naming the node and both sizes, never a
 // read past the end of the shorter input; a run that broadcasts is right.
