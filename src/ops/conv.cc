@@ -201,19 +201,20 @@ Status infer_conv(Node& n, InferContext& ctx) {
   return Status::ok();
 }
 
-// Sum over i, j < width of left[lr, i] * right[rr, j] * term(i, j) (rows of
-// two row-major matrices `width` wide), the zero coefficients left out.
+// Sum over j < width of right[rr, j] * (sum over i < width of left[lr, i] *
+// term(i, j)) (rows of two row-major matrices `width` wide), the zero
+// coefficients left out. Separable: the inner sums do not depend on rr, so
+// where the transform's positions are unrolled into one body each inner sum
+// is one expression that LLVM computes once for all rr (2 width^2 terms per
+// row of outputs instead of width^3, and each input loaded once).
 Expr transform_sum(const std::vector<double>& left, int64_t lr, const std::vector<double>& right, int64_t rr,
                    int64_t width, DType dtype, const std::function<Expr(int64_t, int64_t)>& term) {
-  Expr sum;
-  for (int64_t i = 0; i < width; ++i) {
-    double ci = left[static_cast<size_t>(lr * width + i)];
-    if (ci == 0) continue;
-    for (int64_t j = 0; j < width; ++j) {
-      double cj = right[static_cast<size_t>(rr * width + j)];
-      if (cj == 0) continue;
-      double c = ci * cj;
-      Expr t = term(i, j);
+  auto weighted_sum = [&](const std::vector<double>& coef, int64_t row, const std::function<Expr(int64_t)>& item) {
+    Expr sum;
+    for (int64_t k = 0; k < width; ++k) {
+      double c = coef[static_cast<size_t>(row * width + k)];
+      if (c == 0) continue;
+      Expr t = item(k);
       if (sum.defined() && (c == 1 || c == -1)) {
         sum = c == 1 ? sum + t : sum - t;
       } else {
@@ -221,8 +222,9 @@ Expr transform_sum(const std::vector<double>& left, int64_t lr, const std::vecto
         sum = sum.defined() ? sum + t : t;
       }
     }
-  }
-  return sum.defined() ? sum : const_of(dtype, 0);
+    return sum.defined() ? sum : const_of(dtype, 0);
+  };
+  return weighted_sum(right, rr, [&](int64_t j) { return weighted_sum(left, lr, [&](int64_t i) { return term(i, j); }); });
 }
 
 // select(p == 0, value(0), select(p == 1, value(1), ... value(count - 1))).

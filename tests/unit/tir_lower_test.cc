@@ -15,6 +15,7 @@
 #include <functional>
 
 #include "tir/interpret.h"
+#include "tir/winograd.h"
 #include "tir/schedule.h"
 
 namespace kiln::tir {
@@ -1250,6 +1251,51 @@ TEST(TirInterpret, MathIntrinsicsAndBitOps) {
     EXPECT_EQ(bits[k], (v >> 1) ^ (v * 4)) << v;
     EXPECT_EQ(u[k], (static_cast<uint8_t>(v) & 0xf0) >> 4) << v;
   }
+}
+
+// The Winograd matrices (Toom-Cook over their interpolation points) give
+// the 1-D correlation y_i = sum_k d_{i+k} g_k exactly in double arithmetic,
+// and the 2-D one through Y = AT [(G g GT) * (BT d B)] A.
+TEST(TirWinograd, MatricesComputeTheCorrelation) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  for (int64_t m : {2, 4}) {
+    const WinogradMatrices* t = winograd_matrices(m);
+    ASSERT_NE(t, nullptr);
+    const int64_t a = t->alpha;
+    ASSERT_EQ(a, m + 2);
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<double> d(a * a), g(9);
+      for (double& v : d) v = dist(rng);
+      for (double& v : g) v = dist(rng);
+      // U = G g GT (a x a), V = BT d B (a x a), Y = AT (U * V) A (m x m).
+      std::vector<double> gg(a * 3, 0.0), u(a * a, 0.0), bd(a * a, 0.0), v(a * a, 0.0), am(m * a, 0.0);
+      for (int64_t r = 0; r < a; ++r)
+        for (int64_t c = 0; c < 3; ++c)
+          for (int64_t j = 0; j < 3; ++j) gg[r * 3 + c] += t->g[r * 3 + j] * g[j * 3 + c];
+      for (int64_t r = 0; r < a; ++r)
+        for (int64_t c = 0; c < a; ++c)
+          for (int64_t j = 0; j < 3; ++j) u[r * a + c] += gg[r * 3 + j] * t->g[c * 3 + j];
+      for (int64_t r = 0; r < a; ++r)
+        for (int64_t c = 0; c < a; ++c)
+          for (int64_t j = 0; j < a; ++j) bd[r * a + c] += t->bt[r * a + j] * d[j * a + c];
+      for (int64_t r = 0; r < a; ++r)
+        for (int64_t c = 0; c < a; ++c)
+          for (int64_t j = 0; j < a; ++j) v[r * a + c] += bd[r * a + j] * t->bt[c * a + j];
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < a; ++c)
+          for (int64_t j = 0; j < a; ++j) am[r * a + c] += t->at[r * a + j] * u[j * a + c] * v[j * a + c];
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < m; ++c) {
+          double y = 0, want = 0;
+          for (int64_t j = 0; j < a; ++j) y += am[r * a + j] * t->at[c * a + j];
+          for (int64_t i = 0; i < 3; ++i)
+            for (int64_t k = 0; k < 3; ++k) want += d[(r + i) * a + c + k] * g[i * 3 + k];
+          EXPECT_NEAR(y, want, 1e-12) << "m " << m << " output (" << r << ", " << c << ")";
+        }
+    }
+  }
+  EXPECT_EQ(winograd_matrices(3), nullptr);
 }
 
 }  // namespace

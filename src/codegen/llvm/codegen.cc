@@ -5,7 +5,7 @@
 // indices with the buffer's shape (i64, nsw). Every parameter buffer with a
 // distinct name gets its own alias scope, so LLVM knows stores to one do not
 // clobber loads from another (the equivalent of noalias parameters, but also
-// valid inside outlined parallel bodies). Bools are i1 in registers, i8 in memory.
+// valid inside outlined parallel bodies); so does every scratch buffer. Bools are i1 in registers, i8 in memory.
 //
 // Float transcendental functions (exp, log, tanh, erf, sigmoid, pow, sin, cos)
 // of f32 are expanded inline into range reduction + polynomials so that the
@@ -131,8 +131,8 @@ bool contains_vectorized_loop(const tir::Stmt& s) {
 struct BufferRef {
   llvm::Value* ptr = nullptr;
   const tir::Buffer* buffer = nullptr;
-  llvm::MDNode* alias_scope = nullptr;  // !alias.scope of its accesses (params only)
-  llvm::MDNode* noalias = nullptr;      // !noalias of its accesses (params only)
+  llvm::MDNode* alias_scope = nullptr;  // !alias.scope of its accesses
+  llvm::MDNode* noalias = nullptr;      // !noalias of its accesses
 };
 
 // State of the LLVM function being emitted (the kernel or an outlined parallel body).
@@ -304,6 +304,10 @@ class Emitter {
   Frame* frame_ = nullptr;
   const ExprNode* reduction_root_ = nullptr;
   int parallel_count_ = 0;
+  // The function's alias scope domain and every scope made in it so far
+  // (parameters', then scratch buffers' as they are allocated).
+  llvm::MDNode* alias_domain_ = nullptr;
+  std::vector<llvm::Metadata*> alias_scopes_;
   std::string wvar_;      // lane variable of the loop being widened ("" outside)
   unsigned wlanes_ = 0;
 };
@@ -1852,6 +1856,18 @@ void Emitter::emit_allocate(const tir::Stmt& s) {
   }
   BufferRef ref;
   ref.buffer = &buf;
+  // A scratch buffer is fresh memory: its accesses alias no parameter and no
+  // other scratch buffer live with it, so its scope is listed as disjoint
+  // from every scope made before it (one side of each pair suffices for
+  // LLVM's scoped alias analysis). Loads of one stage then stay valid across
+  // stores to the next (unrolled Winograd transforms read each input once).
+  if (alias_domain_) {
+    llvm::MDBuilder mdb(ctx_);
+    llvm::MDNode* scope = mdb.createAnonymousAliasScope(alias_domain_, buf.name);
+    ref.alias_scope = llvm::MDNode::get(ctx_, {scope});
+    if (!alias_scopes_.empty()) ref.noalias = llvm::MDNode::get(ctx_, alias_scopes_);
+    alias_scopes_.push_back(scope);
+  }
   llvm::Value* heap = nullptr;
   llvm::Value* heap_bytes = nullptr;
   if (is_const && const_elems * elem <= 64 * 1024) {
@@ -1949,10 +1965,14 @@ Status Emitter::emit_func(const tir::PrimFunc& f) {
   for (const tir::Buffer& p : f.params) ++name_count[p.name];
   llvm::MDBuilder mdb(ctx_);
   llvm::MDNode* domain = mdb.createAnonymousAliasScopeDomain(f.name);
+  alias_domain_ = domain;
+  alias_scopes_.clear();
   std::vector<llvm::MDNode*> scopes(f.params.size(), nullptr);
   for (size_t i = 0; i < f.params.size(); ++i)
-    if (name_count[f.params[i].name] == 1)
+    if (name_count[f.params[i].name] == 1) {
       scopes[i] = mdb.createAnonymousAliasScope(domain, f.params[i].name);
+      alias_scopes_.push_back(scopes[i]);
+    }
 
   for (size_t i = 0; i < f.params.size(); ++i) {
     BufferRef ref;
