@@ -664,6 +664,45 @@ TEST(CodegenJit, ClampedStridedLoads) {
   }
 }
 
+// Lanes at constant distances that are not a constant stride (the lane
+// variable's floordiv and mod) are one masked span load and a shuffle, not a
+// gather: out[v] = a[v mod 4, v floordiv 4] (Winograd output tiles, 56 lanes),
+// out[v] = a[v floordiv 2] (a nearest upsampling: lanes share elements), and
+// and a 16-lane one under a select whose arm skips every fourth lane, with a
+// buffer of 3 planes (the skipped lanes' plane is past its end, never read).
+TEST(CodegenJit, PermutedLoadsAreShuffles) {
+  Expr v = var("v");
+  struct Case {
+    std::string name;
+    int64_t planes, width, lanes;
+    bool upsample, guarded;
+  };
+  for (const Case& c : {Case{"tiles", 4, 14, 56, false, false}, Case{"upsample", 1, 8, 16, true, false},
+                        Case{"tiles_arm", 3, 4, 16, false, true}}) {
+    PrimFunc f;
+    f.name = c.name;
+    f.params = {buf("a", {int_imm(c.planes), int_imm(c.width)}), buf("out", {int_imm(c.lanes)})};
+    Expr value = c.upsample ? ld("a", 0, {int_imm(0), floordiv(v, int_imm(2))})
+                            : ld("a", 0, {mod(v, int_imm(4)), floordiv(v, int_imm(4))});
+    if (c.guarded) value = select(lt(mod(v, int_imm(4)), int_imm(3)), value, float_imm(-1.0));
+    f.body = tir::make_for("v", int_imm(c.lanes), ForKind::kVectorized, tir::make_store("out", 1, {v}, value));
+    auto mod_ = compile_ok({f});
+    ASSERT_TRUE(mod_);
+    EXPECT_EQ(mod_->llvm_ir().find("masked.gather"), std::string::npos) << c.name;
+    // All of a span read: one plain load; in the arm, one masked load.
+    EXPECT_NE(mod_->llvm_ir().find(c.guarded ? "masked.load" : "shufflevector"), std::string::npos) << c.name;
+    Aligned<float> a(c.planes * c.width), out(c.lanes, 0, 9.0f);
+    for (int64_t t = 0; t < c.planes * c.width; ++t) a[t] = static_cast<float>(t + 1);
+    void* bufs[] = {a.data(), out.data()};
+    mod_->lookup(f.name)(bufs, nullptr);
+    for (int64_t t = 0; t < c.lanes; ++t) {
+      float want = c.upsample ? a[t / 2] : c.guarded && t % 4 == 3 ? -1.f : a[(t % 4) * c.width + t / 4];
+      ASSERT_EQ(out[t], want) << c.name << " lane " << t;
+    }
+    EXPECT_TRUE(out.sentinels_intact());
+  }
+}
+
 // A guarded store in a vectorized loop (the tail of a split axis) is one
 // store masked to the lanes in range, its loads masked too: nothing past n is
 // read or written (the sentinels stay), and every element below n is.

@@ -271,6 +271,7 @@ class Emitter {
   // offset is contiguous in the lane variable, else {vector of pointers, false}.
   std::pair<llvm::Value*, bool> widened_address(const BufferRef& ref, const std::vector<Expr>& indices);
   llvm::Value* strided_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
+  llvm::Value* permuted_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
   // Lanes a widened load may read (inside a select arm); null: all.
   llvm::Value* wmask_ = nullptr;
   std::vector<Expr> wfacts_;  // conjuncts of the select conditions true on the lanes of wmask_
@@ -1183,6 +1184,54 @@ llvm::Value* Emitter::strided_load(const BufferRef& ref, const std::vector<Expr>
   return span_load(ref, simplify(substitute(flat, {{wvar_, int_imm(0)}})), static_cast<unsigned>(*stride), wmask_);
 }
 
+// Lanes at constant distances from lane 0 that are not a constant stride (an
+// index built from the lane variable's floordiv and mod: the columns of
+// Winograd output tiles, a depth-to-space, a nearest upsampling): one masked
+// load of the span they cover, at most 4 W elements, and a shuffle, instead
+// of a gather. Only the elements some lane reads are loaded (those of lanes
+// in the select arm's mask, when distinct lanes read distinct elements).
+llvm::Value* Emitter::permuted_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type*) {
+  Expr flat = flat_index(*ref.buffer, indices);
+  if (!depends(flat)) return nullptr;
+  Expr base = simplify(substitute(flat, {{wvar_, int_imm(0)}}));
+  std::vector<int64_t> off(wlanes_);
+  for (unsigned i = 0; i < wlanes_; ++i) {
+    auto d = simplify(substitute(flat, {{wvar_, int_imm(i)}}) - base).as_const();
+    if (!d) return nullptr;
+    off[i] = *d;
+  }
+  const int64_t lo = *std::min_element(off.begin(), off.end()), hi = *std::max_element(off.begin(), off.end());
+  const int64_t span = hi - lo + 1;
+  if (span > 4 * static_cast<int64_t>(wlanes_)) return nullptr;
+  std::vector<int> lane_at(static_cast<size_t>(span), -1);  // the lane reading each element of the span
+  bool distinct = true;
+  for (unsigned i = 0; i < wlanes_; ++i) {
+    int& l = lane_at[static_cast<size_t>(off[i] - lo)];
+    if (l >= 0) distinct = false;
+    else l = static_cast<int>(i);
+  }
+  if (wmask_ && !distinct) return nullptr;
+  llvm::Type* mt = mem_type(ref.buffer->dtype);
+  llvm::Type* wt = llvm::VectorType::get(mt, static_cast<unsigned>(span), false);
+  llvm::Value* mask;
+  if (!wmask_) {
+    std::vector<llvm::Constant*> bits;
+    for (int l : lane_at) bits.push_back(b_.getInt1(l >= 0));
+    mask = llvm::ConstantVector::get(bits);
+  } else {  // element j's bit is the mask bit of the lane reading it, false where none does
+    std::vector<int> spread;
+    for (int l : lane_at) spread.push_back(l >= 0 ? l : static_cast<int>(wlanes_));
+    mask = b_.CreateShuffleVector(wmask_, llvm::Constant::getNullValue(wmask_->getType()), spread);
+  }
+  llvm::Value* ptr = b_.CreateGEP(mt, ref.ptr, emit_as(simplify(base + int_imm(lo)), DType::kInt64));
+  llvm::Instruction* ld = b_.CreateMaskedLoad(wt, ptr, llvm::Align(dtype_size(ref.buffer->dtype)), mask,
+                                              llvm::PoisonValue::get(wt));
+  set_alias_md(ld, ref);
+  std::vector<int> pick;
+  for (unsigned i = 0; i < wlanes_; ++i) pick.push_back(static_cast<int>(off[i] - lo));
+  return b_.CreateShuffleVector(ld, pick);
+}
+
 // An index clamped into range, max(lo, min(hi, i)) with i 1 to 4 elements
 // apart along the vector (a padded convolution input or pooling window, an
 // edge-replicating pad): the lanes where no clamp acts are one masked span
@@ -1420,6 +1469,8 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
       if (llvm::Value* v = clamped_load(*ref, n.args, vt)) return v;
       if (llvm::Value* v = strided_load(*ref, n.args, vt)) return v;
       auto [addr, contiguous] = widened_address(*ref, n.args);
+      if (!contiguous)
+        if (llvm::Value* v = permuted_load(*ref, n.args, vt)) return v;
       llvm::Align align(dtype_size(ref->buffer->dtype));
       llvm::Instruction* ld;
       if (wmask_) {  // in a select arm: only the lanes that take it
