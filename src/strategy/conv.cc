@@ -1034,16 +1034,27 @@ Result<tir::Schedule> winograd_schedule(const tir::KernelDef& k, const std::stri
 // (kernel_bench on a Zen 4, 16->64 55x55, 12.8 per byte: conv.winograd 0.56
 // ms at 1 thread and 0.85 at 2; conv.panels 0.63 and 0.42).
 //
-// Measured with F(4x4) since its transforms got cheap, Winograd would win on
-// more layers than this rule admits: 16->64 55x55 0.51 -> 0.32 ms at 1
-// thread (0.34 -> 0.26 at 2), 128->32 28x28 0.51 -> 0.24 (0.32 -> 0.20).
-// Admitting them (32 output channels, 12.8 products per byte) put more of
-// inception_v3's layers on Winograd and its logits past the model test's
-// tolerance against ONNX Runtime (err/tol 0.93 -> 1.14): the rule stays
+// Since F(4x4)'s transforms got cheap, Winograd wins on more layers than
+// that rule admits (kernel_bench, Zen 4, conv.panels -> conv.winograd F(4x4),
+// 1 thread / 2 threads): 128->32 28x28 0.51 -> 0.24 / 0.32 -> 0.20 ms,
+// 16->64 55x55 0.51 -> 0.32 / 0.34 -> 0.26. Admitted: 32 to 63 output
+// channels on planes of 16 or more 4x4 tiles with at least 24 products per
+// byte (densenet121's 128->32 growth layers: the model 54.2 -> 45.9 ms at 1
+// thread) and 16 MB of transformed data at most. Not admitted: fewer products
+// per byte (16->64, 32->32): with them inception_v3's 32->32 147x147 layer
+// went to Winograd and its logits past the model test's tolerance against
+// ONNX Runtime (err/tol 0.93 -> 1.14: an early layer's rounding carried
+// through 90 more), so this rule stays short of where Winograd is fastest
 // until an accuracy budget over a model's depth decides where the extra
 // rounding can go.
 int winograd_priority(const Node& n, const Target&) {
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  auto tiles4 = winograd_tiles(n, 4);
+  if (tiles4 && *tiles4 >= 16 && ws[0] >= 32 && ws[0] < 64) {
+    double o = static_cast<double>(ws[0]), c = static_cast<double>(ws[1]);
+    double bytes = 36.0 * 4.0 * (c + o) * static_cast<double>(*tiles4);
+    if (c * o / (c + o) >= 24 && bytes <= 16.0 * (1 << 20)) return 40;
+  }
   auto tiles = winograd_tiles(n, 2);
   if (!tiles || *tiles < 16 || ws[0] < 64 || ws[1] < 16) return 3;
   double o = static_cast<double>(ws[0]), c = static_cast<double>(ws[1]);
