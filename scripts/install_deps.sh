@@ -13,6 +13,7 @@ PKGS=(
   llvm-19-dev llvm-19-tools libzstd-dev zlib1g-dev libedit-dev libffi-dev libxml2-dev
   libonnx-dev libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev pybind11-dev
+  pkg-config libjpeg62-turbo-dev libpng-dev libtiff-dev libwebp-dev libopenjp2-7-dev
   clang libclang-rt-14-dev
   python3 python3-dev python3-venv python3-numpy
   python3-torch python3-torchvision

@@ -43,6 +43,7 @@ void register_signal_ops();       // signal.cc
 void register_detection_ops();    // detection.cc
 void register_random_ops();       // random.cc
 void register_string_ops();       // strings.cc
+void register_image_ops();        // image.cc
 void register_ml_ops();           // ml.cc
 void register_optimizer_ops();    // optimizer.cc
 void register_sequence_ops();     // sequence.cc (after elementwise.cc and misc.cc: extends their Optional ops)

@@ -95,6 +95,7 @@ void register_all_ops() {
     register_detection_ops();
     register_random_ops();
     register_string_ops();  // after elementwise: extends Cast, CastLike and Equal
+    register_image_ops();
     register_ml_ops();
     register_optimizer_ops();
     register_sequence_ops();

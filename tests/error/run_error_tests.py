@@ -152,6 +152,26 @@ def cases(work):
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                       [ints("s", [64, 2**59 + 1])]).SerializeToString()
 
+    def image_decoder():
+        return _model([helper.make_node("ImageDecoder", ["b"], ["y"], name="decode_img")],
+                      [helper.make_tensor_value_info("b", TensorProto.UINT8, [None])],
+                      [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
+                      opset=20).SerializeToString()
+
+    # Each format's bytes cut to 60% (and unrecognizable bytes): an error naming
+    # the node and the format at run time, never a crash.
+    image_cases = []
+    for fmt, name in [("jpeg", "JPEG"), ("jpeg2k", "JPEG 2000"), ("png", "PNG"), ("tiff", "TIFF"),
+                      ("webp", "WebP"), ("bmp", "BMP"), ("pnm", "PNM")]:
+        data = _image_bytes(fmt)
+        _EXTRA_NPY[f"img_{fmt}"] = data[: len(data) * 3 // 5]
+        image_cases.append(Case(f"image_truncated_{fmt}", image_decoder,
+                                [["decode_img"], [f"malformed {name} image"]], when="run",
+                                feeds={"b": _EXTRA_NPY[f"img_{fmt}"]}, cli_args=[f"b=img_{fmt}"]))
+    _EXTRA_NPY["img_unknown"] = np.frombuffer(b"GIF89a" + bytes(40), np.uint8)
+    image_cases.append(Case("image_unknown_format", image_decoder, [["decode_img"], ["not recognized"]],
+                            when="run", feeds={"b": _EXTRA_NPY["img_unknown"]}, cli_args=["b=img_unknown"]))
+
     f32 = np.ones((2, 3), np.float32)
     ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
     return [
@@ -238,7 +258,7 @@ def cases(work):
         Case("max_memory_exceeded", lambda: big_valid, [["mm"], ["memory limit"], ["[4,64]"]],
              when="run", feeds={"x": np.ones((4, 64), np.float32)}, cli_args=["x=f32_4x64"],
              max_memory=512),
-    ]
+    ] + image_cases
 
 
 def _materialize(case, work):
@@ -259,7 +279,25 @@ def _message_ok(message, case, path):
     return missing
 
 
+# Inputs of run-time cases made in cases() (encoded images), by spec name.
+_EXTRA_NPY = {}
+
+
+def _image_bytes(fmt):
+    """The encoded image of the onnx package's test_image_decoder_decode_<fmt>_rgb case."""
+    case = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "node",
+                        f"test_image_decoder_decode_{fmt}_rgb", "test_data_set_0", "input_0.pb")
+    t = onnx.TensorProto()
+    with open(case, "rb") as f:
+        t.ParseFromString(f.read())
+    return numpy_helper.to_array(t)
+
+
 def _npy_for(spec, work):
+    if spec in _EXTRA_NPY:
+        path = os.path.join(work, spec + ".npy")
+        np.save(path, _EXTRA_NPY[spec])
+        return path
     arrays = {"int64": np.ones((2, 3), np.int64), "shape32": np.ones((3, 2), np.float32),
               "rank1": np.ones((6,), np.float32), "oob5": np.array([0, 5], np.int64),
               "oob_neg4": np.array([-1, -4], np.int64),
