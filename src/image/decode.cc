@@ -1,12 +1,14 @@
 #include "image/decode.h"
+#include "support/memory_limit.h"
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <csetjmp>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <mutex>
 
 #include <jpeglib.h>
 #include <jerror.h>
@@ -213,8 +215,11 @@ struct JpegError {
 };
 
 Result<Image> decode_jpeg(const uint8_t* d, size_t n) {
-  // Everything the error path touches lives on the heap, made before setjmp.
+  // Everything the error path touches, and every object live across a call
+  // that may longjmp, lives on the heap, made before setjmp: no local is
+  // written after it and no destructor is skipped.
   auto img = std::make_unique<Image>();
+  auto status = std::make_unique<Status>(Status::ok());
   auto err = std::make_unique<JpegError>();
   auto info = std::make_unique<jpeg_decompress_struct>();
   info->err = jpeg_std_error(&err->mgr);
@@ -231,26 +236,27 @@ Result<Image> decode_jpeg(const uint8_t* d, size_t n) {
       c->err->error_exit(c);
   };
   err->message[0] = 0;
-  Status status = Status::ok();
   if (setjmp(err->jump) != 0) {
     jpeg_destroy_decompress(info.get());
     return bad(Format::kJpeg) << err->message;
   }
   jpeg_create_decompress(info.get());
+  // libjpeg's own buffers (a progressive image's coefficients) under the run's limit.
+  info->mem->max_memory_to_use = static_cast<long>(std::min<int64_t>(current_memory_limit(), LONG_MAX));
   jpeg_mem_src(info.get(), d, static_cast<unsigned long>(n));
   jpeg_read_header(info.get(), TRUE);
   if (info->jpeg_color_space == JCS_CMYK || info->jpeg_color_space == JCS_YCCK) {
     jpeg_destroy_decompress(info.get());
     return unsupported() << "CMYK JPEG image";
   }
-  const bool gray = info->num_components == 1;
-  info->out_color_space = gray ? JCS_GRAYSCALE : JCS_RGB;
-  jpeg_start_decompress(info.get());
-  status = shape(*img, Format::kJpeg, info->output_height, info->output_width, gray ? 1 : 3);
-  if (!status.is_ok()) {
+  info->out_color_space = info->num_components == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_calc_output_dimensions(info.get());
+  *status = shape(*img, Format::kJpeg, info->output_height, info->output_width, info->out_color_components);
+  if (!status->is_ok()) {
     jpeg_destroy_decompress(info.get());
-    return status;
+    return std::move(*status);
   }
+  jpeg_start_decompress(info.get());
   while (info->output_scanline < info->output_height) {
     JSAMPROW row = pixels(*img) + static_cast<size_t>(info->output_scanline) * img->width * img->channels;
     jpeg_read_scanlines(info.get(), &row, 1);
@@ -286,6 +292,7 @@ Result<Image> decode_png(const uint8_t* d, size_t n) {
     return resource_exhausted() << "PNG decoder: out of memory";
   }
   auto rows = std::make_unique<std::vector<png_bytep>>();
+  auto status = std::make_unique<Status>(Status::ok());  // heap, made before setjmp (see decode_jpeg)
   if (setjmp(png_jmpbuf(png)) != 0) {
     png_destroy_read_struct(&png, &info, nullptr);
     return bad(Format::kPng) << rd->message;
@@ -311,10 +318,10 @@ Result<Image> decode_png(const uint8_t* d, size_t n) {
     png_destroy_read_struct(&png, &info, nullptr);
     return unsupported() << "PNG with " << channels << " channels after expansion";
   }
-  Status status = shape(*img, Format::kPng, h, w, channels);
-  if (!status.is_ok()) {
+  *status = shape(*img, Format::kPng, h, w, channels);
+  if (!status->is_ok()) {
     png_destroy_read_struct(&png, &info, nullptr);
-    return status;
+    return std::move(*status);
   }
   rows->resize(h);
   for (png_uint_32 y = 0; y < h; ++y) (*rows)[y] = pixels(*img) + static_cast<size_t>(y) * w * channels;
@@ -342,13 +349,14 @@ struct TiffMemory {
 };
 
 Result<Image> decode_tiff(const uint8_t* d, size_t n) {
-  static std::once_flag quiet;
-  std::call_once(quiet, [] {  // libtiff prints to stderr by default
-    TIFFSetErrorHandler(nullptr);
-    TIFFSetWarningHandler(nullptr);
-  });
   TiffMemory mem{d, static_cast<toff_t>(n), 0};
-  TIFF* tif = TIFFClientOpen(
+  // Messages go to this handle's handlers (nothing printed, no process-wide state).
+  TIFFOpenOptions* opts = TIFFOpenOptionsAlloc();
+  if (!opts) return resource_exhausted() << "TIFF decoder: out of memory";
+  auto quiet = [](TIFF*, void*, const char*, const char*, va_list) { return 1; };
+  TIFFOpenOptionsSetErrorHandlerExtR(opts, quiet, nullptr);
+  TIFFOpenOptionsSetWarningHandlerExtR(opts, quiet, nullptr);
+  TIFF* tif = TIFFClientOpenExt(
       "memory", "rm", reinterpret_cast<thandle_t>(&mem),
       [](thandle_t h, tdata_t buf, tmsize_t len) -> tmsize_t {
         auto* m = reinterpret_cast<TiffMemory*>(h);
@@ -366,21 +374,28 @@ Result<Image> decode_tiff(const uint8_t* d, size_t n) {
       },
       [](thandle_t) { return 0; },
       [](thandle_t h) -> toff_t { return reinterpret_cast<TiffMemory*>(h)->size; },
-      [](thandle_t, tdata_t*, toff_t*) { return 0; }, [](thandle_t, tdata_t, toff_t) {});
+      [](thandle_t, tdata_t*, toff_t*) { return 0; }, [](thandle_t, tdata_t, toff_t) {}, opts);
+  TIFFOpenOptionsFree(opts);
   if (!tif) return bad(Format::kTiff) << "unreadable header";
   uint32_t w = 0, h = 0;
-  uint16_t spp = 1;
+  uint16_t photometric = PHOTOMETRIC_RGB;
   TIFFGetField(tif, TIFFTAG_IMAGEWIDTH, &w);
   TIFFGetField(tif, TIFFTAG_IMAGELENGTH, &h);
-  TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLESPERPIXEL, &spp);
+  TIFFGetFieldDefaulted(tif, TIFFTAG_PHOTOMETRIC, &photometric);
+  // Gray only for gray photometrics (a palette image has one sample per pixel too).
+  const int64_t channels = photometric == PHOTOMETRIC_MINISBLACK || photometric == PHOTOMETRIC_MINISWHITE ? 1 : 3;
   char why[1024] = {0};
   Image img;
-  Status status = shape(img, Format::kTiff, h, w, spp == 1 ? 1 : 3);
+  Status status = shape(img, Format::kTiff, h, w, channels);
+  // libtiff's RGBA raster: 4 bytes a pixel, under the same limit as the pixels.
+  if (status.is_ok())
+    status = check_allocation(DType::kUInt32, {img.height, img.width}, current_memory_limit(), "the TIFF image's raster");
   if (status.is_ok() && !TIFFRGBAImageOK(tif, why)) status = unsupported() << "TIFF image: " << why;
   std::vector<uint32_t> raster;
   if (status.is_ok()) {
     raster.resize(static_cast<size_t>(w) * h);
-    if (!TIFFReadRGBAImageOriented(tif, w, h, raster.data(), ORIENTATION_TOPLEFT, 0))
+    // stop_on_error = 1: a strip or tile that does not decode fails the image.
+    if (!TIFFReadRGBAImageOriented(tif, w, h, raster.data(), ORIENTATION_TOPLEFT, 1))
       status = bad(Format::kTiff) << "the pixel data does not decode";
   }
   TIFFClose(tif);

@@ -3,6 +3,8 @@
 // sentinel values after their end to catch out-of-bounds writes; every buffer
 // base is 64-byte aligned as the runtime guarantees.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -668,8 +670,9 @@ TEST(CodegenJit, ClampedStridedLoads) {
 // variable's floordiv and mod) are one masked span load and a shuffle, not a
 // gather: out[v] = a[v mod 4, v floordiv 4] (Winograd output tiles, 56 lanes),
 // out[v] = a[v floordiv 2] (a nearest upsampling: lanes share elements), and
-// and a 16-lane one under a select whose arm skips every fourth lane, with a
-// buffer of 3 planes (the skipped lanes' plane is past its end, never read).
+// and a 64-lane one under a select whose arm skips every fourth lane, with a
+// buffer of 3 planes placed just before a page the process may not read: the
+// skipped lanes' plane would lie in it, so reading it would fault.
 TEST(CodegenJit, PermutedLoadsAreShuffles) {
   Expr v = var("v");
   struct Case {
@@ -678,7 +681,7 @@ TEST(CodegenJit, PermutedLoadsAreShuffles) {
     bool upsample, guarded;
   };
   for (const Case& c : {Case{"tiles", 4, 14, 56, false, false}, Case{"upsample", 1, 8, 16, true, false},
-                        Case{"tiles_arm", 3, 4, 16, false, true}}) {
+                        Case{"tiles_arm", 3, 16, 64, false, true}}) {
     PrimFunc f;
     f.name = c.name;
     f.params = {buf("a", {int_imm(c.planes), int_imm(c.width)}), buf("out", {int_imm(c.lanes)})};
@@ -691,14 +694,22 @@ TEST(CodegenJit, PermutedLoadsAreShuffles) {
     EXPECT_EQ(mod_->llvm_ir().find("masked.gather"), std::string::npos) << c.name;
     // All of a span read: one plain load; in the arm, one masked load.
     EXPECT_NE(mod_->llvm_ir().find(c.guarded ? "masked.load" : "shufflevector"), std::string::npos) << c.name;
-    Aligned<float> a(c.planes * c.width), out(c.lanes, 0, 9.0f);
+    // a starts 64-byte aligned and, when its size is a multiple of 64 bytes
+    // (tiles_arm), its last element ends where a PROT_NONE page begins.
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    void* map = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(map, MAP_FAILED);
+    ASSERT_EQ(mprotect(static_cast<char*>(map) + page, page, PROT_NONE), 0);
+    float* a = reinterpret_cast<float*>(static_cast<char*>(map) + page) - (c.planes * c.width + 15) / 16 * 16;
+    Aligned<float> out(c.lanes, 0, 9.0f);
     for (int64_t t = 0; t < c.planes * c.width; ++t) a[t] = static_cast<float>(t + 1);
-    void* bufs[] = {a.data(), out.data()};
+    void* bufs[] = {a, out.data()};
     mod_->lookup(f.name)(bufs, nullptr);
     for (int64_t t = 0; t < c.lanes; ++t) {
       float want = c.upsample ? a[t / 2] : c.guarded && t % 4 == 3 ? -1.f : a[(t % 4) * c.width + t / 4];
       ASSERT_EQ(out[t], want) << c.name << " lane " << t;
     }
+    munmap(map, 2 * page);
     EXPECT_TRUE(out.sentinels_intact());
   }
 }

@@ -344,8 +344,9 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
 }
 
 // F(4x4, 3x3)'s interpolation points (0, +-3/2, +-2/3; tir/winograd.h) keep
-// its error near F(2x2)'s: 2.7 times it here, against 5.7 times with the usual 0, +-1, +-2
-// F(2x2)'s (normalized error against the naive lowering, 64 channels).
+// its error near F(2x2)'s: 2.7 times it here, against 5.7 times with the
+// usual 0, +-1, +-2 (normalized error against the naive lowering, 64
+// channels of ReLU outputs).
 TEST(StrategyCandidates, WinogradF4ErrorStaysNearF2) {
   ConvCase c{Shape{1, 64, 28, 28}, {64, 64, 3, 3}, 1, 1, {1, 64, 28, 28}};
   Tensor w = random_tensor(c.w, 11), bias = random_tensor({64}, 12), x = random_tensor(c.x_run, 13);

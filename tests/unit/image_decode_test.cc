@@ -1,7 +1,9 @@
 // image/decode.h: every format decodes what its own encoder (or a hand-built
-// file) holds, and every truncation or corruption of the encoded bytes is an
-// error, never a crash (the sanitized CI run checks the memory accesses).
-// JPEG 2000 is checked against the ONNX backend cases (test_image_decoder_*).
+// file) holds; about a hundred prefixes of each encoded file, its last byte
+// cut included, are errors; random corruptions decode or fail but never crash
+// (the sanitized CI run checks the decoders' memory accesses). JPEG 2000 is
+// checked against the ONNX backend cases (test_image_decoder_*) and, cut
+// short, in tests/error.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -143,12 +145,14 @@ void expect_pixels(const Bytes& encoded, const Bytes& want, int w, int h, int c,
     ASSERT_LE(std::abs(int{got[i]} - int{want[i]}), tolerance) << what << " sample " << i;
 }
 
-// Every prefix and a few corruptions of `b`: decoded or an error, no crash.
+// About a hundred prefixes of `b` (the last byte cut among them) are errors;
+// corruptions of `b` decode or fail, without crashing.
 void expect_robust(const Bytes& b, const std::string& what) {
-  for (size_t n = 0; n < b.size(); n += std::max<size_t>(1, b.size() / 97)) {
+  std::vector<size_t> cuts = {b.size() - 1};
+  for (size_t n = 0; n < b.size(); n += std::max<size_t>(1, b.size() / 97)) cuts.push_back(n);
+  for (size_t n : cuts) {
     Bytes prefix(b.begin(), b.begin() + static_cast<long>(n));
-    auto img = decode_bytes(prefix);
-    if (img.is_ok()) EXPECT_GT(img->pixels.numel(), 0) << what << " prefix " << n;
+    EXPECT_FALSE(decode_bytes(prefix).is_ok()) << what << " cut to " << n << " of " << b.size() << " bytes";
   }
   std::mt19937 rng(7);
   for (int trial = 0; trial < 40; ++trial) {
@@ -190,6 +194,36 @@ TEST(ImageDecode, FormatsRoundTrip) {
   expect_pixels(bmp_bytes(rgb, w, h, 1, false), bits, w, h, 3, 0, "BMP 1 bit");
 }
 
+// A TIFF whose second strip lies past the end of the data: an error, not an
+// image with that strip left black.
+TEST(ImageDecode, TiffStripThatDoesNotReadFails) {
+  const int w = 13, h = 7;  // two strips of 4 rows
+  Bytes b = tiff_bytes(pattern(w, h), w, h);
+  ASSERT_TRUE(decode_bytes(b).is_ok());
+  ASSERT_TRUE(b[0] == 'I' && b[1] == 'I');
+  auto u16 = [&](size_t at) { return static_cast<uint32_t>(b[at] | b[at + 1] << 8); };
+  auto u32 = [&](size_t at) { return u16(at) | u16(at + 2) << 16; };
+  uint32_t ifd = u32(4);
+  ASSERT_LT(ifd + 2, b.size());
+  bool patched = false;
+  for (uint32_t e = 0; e < u16(ifd); ++e) {
+    size_t entry = ifd + 2 + 12 * e;
+    if (u16(entry) != 273 || u32(entry + 4) != 2) continue;  // StripOffsets, 2 values
+    // Two SHORTs or LONGs: inline (SHORT) or at an offset (LONG).
+    size_t second = u16(entry + 2) == 3 ? entry + 10 : u32(entry + 8) + 4;
+    if (u16(entry + 2) == 3) {
+      b[second] = 0xff, b[second + 1] = 0xff;
+    } else {
+      b[second] = b[second + 1] = b[second + 2] = 0xff, b[second + 3] = 0x7f;
+    }
+    patched = true;
+  }
+  ASSERT_TRUE(patched);
+  auto img = decode_bytes(b);
+  ASSERT_FALSE(img.is_ok());
+  EXPECT_NE(img.status().to_string().find("TIFF"), std::string::npos) << img.status().to_string();
+}
+
 TEST(ImageDecode, PnmVariants) {
   auto text = [](const std::string& s) { return Bytes(s.begin(), s.end()); };
   expect_pixels(text("P3\n# comment\n2 1\n255\n1 2 3  4 5 6\n"), {1, 2, 3, 4, 5, 6}, 2, 1, 3, 0, "P3");
@@ -224,6 +258,10 @@ TEST(ImageDecode, MalformedDataIsAnError) {
       {"WebP", webp_bytes},                          {"TIFF", tiff_bytes(rgb, w, h)},
       {"BMP", bmp_bytes(rgb, w, h, 24, false)},      {"BMP8", bmp_bytes(rgb, w, h, 8, true)},
   };
+  auto text = [](const std::string& t) { return Bytes(t.begin(), t.end()); };
+  Bytes p6 = text("P6\n# made here\n9 6\n255\n");
+  p6.insert(p6.end(), rgb.begin(), rgb.end());
+  files.push_back({"PNM", p6});
   for (const auto& [name, bytes] : files) {
     ASSERT_GT(bytes.size(), 16u) << name;
     expect_robust(bytes, name);

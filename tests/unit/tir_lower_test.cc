@@ -1253,9 +1253,9 @@ TEST(TirInterpret, MathIntrinsicsAndBitOps) {
   }
 }
 
-// The Winograd matrices (Toom-Cook over their interpolation points) give
-// the 1-D correlation y_i = sum_k d_{i+k} g_k exactly in double arithmetic,
-// and the 2-D one through Y = AT [(G g GT) * (BT d B)] A.
+// The Winograd matrices (Toom-Cook over their interpolation points) give the
+// 2-D correlation y[r][c] = sum over i, k of d[r+i][c+k] g[i][k] exactly in
+// double arithmetic through Y = AT [(G g GT) * (BT d B)] A.
 TEST(TirWinograd, MatricesComputeTheCorrelation) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<double> dist(-1.0, 1.0);

@@ -1912,6 +1912,11 @@ void Emitter::emit_allocate(const tir::Stmt& s) {
   // from every scope made before it (one side of each pair suffices for
   // LLVM's scoped alias analysis). Loads of one stage then stay valid across
   // stores to the next (unrolled Winograd transforms read each input once).
+  // A later Allocate may get the freed block of an earlier one from the
+  // per-thread cache; that stays sound because kiln_scratch_alloc and
+  // kiln_scratch_free are opaque calls LLVM cannot move accesses across.
+  // Declaring them allocator functions (noalias returns, allockind) would
+  // need this revisited.
   if (alias_domain_) {
     llvm::MDBuilder mdb(ctx_);
     llvm::MDNode* scope = mdb.createAnonymousAliasScope(alias_domain_, buf.name);
