@@ -137,6 +137,21 @@ tir::Schedule materialize_subsampled(const tir::KernelDef& k, const std::string&
   return s;
 }
 
+// The zero-padded input copy of `stage` (a stage it reads, computed
+// elementwise), if there is one, inlined into its loads: select(in bounds,
+// load at the clamped index, 0), which code generation turns into masked span
+// loads at the edges, and which lowering drops in tiles that touch no edge.
+tir::Schedule inline_padded_input(const tir::KernelDef& k, const std::string& stage, tir::Schedule s) {
+  const std::string pad = stage + ".pad";
+  bool has_pad = std::any_of(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& c) { return c.name == pad; });
+  if (!has_pad) return s;
+  tir::Schedule out;
+  out.prims.push_back(prim("inline", pad, {}));
+  for (const tir::Primitive& p : s.prims)
+    if (p.stage != pad) out.prims.push_back(p);
+  return out;
+}
+
 // ---- conv.panels ------------------------------------------------------------
 
 int64_t out_channels(const Node& n) { return n.input(1)->constant().shape()[0]; }
@@ -256,6 +271,16 @@ tir::KnobSpace panels_space(const Node& n, const Target& t) {
   if (strided_one_by_one(n)) s.knobs.push_back(tir::Knob{"subsample", {0, 1}});
   s.knobs.push_back(tir::Knob{"ci", {0, 1, 2, 4}});
   if (!strided_one_by_one(n)) s.knobs.push_back(tir::Knob{"cl", {0, 1}});
+  // inline_pad = 1: the padded input is read through the convolution's loads
+  // instead of a copy per call (see inline_padded_input). Off by default: the
+  // copy is 1/(KH KW O) of the work and inlining won and lost by a few
+  // percent case by case (kernel_bench on a Zen 4, 1 thread, two alternations,
+  // copy -> inlined): 1x7 128->128 17x17 0.588 -> 0.558 ms, 3x3 128->32 7x7
+  // 0.033 -> 0.031, 3x3 32->64 147x147 7.45-7.52 -> 7.28-7.32, 3x3 s2 64->128
+  // 56x56 even; 7x1 128->192 17x17 0.88-0.91 -> 0.94, 3x3 16->64 55x55
+  // 0.51-0.53 -> 0.57 (squeezenet1_1 6.24 -> 6.30-6.52 ms with it on by
+  // default). In the space for a tuner that measures.
+  s.knobs.push_back(tir::Knob{"inline_pad", {0, 1}});
   // Three-vector panels only for one column (see gemm_packed_space: LLVM
   // spills register tiles of <48 x float> rows; 7x1 192->192 17x17 with mr 6
   // nr 48 ran 38 ms against 1.4 with nr 32).
@@ -338,7 +363,8 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
                   {"nr", nr},
                   {"rows", panels_split_rows(n) ? 1 : 0},
                   {"prefetch", 1},
-                  {"ci", channels_inner ? 1 : 0}};
+                  {"ci", channels_inner ? 1 : 0},
+                  {"inline_pad", 0}};
   // cl: a channels-last copy of the input (Conv attribute kiln_channels_last)
   // for kernels strided along the width with outputs wider than 14 and for
   // long windows, at least 16 input channels: consecutive input channels of
@@ -456,7 +482,8 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
   } else if (int par = tir::choose_parallel(counts); par >= 0) {
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
   }
-  return materialize_subsampled(k, stage, replace_stage_schedule(k, stage, prims));
+  tir::Schedule s = materialize_subsampled(k, stage, replace_stage_schedule(k, stage, prims));
+  return knob_on(knobs, "inline_pad") ? inline_padded_input(k, stage, std::move(s)) : s;
 }
 
 // ---- conv.wvec --------------------------------------------------------------
@@ -867,16 +894,7 @@ Result<tir::Schedule> depthwise_schedule(const tir::KernelDef& k, const std::str
   // epi=1: the fused epilogue runs over each channel's plane after its tiles.
   if (knob_on(knobs, "epi")) prims.push_back(prim("fuse_epilogue", stage, {c_ax}));
   tir::Schedule s = replace_stage_schedule(k, stage, prims);
-  if (!inline_pad) return s;
-  // The zero-padded input copy (a stage this one reads, computed elementwise) is inlined.
-  const std::string pad = stage + ".pad";
-  bool has_pad = std::any_of(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& c) { return c.name == pad; });
-  if (!has_pad) return s;
-  tir::Schedule out;
-  out.prims.push_back(prim("inline", pad, {}));
-  for (const tir::Primitive& p : s.prims)
-    if (p.stage != pad) out.prims.push_back(p);
-  return out;
+  return inline_pad ? inline_padded_input(k, stage, std::move(s)) : s;
 }
 
 // ---- conv.winograd ----------------------------------------------------------

@@ -407,12 +407,12 @@ TEST(StrategySelection, MeasureAndPrefer) {
   ASSERT_TRUE(panels.is_ok()) << panels.status().to_string();
   for (const KernelChoiceInfo& k : panels->kernel_choices)
     // rows and prefetch keep their defaults (rows 0: these weights, 4608 elements, outweigh the 3136 of the input).
-    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels ci=0 cl=0 mr=2 nr=16 prefetch=1 rows=0");
+    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels ci=0 cl=0 inline_pad=0 mr=2 nr=16 prefetch=1 rows=0");
   prefer.prefer_impls = {"conv.panels:rows=1"};
   auto rows = compile_graph(conv_graph(c, w, bias), prefer);
   ASSERT_TRUE(rows.is_ok()) << rows.status().to_string();
   for (const KernelChoiceInfo& k : rows->kernel_choices)
-    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels ci=0 cl=0 mr=7 nr=32 prefetch=1 rows=1");  // mr: 7 of the 14-wide rows
+    if (k.node.rfind("Conv", 0) == 0) EXPECT_EQ(k.impl + " " + k.knobs, "conv.panels ci=0 cl=0 inline_pad=0 mr=7 nr=32 prefetch=1 rows=1");  // mr: 7 of the 14-wide rows
 
   // Knobs outside the candidate's space (mr = 9; a knob it does not have) are
   // an error naming the node, not a silent fall back to the priority choice.
