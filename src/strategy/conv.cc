@@ -922,6 +922,13 @@ std::optional<int64_t> winograd_tiles(const Node& n, int64_t m) {
   return ((*h + m - 1) / m) * ((*w + m - 1) / m);
 }
 
+// The default tile side: 4 on planes of at least 16 tiles of 4x4, else 2
+// (see winograd_defaults); winograd_priority's rules follow the same choice.
+int64_t winograd_default_m(const Node& n) {
+  auto tiles4 = winograd_tiles(n, 4);
+  return tiles4 && *tiles4 >= 16 ? 4 : 2;
+}
+
 tir::KnobSpace winograd_space(const Node&, const Target& t) {
   const int64_t lanes = t.lanes(), acc = t.accumulators();
   tir::KnobSpace s;
@@ -950,8 +957,7 @@ tir::Knobs winograd_defaults(const Node& n, const Target& t) {
   // 7.2, 80->192 71x71 9.7 -> 8.1; but 448->384 8x8 (4 tiles) 0.94 -> 1.28
   // and 512->512 7x7 1.92 -> 1.86. Its rounding error is 2.7 times F(2x2)'s
   // (interpolation points in tir/winograd.h; 5.7 times with 0, +-1, +-2).
-  auto tiles4 = winograd_tiles(n, 4);
-  const int64_t m = tiles4 && *tiles4 >= 16 ? 4 : 2;
+  const int64_t m = winograd_default_m(n);
   int64_t vw = wvec_width(winograd_tiles(n, m), t, false);
   std::vector<std::pair<int64_t, double>> mrs;
   for (auto [r, rate] : {std::pair<int64_t, double>{8, 1.0}, {12, 1.05}, {6, 0.95}, {4, 0.85}, {3, 0.8}})
@@ -1039,8 +1045,9 @@ Result<tir::Schedule> winograd_schedule(const tir::KernelDef& k, const std::stri
 // -> 0.48. With 32 output channels it won and lost: 128->32 28x28 0.77 ->
 // 0.71 at 1 thread, 7x7 0.031 -> 0.035 at 2.
 //
-// And where the transformed input and the products (16 (C + O) floats per
-// tile) take at most 16 MB, or their products do enough work per byte (C O /
+// And where the transformed input and the products ((m + 2)^2 (C + O) floats
+// per tile, m the default tile side: 16 for F(2x2), 36 per 4x4 tile for
+// F(4x4)) take at most 16 MB, or their products do enough work per byte (C O /
 // (C + O) at least 40): the stages pass over them whole, so larger ones
 // stream from memory, which two threads do not speed up (32->64 147x147, 33
 // MB and 21 products per byte: 11.6 -> 10.0 ms at 1 thread, but 6.8 -> 7.9
@@ -1067,18 +1074,16 @@ Result<tir::Schedule> winograd_schedule(const tir::KernelDef& k, const std::stri
 // rounding can go.
 int winograd_priority(const Node& n, const Target&) {
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
-  auto tiles4 = winograd_tiles(n, 4);
-  if (tiles4 && *tiles4 >= 16 && ws[0] >= 32 && ws[0] < 64) {
-    double o = static_cast<double>(ws[0]), c = static_cast<double>(ws[1]);
-    double bytes = 36.0 * 4.0 * (c + o) * static_cast<double>(*tiles4);
-    if (c * o / (c + o) >= 24 && bytes <= 16.0 * (1 << 20)) return 40;
-  }
-  auto tiles = winograd_tiles(n, 2);
-  if (!tiles || *tiles < 16 || ws[0] < 64 || ws[1] < 16) return 3;
-  double o = static_cast<double>(ws[0]), c = static_cast<double>(ws[1]);
-  if (c * o / (c + o) < 16) return 3;
-  double bytes = 16.0 * 4.0 * (c + o) * static_cast<double>(*tiles);
-  return bytes <= 16.0 * (1 << 20) || c * o / (c + o) >= 40 ? 40 : 3;
+  const int64_t m = winograd_default_m(n);
+  auto tiles = winograd_tiles(n, m);
+  if (!tiles || *tiles < 16 || ws[1] < 16) return 3;
+  const double o = static_cast<double>(ws[0]), c = static_cast<double>(ws[1]);
+  const double per_byte = c * o / (c + o);
+  // The transformed input and products: (m + 2)^2 (C + O) floats per tile.
+  const double bytes = static_cast<double>((m + 2) * (m + 2)) * 4.0 * (c + o) * static_cast<double>(*tiles);
+  if (m == 4 && ws[0] >= 32 && ws[0] < 64) return per_byte >= 24 && bytes <= 16.0 * (1 << 20) ? 40 : 3;
+  if (ws[0] < 64 || per_byte < 16) return 3;
+  return bytes <= 16.0 * (1 << 20) || per_byte >= 40 ? 40 : 3;
 }
 
 }  // namespace
