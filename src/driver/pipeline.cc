@@ -114,8 +114,13 @@ struct BuildState {
 
 class ProgramBuilder {
  public:
-  ProgramBuilder(Graph& g, const CompileOptions& opts, std::shared_ptr<BuildState> state = nullptr)
-      : g_(g), opts_(opts), state_(state ? std::move(state) : std::make_shared<BuildState>()) {
+  // inline_body: the graph is an If branch or a Loop/Scan body whose
+  // instructions the parent splices into its own program (emit_control):
+  // its outputs are not copied out and its memory is planned by the parent.
+  ProgramBuilder(Graph& g, const CompileOptions& opts, std::shared_ptr<BuildState> state = nullptr,
+                 bool inline_body = false)
+      : g_(g), opts_(opts), state_(state ? std::move(state) : std::make_shared<BuildState>()),
+        inline_(inline_body) {
     state_->programs.push_back(prog_);
   }
 
@@ -137,12 +142,28 @@ class ProgramBuilder {
   Status emit_group(const passes::FusedGroup& group);
   Status emit_node(const Node* n, Mode mode);
   Status emit_control(const Node* n);
+  struct Inlined;
+  Result<Inlined> inline_graph(const Node* n, const char* attr);
+  // The captured values' moves, then the subgraph's instructions.
+  void emit_body(const Inlined& body) {
+    emit_body_captures(body);
+    emit_body_instrs(body);
+  }
+  void emit_body_captures(const Inlined& body);
+  void emit_body_instrs(const Inlined& body);
+  Status emit_if(const Node* n);
+  Status emit_loop(const Node* n, bool scan);
+  int emit(runtime::Instr in) {
+    prog_->instrs.push_back(std::move(in));
+    return static_cast<int>(prog_->instrs.size()) - 1;
+  }
   void plan_memory();
 
   Graph& g_;
   const CompileOptions& opts_;
   std::shared_ptr<runtime::Program> prog_ = std::make_shared<runtime::Program>();
   std::shared_ptr<BuildState> state_;
+  bool inline_ = false;
   std::map<const Value*, int> regs_;
   std::map<const Node*, Mode> mode_;
   std::set<const Value*> graph_outputs_;
@@ -167,6 +188,16 @@ class ProgramBuilder {
   };
   std::vector<ConcatSite> concat_sites_;
   std::optional<ConcatSite> concat_site(const passes::FusedGroup& group);
+  // A subgraph compiled for splicing: its registers, host kernels and
+  // sub-programs already appended to this program's (numbers below are this
+  // program's), its instructions not yet.
+  struct Inlined {
+    std::shared_ptr<runtime::Program> prog;
+    int reg_offset = 0, host_offset = 0, sub_offset = 0;
+    std::vector<int> inputs, outputs;                 // the subgraph's inputs and outputs
+    std::vector<std::pair<int, int>> captures;        // (outer register, the subgraph's capture register)
+    std::vector<ConcatSite> sites;
+  };
 };
 
 int ProgramBuilder::reg(const Value* v) {
@@ -614,7 +645,7 @@ Status ProgramBuilder::emit_node(const Node* n, Mode mode) {
           n->attr_int("allowzero", 0) == 0)
         in.inputs.push_back(reg(n->input(1)));
       int out_reg = reg(out);
-      if (graph_outputs_.count(out)) {
+      if (graph_outputs_.count(out) && !inline_) {
         // Graph outputs never alias an intermediate buffer: view into a temporary, then copy.
         runtime::RegisterInfo tmp = prog_->registers[out_reg];
         tmp.name += ".view";
@@ -658,19 +689,307 @@ Status ProgramBuilder::emit_node(const Node* n, Mode mode) {
   }
 }
 
+// Scan's axes and directions, axes made non-negative: per scan input
+// (axis, direction), then per scan output. Opset 8 (batched): those of one
+// batch element (its leading axis dropped), outputs along axis 0.
+Result<std::vector<int64_t>> scan_layout(const Node* n, bool batched, size_t num_scan_in) {
+  size_t num_state = n->num_inputs() - num_scan_in - (batched ? 1 : 0);
+  if (n->num_inputs() < num_scan_in + (batched ? 1 : 0) || n->num_outputs() < num_state)
+    return invalid_model() << describe(n) << ": num_scan_inputs " << num_scan_in << " does not fit its inputs and outputs";
+  size_t num_scan_out = n->num_outputs() - num_state;
+  std::vector<int64_t> in_axes = batched ? std::vector<int64_t>(num_scan_in, 0)
+                                         : n->attr_ints("scan_input_axes", std::vector<int64_t>(num_scan_in, 0));
+  std::vector<int64_t> in_dirs =
+      n->attr_ints(batched ? "directions" : "scan_input_directions", std::vector<int64_t>(num_scan_in, 0));
+  std::vector<int64_t> out_axes = batched ? std::vector<int64_t>(num_scan_out, 0)
+                                          : n->attr_ints("scan_output_axes", std::vector<int64_t>(num_scan_out, 0));
+  std::vector<int64_t> out_dirs = batched ? std::vector<int64_t>(num_scan_out, 0)
+                                          : n->attr_ints("scan_output_directions", std::vector<int64_t>(num_scan_out, 0));
+  if (in_dirs.size() != num_scan_in || out_dirs.size() != num_scan_out || in_axes.size() != num_scan_in ||
+      out_axes.size() != num_scan_out)
+    return invalid_model() << describe(n) << ": scan axes / directions have the wrong length";
+  std::vector<int64_t> attrs;
+  size_t first_scan_in = num_state + (batched ? 1 : 0);
+  for (size_t j = 0; j < num_scan_in; ++j) {
+    const Value* x = n->input(first_scan_in + j);
+    if (x == nullptr || !x->type().shape) return unsupported() << describe(n) << ": rank of scan input " << j << " is unknown";
+    int64_t rank = x->type().rank() - (batched ? 1 : 0);
+    int64_t axis = in_axes[j] < 0 ? in_axes[j] + rank : in_axes[j];
+    if (axis < 0 || axis >= rank)
+      return invalid_model() << describe(n) << ": scan_input_axes[" << j << "] = " << in_axes[j] << " out of range for rank " << rank;
+    attrs.push_back(axis);
+    attrs.push_back(in_dirs[j]);
+  }
+  for (size_t k = 0; k < num_scan_out; ++k) {
+    const Value* o = n->output(num_state + k);
+    if (o == nullptr || !o->type().shape) return unsupported() << describe(n) << ": rank of scan output " << k << " is unknown";
+    int64_t rank = o->type().rank() - (batched ? 1 : 0);
+    int64_t axis = out_axes[k] < 0 ? out_axes[k] + rank : out_axes[k];
+    if (axis < 0 || axis >= rank)
+      return invalid_model() << describe(n) << ": scan_output_axes[" << k << "] = " << out_axes[k] << " out of range for rank " << rank;
+    attrs.push_back(axis);
+    attrs.push_back(out_dirs[k]);
+  }
+  return attrs;
+}
+
+Result<ProgramBuilder::Inlined> ProgramBuilder::inline_graph(const Node* n, const char* attr) {
+  const Attribute* a = n->attr(attr);
+  if (!a || !a->g) return invalid_model() << describe(n) << ": missing subgraph " << attr;
+  ProgramBuilder sub(*a->g, opts_, state_, /*inline_body=*/true);
+  Status st = sub.build_program(bounds_);
+  if (!st.is_ok()) return st.with_context(describe(n) + " " + attr);
+  Inlined b;
+  // Registers first (reg() may add one: an output nothing inside reads), then
+  // the whole register file is appended.
+  std::vector<int> ins, outs;
+  for (const Value* v : a->g->inputs()) {
+    if (v->is_constant())
+      return unsupported() << describe(n) << " " << attr << ": input '" << v->name() << "' has an initializer";
+    ins.push_back(sub.reg(v));
+  }
+  for (const Value* v : a->g->outputs()) outs.push_back(sub.reg(v));
+  for (const Value* c : sub.capture_inputs_) {
+    const Value* outer = g_.find_value(c->name());
+    if (!outer) return internal_error() << describe(n) << ": capture '" << c->name() << "' does not resolve";
+    b.captures.emplace_back(reg(outer), sub.reg(c));
+  }
+  b.prog = sub.prog_;
+  b.reg_offset = static_cast<int>(prog_->registers.size());
+  b.host_offset = static_cast<int>(prog_->host_kernels.size());
+  b.sub_offset = static_cast<int>(prog_->subprograms.size());
+  prog_->registers.insert(prog_->registers.end(), b.prog->registers.begin(), b.prog->registers.end());
+  prog_->host_kernels.insert(prog_->host_kernels.end(), b.prog->host_kernels.begin(), b.prog->host_kernels.end());
+  prog_->subprograms.insert(prog_->subprograms.end(), b.prog->subprograms.begin(), b.prog->subprograms.end());
+  for (int r : ins) b.inputs.push_back(r + b.reg_offset);
+  for (int r : outs) b.outputs.push_back(r + b.reg_offset);
+  for (auto& [outer, inner] : b.captures) inner += b.reg_offset;
+  for (ConcatSite site : sub.concat_sites_) {
+    site.output += b.reg_offset;
+    for (int& r : site.inputs) r += b.reg_offset;
+    b.sites.push_back(std::move(site));
+  }
+  return b;
+}
+
+void ProgramBuilder::emit_body_captures(const Inlined& b) {
+  if (!b.captures.empty()) {
+    runtime::Instr mv;
+    mv.op = runtime::OpCode::kMove;
+    mv.where = "captured values";
+    for (const auto& [outer, inner] : b.captures) {
+      mv.inputs.push_back(outer);
+      mv.outputs.push_back(inner);
+      mv.attrs.push_back(runtime::kMoveAlias);
+    }
+    emit(std::move(mv));
+  }
+}
+
+void ProgramBuilder::emit_body_instrs(const Inlined& b) {
+  const int base = static_cast<int>(prog_->instrs.size());
+  auto shift = [&](std::vector<int>& regs) {
+    for (int& r : regs)
+      if (r >= 0) r += b.reg_offset;
+  };
+  for (runtime::Instr in : b.prog->instrs) {
+    shift(in.inputs);
+    shift(in.outputs);
+    shift(in.release);
+    for (std::vector<int>& c : in.captures) shift(c);
+    for (int& sp : in.subprograms) sp += b.sub_offset;
+    if (in.op == runtime::OpCode::kCallHost) in.callee += b.host_offset;
+    for (int* at : {&in.target, &in.end, &in.loop})
+      if (*at >= 0) *at += base;
+    emit(std::move(in));
+  }
+  for (ConcatSite site : b.sites) {
+    site.instr += static_cast<size_t>(base);
+    concat_sites_.push_back(std::move(site));
+  }
+}
+
+Status ProgramBuilder::emit_if(const Node* n) {
+  const std::string where = describe(n);
+  if (n->input(0) == nullptr) return invalid_model() << where << ": missing condition";
+  std::vector<int> outs;
+  for (const Value* o : n->outputs()) {
+    if (!o) return unsupported() << where << ": omitted outputs";
+    if (!o->type().shape) return unsupported() << where << ": rank of output '" << o->name() << "' is unknown";
+    outs.push_back(reg(o));
+  }
+  KILN_ASSIGN_OR_RETURN(Inlined then_b, inline_graph(n, "then_branch"));
+  KILN_ASSIGN_OR_RETURN(Inlined else_b, inline_graph(n, "else_branch"));
+  for (const Inlined* b : {&then_b, &else_b})
+    if (b->outputs.size() != outs.size())
+      return invalid_model() << where << ": a branch has " << b->outputs.size() << " outputs, the If " << outs.size();
+  runtime::Instr br;
+  br.op = runtime::OpCode::kBranch;
+  br.inputs = {reg(n->input(0))};
+  br.where = where;
+  const int branch = emit(std::move(br));
+  // A branch's results become the If's. One that is a graph output must own
+  // its storage (a branch may return a captured input or a constant); one of
+  // static shape is copied into the arena (no allocation, in a loop too);
+  // any other shares the branch's buffer.
+  std::vector<int64_t> flags;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const runtime::RegisterInfo& info = prog_->registers[static_cast<size_t>(outs[i])];
+    bool plain = info.dtype != DType::kString && !dtype_is_container(info.dtype) && shape_is_static(info.shape);
+    flags.push_back(!inline_ && graph_outputs_.count(n->output(i)) ? int64_t{runtime::kMoveDetach}
+                    : plain                                        ? int64_t{runtime::kMoveInto}
+                                                                   : int64_t{0});
+  }
+  auto results = [&](const Inlined& b) {
+    runtime::Instr mv;
+    mv.op = runtime::OpCode::kMove;
+    mv.where = where;
+    mv.inputs = b.outputs;
+    mv.outputs = outs;
+    mv.attrs = flags;
+    emit(std::move(mv));
+  };
+  emit_body(then_b);
+  results(then_b);
+  runtime::Instr jump;
+  jump.op = runtime::OpCode::kJump;
+  jump.where = where;
+  const int to_join = emit(std::move(jump));
+  prog_->instrs[static_cast<size_t>(branch)].target = static_cast<int>(prog_->instrs.size());
+  emit_body(else_b);
+  results(else_b);
+  runtime::Instr join;
+  join.op = runtime::OpCode::kEndIf;
+  join.where = where;
+  const int end = emit(std::move(join));
+  prog_->instrs[static_cast<size_t>(to_join)].target = end;
+  prog_->instrs[static_cast<size_t>(branch)].end = end;
+  return Status::ok();
+}
+
+// Loop, and Scan of opset 9 on (scan): the body's instructions between
+// kLoopTest and kLoopNext (runtime/vm.h).
+Status ProgramBuilder::emit_loop(const Node* n, bool scan) {
+  const std::string where = describe(n);
+  std::vector<int> outs;
+  for (const Value* o : n->outputs()) {
+    if (!o) return unsupported() << where << ": omitted outputs";
+    if (!o->type().shape) return unsupported() << where << ": rank of output '" << o->name() << "' is unknown";
+    outs.push_back(reg(o));
+  }
+  KILN_ASSIGN_OR_RETURN(Inlined body, inline_graph(n, "body"));
+  // Operands: Loop [M, cond, carried...]; Scan [state..., scan inputs...].
+  // Body inputs: Loop [iteration_num, cond, carried...]; Scan [state..., slices...].
+  // Body outputs: Loop [cond, carried..., scan outs...]; Scan [state..., scan outs...].
+  size_t num_scan_in = scan ? static_cast<size_t>(std::max<int64_t>(n->attr_int("num_scan_inputs", 0), 0)) : 0;
+  if (!scan && n->num_inputs() < 2) return invalid_model() << where << ": missing M, cond";
+  if (scan && num_scan_in > n->num_inputs()) return invalid_model() << where << ": num_scan_inputs exceeds its inputs";
+  const size_t carried = scan ? n->num_inputs() - num_scan_in : n->num_inputs() - 2;
+  const size_t body_in0 = scan ? 0 : 2, body_out0 = scan ? 0 : 1;
+  if (body.inputs.size() != body_in0 + carried + num_scan_in || body.outputs.size() != body_out0 + outs.size() ||
+      outs.size() < carried)
+    return invalid_model() << where << ": the body's " << body.inputs.size() << " inputs and " << body.outputs.size()
+                           << " outputs do not match the node's " << n->num_inputs() << " inputs and " << outs.size()
+                           << " outputs";
+  for (size_t i = scan ? 0 : 2; i < n->num_inputs(); ++i)
+    if (n->input(i) == nullptr) return invalid_model() << where << ": omitted input " << i;
+  const size_t num_scan_out = outs.size() - carried;
+  std::vector<int64_t> layout;
+  if (scan) {
+    KILN_ASSIGN_OR_RETURN(layout, scan_layout(n, false, num_scan_in));
+  }
+
+  // Carried values: the body's carried inputs hold them. Static ones may live
+  // in the arena (kMoveInto: the data is copied there), unless carried values
+  // trade places (out_k is another carried input), which copies would clobber.
+  std::vector<int> carried_regs(body.inputs.begin() + static_cast<long>(body_in0),
+                                body.inputs.begin() + static_cast<long>(body_in0 + carried));
+  std::vector<int> carried_outs(body.outputs.begin() + static_cast<long>(body_out0),
+                                body.outputs.begin() + static_cast<long>(body_out0 + carried));
+  std::vector<int64_t> flags(carried, 0);
+  for (size_t j = 0; j < carried; ++j) {
+    const runtime::RegisterInfo& info = prog_->registers[static_cast<size_t>(carried_regs[j])];
+    bool plain = info.dtype != DType::kString && !dtype_is_container(info.dtype) && shape_is_static(info.shape);
+    for (size_t k = 0; k < carried; ++k)
+      if (k != j && (carried_outs[k] == carried_regs[j] || carried_outs[j] == carried_regs[k])) plain = false;
+    flags[j] = plain ? int64_t{runtime::kMoveInto} : int64_t{0};
+    // iteration_num and cond are rewritten in place each iteration.
+    if (!scan && (carried_outs[j] == body.inputs[0] || carried_outs[j] == body.inputs[1])) flags[j] |= runtime::kMoveCopy;
+  }
+
+  emit_body_captures(body);
+  runtime::Instr begin;
+  begin.op = runtime::OpCode::kLoopBegin;
+  begin.where = where;
+  if (scan) {
+    begin.attrs = {1};
+    for (size_t j = 0; j < num_scan_in; ++j) {
+      begin.inputs.push_back(reg(n->input(carried + j)));
+      begin.attrs.push_back(layout[2 * j]);
+      begin.attrs.push_back(layout[2 * j + 1]);
+    }
+  } else {
+    begin.attrs = {0};
+    begin.inputs = {n->input(0) ? reg(n->input(0)) : -1, n->input(1) ? reg(n->input(1)) : -1};
+  }
+  const int p = emit(begin);
+  if (carried > 0) {
+    runtime::Instr init;
+    init.op = runtime::OpCode::kMove;
+    init.where = where;
+    for (size_t j = 0; j < carried; ++j) init.inputs.push_back(reg(n->input((scan ? 0 : 2) + j)));
+    init.outputs = carried_regs;
+    for (size_t j = 0; j < carried; ++j) init.attrs.push_back(flags[j] & runtime::kMoveInto);
+    emit(std::move(init));
+  }
+  runtime::Instr test;
+  test.op = runtime::OpCode::kLoopTest;
+  test.where = where;
+  test.loop = p;
+  if (scan) {
+    test.inputs = begin.inputs;
+    test.outputs.assign(body.inputs.begin() + static_cast<long>(carried), body.inputs.end());
+  } else {
+    test.outputs = {body.inputs[0], body.inputs[1]};
+  }
+  const int h = emit(std::move(test));
+  emit_body_instrs(body);
+  runtime::Instr step;
+  step.op = runtime::OpCode::kLoopNext;
+  step.where = where;
+  step.loop = p;
+  step.target = h;
+  if (!scan) step.inputs.push_back(body.outputs[0]);
+  step.inputs.insert(step.inputs.end(), body.outputs.begin() + static_cast<long>(body_out0), body.outputs.end());
+  step.outputs = carried_regs;
+  step.attrs = {scan ? 1 : 0};
+  step.attrs.insert(step.attrs.end(), flags.begin(), flags.end());
+  emit(std::move(step));
+  runtime::Instr end;
+  end.op = runtime::OpCode::kLoopEnd;
+  end.where = where;
+  end.loop = p;
+  end.inputs = carried_regs;
+  end.outputs = outs;
+  end.attrs.assign(carried, runtime::kMoveDetach);
+  for (size_t k = 0; k < num_scan_out; ++k) {
+    end.attrs.push_back(scan ? layout[2 * (num_scan_in + k)] : 0);
+    end.attrs.push_back(scan ? layout[2 * (num_scan_in + k) + 1] : 0);
+  }
+  const int x = emit(std::move(end));
+  prog_->instrs[static_cast<size_t>(p)].end = x;
+  prog_->instrs[static_cast<size_t>(h)].target = x;
+  return Status::ok();
+}
+
+// SequenceMap, and Scan of opset 8: a sub-program run per element (runtime/vm.h).
 Status ProgramBuilder::emit_control(const Node* n) {
+  if (n->op_type() == "If") return emit_if(n);
+  const bool batched_scan = n->op_type() == "Scan" && n->attr_int("kiln_scan_batched", 0) != 0;
+  if (n->op_type() == "Loop" || (n->op_type() == "Scan" && !batched_scan)) return emit_loop(n, n->op_type() == "Scan");
   runtime::Instr in;
   in.where = describe(n);
-  std::vector<const char*> names;
-  if (n->op_type() == "If") {
-    in.op = runtime::OpCode::kIf;
-    names = {"then_branch", "else_branch"};
-  } else {
-    in.op = n->op_type() == "Loop"          ? runtime::OpCode::kLoop
-            : n->op_type() == "SequenceMap" ? runtime::OpCode::kSequenceMap
-                                            : runtime::OpCode::kScan;
-    names = {"body"};
-  }
+  in.op = n->op_type() == "SequenceMap" ? runtime::OpCode::kSequenceMap : runtime::OpCode::kScan;
   if (in.op == runtime::OpCode::kSequenceMap)
     for (const Value* v : n->inputs()) in.attrs.push_back(v && v->dtype() == DType::kSequence ? 1 : 0);
   for (const Value* v : n->inputs()) in.inputs.push_back(v ? reg(v) : -1);
@@ -679,64 +998,31 @@ Status ProgramBuilder::emit_control(const Node* n) {
     if (!o->type().shape) return unsupported() << in.where << ": rank of output '" << o->name() << "' is unknown";
     in.outputs.push_back(reg(o));
   }
-  if (in.op == runtime::OpCode::kLoop && in.inputs.size() < 2) return invalid_model() << in.where << ": missing M, cond";
-  // Scan in opset 8 (kiln_scan_batched): input 0, sequence_lens, may be omitted.
-  const bool batched_scan = in.op == runtime::OpCode::kScan && n->attr_int("kiln_scan_batched", 0) != 0;
-  if (in.op != runtime::OpCode::kLoop)
-    for (size_t i = batched_scan ? 1 : 0; i < in.inputs.size(); ++i)
-      if (in.inputs[i] < 0) return invalid_model() << in.where << ": omitted input";
-  std::vector<int> captured;
-  for (const char* name : names) {
-    const Attribute* a = n->attr(name);
-    if (!a || !a->g) return invalid_model() << in.where << ": missing subgraph " << name;
-    ProgramBuilder sub(*a->g, opts_, state_);
-    Status st = sub.build_program(bounds_);
-    if (!st.is_ok()) return st.with_context(in.where + " " + name);
-    std::vector<int> caps;
-    for (const Value* c : sub.capture_inputs_) {
-      const Value* outer = g_.find_value(c->name());
-      if (!outer) return internal_error() << in.where << ": capture '" << c->name() << "' does not resolve";
-      caps.push_back(reg(outer));
-    }
-    in.subprograms.push_back(static_cast<int>(prog_->subprograms.size()));
-    prog_->subprograms.push_back(sub.prog_);
-    captured.insert(captured.end(), caps.begin(), caps.end());
-    in.captures.push_back(std::move(caps));
+  // Scan in opset 8: input 0, sequence_lens, may be omitted.
+  for (size_t i = batched_scan ? 1 : 0; i < in.inputs.size(); ++i)
+    if (in.inputs[i] < 0) return invalid_model() << in.where << ": omitted input";
+  const Attribute* a = n->attr("body");
+  if (!a || !a->g) return invalid_model() << in.where << ": missing subgraph body";
+  ProgramBuilder sub(*a->g, opts_, state_);
+  Status st = sub.build_program(bounds_);
+  if (!st.is_ok()) return st.with_context(in.where + " body");
+  std::vector<int> caps;
+  for (const Value* c : sub.capture_inputs_) {
+    const Value* outer = g_.find_value(c->name());
+    if (!outer) return internal_error() << in.where << ": capture '" << c->name() << "' does not resolve";
+    caps.push_back(reg(outer));
   }
+  in.subprograms.push_back(static_cast<int>(prog_->subprograms.size()));
+  prog_->subprograms.push_back(sub.prog_);
   if (in.op == runtime::OpCode::kScan) {
-    int64_t num_scan_in = n->attr_int("num_scan_inputs", 0);
-    size_t num_state = n->num_inputs() - num_scan_in - (batched_scan ? 1 : 0);
-    size_t num_scan_out = n->num_outputs() - num_state;
-    // Opset 8: per batch element, slices along its axis 0; `directions` per scan input.
-    std::vector<int64_t> in_axes = batched_scan ? std::vector<int64_t>(num_scan_in, 0)
-                                                : n->attr_ints("scan_input_axes", std::vector<int64_t>(num_scan_in, 0));
-    std::vector<int64_t> in_dirs =
-        n->attr_ints(batched_scan ? "directions" : "scan_input_directions", std::vector<int64_t>(num_scan_in, 0));
-    std::vector<int64_t> out_axes = batched_scan ? std::vector<int64_t>(num_scan_out, 0)
-                                                 : n->attr_ints("scan_output_axes", std::vector<int64_t>(num_scan_out, 0));
-    std::vector<int64_t> out_dirs = batched_scan ? std::vector<int64_t>(num_scan_out, 0)
-                                                 : n->attr_ints("scan_output_directions", std::vector<int64_t>(num_scan_out, 0));
-    if (in_dirs.size() != static_cast<size_t>(num_scan_in) || out_dirs.size() != num_scan_out ||
-        in_axes.size() != static_cast<size_t>(num_scan_in) || out_axes.size() != num_scan_out)
-      return invalid_model() << in.where << ": scan axes / directions have the wrong length";
-    in.attrs.push_back(num_scan_in);
-    in.attrs.push_back(batched_scan ? 1 : 0);
-    size_t first_scan_in = num_state + (batched_scan ? 1 : 0);
-    for (int64_t j = 0; j < num_scan_in; ++j) {
-      int64_t rank = n->input(first_scan_in + j)->type().rank() - (batched_scan ? 1 : 0);
-      int64_t axis = in_axes[j] < 0 ? in_axes[j] + rank : in_axes[j];
-      in.attrs.push_back(axis);
-      in.attrs.push_back(in_dirs[j]);
-    }
-    for (size_t k = 0; k < num_scan_out; ++k) {
-      int64_t rank = n->output(num_state + k)->type().rank() - (batched_scan ? 1 : 0);
-      int64_t axis = out_axes[k] < 0 ? out_axes[k] + rank : out_axes[k];
-      in.attrs.push_back(axis);
-      in.attrs.push_back(out_dirs[k]);
-    }
+    size_t num_scan_in = static_cast<size_t>(std::max<int64_t>(n->attr_int("num_scan_inputs", 0), 0));
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> layout, scan_layout(n, true, num_scan_in));
+    in.attrs = {static_cast<int64_t>(num_scan_in), 1};
+    in.attrs.insert(in.attrs.end(), layout.begin(), layout.end());
   }
-  in.inputs.insert(in.inputs.end(), captured.begin(), captured.end());
-  prog_->instrs.push_back(std::move(in));
+  in.inputs.insert(in.inputs.end(), caps.begin(), caps.end());
+  in.captures.push_back(std::move(caps));
+  emit(std::move(in));
   return Status::ok();
 }
 
@@ -751,19 +1037,53 @@ void ProgramBuilder::plan_memory() {
   for (int r : p.output_registers) pinned[r] = true;
   for (size_t r = 0; r < nr; ++r)
     if (p.registers[r].is_constant) pinned[r] = true;
+  // Sources of moves that share their storage with the destination: their
+  // buffers (their roots') must not be in the arena, which the next
+  // iteration or a later kernel would overwrite.
+  std::vector<int> shared_sources;
   for (size_t i = 0; i < p.instrs.size(); ++i) {
     const runtime::Instr& in = p.instrs[i];
     for (int r : in.inputs)
       if (r >= 0) last_use[r] = static_cast<int>(i);
     for (int r : in.outputs) {
+      if (r < 0) continue;
       if (def_at[r] < 0) def_at[r] = static_cast<int>(i);
       if (in.op == runtime::OpCode::kView) alias_of[r] = in.inputs[0];
       // Outputs a host kernel allocates itself are not planned; those it
-      // fills (fills_outputs) are, like a compiled kernel's.
-      if ((in.op == runtime::OpCode::kCallHost && !in.fills_outputs) || in.op == runtime::OpCode::kIf ||
-          in.op == runtime::OpCode::kLoop || in.op == runtime::OpCode::kScan || in.op == runtime::OpCode::kSequenceMap)
+      // fills (fills_outputs) are, like a compiled kernel's. Nor are a loop's
+      // results and per-iteration scalars.
+      if ((in.op == runtime::OpCode::kCallHost && !in.fills_outputs) || in.op == runtime::OpCode::kScan ||
+          in.op == runtime::OpCode::kSequenceMap || in.op == runtime::OpCode::kLoopEnd ||
+          (in.op == runtime::OpCode::kLoopTest && p.instrs[static_cast<size_t>(in.loop)].attrs[0] == 0))
         host_owned[r] = true;
     }
+    // Moves (runtime/vm.h): an alias names its source; a destination that
+    // may not be planned shares the source's storage.
+    if (in.op == runtime::OpCode::kMove || in.op == runtime::OpCode::kLoopNext) {
+      size_t src0 = in.op == runtime::OpCode::kLoopNext && in.attrs[0] == 0 ? 1 : 0;
+      size_t flags0 = in.op == runtime::OpCode::kLoopNext ? 1 : 0;
+      for (size_t k = 0; k < in.outputs.size(); ++k) {
+        int src = in.inputs[src0 + k], dst = in.outputs[k];
+        int64_t flags = in.attrs[flags0 + k];
+        if (flags & runtime::kMoveAlias) {
+          alias_of[dst] = src;
+        } else if (!(flags & runtime::kMoveInto)) {
+          host_owned[dst] = true;
+          shared_sources.push_back(src);
+        }
+      }
+    }
+  }
+  // Control flow (runtime/vm.h): a register read inside a loop or an If but
+  // defined before it lives until the region's last instruction (a loop reads
+  // it again each iteration; an If's branch that reads it may not run, and
+  // the join releases it). Regions nest; each extends to its own end.
+  for (size_t s = 0; s < p.instrs.size(); ++s) {
+    int e = p.instrs[s].end;
+    if (e < 0) continue;
+    for (int i = static_cast<int>(s); i <= e; ++i)
+      for (int r : p.instrs[static_cast<size_t>(i)].inputs)
+        if (r >= 0 && def_at[r] < static_cast<int>(s)) last_use[r] = std::max(last_use[r], e);
   }
   // A view keeps its source alive: extend the root's lifetime.
   auto root = [&](int r) {
@@ -775,6 +1095,7 @@ void ProgramBuilder::plan_memory() {
     int rr = root(static_cast<int>(r));
     root_last[rr] = std::max(root_last[rr], last_use[r]);
   }
+  for (int r : shared_sources) host_owned[root(r)] = true;
   for (size_t r = 0; r < nr; ++r) {
     if (pinned[r] || last_use[r] < 0) continue;
     p.instrs[last_use[r]].release.push_back(static_cast<int>(r));
@@ -925,6 +1246,8 @@ Status ProgramBuilder::build_program(SymbolBounds bounds) {
       KILN_RETURN_IF_ERROR(emit_node(n, m));
     }
   }
+  prog_->bounds = bounds;
+  if (inline_) return Status::ok();
   // Graph outputs that are inputs or constants are copied out.
   for (const Value* v : g_.outputs()) {
     int r = reg(v);

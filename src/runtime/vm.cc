@@ -132,6 +132,7 @@ struct SlotValues {
     slots = &p.symbol_slots;
     values.resize(p.symbols.size());
     bound.assign(p.symbols.size(), 0);
+    log.clear();
   }
   void set(const std::string& name, int64_t v) {
     if (slots == nullptr) return;
@@ -139,6 +140,18 @@ struct SlotValues {
     if (it == slots->end()) return;
     values[static_cast<size_t>(it->second)] = v;
     bound[static_cast<size_t>(it->second)] = 1;
+  }
+  // The symbols bind_dims bound, in order (names owned by the program's
+  // shapes): a loop forgets those bound since it started at each iteration.
+  std::vector<const std::string*> log;
+  void forget_since(size_t mark, Env& env) {
+    while (log.size() > mark) {
+      const std::string& name = *log.back();
+      log.pop_back();
+      env.erase(name);
+      if (slots == nullptr) continue;
+      if (auto it = slots->find(name); it != slots->end()) bound[static_cast<size_t>(it->second)] = 0;
+    }
   }
 };
 
@@ -168,6 +181,7 @@ Status bind_dims(const std::vector<Expr>& pattern, const std::vector<int64_t>& d
       }
       env[p->name] = dims[i];
       slots.set(p->name, dims[i]);
+      slots.log.push_back(&p->name);
     }
   }
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -374,6 +388,28 @@ struct VM::Impl {
   std::vector<void*> host_given;
   SlotValues sym_slots;
 
+  // The state of a loop (kLoopBegin .. kLoopEnd), by its kLoopBegin's index;
+  // kept across runs, so a warm loop reuses its scalars and accumulators.
+  struct Accumulator {  // one scan output's slices, back to back
+    std::vector<int64_t> shape;  // of a slice
+    int64_t count = 0;
+    int64_t slice_bytes = 0;
+    std::shared_ptr<void> bytes;  // plain dtypes
+    int64_t capacity = 0;         // bytes
+    std::vector<Tensor> objects;  // strings
+  };
+  struct LoopState {
+    int64_t i = 0, trip = 0;
+    bool cond = true;
+    size_t mark = 0;  // sym_slots.log size at the start
+    Tensor iter, cond_t;  // the body's iteration_num and cond inputs
+    std::vector<Accumulator> acc;
+  };
+  std::vector<std::unique_ptr<LoopState>> loops;
+  std::vector<int> active;  // kLoopBegin indices of the loops running, outermost first
+  std::vector<Tensor> moving;  // kMove's sources while they move in parallel
+  std::vector<int64_t> slice_shape, stack_shape;  // kLoopTest's and kLoopEnd's scratch
+
   // outer: the symbols bound in the calling program (a sub-program's captured
   // values may have dims such as min(n, 300) + min(m, 300) over them, which
   // only those bindings can evaluate); the ones this program uses are bound first.
@@ -385,9 +421,7 @@ struct VM::Impl {
   // Runs sub-program `index` on `inputs` followed by the captured registers.
   Result<std::vector<Tensor>> run_sub(int index, std::vector<Tensor> inputs, const std::vector<int>& captures,
                                       const std::vector<Tensor>& regs, const std::string& where);
-  // kIf / kLoop / kScan: the outputs, in the order of Instr::outputs.
-  Result<std::vector<Tensor>> run_if(const Instr& in, const std::vector<Tensor>& regs);
-  Result<std::vector<Tensor>> run_loop(const Instr& in, const std::vector<Tensor>& regs, const Env& env);
+  // kScan / kSequenceMap: the outputs, in the order of Instr::outputs.
   Result<std::vector<Tensor>> run_scan(const Instr& in, const std::vector<Tensor>& regs, const Env& env);
   Result<std::vector<Tensor>> run_sequence_map(const Instr& in, const std::vector<Tensor>& regs);
 };
@@ -415,76 +449,6 @@ Result<std::vector<Tensor>> VM::Impl::run_sub(int index, std::vector<Tensor> inp
   auto out = subvms[index]->impl_->run(inputs, current_env);
   if (!out.is_ok()) return out.status().with_context(where);
   return out;
-}
-
-Result<std::vector<Tensor>> VM::Impl::run_if(const Instr& in, const std::vector<Tensor>& regs) {
-  const Tensor& c = regs[in.inputs[0]];
-  if (c.numel() != 1) return invalid_argument() << in.where << ": condition " << c.describe() << " is not a scalar";
-  int branch = truth(c) ? 0 : 1;
-  return run_sub(in.subprograms[branch], {}, in.captures[branch], regs,
-                 in.where + (branch == 0 ? " then branch" : " else branch"));
-}
-
-Result<std::vector<Tensor>> VM::Impl::run_loop(const Instr& in, const std::vector<Tensor>& regs, const Env& env) {
-  size_t num_operands = in.inputs.size() - in.captures[0].size();
-  size_t num_carried = num_operands - 2;
-  size_t num_scan = in.outputs.size() - num_carried;
-  int64_t max_trip = std::numeric_limits<int64_t>::max();
-  if (in.inputs[0] >= 0) {
-    const Tensor& m = regs[in.inputs[0]];
-    if (m.numel() != 1) return invalid_argument() << in.where << ": M " << m.describe() << " is not a scalar";
-    max_trip = m.get_i64(0);
-  }
-  bool has_cond = in.inputs[1] >= 0;
-  Tensor cond(DType::kBool, {});
-  cond.data_as<bool>()[0] = true;
-  if (has_cond) {
-    const Tensor& c = regs[in.inputs[1]];
-    if (c.numel() != 1) return invalid_argument() << in.where << ": cond " << c.describe() << " is not a scalar";
-    cond.data_as<bool>()[0] = truth(c);
-  }
-  std::vector<Tensor> carried;
-  for (size_t j = 0; j < num_carried; ++j) carried.push_back(regs[in.inputs[2 + j]]);
-  std::vector<std::vector<Tensor>> scans(num_scan);
-  int64_t i = 0;
-  for (; i < max_trip && truth(cond); ++i) {
-    Tensor iter(DType::kInt64, {});
-    iter.data_as<int64_t>()[0] = i;
-    std::vector<Tensor> args = {iter, cond};
-    for (const Tensor& t : carried) args.push_back(t);
-    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs,
-                          run_sub(in.subprograms[0], std::move(args), in.captures[0], regs,
-                                  in.where + " iteration " + std::to_string(i)));
-    if (outs.size() != 1 + num_carried + num_scan)
-      return internal_error() << in.where << ": body returned " << outs.size() << " outputs";
-    if (has_cond) {
-      if (outs[0].numel() != 1) return invalid_argument() << in.where << ": body condition is not a scalar";
-      cond.data_as<bool>()[0] = truth(outs[0]);
-    }
-    const Program& body = *prog->subprograms[in.subprograms[0]];
-    for (size_t j = 0; j < num_carried; ++j) {
-      // An optional carried value the body returned as its element: wrapped
-      // (inference typed the carried value optional throughout).
-      if (body.registers[body.input_registers[2 + j]].dtype == DType::kOptional &&
-          outs[1 + j].dtype() != DType::kOptional) {
-        Tensor wrapped(DType::kOptional, {1});
-        wrapped.data_as<Tensor>()[0] = std::move(outs[1 + j]);
-        outs[1 + j] = std::move(wrapped);
-      }
-      carried[j] = std::move(outs[1 + j]);
-    }
-    for (size_t k = 0; k < num_scan; ++k) scans[k].push_back(std::move(outs[1 + num_carried + k]));
-  }
-  std::vector<Tensor> results;
-  // Without an iteration the carried values are the inputs: copy them (they
-  // may live in the arena).
-  for (Tensor& t : carried) results.push_back(i == 0 ? t.clone() : std::move(t));
-  for (size_t k = 0; k < num_scan; ++k) {
-    const RegisterInfo& info = prog->registers[in.outputs[num_carried + k]];
-    KILN_ASSIGN_OR_RETURN(Tensor t, stack(scans[k], 0, false, info.dtype, empty_slice_shape(info, 0, env), in.where));
-    results.push_back(std::move(t));
-  }
-  return results;
 }
 
 Result<std::vector<Tensor>> VM::Impl::run_sequence_map(const Instr& in, const std::vector<Tensor>& regs) {
@@ -526,7 +490,7 @@ Result<std::vector<Tensor>> VM::Impl::run_scan(const Instr& in, const std::vecto
   KILN_CHECK(in.attrs.size() >= 2) << "malformed kScan";
   size_t num_scan_in = static_cast<size_t>(in.attrs[0]);
   const bool batched = in.attrs[1] != 0;
-  size_t first = batched ? 1 : 0;  // operand 0 of a batched scan: sequence_lens
+  size_t first = 1;  // operand 0: sequence_lens
   size_t num_state = num_operands - first - num_scan_in;
   size_t num_scan_out = in.outputs.size() - num_state;
   KILN_CHECK(in.attrs.size() == 2 + 2 * (num_scan_in + num_scan_out)) << "malformed kScan";
@@ -569,22 +533,7 @@ Result<std::vector<Tensor>> VM::Impl::run_scan(const Instr& in, const std::vecto
     return len < 0 ? 0 : len;
   };
   auto operand = [&](size_t i) -> const Tensor& { return regs[in.inputs[first + i]]; };
-  if (!batched) {
-    std::vector<Tensor> state, xs;
-    for (size_t j = 0; j < num_state; ++j) state.push_back(operand(j));
-    for (size_t j = 0; j < num_scan_in; ++j) xs.push_back(operand(num_state + j));
-    KILN_ASSIGN_OR_RETURN(int64_t len, length_of(xs));
-    KILN_ASSIGN_OR_RETURN(auto parts, scan(std::move(state), xs, len, in.where));
-    std::vector<Tensor> results;
-    for (size_t j = 0; j < num_state; ++j) results.push_back(std::move(parts[j][0]));
-    for (size_t k = 0; k < num_scan_out; ++k) {
-      const RegisterInfo& info = prog->registers[in.outputs[num_state + k]];
-      KILN_ASSIGN_OR_RETURN(Tensor t, stack(parts[num_state + k], out_axis(k), out_rev(k), info.dtype,
-                                            empty_slice_shape(info, static_cast<size_t>(out_axis(k)), env), in.where));
-      results.push_back(std::move(t));
-    }
-    return results;
-  }
+  if (!batched) return internal_error() << in.where << ": an unbatched Scan runs as loop instructions";
   // Opset 8: every operand has a leading batch axis; each element is scanned
   // on its own for its sequence length.
   int64_t batch = -1;
@@ -798,7 +747,145 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
     return Status::ok();
   };
 
+  // kMove and kLoopEnd: moves pair i from inputs[src0 + i] to outputs[i] with
+  // flags attrs[flags0 + i] (vm.h), in parallel.
+  Tensor wrapped;
+  auto move_pairs = [&](const Instr& in, size_t src0, size_t flags0, size_t n) -> Status {
+    bool overlap = false;  // a source is another pair's destination: read every source first
+    for (size_t i = 0; i < n; ++i)
+      for (size_t j = 0; j < n; ++j) overlap = overlap || (i != j && in.inputs[src0 + i] == in.outputs[j]);
+    if (overlap) {
+      moving.resize(n);
+      for (size_t i = 0; i < n; ++i) moving[i] = regs[in.inputs[src0 + i]];
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const int src = in.inputs[src0 + i], dst = in.outputs[i];
+      const int64_t flags = in.attrs[flags0 + i];
+      if (src == dst) continue;
+      const RegisterInfo& info = p.registers[dst];
+      Tensor* sp = overlap ? &moving[i] : &regs[src];
+      if (info.dtype == DType::kOptional && sp->defined() && sp->dtype() != DType::kOptional) {
+        // An optional carried value the body returned as its element: wrapped
+        // (inference typed the carried value optional throughout).
+        wrapped = Tensor(DType::kOptional, {1});
+        wrapped.data_as<Tensor>()[0] = *sp;
+        sp = &wrapped;
+      }
+      Tensor& s = *sp;
+      if (!s.defined()) return internal_error() << in.where << ": no value to move into '" << info.name << "'";
+      if (s.dtype() != info.dtype)
+        return invalid_argument() << in.where << ": produced " << s.describe() << " for " << dtype_name(info.dtype)
+                                  << " '" << info.name << "'";
+      const bool object_dtype = info.dtype == DType::kString || dtype_is_container(info.dtype);
+      if ((flags & kMoveInto) && info.arena_offset >= 0 && !info.is_output && !object_dtype && arena_begin) {
+        // A static carried value in the arena: the data is copied there.
+        bool same = static_cast<size_t>(s.rank()) == info.shape.size();
+        for (size_t d = 0; same && d < info.shape.size(); ++d) same = *info.shape[d].as_const() == s.shape()[d];
+        if (!same)
+          return invalid_argument() << in.where << ": '" << info.name << "' gets " << s.describe()
+                                    << ", but its shape is static: " << shape_to_string(eval_shape(info.shape, env, What{"", info.name}).value());
+        KILN_RETURN_IF_ERROR(allocate(dst).with_context(in.where));
+        if (regs[dst].data() != s.data() && s.nbytes() > 0)
+          std::memcpy(regs[dst].data(), s.data(), static_cast<size_t>(s.nbytes()));
+        continue;
+      }
+      KILN_RETURN_IF_ERROR(
+          bind_dims(info.shape, s.shape(), env, p.bounds, What{"", info.name}, sym_slots).with_context(in.where));
+      if ((flags & kMoveAlias) != 0 && regs[dst].data() == s.data() && regs[dst].shape() == s.shape() &&
+          regs[dst].dtype() == s.dtype() && s.nbytes() > 0)
+        continue;  // the same value as in the last iteration or run (an arena buffer)
+      bool copy = (flags & kMoveCopy) != 0 || (in_arena(s) && (flags & kMoveAlias) == 0);
+      if (!copy && (flags & kMoveDetach) != 0) {
+        // The result must own its storage. A source whose last use this is
+        // and that no one else holds is handed over; anything else is copied.
+        bool dies = !overlap && std::find(in.release.begin(), in.release.end(), src) != in.release.end() &&
+                    std::count(in.inputs.begin() + static_cast<long>(src0), in.inputs.begin() + static_cast<long>(src0 + n), src) == 1;
+        if (dies) {
+          Tensor t = std::move(s);
+          if (t.sole_owner()) {
+            regs[dst] = std::move(t);
+            continue;
+          }
+          s = std::move(t);
+        }
+        copy = true;
+      }
+      if (!copy) {
+        regs[dst] = s;
+        continue;
+      }
+      KILN_RETURN_IF_ERROR(allocate(dst).with_context(in.where));
+      copy_elements(s, 0, regs[dst], 0, s.numel());
+    }
+    if (overlap)
+      for (Tensor& t : moving) t = Tensor();
+    wrapped = Tensor();
+    return Status::ok();
+  };
+  // kLoopNext: appends a scan output's slice of this iteration.
+  auto append = [&](const Instr& in, Accumulator& a, const Tensor& t, size_t k, int64_t iteration) -> Status {
+    if (a.count == 0) {
+      a.shape = t.shape();
+      a.slice_bytes = t.nbytes();
+    } else if (t.shape() != a.shape) {
+      return invalid_argument() << in.where << ": scan output " << k << " has shape " << shape_to_string(t.shape())
+                                << " in iteration " << iteration << ", " << shape_to_string(a.shape) << " before";
+    }
+    if (t.dtype() == DType::kString || dtype_is_container(t.dtype())) {
+      if (static_cast<size_t>(a.count) < a.objects.size()) a.objects[static_cast<size_t>(a.count)] = t;
+      else a.objects.push_back(t);
+    } else if (a.slice_bytes > 0) {
+      int64_t need = (a.count + 1) * a.slice_bytes;
+      if (need > a.capacity) {
+        int64_t cap = std::max<int64_t>({need, 2 * a.capacity, 4096});
+        if (cap > limit)
+          return resource_exhausted() << in.where << ": scan output " << k << " needs more than the memory limit of "
+                                      << format_bytes(limit) << " after " << a.count << " iterations";
+        void* q = allocate_aligned(static_cast<size_t>(cap));
+        if (q == nullptr) return resource_exhausted() << in.where << ": out of memory for scan output " << k;
+        std::shared_ptr<void> grown(q, [](void* x) { std::free(x); });
+        if (a.count > 0) std::memcpy(q, a.bytes.get(), static_cast<size_t>(a.count * a.slice_bytes));
+        a.bytes = std::move(grown);
+        a.capacity = cap;
+      }
+      std::memcpy(static_cast<char*>(a.bytes.get()) + a.count * a.slice_bytes, t.data(), static_cast<size_t>(a.slice_bytes));
+    }
+    ++a.count;
+    return Status::ok();
+  };
+  // kLoopEnd: scan output register `r` from accumulator `a`, stacked along `axis`.
+  auto stack_into = [&](const Instr& in, const Accumulator& a, int r, int64_t axis, bool reverse) -> Status {
+    const RegisterInfo& info = p.registers[r];
+    std::vector<int64_t>& shape = stack_shape;
+    if (a.count > 0) shape.assign(a.shape.begin(), a.shape.end());
+    else shape = empty_slice_shape(info, static_cast<size_t>(axis), env);
+    if (axis < 0 || axis > static_cast<int64_t>(shape.size()))
+      return invalid_argument() << in.where << ": scan output axis " << axis << " out of range for rank " << shape.size();
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) (d < axis ? outer : inner) *= shape[d];
+    shape.insert(shape.begin() + axis, a.count);
+    KILN_RETURN_IF_ERROR(bind_dims(info.shape, shape, env, p.bounds, What{"output ", info.name}, sym_slots).with_context(in.where));
+    KILN_RETURN_IF_ERROR(allocate(r).with_context(in.where));
+    Tensor& out = regs[r];
+    const int64_t n = a.count;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t at = reverse ? n - 1 - i : i;
+      if (!a.objects.empty() || info.dtype == DType::kString || dtype_is_container(info.dtype)) {
+        put_slice(out, a.objects[static_cast<size_t>(i)], axis, at);
+        continue;
+      }
+      const int64_t es = dtype_size(info.dtype);
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(static_cast<char*>(out.data()) + ((o * n + at) * inner) * es,
+                    static_cast<const char*>(a.bytes.get()) + (i * outer * inner + o * inner) * es,
+                    static_cast<size_t>(inner * es));
+    }
+    return Status::ok();
+  };
+
+  active.clear();
   size_t pc = 0;
+  auto execute = [&]() -> Status {
   while (pc < p.instrs.size()) {
     const Instr& in = p.instrs[pc];
     size_t next = pc + 1;
@@ -946,14 +1033,125 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
       case OpCode::kRet:
         next = p.instrs.size();
         break;
-      case OpCode::kIf:
-      case OpCode::kLoop:
+      case OpCode::kMove:
+        KILN_RETURN_IF_ERROR(move_pairs(in, 0, 0, in.outputs.size()));
+        break;
+      case OpCode::kEndIf:
+        break;
+      case OpCode::kLoopBegin: {
+        if (loops.size() < p.instrs.size()) loops.resize(p.instrs.size());
+        std::unique_ptr<LoopState>& slot = loops[pc];
+        if (!slot) {
+          slot = std::make_unique<LoopState>();
+          slot->iter = Tensor(DType::kInt64, {});
+          slot->cond_t = Tensor(DType::kBool, {});
+        }
+        LoopState& st = *slot;
+        st.i = 0;
+        st.cond = true;
+        st.mark = sym_slots.log.size();
+        if (in.attrs[0] == 0) {  // Loop: M and cond, each optional
+          st.trip = std::numeric_limits<int64_t>::max();
+          if (in.inputs[0] >= 0) {
+            const Tensor& m = regs[in.inputs[0]];
+            if (m.numel() != 1) return invalid_argument() << in.where << ": M " << m.describe() << " is not a scalar";
+            st.trip = m.get_i64(0);
+          }
+          if (in.inputs[1] >= 0) {
+            const Tensor& c = regs[in.inputs[1]];
+            if (c.numel() != 1) return invalid_argument() << in.where << ": cond " << c.describe() << " is not a scalar";
+            st.cond = truth(c);
+          }
+        } else {  // Scan: the common length of the scan inputs along their axes
+          int64_t len = -1;
+          for (size_t j = 0; j < in.inputs.size(); ++j) {
+            const Tensor& x = regs[in.inputs[j]];
+            int64_t axis = in.attrs[1 + 2 * j];
+            if (axis >= x.rank())
+              return invalid_argument() << in.where << ": scan axis " << axis << " out of range for " << x.describe();
+            int64_t l = x.shape()[axis];
+            if (len >= 0 && l != len)
+              return invalid_argument() << in.where << ": scan inputs have different lengths (" << len << " vs " << l << ")";
+            len = l;
+          }
+          st.trip = len < 0 ? 0 : len;
+        }
+        const Instr& end = p.instrs[in.end];
+        st.acc.resize((end.attrs.size() - end.inputs.size()) / 2);
+        for (Accumulator& a : st.acc) {
+          a.count = 0;
+          a.objects.clear();
+        }
+        active.push_back(static_cast<int>(pc));
+        break;
+      }
+      case OpCode::kLoopTest: {
+        LoopState& st = *loops[in.loop];
+        const Instr& begin = p.instrs[in.loop];
+        if (st.i >= st.trip || !st.cond) {
+          next = static_cast<size_t>(in.target);
+          break;
+        }
+        if (begin.attrs[0] == 0) {
+          st.iter.data_as<int64_t>()[0] = st.i;
+          st.cond_t.data_as<bool>()[0] = st.cond;
+          for (size_t k = 0; k < 2 && k < in.outputs.size(); ++k) {
+            const Tensor& t = k == 0 ? st.iter : st.cond_t;
+            if (in.outputs[k] >= 0 && regs[in.outputs[k]].data() != t.data()) regs[in.outputs[k]] = t;
+          }
+          break;
+        }
+        // Scan: slice i (or len - 1 - i) of each scan input, without its axis.
+        for (size_t j = 0; j < in.inputs.size(); ++j) {
+          const Tensor& x = regs[in.inputs[j]];
+          const int64_t axis = begin.attrs[1 + 2 * j];
+          const int64_t at = begin.attrs[2 + 2 * j] != 0 ? st.trip - 1 - st.i : st.i;
+          const int r = in.outputs[j];
+          slice_shape.assign(x.shape().begin(), x.shape().end());
+          slice_shape.erase(slice_shape.begin() + axis);
+          KILN_RETURN_IF_ERROR(bind_dims(p.registers[r].shape, slice_shape, env, p.bounds, What{"", p.registers[r].name}, sym_slots)
+                                   .with_context(in.where));
+          KILN_RETURN_IF_ERROR(allocate(r).with_context(in.where));
+          int64_t outer, len, inner;
+          split_at(x.shape(), axis, outer, len, inner);
+          for (int64_t o = 0; o < outer; ++o) copy_elements(x, (o * len + at) * inner, regs[r], o * inner, inner);
+        }
+        break;
+      }
+      case OpCode::kLoopNext: {
+        LoopState& st = *loops[in.loop];
+        const size_t first = in.attrs[0] == 0 ? 1 : 0;
+        const size_t carried = in.outputs.size();
+        if (first == 1 && in.inputs[0] >= 0) {
+          const Tensor& c = regs[in.inputs[0]];
+          if (c.numel() != 1) return invalid_argument() << in.where << ": the body's condition " << c.describe() << " is not a scalar";
+          st.cond = truth(c);
+        }
+        for (size_t k = 0; first + carried + k < in.inputs.size(); ++k)
+          KILN_RETURN_IF_ERROR(append(in, st.acc[k], regs[in.inputs[first + carried + k]], k, st.i));
+        // The next iteration binds the body's symbols afresh.
+        sym_slots.forget_since(st.mark, env);
+        KILN_RETURN_IF_ERROR(move_pairs(in, first, 1, carried));
+        ++st.i;
+        next = static_cast<size_t>(in.target);
+        break;
+      }
+      case OpCode::kLoopEnd: {
+        LoopState& st = *loops[in.loop];
+        sym_slots.forget_since(st.mark, env);
+        const size_t carried = in.inputs.size();
+        // attrs: move flags per carried value, then (axis, reverse) per scan output
+        KILN_RETURN_IF_ERROR(move_pairs(in, 0, 0, carried));
+        for (size_t k = 0; carried + k < in.outputs.size(); ++k)
+          KILN_RETURN_IF_ERROR(stack_into(in, st.acc[k], in.outputs[carried + k], in.attrs[carried + 2 * k],
+                                          in.attrs[carried + 2 * k + 1] != 0));
+        active.pop_back();
+        break;
+      }
       case OpCode::kScan:
       case OpCode::kSequenceMap: {
-        Result<std::vector<Tensor>> outs = in.op == OpCode::kIf            ? run_if(in, regs)
-                                           : in.op == OpCode::kLoop        ? run_loop(in, regs, env)
-                                           : in.op == OpCode::kSequenceMap ? run_sequence_map(in, regs)
-                                                                           : run_scan(in, regs, env);
+        Result<std::vector<Tensor>> outs =
+            in.op == OpCode::kSequenceMap ? run_sequence_map(in, regs) : run_scan(in, regs, env);
         if (!outs.is_ok()) return outs.status();
         if (outs->size() != in.outputs.size())
           return internal_error() << in.where << ": produced " << outs->size() << " outputs, expected "
@@ -979,6 +1177,15 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
       profile[pc].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     }
     pc = next;
+  }
+  return Status::ok();
+  };
+  if (Status st = execute(); !st.is_ok()) {
+    // Name the loops the error happened in, innermost first.
+    for (auto it = active.rbegin(); it != active.rend(); ++it)
+      if (loops[*it]) st = st.with_context(p.instrs[*it].where + " iteration " + std::to_string(loops[*it]->i));
+    active.clear();
+    return st;
   }
 
   std::vector<Tensor> outputs;

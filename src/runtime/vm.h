@@ -33,33 +33,58 @@
 //              compiled Squeeze drops (d_out the constant 1: it must be 1);
 //              else an error naming the node, the input, the axis and both sizes
 //   kJump / kBranch / kRet  control flow (kBranch: jump when a bool scalar is false)
-//   kIf / kLoop / kScan  ONNX control flow: run a sub-program (see below)
+//   kMove      parallel move, inputs[i] -> outputs[i]; per pair attrs[i] flags
+//              (kMoveInto, kMoveDetach, kMoveAlias, kMoveCopy below). The
+//              destination's dims are bound from the tensor. A destination the
+//              memory plan placed in the arena receives a copy of the data;
+//              otherwise it shares the source's storage, except that a source
+//              in the arena, a kMoveCopy pair and a kMoveDetach pair whose
+//              storage anyone else holds are copied into a fresh buffer.
+//   kEndIf     nothing; ends an If (`end` of its kBranch): registers last read
+//              in either branch are released here
 //
-// ONNX control flow. Every subgraph (If branch, Loop or Scan body) is compiled
-// to its own Program, held in Program::subprograms; it is not inlined into the
-// parent's bytecode. A sub-program's inputs are the subgraph's own inputs in
-// order, then the outer values it captures (Instr::captures: parent registers).
-// The VM runs a sub-program on a sub-VM of its own (created on first use, kept
-// across runs; with static shapes it has its own arena). Sub-program outputs are
-// fresh tensors, so they can be handed to the parent's registers, carried to
-// the next iteration or returned to the caller without copies. The outputs of a
-// control-flow instruction are bound like host-kernel outputs: their dims may
-// be data-dependent symbols, bound from the tensors the sub-program produced.
-//   kIf    inputs [cond, captures...]; subprograms {then, else}; captures per branch
-//   kLoop  inputs [M or -1, cond or -1, initial carried..., captures...];
-//          outputs [final carried..., scan outputs...]; body inputs
-//          (iteration_num, cond, carried..., captures...), body outputs
-//          (cond, carried..., scan outputs...); scan outputs are stacked
-//          along a new axis 0
-//   kScan  inputs [initial state..., scan inputs..., captures...]; outputs
-//          [final state..., scan outputs...]; attrs = [num_scan_inputs,
-//          batched, (axis, direction) per scan input, (axis, direction) per
-//          scan output], axes already non-negative. batched = 1 (Scan in
-//          opset 8): inputs [sequence_lens (or -1), initial state...,
-//          scan inputs..., captures...], every operand and output with a
-//          leading batch axis; each batch element is scanned on its own (axes
-//          are those of one element), for its sequence length, and its scan
-//          outputs are zero past it
+// ONNX control flow runs in the program's own bytecode: a subgraph is
+// compiled by the same builder and its instructions are spliced into the
+// parent's, its registers after the parent's (driver/pipeline.cc). Captured
+// outer values are moved (kMoveAlias) into the subgraph's capture registers.
+//   If:   kBranch cond -> else (end = join); then body; kMove outs; kJump join;
+//         else body; kMove outs; join: kEndIf
+//   Loop / Scan (opset 9+):
+//     P: kLoopBegin  Loop: inputs [M or -1, cond or -1], attrs [0]; Scan:
+//                    inputs [scan inputs...], attrs [1, (axis, reverse) per
+//                    scan input]; end = X. Starts the loop's state: trip count
+//                    or length, iteration 0, the symbol-binding mark
+//        kMove       initial carried values -> the body's carried inputs
+//     H: kLoopTest   loop = P, target = X: jumps to X when done; else writes the
+//                    body's per-iteration inputs: Loop: outputs [iteration_num,
+//                    cond]; Scan: inputs [scan inputs...], outputs [their slices]
+//        ... body ...
+//        kLoopNext   loop = P, target = H: inputs [cond out (Loop only), carried
+//                    outs..., scan outs...], outputs [carried inputs...];
+//                    attrs [kind, move flags per carried value]. Appends the scan
+//                    outs to the loop's accumulators (copies), forgets the
+//                    symbols bound since P (the next iteration binds them
+//                    afresh), moves the carried values, jumps to H
+//     X: kLoopEnd    loop = P: inputs [carried inputs...], outputs [final carried
+//                    values..., scan outputs...], attrs [(axis, reverse) per scan
+//                    output]. Forgets the symbols bound since P, detaches the
+//                    final values, stacks the accumulators
+//   With static shapes the body's intermediates, carried values and slices live
+//   in the arena (the memory plan keeps what a loop reads alive until its X), and
+//   a warm iteration allocates nothing; loop state and accumulators persist in
+//   the VM across runs. Errors inside a loop name it and the iteration.
+//
+// Sub-programs remain for two ops that map a body over elements: each is
+// compiled to its own Program (Program::subprograms) and run on a sub-VM of
+// its own (created on first use, kept across runs). A sub-program's inputs are
+// the subgraph's own inputs in order, then the outer values it captures
+// (Instr::captures: parent registers).
+//   kScan  (opset 8, batched) inputs [sequence_lens (or -1), initial state...,
+//          scan inputs..., captures...], outputs [final state..., scan
+//          outputs...], attrs = [num_scan_inputs, 1, (axis, direction) per
+//          scan input, (axis, direction) per scan output], axes those of one
+//          batch element; each batch element is scanned on its own, for its
+//          sequence length, and its scan outputs are zero past it
 //   kSequenceMap  inputs [operands..., captures...]; attrs: per operand 1 for a
 //          sequence (iterated: the body gets its element i), 0 for a tensor
 //          (passed whole); the body runs once per element of operand 0 (every
@@ -87,9 +112,17 @@ namespace kiln::runtime {
 using KernelFn = void (*)(void** buffers, const int64_t* syms);
 using HostKernel = std::function<Status(const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs)>;
 
+// kMove flags, per pair.
+enum MoveFlags : int64_t {
+  kMoveInto = 1,    // the destination may be planned in the arena (then the data is copied there)
+  kMoveDetach = 2,  // the result must own its storage: copied unless no one else holds it
+  kMoveAlias = 4,   // the destination is another name for the source (a captured value): shares it
+  kMoveCopy = 8,    // always copied (the source is a loop's iteration_num / cond, rewritten in place)
+};
+
 enum class OpCode : uint8_t {
-  kCall, kCallHost, kView, kBind, kShapeOf, kCopy, kCheckIndices, kCheckBroadcast, kJump, kBranch, kRet, kIf, kLoop, kScan,
-  kSequenceMap
+  kCall, kCallHost, kView, kBind, kShapeOf, kCopy, kCheckIndices, kCheckBroadcast, kJump, kBranch, kRet, kMove,
+  kEndIf, kLoopBegin, kLoopTest, kLoopNext, kLoopEnd, kScan, kSequenceMap
 };
 
 struct Instr {
@@ -98,15 +131,17 @@ struct Instr {
   std::vector<int> inputs;    // registers read
   std::vector<int> outputs;   // registers written
   std::vector<int> release;   // registers whose last use is this instruction (pool mode)
-  int target = -1;            // kJump / kBranch: instruction index
+  int target = -1;            // kJump / kBranch / kLoopTest / kLoopNext: instruction index
+  int end = -1;               // kLoopBegin, an If's kBranch: the last instruction of the region (for lifetimes)
+  int loop = -1;              // kLoopTest / kLoopNext / kLoopEnd: the loop's kLoopBegin
   std::vector<Expr> values;   // kShapeOf: element values; kCheckIndices: extents
   std::string where;          // node description for error messages ("Conv 'conv1'")
-  // kIf / kLoop / kScan: indices into Program::subprograms, and per sub-program
+  // kScan / kSequenceMap: indices into Program::subprograms, and per sub-program
   // the registers passed after its own inputs (captured outer values; they are
   // also listed in `inputs`, after the explicit operands, for lifetimes).
   std::vector<int> subprograms;
   std::vector<std::vector<int>> captures;
-  std::vector<int64_t> attrs;  // kScan, kCheckBroadcast: see the file comment
+  std::vector<int64_t> attrs;  // kMove, kLoop*, kScan, kCheckBroadcast: see the file comment
   bool fills_outputs = false;  // kCallHost: the kernel writes outputs passed in (OpDef::kernel_fills_outputs)
 };
 
@@ -135,7 +170,7 @@ struct Program {
   std::vector<Instr> instrs;
   std::vector<CompiledKernel> kernels;
   std::vector<HostKernel> host_kernels;
-  std::vector<std::shared_ptr<const Program>> subprograms;  // bodies of kIf / kLoop / kScan
+  std::vector<std::shared_ptr<const Program>> subprograms;  // bodies of kScan / kSequenceMap
   std::vector<int> input_registers;
   std::vector<int> output_registers;
   SymbolBounds bounds;

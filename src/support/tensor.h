@@ -36,6 +36,9 @@ class Tensor {
   bool defined() const { return dtype_ != DType::kUndefined; }
   // False for a borrowed tensor (and views of one): its memory is the lender's.
   bool owns_storage() const { return storage_ != nullptr; }
+  // True when this handle (or views it made and dropped) is the only owner of
+  // its storage: nothing else can read or write the data.
+  bool sole_owner() const { return storage_ != nullptr && storage_.use_count() == 1; }
 
   void* data() { return data_; }
   const void* data() const { return data_; }

@@ -133,6 +133,46 @@ std::unique_ptr<Graph> lstm_net() {
   return g;
 }
 
+// Issue 8, item 6: a Loop whose body has static shapes: h = tanh(h W + b),
+// then an If (iteration < 2: h * 2, else -h) over it; h carried, tanh's
+// result also a scan output. Runs as instructions of one program.
+std::unique_ptr<Graph> loop_net() {
+  auto g = std::make_unique<Graph>();
+  g->source = "alloc";
+  g->opsets[""] = 17;
+  Value* m = g->add_input("m", TensorType{DType::kInt64, Shape{}});
+  Value* h0 = g->add_input("h0", TensorType{DType::kFloat32, Shape{1, 32}});
+  auto body = std::make_shared<Graph>();
+  body->name = "body";
+  Value* i = body->add_input("i", TensorType{DType::kInt64, Shape{}});
+  Value* c = body->add_input("c", TensorType{DType::kBool, Shape{}});
+  Value* h = body->add_input("h", TensorType{DType::kFloat32, Shape{1, 32}});
+  Value* mm = body->add_node("MatMul", {h, body->add_constant("w", random_tensor({32, 32}, 1, 0.3))}, {"mm"})->output(0);
+  Value* a = body->add_node("Add", {mm, body->add_constant("b", random_tensor({32}, 2))}, {"a"})->output(0);
+  Value* t = body->add_node("Tanh", {a}, {"t"})->output(0);
+  Tensor two(DType::kInt64, {});
+  two.data_as<int64_t>()[0] = 2;
+  Value* early = body->add_node("Less", {i, body->add_constant("two", two)}, {"early"})->output(0);
+  auto then_g = std::make_shared<Graph>();
+  then_g->name = "then";
+  Value* tt = then_g->add_capture("t", TensorType{DType::kFloat32, Shape{1, 32}});
+  then_g->set_outputs({then_g->add_node("Add", {tt, tt}, {"twice"})->output(0)});
+  auto else_g = std::make_shared<Graph>();
+  else_g->name = "else";
+  Value* et = else_g->add_capture("t", TensorType{DType::kFloat32, Shape{1, 32}});
+  else_g->set_outputs({else_g->add_node("Neg", {et}, {"neg"})->output(0)});
+  Node* branch = body->add_node("If", {early}, {"h_out"});
+  branch->set_attr("then_branch", Attribute::of_graph(then_g));
+  branch->set_attr("else_branch", Attribute::of_graph(else_g));
+  Value* c_out = body->add_node("Identity", {c}, {"c_out"})->output(0);
+  Value* ts = body->add_node("Identity", {t}, {"t_scan"})->output(0);
+  body->set_outputs({c_out, branch->output(0), ts});
+  Node* loop = g->add_node("Loop", {m, nullptr, h0}, {"h_final", "ts"});
+  loop->set_attr("body", Attribute::of_graph(body));
+  g->set_outputs({loop->output(0), loop->output(1)});
+  return g;
+}
+
 // Runs the compiled graph three times (two to warm up) and counts the third
 // run's allocations on this thread; the outputs are released outside the count.
 Count warm_run(std::unique_ptr<Graph> g, int threads, std::vector<Tensor>* outputs = nullptr) {
@@ -190,6 +230,52 @@ TEST(WarmRun, AllocatesOnlyTheHandlesItReturns) {
     ASSERT_EQ(outs.size(), 3u);
     EXPECT_EQ(outs[0].shape(), (std::vector<int64_t>{6, 1, 2, 20}));
     EXPECT_EQ(outs[1].shape(), (std::vector<int64_t>{1, 2, 20}));
+  }
+}
+
+// A warm run of the loop above allocates what a run of any model does (the
+// handles of its outputs), whatever the trip count: iterations reuse the
+// arena (the body's intermediates, the carried value, the If's result), the
+// loop's scalars and its scan accumulator.
+TEST(WarmRun, LoopIterationsAllocateNothing) {
+#ifdef KILN_SANITIZED
+  GTEST_SKIP() << "the sanitizer owns malloc";
+#endif
+  for (int threads : {1, 2}) {
+    CompileOptions opts;
+    opts.threads = threads;
+    auto compiled = compile_graph(loop_net(), opts);
+    ASSERT_TRUE(compiled.is_ok()) << compiled.status().message();
+    // One program: no sub-programs, the body's kernels called from its own instructions.
+    EXPECT_TRUE(compiled->program->subprograms.empty());
+    EXPECT_TRUE(compiled->program->static_plan);
+    Tensor h0 = random_tensor({1, 32}, 7, 1.0);
+    std::vector<Count> counts;
+    std::vector<std::vector<Tensor>> results;
+    for (int64_t trips : {3, 40}) {
+      runtime::VM vm(compiled->program, threads);
+      Tensor m(DType::kInt64, {});
+      m.data_as<int64_t>()[0] = trips;
+      std::vector<Tensor> inputs = {m, h0};
+      for (int i = 0; i < 2; ++i) ASSERT_TRUE(vm.run(inputs).is_ok());
+      t_calls = t_bytes = 0;
+      t_counting = true;
+      auto out = vm.run(inputs);
+      t_counting = false;
+      ASSERT_TRUE(out.is_ok()) << out.status().message();
+      counts.push_back({t_calls, t_bytes});
+      results.push_back(*out);
+      ASSERT_EQ((*out)[1].shape(), (std::vector<int64_t>{trips, 1, 32}));
+    }
+    // Allowed: the outputs vector, h0's handle in the registers (m is a
+    // scalar: its handle has no dims to allocate), the binding of the scan
+    // output's data-dependent length (a symbol), per output its shape and
+    // its pool block's owner.
+    EXPECT_EQ(counts[0].calls, 1 + 1 + 1 + 2 * 2) << threads << " threads, " << counts[0].bytes << " bytes";
+    EXPECT_EQ(counts[1].calls, counts[0].calls) << threads << " threads: allocations grow with the trip count";
+    EXPECT_EQ(counts[1].bytes, counts[0].bytes) << threads << " threads";
+    // The first 3 iterations of the long run are the short run's.
+    EXPECT_EQ(std::memcmp(results[0][1].data(), results[1][1].data(), 3 * 32 * sizeof(float)), 0);
   }
 }
 

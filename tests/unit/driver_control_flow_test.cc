@@ -1,6 +1,7 @@
 // ONNX control flow through the whole pipeline: If, Loop and Scan built with
-// the Graph API, compiled (each subgraph to its own sub-program) and run on
-// the VM, compared with C++ references.
+// the Graph API, compiled (If, Loop and Scan spliced into the program's own
+// instructions; Scan of opset 8 to a sub-program) and run on the VM, compared
+// with C++ references.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -497,6 +498,134 @@ TEST(ControlFlow, IfConditionMustBeScalar) {
   auto out = compile_and_run(std::move(g), {c, random_tensor({4}, 9)});
   ASSERT_FALSE(out.is_ok());
   EXPECT_NE(out.status().message().find("not a scalar"), std::string::npos) << out.status().message();
+}
+
+// Carried values that trade places: (a, b) -> (b, a + b) and a rotation
+// (x, y, z) -> (y, z, x). The moves are parallel: each new value is computed
+// from the old ones, never from one already overwritten.
+std::unique_ptr<Graph> trade_graph() {
+  auto g = new_graph("trade");
+  Value* m = g->add_input("m", i64({}));
+  std::vector<Value*> init;
+  for (const char* name : {"a0", "b0", "x0", "y0", "z0"}) init.push_back(g->add_input(name, f32({2})));
+  auto body = std::make_shared<Graph>();
+  body->name = "body";
+  body->add_input("i", i64({}));
+  Value* cin = body->add_input("cond_in", boolean({}));
+  std::vector<Value*> v;
+  for (const char* name : {"a", "b", "x", "y", "z"}) v.push_back(body->add_input(name, f32({2})));
+  Value* sum = body->add_node("Add", {v[0], v[1]}, {"sum"})->output(0);
+  Value* cout = body->add_node("Identity", {cin}, {"cond_out"})->output(0);
+  body->set_outputs({cout, v[1], sum, v[3], v[4], v[2]});
+  std::vector<Value*> operands = {m, nullptr};
+  operands.insert(operands.end(), init.begin(), init.end());
+  Node* n = g->add_node("Loop", operands, {"a", "b", "x", "y", "z"});
+  n->set_attr("body", Attribute::of_graph(body));
+  g->set_outputs(n->outputs());
+  return g;
+}
+
+TEST(ControlFlow, LoopCarriedValuesTradePlaces) {
+  std::vector<Tensor> values;
+  for (uint32_t k = 0; k < 5; ++k) values.push_back(random_tensor({2}, 20 + k));
+  for (int64_t trips : {0, 1, 2, 7}) {
+    std::vector<Tensor> inputs = {scalar_i64(trips)};
+    inputs.insert(inputs.end(), values.begin(), values.end());
+    auto out = compile_and_run(trade_graph(), inputs);
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    std::vector<std::vector<float>> want;
+    for (const Tensor& t : values) want.emplace_back(t.data_as<float>(), t.data_as<float>() + 2);
+    for (int64_t t = 0; t < trips; ++t) {
+      std::vector<float> a = want[0], b = want[1];
+      for (int j = 0; j < 2; ++j) want[1][j] = a[j] + b[j];
+      want[0] = b;
+      std::rotate(want.begin() + 2, want.begin() + 3, want.end());
+    }
+    for (size_t k = 0; k < 5; ++k) expect_close((*out)[k], want[k], {2});
+  }
+}
+
+// A Loop inside a Loop: iteration i of the outer loop runs an inner loop i
+// times over v = concat(v, v) from [1], so v has 2^i elements, a length
+// bound afresh each outer iteration; the outer loop sums them: 2^M - 1.
+std::unique_ptr<Graph> nested_loops_graph() {
+  auto g = new_graph("nested_loops");
+  Value* m = g->add_input("m", i64({}));
+  Value* total0 = g->add_input("total0", f32({}));
+  auto inner = std::make_shared<Graph>();
+  inner->name = "inner";
+  inner->add_input("j", i64({}));
+  Value* icond = inner->add_input("cond_in", boolean({}));
+  Value* iv = inner->add_input("v_in", f32({var("vlen")}));
+  Node* cat = inner->add_node("Concat", {iv, iv}, {"v_out"});
+  cat->set_attr("axis", Attribute::of_int(0));
+  inner->set_outputs({inner->add_node("Identity", {icond}, {"icond_out"})->output(0), cat->output(0)});
+  auto outer = std::make_shared<Graph>();
+  outer->name = "outer";
+  Value* i = outer->add_input("i", i64({}));
+  Value* ocond = outer->add_input("cond_in", boolean({}));
+  Value* total = outer->add_input("total", f32({}));
+  Tensor one(DType::kFloat32, {1});
+  one.data_as<float>()[0] = 1.f;
+  Node* in_loop = outer->add_node("Loop", {i, nullptr, outer->add_constant("one", one)}, {"v"});
+  in_loop->set_attr("body", Attribute::of_graph(inner));
+  Node* rs = outer->add_node("ReduceSum", {in_loop->output(0)}, {"s"});
+  rs->set_attr("keepdims", Attribute::of_int(0));
+  Value* next = outer->add_node("Add", {total, rs->output(0)}, {"total_out"})->output(0);
+  outer->set_outputs({outer->add_node("Identity", {ocond}, {"ocond_out"})->output(0), next});
+  Node* n = g->add_node("Loop", {m, nullptr, total0}, {"total"});
+  n->set_attr("body", Attribute::of_graph(outer));
+  g->set_outputs({n->output(0)});
+  return g;
+}
+
+TEST(ControlFlow, NestedLoopsRebindShapesEachIteration) {
+  Tensor zero(DType::kFloat32, {});
+  zero.data_as<float>()[0] = 0.f;
+  for (int64_t trips : {0, 1, 5}) {
+    auto out = compile_and_run(nested_loops_graph(), {scalar_i64(trips), zero});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    expect_close((*out)[0], {static_cast<float>((1 << trips) - 1)}, {});
+  }
+}
+
+// An error inside a loop body names the loop and the iteration: a Gather at
+// index i of a 3-element tensor fails in iteration 3.
+std::unique_ptr<Graph> gather_loop_graph() {
+  auto g = new_graph("gather_loop");
+  Value* m = g->add_input("m", i64({}));
+  Value* s0 = g->add_input("s0", f32({}));
+  g->add_input("data", f32({3}));
+  auto body = std::make_shared<Graph>();
+  body->name = "body";
+  Value* i = body->add_input("i", i64({}));
+  Value* cin = body->add_input("cond_in", boolean({}));
+  Value* s = body->add_input("s", f32({}));
+  Value* data = body->add_capture("data", f32({3}));
+  Value* picked = body->add_node("Gather", {data, i}, {"picked"})->output(0);
+  Value* next = body->add_node("Add", {s, picked}, {"s_out"})->output(0);
+  body->set_outputs({body->add_node("Identity", {cin}, {"cond_out"})->output(0), next});
+  Node* n = g->add_node("Loop", {m, nullptr, s0}, {"s"});
+  n->set_name("loop");
+  n->set_attr("body", Attribute::of_graph(body));
+  g->set_outputs({n->output(0)});
+  return g;
+}
+
+TEST(ControlFlow, LoopErrorNamesTheIteration) {
+  Tensor zero(DType::kFloat32, {});
+  zero.data_as<float>()[0] = 0.f;
+  Tensor data_t = random_tensor({3}, 5);
+  auto ok = compile_and_run(gather_loop_graph(), {scalar_i64(3), zero, data_t});
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  float sum = data_t.data_as<float>()[0] + data_t.data_as<float>()[1] + data_t.data_as<float>()[2];
+  expect_close((*ok)[0], {sum}, {});
+  auto bad = compile_and_run(gather_loop_graph(), {scalar_i64(5), zero, data_t});
+  ASSERT_FALSE(bad.is_ok());
+  const std::string msg = bad.status().to_string();
+  EXPECT_NE(msg.find("Loop 'loop' iteration 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Gather"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("out of range"), std::string::npos) << msg;
 }
 
 }  // namespace
