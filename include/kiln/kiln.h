@@ -95,8 +95,9 @@ class Model {
   // report: instructions by total time (kernel, node, calls, ms, share).
   Result<std::string> profile(const std::map<std::string, Tensor>& inputs, int runs);
 
+  struct Impl;  // opaque (driver/compiled_model.cc)
+
  private:
-  struct Impl;
   explicit Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -17,6 +17,14 @@ struct Model::Impl {
   driver::CompiledProgram compiled;
   std::unique_ptr<runtime::VM> vm;
   std::mutex mu;  // run() is serialized: one VM, one arena
+  // The model as given, to compile it again with relaxed assumptions.
+  std::string path, bytes, source_name;
+  CompileOptions options;
+  // Named input dims are compiled as at least 1 (the import's bound: shape
+  // proofs such as max(1, n) = n rely on it). A run that gives one of them 0
+  // (an empty batch or sequence) runs on a second program compiled with those
+  // dims at least 0, made on first need.
+  std::unique_ptr<Impl> empty_dims;
 };
 
 Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -32,28 +40,55 @@ int resolve_threads(int threads) {
 }
 }  // namespace
 
-Result<Model> Model::compile_file(const std::string& path, const CompileOptions& options) {
-  auto graph = import_onnx_file(path);
+namespace {
+// Imports the model an Impl was made from; with empty_dims, every named
+// input dim's lower bound becomes 0.
+Result<std::unique_ptr<Model::Impl>> build_impl(const std::string& path, const std::string& bytes,
+                                         const std::string& source_name, const CompileOptions& options,
+                                         bool empty_dims) {
+  auto graph = path.empty() ? import_onnx_bytes(bytes, source_name) : import_onnx_file(path);
   if (!graph.is_ok()) return graph.status();
+  if (empty_dims)
+    for (auto& [name, bound] : (*graph)->bounds)
+      if (bound.lo && *bound.lo > 0) bound.lo = 0;
   auto compiled = driver::compile_graph(std::move(*graph), options);
   if (!compiled.is_ok()) return compiled.status();
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<Model::Impl>();
   impl->compiled = std::move(*compiled);
   impl->vm = std::make_unique<runtime::VM>(impl->compiled.program, resolve_threads(options.threads));
   impl->vm->set_memory_limit(options.max_memory_bytes);
+  impl->path = path;
+  impl->bytes = bytes;
+  impl->source_name = source_name;
+  impl->options = options;
+  return impl;
+}
+
+// True when an input gives a named dim a size below the bound the program
+// was compiled with (0 for a dim compiled as at least 1).
+bool below_lower_bounds(const runtime::Program& p, const std::vector<Tensor>& inputs) {
+  for (size_t i = 0; i < inputs.size() && i < p.input_registers.size(); ++i) {
+    const std::vector<Expr>& shape = p.registers[static_cast<size_t>(p.input_registers[i])].shape;
+    if (!inputs[i].defined() || static_cast<size_t>(inputs[i].rank()) != shape.size()) continue;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (!shape[d].is_var()) continue;
+      auto it = p.bounds.find(shape[d]->name);
+      if (it != p.bounds.end() && it->second.lo && inputs[i].shape()[d] >= 0 && inputs[i].shape()[d] < *it->second.lo)
+        return true;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+Result<Model> Model::compile_file(const std::string& path, const CompileOptions& options) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build_impl(path, "", "", options, false));
   return Model(std::move(impl));
 }
 
 Result<Model> Model::compile_bytes(const std::string& bytes, const CompileOptions& options,
                                    const std::string& source_name) {
-  auto graph = import_onnx_bytes(bytes, source_name);
-  if (!graph.is_ok()) return graph.status();
-  auto compiled = driver::compile_graph(std::move(*graph), options);
-  if (!compiled.is_ok()) return compiled.status();
-  auto impl = std::make_unique<Impl>();
-  impl->compiled = std::move(*compiled);
-  impl->vm = std::make_unique<runtime::VM>(impl->compiled.program, resolve_threads(options.threads));
-  impl->vm->set_memory_limit(options.max_memory_bytes);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, build_impl("", bytes, source_name, options, false));
   return Model(std::move(impl));
 }
 
@@ -80,7 +115,16 @@ Result<std::map<std::string, Tensor>> Model::run(const std::map<std::string, Ten
     }
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, impl_->vm->run(ordered));
+  runtime::VM* vm = impl_->vm.get();
+  if (below_lower_bounds(*impl_->compiled.program, ordered)) {
+    if (!impl_->empty_dims) {
+      auto relaxed = build_impl(impl_->path, impl_->bytes, impl_->source_name, impl_->options, true);
+      if (!relaxed.is_ok()) return relaxed.status().with_context("compiling for inputs with empty dims");
+      impl_->empty_dims = std::move(*relaxed);
+    }
+    vm = impl_->empty_dims->vm.get();
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, vm->run(ordered));
   std::map<std::string, Tensor> result;
   for (size_t i = 0; i < outs.size(); ++i) result[impl_->compiled.outputs[i].name] = std::move(outs[i]);
   return result;

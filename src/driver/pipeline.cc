@@ -141,6 +141,8 @@ class ProgramBuilder {
                                           std::vector<int>& out_regs);
   Status emit_group(const passes::FusedGroup& group);
   Status emit_node(const Node* n, Mode mode);
+  // The run-time checks of the dims a node's lowering or view assumed (OpDef::dim_checks).
+  void emit_dim_checks(const Node* n);
   Status emit_control(const Node* n);
   struct Inlined;
   Result<Inlined> inline_graph(const Node* n, const char* attr);
@@ -535,21 +537,7 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
   }
   // Dims the lowering assumed (OpDef::dim_checks: a fused Squeeze's axes)
   // are checked the same way.
-  for (const Node* n : group.nodes) {
-    const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
-    if (!def || !def->dim_checks) continue;
-    runtime::Instr chk;
-    for (const ops::DimCheck& c : def->dim_checks(*n)) {
-      chk.values.push_back(c.dim);
-      chk.values.push_back(c.to);
-      chk.attrs.push_back(static_cast<int64_t>(c.input));
-      chk.attrs.push_back(c.axis);
-    }
-    if (chk.values.empty()) continue;
-    chk.op = runtime::OpCode::kCheckBroadcast;
-    chk.where = describe(n);
-    prog_->instrs.push_back(std::move(chk));
-  }
+  for (const Node* n : group.nodes) emit_dim_checks(n);
   // Index tensors read by the kernel are range-checked first (OpDef::index_checks).
   for (const Node* n : group.nodes) {
     const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
@@ -617,6 +605,22 @@ std::optional<ProgramBuilder::ConcatSite> ProgramBuilder::concat_site(const pass
   return site;
 }
 
+void ProgramBuilder::emit_dim_checks(const Node* n) {
+  const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
+  if (!def || !def->dim_checks) return;
+  runtime::Instr chk;
+  for (const ops::DimCheck& c : def->dim_checks(*n, bounds_)) {
+    chk.values.push_back(c.dim);
+    chk.values.push_back(c.to);
+    chk.attrs.push_back(static_cast<int64_t>(c.input));
+    chk.attrs.push_back(c.axis);
+  }
+  if (chk.values.empty()) return;
+  chk.op = runtime::OpCode::kCheckBroadcast;
+  chk.where = describe(n);
+  prog_->instrs.push_back(std::move(chk));
+}
+
 Status ProgramBuilder::emit_node(const Node* n, Mode mode) {
   runtime::Instr in;
   in.where = describe(n);
@@ -638,6 +642,7 @@ Status ProgramBuilder::emit_node(const Node* n, Mode mode) {
       const Value* out = n->output(0);
       if (!src || !out) return invalid_model() << in.where << ": view op without input or output";
       if (!out->type().shape) return unsupported() << in.where << ": output rank is unknown";
+      emit_dim_checks(n);
       in.op = runtime::OpCode::kView;
       in.inputs = {reg(src)};
       // A Reshape whose target shape is only known at run time reads it from its input.
@@ -818,6 +823,23 @@ Status ProgramBuilder::emit_if(const Node* n) {
     if (!o->type().shape) return unsupported() << where << ": rank of output '" << o->name() << "' is unknown";
     outs.push_back(reg(o));
   }
+  // A condition known at compile time: the taken branch only, straight-line
+  // (the other may not even infer for these shapes: ops/control_flow.cc).
+  if (std::optional<bool> taken = ops::known_condition(*n, bounds_)) {
+    KILN_ASSIGN_OR_RETURN(Inlined b, inline_graph(n, *taken ? "then_branch" : "else_branch"));
+    if (b.outputs.size() != outs.size())
+      return invalid_model() << where << ": a branch has " << b.outputs.size() << " outputs, the If " << outs.size();
+    emit_body(b);
+    runtime::Instr mv;
+    mv.op = runtime::OpCode::kMove;
+    mv.where = where;
+    mv.inputs = b.outputs;
+    mv.outputs = outs;
+    for (size_t i = 0; i < outs.size(); ++i)
+      mv.attrs.push_back(!inline_ && graph_outputs_.count(n->output(i)) ? int64_t{runtime::kMoveDetach} : int64_t{0});
+    emit(std::move(mv));
+    return Status::ok();
+  }
   KILN_ASSIGN_OR_RETURN(Inlined then_b, inline_graph(n, "then_branch"));
   KILN_ASSIGN_OR_RETURN(Inlined else_b, inline_graph(n, "else_branch"));
   for (const Inlined* b : {&then_b, &else_b})
@@ -959,7 +981,8 @@ Status ProgramBuilder::emit_loop(const Node* n, bool scan) {
   step.where = where;
   step.loop = p;
   step.target = h;
-  if (!scan) step.inputs.push_back(body.outputs[0]);
+  // Without a cond operand the body's cond output is ignored (ONNX: a for loop).
+  if (!scan) step.inputs.push_back(n->input(1) ? body.outputs[0] : -1);
   step.inputs.insert(step.inputs.end(), body.outputs.begin() + static_cast<long>(body_out0), body.outputs.end());
   step.outputs = carried_regs;
   step.attrs = {scan ? 1 : 0};
@@ -971,7 +994,16 @@ Status ProgramBuilder::emit_loop(const Node* n, bool scan) {
   end.loop = p;
   end.inputs = carried_regs;
   end.outputs = outs;
-  end.attrs.assign(carried, runtime::kMoveDetach);
+  // Final values: a graph output must own its storage; a static one is
+  // copied into the arena (a loop nested in a loop allocates nothing); any
+  // other shares the carried buffer (the VM copies one in the arena).
+  for (size_t j = 0; j < carried; ++j) {
+    const runtime::RegisterInfo& info = prog_->registers[static_cast<size_t>(outs[j])];
+    bool plain = info.dtype != DType::kString && !dtype_is_container(info.dtype) && shape_is_static(info.shape);
+    end.attrs.push_back(!inline_ && graph_outputs_.count(n->output(j)) ? int64_t{runtime::kMoveDetach}
+                        : plain                                        ? int64_t{runtime::kMoveInto}
+                                                                       : int64_t{0});
+  }
   for (size_t k = 0; k < num_scan_out; ++k) {
     end.attrs.push_back(scan ? layout[2 * (num_scan_in + k)] : 0);
     end.attrs.push_back(scan ? layout[2 * (num_scan_in + k) + 1] : 0);
@@ -1053,23 +1085,27 @@ void ProgramBuilder::plan_memory() {
       // fills (fills_outputs) are, like a compiled kernel's. Nor are a loop's
       // results and per-iteration scalars.
       if ((in.op == runtime::OpCode::kCallHost && !in.fills_outputs) || in.op == runtime::OpCode::kScan ||
-          in.op == runtime::OpCode::kSequenceMap || in.op == runtime::OpCode::kLoopEnd ||
+          in.op == runtime::OpCode::kSequenceMap ||
           (in.op == runtime::OpCode::kLoopTest && p.instrs[static_cast<size_t>(in.loop)].attrs[0] == 0))
         host_owned[r] = true;
     }
     // Moves (runtime/vm.h): an alias names its source; a destination that
-    // may not be planned shares the source's storage.
-    if (in.op == runtime::OpCode::kMove || in.op == runtime::OpCode::kLoopNext) {
+    // may not be planned shares the source's storage. kLoopEnd's first
+    // outputs are moves of the carried values; its scan outputs are built.
+    if (in.op == runtime::OpCode::kMove || in.op == runtime::OpCode::kLoopNext || in.op == runtime::OpCode::kLoopEnd) {
       size_t src0 = in.op == runtime::OpCode::kLoopNext && in.attrs[0] == 0 ? 1 : 0;
       size_t flags0 = in.op == runtime::OpCode::kLoopNext ? 1 : 0;
-      for (size_t k = 0; k < in.outputs.size(); ++k) {
+      size_t pairs = in.op == runtime::OpCode::kLoopEnd ? in.inputs.size() : in.outputs.size();
+      for (size_t k = pairs; k < in.outputs.size(); ++k) host_owned[in.outputs[k]] = true;
+      for (size_t k = 0; k < pairs; ++k) {
         int src = in.inputs[src0 + k], dst = in.outputs[k];
         int64_t flags = in.attrs[flags0 + k];
         if (flags & runtime::kMoveAlias) {
           alias_of[dst] = src;
         } else if (!(flags & runtime::kMoveInto)) {
           host_owned[dst] = true;
-          shared_sources.push_back(src);
+          // Detach and Copy never share an arena source (the VM copies it).
+          if (!(flags & (runtime::kMoveDetach | runtime::kMoveCopy))) shared_sources.push_back(src);
         }
       }
     }
@@ -1097,8 +1133,11 @@ void ProgramBuilder::plan_memory() {
   }
   for (int r : shared_sources) host_owned[root(r)] = true;
   for (size_t r = 0; r < nr; ++r) {
-    if (pinned[r] || last_use[r] < 0) continue;
-    p.instrs[last_use[r]].release.push_back(static_cast<int>(r));
+    if (pinned[r]) continue;
+    // A value nothing reads (a Loop body's cond output when the Loop has no
+    // cond operand) is released where it is made.
+    int at = last_use[r] >= 0 ? last_use[r] : def_at[r];
+    if (at >= 0) p.instrs[static_cast<size_t>(at)].release.push_back(static_cast<int>(r));
   }
 
   bool all_static = true;

@@ -100,18 +100,22 @@ Status infer_if(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType cond, input_type(n, 0));
   if (cond.is_container() || cond.dtype == DType::kString)
     return node_invalid(n) << "condition is " << cond.to_string() << ", expected a bool tensor";
-  KILN_RETURN_IF_ERROR(infer_subgraph(n, *then_g, ctx));
-  KILN_RETURN_IF_ERROR(infer_subgraph(n, *else_g, ctx));
-  KILN_RETURN_IF_ERROR(check_outputs(n, *then_g, n.num_outputs(), "then_branch"));
-  KILN_RETURN_IF_ERROR(check_outputs(n, *else_g, n.num_outputs(), "else_branch"));
-  std::set<std::string> known = outer_symbols(n, ctx);
   // A condition known at compile time (a constant, or a shape computation
   // such as Equal(Size(x), 4) in an expanded function): the outputs take the
   // taken branch's types; the other branch may not even be valid for these
-  // shapes (AffineGrid's expanded 3-D branch splits a 4-element size 5 ways).
-  std::optional<bool> taken;
-  if (auto v = sym_values(n, 0); v && v->size() == 1)
-    if (auto c = simplify((*v)[0], ctx.bounds).as_const()) taken = *c != 0;
+  // shapes (AffineGrid's expanded 3-D branch splits a 4-element size 5 ways,
+  // and squeezes a dim that may be 1): its inference may fail, and the
+  // program runs only the taken branch (driver/pipeline.cc, emit_if).
+  std::optional<bool> taken = known_condition(n, ctx.bounds);
+  for (bool then_side : {true, false}) {
+    Graph& g = then_side ? *then_g : *else_g;
+    const char* what = then_side ? "then_branch" : "else_branch";
+    Status st = infer_subgraph(n, g, ctx);
+    if (taken && *taken != then_side) continue;  // never runs: its failure is no error
+    KILN_RETURN_IF_ERROR(st);
+    KILN_RETURN_IF_ERROR(check_outputs(n, g, n.num_outputs(), what));
+  }
+  std::set<std::string> known = outer_symbols(n, ctx);
   for (size_t i = 0; i < n.num_outputs(); ++i) {
     const TensorType& t = then_g->outputs()[i]->type();
     const TensorType& e = else_g->outputs()[i]->type();
@@ -132,6 +136,14 @@ Status infer_if(Node& n, InferContext& ctx) {
       Shape shape;
       for (const Expr& d : *b.shape) shape.push_back(outer_dim(d, known, ctx));
       set_output(n, i, b.dtype, std::move(shape), ctx);
+      // The taken branch's values where they are known symbolically in the
+      // outer scope (AffineGrid's expanded 2-D branch sets D = 1).
+      const Value* bv = (*taken ? then_g : else_g)->outputs()[i];
+      if (bv->sym_value()) {
+        bool outer = true;
+        for (const Expr& e : *bv->sym_value()) outer = outer && vars_within(e, known);
+        if (outer) n.output(i)->set_sym_value(bv->sym_value());
+      }
       continue;
     }
     if (t.dtype != e.dtype)

@@ -358,6 +358,13 @@ std::optional<std::vector<int64_t>> const_ints(const Node& n, size_t i) {
   return std::nullopt;
 }
 
+std::optional<bool> known_condition(const Node& n, const SymbolBounds& bounds) {
+  auto v = sym_values(n, 0);
+  if (!v || v->size() != 1) return std::nullopt;
+  if (auto c = simplify((*v)[0], bounds).as_const()) return *c != 0;
+  return std::nullopt;
+}
+
 std::optional<std::vector<Expr>> sym_values(const Node& n, size_t i) {
   if (!has_input(n, i)) return std::nullopt;
   Value* v = n.input(i);

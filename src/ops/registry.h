@@ -107,8 +107,9 @@ struct OpDef {
   bool takes_containers = false;
   // Compiled ops that read through index tensors: the run-time range checks.
   std::function<Result<std::vector<IndexCheck>>(const Node&)> index_checks;
-  // Compiled ops whose lowering assumes a symbolic dim's value: the run-time checks.
-  std::function<std::vector<DimCheck>(const Node&)> dim_checks;
+  // Ops whose lowering or view assumes a symbolic dim's value: the run-time
+  // checks (kCheckBroadcast: `dim` must be 1 or `to`).
+  std::function<std::vector<DimCheck>(const Node&, const SymbolBounds&)> dim_checks;
 };
 
 // Registration (called from each family's register_*() function).
@@ -132,6 +133,11 @@ Status infer_shapes(Graph& g, InferContext& ctx);
 // Helpers for op implementations.
 // Multidirectional (numpy) broadcast of shapes; error when incompatible.
 Result<Shape> broadcast_shapes(const Shape& a, const Shape& b, const SymbolBounds& bounds);
+
+// An If's condition when it is known at compile time (a constant, or a shape
+// computation that simplifies to one): only that branch is inferred strictly
+// and compiled.
+std::optional<bool> known_condition(const Node& n, const SymbolBounds& bounds);
 // Indices into an input of shape `in` for an output index `out_idx` under broadcasting.
 std::vector<Expr> broadcast_indices(const std::vector<Expr>& out_idx, const std::vector<Expr>& in_shape);
 

@@ -317,7 +317,7 @@ Result<std::vector<bool>> squeezed_dims(const Node& n, const Shape& x, const Sym
 
 // A compiled Squeeze (fused into a kernel, where no view checks the element
 // count) drops its axes as given: a symbolic one must be 1 at run time.
-std::vector<DimCheck> squeeze_dim_checks(const Node& n) {
+std::vector<DimCheck> squeeze_dim_checks(const Node& n, const SymbolBounds&) {
   std::vector<DimCheck> checks;
   auto axes = axes_of(n);
   const Value* x = n.input(0);

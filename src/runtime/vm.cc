@@ -408,6 +408,7 @@ struct VM::Impl {
   std::vector<std::unique_ptr<LoopState>> loops;
   std::vector<int> active;  // kLoopBegin indices of the loops running, outermost first
   std::vector<Tensor> moving;  // kMove's sources while they move in parallel
+  std::vector<Tensor> staged;  // kMove's sources that overlap another pair's arena destination
   std::vector<int64_t> slice_shape, stack_shape;  // kLoopTest's and kLoopEnd's scratch
 
   // outer: the symbols bound in the calling program (a sub-program's captured
@@ -663,6 +664,12 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
   auto drop_transient = [&] {
     for (size_t r = 0; r < regs.size(); ++r)
       if (regs[r].defined() && !p.registers[r].is_constant && !in_arena(regs[r])) regs[r] = Tensor();
+    // After an error inside a loop or a move: what they held of the run.
+    for (Tensor& t : moving) t = Tensor();
+    for (Tensor& t : staged) t = Tensor();
+    for (auto& st : loops)
+      if (st)
+        for (Accumulator& a : st->acc) a.objects.clear();
   };
   ScopeExit<decltype(drop_transient)> drop(drop_transient);
   Env env;
@@ -758,12 +765,43 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
       moving.resize(n);
       for (size_t i = 0; i < n; ++i) moving[i] = regs[in.inputs[src0 + i]];
     }
+    // A source whose bytes lie in another pair's arena destination (a view
+    // of a carried value, a slice of an in-place Concat) is copied before
+    // any pair is written (an allocation, in this rare case only).
+    auto into_slot = [&](size_t i, const char*& begin, const char*& end) {
+      const RegisterInfo& info = p.registers[in.outputs[i]];
+      if (!(in.attrs[flags0 + i] & kMoveInto) || info.arena_offset < 0 || info.is_output || !arena_begin ||
+          info.dtype == DType::kString || dtype_is_container(info.dtype))
+        return false;
+      int64_t bytes = dtype_size(info.dtype);
+      for (const Expr& d : info.shape) bytes *= *d.as_const();
+      begin = arena_begin + info.arena_offset;
+      end = begin + bytes;
+      return true;
+    };
+    staged.assign(n, Tensor());
+    bool any_staged = false;
+    for (size_t j = 0; n > 1 && j < n; ++j) {
+      const Tensor& s = overlap ? moving[j] : regs[in.inputs[src0 + j]];
+      if (!s.defined() || s.nbytes() == 0 || s.dtype() == DType::kString || dtype_is_container(s.dtype())) continue;
+      const char* sb = static_cast<const char*>(s.data());
+      const char* se = sb + s.nbytes();
+      bool clash = false;
+      for (size_t i = 0; i < n && !clash; ++i) {
+        const char *db, *de;
+        clash = i != j && into_slot(i, db, de) && sb < de && db < se;
+      }
+      if (!clash) continue;
+      any_staged = true;
+      staged[j] = Tensor(s.dtype(), s.shape());  // rare: a fresh copy
+      std::memcpy(staged[j].data(), s.data(), static_cast<size_t>(s.nbytes()));
+    }
     for (size_t i = 0; i < n; ++i) {
       const int src = in.inputs[src0 + i], dst = in.outputs[i];
       const int64_t flags = in.attrs[flags0 + i];
       if (src == dst) continue;
       const RegisterInfo& info = p.registers[dst];
-      Tensor* sp = overlap ? &moving[i] : &regs[src];
+      Tensor* sp = any_staged && staged[i].defined() ? &staged[i] : overlap ? &moving[i] : &regs[src];
       if (info.dtype == DType::kOptional && sp->defined() && sp->dtype() != DType::kOptional) {
         // An optional carried value the body returned as its element: wrapped
         // (inference typed the carried value optional throughout).
@@ -819,6 +857,8 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
     }
     if (overlap)
       for (Tensor& t : moving) t = Tensor();
+    if (any_staged)
+      for (Tensor& t : staged) t = Tensor();
     wrapped = Tensor();
     return Status::ok();
   };
@@ -838,7 +878,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
       int64_t need = (a.count + 1) * a.slice_bytes;
       if (need > a.capacity) {
         int64_t cap = std::max<int64_t>({need, 2 * a.capacity, 4096});
-        if (cap > limit)
+        if (cap > limit - std::min(limit, buffers.live_bytes()))
           return resource_exhausted() << in.where << ": scan output " << k << " needs more than the memory limit of "
                                       << format_bytes(limit) << " after " << a.count << " iterations";
         void* q = allocate_aligned(static_cast<size_t>(cap));
@@ -1093,11 +1133,16 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
           break;
         }
         if (begin.attrs[0] == 0) {
-          st.iter.data_as<int64_t>()[0] = st.i;
-          st.cond_t.data_as<bool>()[0] = st.cond;
+          // Written in place, unless anything still holds last iteration's
+          // value (a sequence it was inserted into, a carried view of it):
+          // then a fresh scalar.
           for (size_t k = 0; k < 2 && k < in.outputs.size(); ++k) {
-            const Tensor& t = k == 0 ? st.iter : st.cond_t;
-            if (in.outputs[k] >= 0 && regs[in.outputs[k]].data() != t.data()) regs[in.outputs[k]] = t;
+            if (in.outputs[k] >= 0) regs[in.outputs[k]] = Tensor();
+            Tensor& t = k == 0 ? st.iter : st.cond_t;
+            if (!t.sole_owner()) t = Tensor(k == 0 ? DType::kInt64 : DType::kBool, {});
+            if (k == 0) t.data_as<int64_t>()[0] = st.i;
+            else t.data_as<bool>()[0] = st.cond;
+            if (in.outputs[k] >= 0) regs[in.outputs[k]] = t;
           }
           break;
         }
@@ -1142,9 +1187,11 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
         const size_t carried = in.inputs.size();
         // attrs: move flags per carried value, then (axis, reverse) per scan output
         KILN_RETURN_IF_ERROR(move_pairs(in, 0, 0, carried));
-        for (size_t k = 0; carried + k < in.outputs.size(); ++k)
+        for (size_t k = 0; carried + k < in.outputs.size(); ++k) {
           KILN_RETURN_IF_ERROR(stack_into(in, st.acc[k], in.outputs[carried + k], in.attrs[carried + 2 * k],
                                           in.attrs[carried + 2 * k + 1] != 0));
+          st.acc[k].objects.clear();  // the VM keeps no value of the run
+        }
         active.pop_back();
         break;
       }

@@ -628,5 +628,77 @@ TEST(ControlFlow, LoopErrorNamesTheIteration) {
   EXPECT_NE(msg.find("out of range"), std::string::npos) << msg;
 }
 
+// Carried values that trade places through views: (a, b) -> (Identity(b),
+// Identity(a)), static, so both live in the arena and each move is a copy;
+// the second copy must read b's old bytes, not the first copy's result.
+TEST(ControlFlow, LoopCarriedViewsTradePlaces) {
+  auto make = [] {
+    auto g = new_graph("swap_views");
+    Value* m = g->add_input("m", i64({}));
+    Value* a0 = g->add_input("a0", f32({3}));
+    Value* b0 = g->add_input("b0", f32({3}));
+    auto body = std::make_shared<Graph>();
+    body->name = "body";
+    body->add_input("i", i64({}));
+    Value* cin = body->add_input("cond_in", boolean({}));
+    Value* a = body->add_input("a", f32({3}));
+    Value* b = body->add_input("b", f32({3}));
+    Value* na = body->add_node("Identity", {b}, {"na"})->output(0);
+    Value* nb = body->add_node("Identity", {a}, {"nb"})->output(0);
+    body->set_outputs({body->add_node("Identity", {cin}, {"cond_out"})->output(0), na, nb});
+    Node* n = g->add_node("Loop", {m, nullptr, a0, b0}, {"a", "b"});
+    n->set_attr("body", Attribute::of_graph(body));
+    Value* sum = g->add_node("Add", {n->output(0), n->output(0)}, {"twice_a"})->output(0);
+    g->set_outputs({sum, n->output(1)});
+    return g;
+  };
+  Tensor a0 = random_tensor({3}, 11), b0 = random_tensor({3}, 12);
+  for (int64_t trips : {1, 2, 3}) {
+    auto out = compile_and_run(make(), {scalar_i64(trips), a0, b0});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    const Tensor& a = trips % 2 ? b0 : a0;
+    const Tensor& b = trips % 2 ? a0 : b0;
+    std::vector<float> twice_a, want_b;
+    for (int k = 0; k < 3; ++k) {
+      twice_a.push_back(2 * a.data_as<float>()[k]);
+      want_b.push_back(b.data_as<float>()[k]);
+    }
+    expect_close((*out)[0], twice_a, {3});
+    expect_close((*out)[1], want_b, {3});
+  }
+}
+
+// Without a cond operand the body's cond output is ignored: a for loop whose
+// body returns false still runs M times. The carried value is the previous
+// iteration number (a view of iteration_num, carried by reference in a
+// program with symbolic shapes), and it is also a scan output.
+TEST(ControlFlow, ForLoopIgnoresTheBodysCondition) {
+  auto make = [] {
+    auto g = new_graph("for_loop");
+    Value* m = g->add_input("m", i64({}));
+    Value* prev0 = g->add_input("prev0", i64({}));
+    Value* x = g->add_input("x", f32({var("n")}));
+    auto body = std::make_shared<Graph>();
+    body->name = "body";
+    Value* i = body->add_input("i", i64({}));
+    body->add_input("cond_in", boolean({}));
+    Value* prev = body->add_input("prev", i64({}));
+    Value* stop = body->add_constant("false", scalar_bool(false));
+    Value* next = body->add_node("Identity", {i}, {"next"})->output(0);
+    Value* scanned = body->add_node("Identity", {prev}, {"scanned"})->output(0);
+    body->set_outputs({stop, next, scanned});
+    Node* n = g->add_node("Loop", {m, nullptr, prev0}, {"last", "prevs"});
+    n->set_attr("body", Attribute::of_graph(body));
+    g->set_outputs({n->output(0), n->output(1), g->add_node("Relu", {x}, {"rx"})->output(0)});
+    g->bounds["n"] = Interval{1, std::nullopt};
+    return g;
+  };
+  auto out = compile_and_run(make(), {scalar_i64(3), scalar_i64(-1), random_tensor({4}, 3)});
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ((*out)[0].get_i64(0), 2);
+  ASSERT_EQ((*out)[1].shape(), (std::vector<int64_t>{3}));
+  for (int64_t k = 0; k < 3; ++k) EXPECT_EQ((*out)[1].get_i64(k), k - 1) << "scan element " << k;
+}
+
 }  // namespace
 }  // namespace kiln::driver

@@ -10,6 +10,7 @@
 
 #include "driver/pipeline.h"
 #include "frontend/onnx/import.h"
+#include "kiln/kiln.h"
 #include "runtime/vm.h"
 
 namespace kiln::driver {
@@ -123,6 +124,63 @@ TEST(Pipeline, LegacyBroadcastAlignsAtAxis) {
       ASSERT_FLOAT_EQ(y[i], want) << "element " << i;
     }
   }
+}
+
+// A named input dim (dim_param) is compiled as at least 1; a run that gives
+// it 0 (an empty batch) runs on a second program compiled with the dim at
+// least 0, made on first need, and later runs go back to the first.
+TEST(Pipeline, EmptyNamedDimsRunOnARelaxedProgram) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  g->set_name("empty_batch");
+  auto* vi = g->add_input();
+  vi->set_name("X");
+  auto* tt = vi->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(onnx::TensorProto::FLOAT);
+  tt->mutable_shape()->add_dim()->set_dim_param("n");
+  tt->mutable_shape()->add_dim()->set_dim_value(3);
+  auto* relu = g->add_node();
+  relu->set_op_type("Relu");
+  relu->add_input("X");
+  relu->add_output("Z");
+  auto* axes = g->add_initializer();
+  axes->set_name("axes");
+  axes->set_data_type(onnx::TensorProto::INT64);
+  axes->add_dims(1);
+  axes->add_int64_data(0);
+  auto* sum = g->add_node();
+  sum->set_op_type("ReduceSum");
+  sum->add_input("Z");
+  sum->add_input("axes");
+  sum->add_output("Y");
+  auto* keep = sum->add_attribute();
+  keep->set_name("keepdims");
+  keep->set_type(onnx::AttributeProto::INT);
+  keep->set_i(0);
+  g->add_output()->set_name("Z");
+  g->add_output()->set_name("Y");
+  auto model = Model::compile_bytes(m.SerializeAsString(), CompileOptions{}, "empty_batch.onnx");
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  for (int64_t n : {2, 0, 3, 0}) {
+    Tensor x = random_tensor({n, 3}, static_cast<uint32_t>(7 + n));
+    auto out = model->run({{"X", x}});
+    ASSERT_TRUE(out.is_ok()) << "n = " << n << ": " << out.status().to_string();
+    const Tensor& z = out->at("Z");
+    const Tensor& y = out->at("Y");
+    ASSERT_EQ(z.shape(), (std::vector<int64_t>{n, 3}));
+    ASSERT_EQ(y.shape(), (std::vector<int64_t>{3}));
+    for (int j = 0; j < 3; ++j) {
+      float want = 0;
+      for (int64_t i = 0; i < n; ++i) want += std::max(0.f, x.data_as<float>()[i * 3 + j]);
+      EXPECT_NEAR(y.data_as<float>()[j], want, 1e-5) << "n = " << n;
+    }
+  }
+  // A negative or mismatched dim is still an error naming the input.
+  auto bad = model->run({{"X", random_tensor({2, 4}, 1)}});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("input 'X'"), std::string::npos) << bad.status().message();
 }
 
 TEST(Pipeline, StaticShapesFusedAndPlanned) {

@@ -164,6 +164,43 @@ TEST(Sequences, LoopCarriesAGrowingSequence) {
   EXPECT_EQ(values((*out)[0]), (std::vector<float>{0, 1, 2, 3, 4, 5}));
 }
 
+// The iteration number itself inserted into a carried sequence: the VM
+// rewrites its loop's iteration_num in place only while nothing else holds
+// it, so every element keeps its own value, in this run and after the next.
+TEST(Sequences, LoopCollectsItsIterationNumbers) {
+  auto make = [] {
+    auto g = new_graph("loop_iters");
+    Value* m = g->add_input("m", i64({}));
+    Node* empty = g->add_node("SequenceEmpty", {}, {"empty"});
+    empty->set_attr("dtype", Attribute::of_int(7));  // INT64
+    auto body = std::make_shared<Graph>();
+    body->name = "body";
+    Value* i = body->add_input("i", i64({}));
+    Value* cin = body->add_input("cond_in", boolean({}));
+    Value* s = body->add_input("s_in", TensorType::container(DType::kSequence, i64({}), int64_t{0}));
+    Value* s_out = body->add_node("SequenceInsert", {s, i}, {"s_out"})->output(0);
+    body->set_outputs({body->add_node("Identity", {cin}, {"cond_out"})->output(0), s_out});
+    Node* loop = g->add_node("Loop", {m, nullptr, empty->output(0)}, {"iters"});
+    loop->set_attr("body", Attribute::of_graph(body));
+    g->set_outputs({loop->output(0)});
+    return g;
+  };
+  CompileOptions opts;
+  auto compiled = compile_graph(make(), opts);
+  ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+  runtime::VM vm(compiled->program, 1);
+  auto first = vm.run({scalar_i64(4)});
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  auto second = vm.run({scalar_i64(2)});
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  for (auto [out, n] : {std::pair{&*first, 4}, std::pair{&*second, 2}}) {
+    const Tensor& seq = (*out)[0];
+    ASSERT_EQ(seq.dtype(), DType::kSequence);
+    ASSERT_EQ(seq.numel(), n);
+    for (int64_t k = 0; k < n; ++k) EXPECT_EQ(seq.data_as<Tensor>()[k].get_i64(0), k) << "element " << k;
+  }
+}
+
 // The same with the initial sequence a graph input of symbolic length: the
 // body's length must be its own symbol, not the input's (the sub-program is
 // given the caller's bindings, so the input's would be pinned to its value).
