@@ -107,6 +107,20 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
   int chosen = 0;
   std::vector<Node*> nodes = g.nodes();
   for (Node* n : nodes) {
+    // If branches and Loop/Scan bodies: their kernels run in the same
+    // program (a loop body's on every iteration), chosen the same way; a
+    // constant the body captures is a constant there, so weights are packed.
+    for (const auto& [name, a] : n->attrs()) {
+      std::vector<Graph*> subs;
+      if (a.g) subs.push_back(a.g.get());
+      for (const auto& sub : a.graphs)
+        if (sub) subs.push_back(sub.get());
+      for (Graph* sub : subs) {
+        auto k = select_kernels(*sub, options);
+        if (!k.is_ok()) return k.status().with_context(n->describe() + " " + name);
+        chosen += *k;
+      }
+    }
     std::vector<const Candidate*> cands = candidates_for(n->domain(), n->op_type());
     if (cands.empty() || n->has_attr(kImplAttr)) continue;
     std::vector<const Candidate*> applicable;

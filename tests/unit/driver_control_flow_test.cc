@@ -700,5 +700,47 @@ TEST(ControlFlow, ForLoopIgnoresTheBodysCondition) {
   for (int64_t k = 0; k < 3; ++k) EXPECT_EQ((*out)[1].get_i64(k), k - 1) << "scan element " << k;
 }
 
+// Kernels inside a loop body are chosen by the operator strategy like any
+// other: a MatMul whose weights the body captures from the outer graph (a
+// constant there) gets packed panels, with the bias and Tanh in its tile.
+TEST(ControlFlow, LoopBodyKernelsAreSelected) {
+  auto g = new_graph("rnn");
+  Value* m = g->add_input("m", i64({}));
+  Value* h0 = g->add_input("h0", f32({1, 64}));
+  Tensor w = random_tensor({64, 64}, 31);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data_as<float>()[i] *= 0.125f;
+  g->add_constant("w", w);
+  auto body = std::make_shared<Graph>();
+  body->name = "body";
+  body->add_input("i", i64({}));
+  Value* cin = body->add_input("cond_in", boolean({}));
+  Value* h = body->add_input("h", f32({1, 64}));
+  Value* bw = body->add_capture("w", f32({64, 64}));
+  Value* mm = body->add_node("MatMul", {h, bw}, {"mm"})->output(0);
+  Value* t = body->add_node("Tanh", {mm}, {"t"})->output(0);
+  body->set_outputs({body->add_node("Identity", {cin}, {"cond_out"})->output(0), t});
+  Node* n = g->add_node("Loop", {m, nullptr, h0}, {"h_final"});
+  n->set_attr("body", Attribute::of_graph(body));
+  g->set_outputs({n->output(0)});
+  Tensor x0 = random_tensor({1, 64}, 32);
+  CompiledProgram compiled;
+  auto out = compile_and_run(std::move(g), {scalar_i64(5), x0}, 1, &compiled);
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  bool packed = false;
+  for (const KernelChoiceInfo& k : compiled.kernel_choices) packed = packed || k.impl == "matmul.packed";
+  EXPECT_TRUE(packed) << "the body's MatMul was not selected";
+  std::vector<float> hv(x0.data_as<float>(), x0.data_as<float>() + 64);
+  for (int it = 0; it < 5; ++it) {
+    std::vector<float> next(64);
+    for (int j = 0; j < 64; ++j) {
+      double acc = 0;
+      for (int k = 0; k < 64; ++k) acc += hv[k] * w.data_as<float>()[k * 64 + j];
+      next[j] = static_cast<float>(std::tanh(acc));
+    }
+    hv = next;
+  }
+  expect_close((*out)[0], hv, {1, 64});
+}
+
 }  // namespace
 }  // namespace kiln::driver
