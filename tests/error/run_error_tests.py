@@ -143,6 +143,42 @@ def cases(work):
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
                       ).SerializeToString()
 
+    def loop_model(body_outputs_extra=False, gather_in_body=False):
+        # Loop(m) over s: s + data[i] (data [3], captured); with
+        # body_outputs_extra the body returns one output too many.
+        vi = helper.make_tensor_value_info
+        nodes = [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                 helper.make_node("Gather", ["data", "i"], ["picked"], name="pick", axis=0),
+                 helper.make_node("Add", ["s_in", "picked"], ["s_out"])]
+        outs = [vi("cond_out", TensorProto.BOOL, []), vi("s_out", TensorProto.FLOAT, [])]
+        if body_outputs_extra:
+            outs.append(vi("picked", TensorProto.FLOAT, []))
+            outs.append(vi("s_in", TensorProto.FLOAT, []))
+        body = helper.make_graph(nodes, "body", [vi("i", TensorProto.INT64, []), vi("cond_in", TensorProto.BOOL, []),
+                                                 vi("s_in", TensorProto.FLOAT, [])], outs)
+        loop_outs = ["s"] + (["picks"] if body_outputs_extra else [])
+        return _model([helper.make_node("Loop", ["m", "", "s0"], loop_outs, name="loop_bad", body=body)],
+                      [vi("m", TensorProto.INT64, []), vi("s0", TensorProto.FLOAT, []), vi("data", TensorProto.FLOAT, [3])],
+                      [vi(o, TensorProto.FLOAT, None) for o in loop_outs]).SerializeToString()
+
+    def if_model():
+        vi = helper.make_tensor_value_info
+        then_g = helper.make_graph([helper.make_node("Neg", ["x"], ["t"])], "then", [], [vi("t", TensorProto.FLOAT, [3])])
+        else_g = helper.make_graph([helper.make_node("Abs", ["x"], ["e"])], "else", [], [vi("e", TensorProto.FLOAT, [3])])
+        return _model([helper.make_node("If", ["c"], ["y"], name="if_bad", then_branch=then_g, else_branch=else_g)],
+                      [vi("c", TensorProto.BOOL, [2]), vi("x", TensorProto.FLOAT, [3])],
+                      [vi("y", TensorProto.FLOAT, None)]).SerializeToString()
+
+    def scan_model():
+        vi = helper.make_tensor_value_info
+        body = helper.make_graph([helper.make_node("Add", ["a", "b"], ["ab"]), helper.make_node("Add", ["s_in", "ab"], ["s_out"])],
+                                 "body", [vi("s_in", TensorProto.FLOAT, [2]), vi("a", TensorProto.FLOAT, [2]),
+                                          vi("b", TensorProto.FLOAT, [2])], [vi("s_out", TensorProto.FLOAT, [2])])
+        return _model([helper.make_node("Scan", ["s0", "xa", "xb"], ["s"], name="scan_bad", body=body, num_scan_inputs=2)],
+                      [vi("s0", TensorProto.FLOAT, [2]), vi("xa", TensorProto.FLOAT, ["n", 2]),
+                       vi("xb", TensorProto.FLOAT, ["k", 2])],
+                      [vi("s", TensorProto.FLOAT, None)]).SerializeToString()
+
     def static_shape_overflow():
         # A constant shape: the size is known at compile time and overflows 64 bits
         # (the static memory plan must not multiply it out; found by compile_fuzzer).
@@ -258,6 +294,20 @@ def cases(work):
         Case("max_memory_exceeded", lambda: big_valid, [["mm"], ["memory limit"], ["[4,64]"]],
              when="run", feeds={"x": np.ones((4, 64), np.float32)}, cli_args=["x=f32_4x64"],
              max_memory=512),
+        # Control flow: a body of the wrong arity; an error inside an iteration
+        # names the loop, the iteration and the node; a condition that is not a
+        # scalar; scan inputs of different lengths.
+        Case("loop_body_output_count", lambda: loop_model(body_outputs_extra=True),
+             [["loop_bad"], ["outputs"]], info=False),
+        Case("loop_body_error_names_iteration", loop_model,
+             [["loop_bad"], ["iteration 3"], ["index 3"]], when="run",
+             feeds={"m": np.array(5, np.int64), "s0": np.array(0, np.float32), "data": np.ones(3, np.float32)},
+             cli_args=["m=trips5", "s0=zero_f32", "data=ones3"]),
+        Case("if_condition_not_scalar", if_model, [["if_bad"], ["not a scalar"]], when="run",
+             feeds={"c": np.array([True, False]), "x": np.ones(3, np.float32)}, cli_args=["c=bool2", "x=ones3"]),
+        Case("scan_input_lengths_differ", scan_model, [["scan_bad"], ["different lengths"]], when="run",
+             feeds={"s0": np.zeros(2, np.float32), "xa": np.ones((3, 2), np.float32), "xb": np.ones((4, 2), np.float32)},
+             cli_args=["s0=zeros2", "xa=ones3x2", "xb=ones4x2"]),
     ] + image_cases
 
 
@@ -304,7 +354,11 @@ def _npy_for(spec, work):
               "oob_2x3": np.array([[0, 1, 0], [1, 2, 0]], np.int64),
               "huge_shape": np.array([100000, 100000], np.int64),
               "overflow_shape": np.array([2**40, 2**40], np.int64),
-              "f32_4x64": np.ones((4, 64), np.float32)}
+              "f32_4x64": np.ones((4, 64), np.float32),
+              "trips5": np.array(5, np.int64), "zero_f32": np.array(0, np.float32),
+              "ones3": np.ones(3, np.float32), "bool2": np.array([True, False]),
+              "zeros2": np.zeros(2, np.float32), "ones3x2": np.ones((3, 2), np.float32),
+              "ones4x2": np.ones((4, 2), np.float32)}
     path = os.path.join(work, spec + ".npy")
     np.save(path, arrays[spec])
     return path
