@@ -600,6 +600,43 @@ Result<RuntimeKernel> scatter_elements_kernel(const Node& n) {
     char* dst_bytes = static_cast<char*>(out[0].data());
     const char* src_bytes = static_cast<const char*>(upd.data());
     const int64_t* i64 = ind.dtype() == DType::kInt64 ? ind.data_as<int64_t>() : nullptr;
+    if (plain && axis != rank - 1 && n_ind > 0) {
+      // Row by row along the last dim: a row whose indices are all equal (a
+      // detector's RoI features scattered to their level's slots: an index
+      // per RoI expanded over [C, H, W]) is one copy of contiguous bytes;
+      // any other row goes element by element, in the same order.
+      const int64_t len = ind.shape()[rank - 1];
+      const int64_t rows = n_ind / len;
+      std::vector<int64_t> rpos(static_cast<size_t>(rank - 1), 0);
+      int64_t rbase = 0;  // the row's destination offset without the axis term
+      auto index_at = [&](int64_t e) { return i64 ? i64[e] : ind.get_i64(e); };
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t e0 = r * len;
+        const int64_t first = index_at(e0);
+        bool same = true;
+        if (i64) {
+          for (int64_t j = 1; j < len; ++j) same &= i64[e0 + j] == first;
+        } else {
+          for (int64_t j = 1; j < len && same; ++j) same = ind.get_i64(e0 + j) == first;
+        }
+        for (int64_t j = 0; j < (same ? 1 : len); ++j) {
+          int64_t i = same ? first : index_at(e0 + j);
+          if (i < 0) i += dim;
+          if (i < 0 || i >= dim) return invalid_argument() << who << ": index " << index_at(e0 + j) << " out of range";
+          const int64_t dst = rbase + i * ds[axis] + j;
+          std::memcpy(dst_bytes + dst * es, src_bytes + (e0 + j) * es, static_cast<size_t>(same ? len * es : es));
+        }
+        for (int64_t k = rank - 1; k-- > 0;) {
+          if (++rpos[k] < ind.shape()[k]) {
+            if (k != axis) rbase += ds[k];
+            break;
+          }
+          if (k != axis) rbase -= (rpos[k] - 1) * ds[k];
+          rpos[k] = 0;
+        }
+      }
+      return Status::ok();
+    }
     for (int64_t e = 0; e < n_ind; ++e) {
       int64_t i = i64 ? i64[e] : ind.get_i64(e);
       if (i < 0) i += dim;

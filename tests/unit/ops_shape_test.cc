@@ -718,6 +718,50 @@ TEST(IndexingKernels, ScatterNDAndScatterElements) {
 }
 
 
+// Plain ScatterElements copies a row whose indices along the last dim are
+// all equal in one piece (a detector's RoI features) and walks any other row
+// element by element: against a direct reference, on an axis before the
+// last, with indices shorter than the data on the last dim, mixed rows,
+// negative and repeated indices (the later write wins, as in row-major order).
+TEST(IndexingKernels, ScatterElementsRowsMatchReference) {
+  const std::vector<int64_t> ds = {5, 3, 2, 4}, is = {4, 3, 2, 3};
+  for (int64_t axis : {0, 1, 2}) {
+    SCOPED_TRACE("axis " + std::to_string(axis));
+    Graph g;
+    const Shape dshape(ds.begin(), ds.end()), ishape(is.begin(), is.end());
+    Value* x = g.add_input("x", tt(DType::kFloat32, dshape));
+    Node* n = g.add_node("ScatterElements", {x, g.add_input("i", tt(DType::kInt64, ishape)),
+                                             g.add_input("u", tt(DType::kFloat32, ishape))}, {"y"});
+    n->set_attr("axis", Attribute::of_int(axis));
+    ASSERT_TRUE(infer(g).is_ok());
+    const int64_t count = 4 * 3 * 2 * 3;
+    std::vector<int64_t> idx(count);
+    uint32_t state = 7 + static_cast<uint32_t>(axis);
+    auto next = [&] { return state = state * 1664525u + 1013904223u; };
+    for (int64_t r = 0; r < count / 3; ++r) {
+      bool same = r % 3 != 1;  // two rows of three are constant
+      int64_t v = static_cast<int64_t>(next() % ds[axis]) - (r % 4 == 0 ? ds[axis] : 0);
+      for (int64_t j = 0; j < 3; ++j) idx[r * 3 + j] = same ? v : static_cast<int64_t>(next() % ds[axis]);
+    }
+    std::vector<double> data = framp(5 * 3 * 2 * 4, -2, 2, 3), upd = framp(count, 10, 20, 4);
+    std::vector<double> want = data;
+    std::vector<int64_t> pos(4, 0);
+    for (int64_t e = 0; e < count; ++e) {
+      int64_t r = e;
+      for (int k = 3; k >= 0; --k) {
+        pos[k] = r % is[k];
+        r /= is[k];
+      }
+      int64_t i = idx[e] < 0 ? idx[e] + ds[axis] : idx[e];
+      std::vector<int64_t> d = pos;
+      d[axis] = i;
+      want[((d[0] * ds[1] + d[1]) * ds[2] + d[2]) * ds[3] + d[3]] = upd[e];
+    }
+    auto out = run_kernel(*n, {make_tensor(DType::kFloat32, ds, data), i64s(is, idx), make_tensor(DType::kFloat32, is, upd)});
+    ASSERT_EQ(out.size(), 1u);
+    expect_close(out[0], want, 0, "scatter_elements rows");
+  }
+}
 
 // Bicubic: the compiled lowering (constant scales) against the runtime kernel
 // (the same scales given at run time), and both against a direct reference on
