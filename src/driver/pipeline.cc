@@ -154,6 +154,7 @@ class ProgramBuilder {
   void emit_body_captures(const Inlined& body);
   void emit_body_instrs(const Inlined& body);
   Status emit_if(const Node* n);
+  int64_t result_move_flags(const Value* v);
   Status emit_loop(const Node* n, bool scan);
   int emit(runtime::Instr in) {
     prog_->instrs.push_back(std::move(in));
@@ -814,6 +815,21 @@ void ProgramBuilder::emit_body_instrs(const Inlined& b) {
   }
 }
 
+// A tensor of static shape and plain dtype: it may live in the arena.
+bool plain_static(const runtime::RegisterInfo& info) {
+  return info.dtype != DType::kString && !dtype_is_container(info.dtype) && shape_is_static(info.shape);
+}
+
+// How a control-flow result (an If's output, a loop's final value) moves
+// into its register: a graph output must own its storage (a branch may
+// return a captured input or a constant); one of static shape is copied into
+// the arena (no allocation, in a loop too); any other shares the buffer
+// (the VM copies one that lies in the arena).
+int64_t ProgramBuilder::result_move_flags(const Value* v) {
+  if (!inline_ && graph_outputs_.count(v)) return runtime::kMoveDetach;
+  return plain_static(prog_->registers[static_cast<size_t>(reg(v))]) ? runtime::kMoveInto : 0;
+}
+
 Status ProgramBuilder::emit_if(const Node* n) {
   const std::string where = describe(n);
   if (n->input(0) == nullptr) return invalid_model() << where << ": missing condition";
@@ -823,45 +839,9 @@ Status ProgramBuilder::emit_if(const Node* n) {
     if (!o->type().shape) return unsupported() << where << ": rank of output '" << o->name() << "' is unknown";
     outs.push_back(reg(o));
   }
-  // A condition known at compile time: the taken branch only, straight-line
-  // (the other may not even infer for these shapes: ops/control_flow.cc).
-  if (std::optional<bool> taken = ops::known_condition(*n, bounds_)) {
-    KILN_ASSIGN_OR_RETURN(Inlined b, inline_graph(n, *taken ? "then_branch" : "else_branch"));
-    if (b.outputs.size() != outs.size())
-      return invalid_model() << where << ": a branch has " << b.outputs.size() << " outputs, the If " << outs.size();
-    emit_body(b);
-    runtime::Instr mv;
-    mv.op = runtime::OpCode::kMove;
-    mv.where = where;
-    mv.inputs = b.outputs;
-    mv.outputs = outs;
-    for (size_t i = 0; i < outs.size(); ++i)
-      mv.attrs.push_back(!inline_ && graph_outputs_.count(n->output(i)) ? int64_t{runtime::kMoveDetach} : int64_t{0});
-    emit(std::move(mv));
-    return Status::ok();
-  }
-  KILN_ASSIGN_OR_RETURN(Inlined then_b, inline_graph(n, "then_branch"));
-  KILN_ASSIGN_OR_RETURN(Inlined else_b, inline_graph(n, "else_branch"));
-  for (const Inlined* b : {&then_b, &else_b})
-    if (b->outputs.size() != outs.size())
-      return invalid_model() << where << ": a branch has " << b->outputs.size() << " outputs, the If " << outs.size();
-  runtime::Instr br;
-  br.op = runtime::OpCode::kBranch;
-  br.inputs = {reg(n->input(0))};
-  br.where = where;
-  const int branch = emit(std::move(br));
-  // A branch's results become the If's. One that is a graph output must own
-  // its storage (a branch may return a captured input or a constant); one of
-  // static shape is copied into the arena (no allocation, in a loop too);
-  // any other shares the branch's buffer.
   std::vector<int64_t> flags;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    const runtime::RegisterInfo& info = prog_->registers[static_cast<size_t>(outs[i])];
-    bool plain = info.dtype != DType::kString && !dtype_is_container(info.dtype) && shape_is_static(info.shape);
-    flags.push_back(!inline_ && graph_outputs_.count(n->output(i)) ? int64_t{runtime::kMoveDetach}
-                    : plain                                        ? int64_t{runtime::kMoveInto}
-                                                                   : int64_t{0});
-  }
+  for (const Value* o : n->outputs()) flags.push_back(result_move_flags(o));
+  // A branch's results become the If's (result_move_flags).
   auto results = [&](const Inlined& b) {
     runtime::Instr mv;
     mv.op = runtime::OpCode::kMove;
@@ -871,6 +851,28 @@ Status ProgramBuilder::emit_if(const Node* n) {
     mv.attrs = flags;
     emit(std::move(mv));
   };
+  auto check_arity = [&](const Inlined& b) -> Status {
+    if (b.outputs.size() == outs.size()) return Status::ok();
+    return invalid_model() << where << ": a branch has " << b.outputs.size() << " outputs, the If " << outs.size();
+  };
+  // A condition known at compile time: the taken branch only, straight-line
+  // (the other may not even infer for these shapes: ops/control_flow.cc).
+  if (std::optional<bool> taken = ops::known_condition(*n, bounds_)) {
+    KILN_ASSIGN_OR_RETURN(Inlined b, inline_graph(n, *taken ? "then_branch" : "else_branch"));
+    KILN_RETURN_IF_ERROR(check_arity(b));
+    emit_body(b);
+    results(b);
+    return Status::ok();
+  }
+  KILN_ASSIGN_OR_RETURN(Inlined then_b, inline_graph(n, "then_branch"));
+  KILN_ASSIGN_OR_RETURN(Inlined else_b, inline_graph(n, "else_branch"));
+  KILN_RETURN_IF_ERROR(check_arity(then_b));
+  KILN_RETURN_IF_ERROR(check_arity(else_b));
+  runtime::Instr br;
+  br.op = runtime::OpCode::kBranch;
+  br.inputs = {reg(n->input(0))};
+  br.where = where;
+  const int branch = emit(std::move(br));
   emit_body(then_b);
   results(then_b);
   runtime::Instr jump;
@@ -930,13 +932,10 @@ Status ProgramBuilder::emit_loop(const Node* n, bool scan) {
                                 body.outputs.begin() + static_cast<long>(body_out0 + carried));
   std::vector<int64_t> flags(carried, 0);
   for (size_t j = 0; j < carried; ++j) {
-    const runtime::RegisterInfo& info = prog_->registers[static_cast<size_t>(carried_regs[j])];
-    bool plain = info.dtype != DType::kString && !dtype_is_container(info.dtype) && shape_is_static(info.shape);
+    bool plain = plain_static(prog_->registers[static_cast<size_t>(carried_regs[j])]);
     for (size_t k = 0; k < carried; ++k)
       if (k != j && (carried_outs[k] == carried_regs[j] || carried_outs[j] == carried_regs[k])) plain = false;
     flags[j] = plain ? int64_t{runtime::kMoveInto} : int64_t{0};
-    // iteration_num and cond are rewritten in place each iteration.
-    if (!scan && (carried_outs[j] == body.inputs[0] || carried_outs[j] == body.inputs[1])) flags[j] |= runtime::kMoveCopy;
   }
 
   emit_body_captures(body);
@@ -994,16 +993,8 @@ Status ProgramBuilder::emit_loop(const Node* n, bool scan) {
   end.loop = p;
   end.inputs = carried_regs;
   end.outputs = outs;
-  // Final values: a graph output must own its storage; a static one is
-  // copied into the arena (a loop nested in a loop allocates nothing); any
-  // other shares the carried buffer (the VM copies one in the arena).
-  for (size_t j = 0; j < carried; ++j) {
-    const runtime::RegisterInfo& info = prog_->registers[static_cast<size_t>(outs[j])];
-    bool plain = info.dtype != DType::kString && !dtype_is_container(info.dtype) && shape_is_static(info.shape);
-    end.attrs.push_back(!inline_ && graph_outputs_.count(n->output(j)) ? int64_t{runtime::kMoveDetach}
-                        : plain                                        ? int64_t{runtime::kMoveInto}
-                                                                       : int64_t{0});
-  }
+  // Final values (result_move_flags: a loop nested in a loop allocates nothing).
+  for (size_t j = 0; j < carried; ++j) end.attrs.push_back(result_move_flags(n->output(j)));
   for (size_t k = 0; k < num_scan_out; ++k) {
     end.attrs.push_back(scan ? layout[2 * (num_scan_in + k)] : 0);
     end.attrs.push_back(scan ? layout[2 * (num_scan_in + k) + 1] : 0);
@@ -1104,8 +1095,8 @@ void ProgramBuilder::plan_memory() {
           alias_of[dst] = src;
         } else if (!(flags & runtime::kMoveInto)) {
           host_owned[dst] = true;
-          // Detach and Copy never share an arena source (the VM copies it).
-          if (!(flags & (runtime::kMoveDetach | runtime::kMoveCopy))) shared_sources.push_back(src);
+          // Detach never shares an arena source (the VM copies it).
+          if (!(flags & runtime::kMoveDetach)) shared_sources.push_back(src);
         }
       }
     }

@@ -832,7 +832,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
       if ((flags & kMoveAlias) != 0 && regs[dst].data() == s.data() && regs[dst].shape() == s.shape() &&
           regs[dst].dtype() == s.dtype() && s.nbytes() > 0)
         continue;  // the same value as in the last iteration or run (an arena buffer)
-      bool copy = (flags & kMoveCopy) != 0 || (in_arena(s) && (flags & kMoveAlias) == 0);
+      bool copy = in_arena(s) && (flags & kMoveAlias) == 0;
       if (!copy && (flags & kMoveDetach) != 0) {
         // The result must own its storage. A source whose last use this is
         // and that no one else holds is handed over; anything else is copied.

@@ -34,11 +34,11 @@
 //              else an error naming the node, the input, the axis and both sizes
 //   kJump / kBranch / kRet  control flow (kBranch: jump when a bool scalar is false)
 //   kMove      parallel move, inputs[i] -> outputs[i]; per pair attrs[i] flags
-//              (kMoveInto, kMoveDetach, kMoveAlias, kMoveCopy below). The
+//              (kMoveInto, kMoveDetach, kMoveAlias below). The
 //              destination's dims are bound from the tensor. A destination the
 //              memory plan placed in the arena receives a copy of the data;
 //              otherwise it shares the source's storage, except that a source
-//              in the arena, a kMoveCopy pair and a kMoveDetach pair whose
+//              in the arena (unless aliased) and a kMoveDetach pair whose
 //              storage anyone else holds are copied into a fresh buffer.
 //   kEndIf     nothing; ends an If (`end` of its kBranch): registers last read
 //              in either branch are released here
@@ -57,7 +57,9 @@
 //        kMove       initial carried values -> the body's carried inputs
 //     H: kLoopTest   loop = P, target = X: jumps to X when done; else writes the
 //                    body's per-iteration inputs: Loop: outputs [iteration_num,
-//                    cond]; Scan: inputs [scan inputs...], outputs [their slices]
+//                    cond], two scalars rewritten in place while nothing else
+//                    holds them (else fresh ones); Scan: inputs [scan inputs...],
+//                    outputs [their slices]
 //        ... body ...
 //        kLoopNext   loop = P, target = H: inputs [cond out (Loop only), carried
 //                    outs..., scan outs...], outputs [carried inputs...];
@@ -117,7 +119,6 @@ enum MoveFlags : int64_t {
   kMoveInto = 1,    // the destination may be planned in the arena (then the data is copied there)
   kMoveDetach = 2,  // the result must own its storage: copied unless no one else holds it
   kMoveAlias = 4,   // the destination is another name for the source (a captured value): shares it
-  kMoveCopy = 8,    // always copied (the source is a loop's iteration_num / cond, rewritten in place)
 };
 
 enum class OpCode : uint8_t {
