@@ -229,6 +229,14 @@ int main(int argc, char** argv) {
   cases.push_back(conv_case("depthwise 5x5 240 28x28", 240, 240, 28, 5, 1, 240));
   cases.push_back(conv_case("depthwise 5x5 672 14x14", 672, 672, 14, 5, 1, 672));
   cases.push_back(conv_case("depthwise 3x3 960 7x7", 960, 960, 7, 3, 1, 960));
+  // Grouped convolutions of several channels per group (ResNeXt-50 32x4d's
+  // 3x3 layers, 4 to 32 channels per group; RegNetY's groups of 8 and 24).
+  cases.push_back(conv_case("grouped 3x3 g32 128 56x56", 128, 128, 56, 3, 1, 32));
+  cases.push_back(conv_case("grouped 3x3 g32 256 28x28", 256, 256, 28, 3, 1, 32));
+  cases.push_back(conv_case("grouped 3x3 g32 512 14x14", 512, 512, 14, 3, 1, 32));
+  cases.push_back(conv_case("grouped 3x3 g32 1024 7x7", 1024, 1024, 7, 3, 1, 32));
+  cases.push_back(conv_case("grouped 3x3 s2 g32 256 56x56", 256, 256, 56, 3, 2, 32));
+  cases.push_back(conv_case("grouped 3x3 g9 216 28x28", 216, 216, 28, 3, 1, 9));
   // EfficientNet-B0's largest kernels: expansion and depthwise with SiLU.
   cases.push_back(conv_case("conv 1x1 16->96 112x112 silu", 16, 96, 112, 1, 1, 1, 1, true));
   cases.push_back(conv_case("depthwise 3x3 s2 96 112x112 silu", 96, 96, 112, 3, 3, 2, 96, true));

@@ -40,6 +40,19 @@
 // read back into rows (plus the bias). Each transform is written out term by
 // term with its constant coefficients, so unrolling the position axes leaves
 // only the non-zero terms.
+//
+// "G<g>P<mr>" (conv.im2col; 2-D, any group count, group == g) stores the
+// weight as panels of mr output channels within each group, [G, ceil(Og /
+// mr), Cg, KH, KW, mr] (Og = O / G, each group's last panel zero-padded; O is
+// then kiln_out_channels), and the convolution lowers to one GEMM per image
+// and group, [Og, Cg KH KW] x [Cg KH KW, OH OW]. With the int attribute
+// kiln_im2col = 1 its right operand is materialized first (im2col: a stage
+// [N, G, Cg, KH, KW, OH, OW] of every tap's input at every output position,
+// zero outside the input), so that the products read contiguous rows across
+// the whole plane; with 0 they read the zero-padded input (or the input
+// itself, unpadded) through the same index map (implicit GEMM). With one
+// group the products are the output; with several they are a stage [N, G,
+// Og, OH, OW] that the output reads back (plus the bias).
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -128,12 +141,37 @@ Result<Expr> panel_out_channels(const Node& n, const Expr& panels, int64_t nr) {
 // ("IHWO"), nr > 0 as panels of nr output channels [O / nr, I, KH, KW, nr] ("P<nr>").
 // With wino_m set, "W<m>P<mr>": Winograd weights [m+2, m+2, ceil(O / mr), I, mr]
 // (packed = mr).
+// With im2col_groups set, "G<g>P<mr>": grouped panels [G, ceil(Og / mr), Cg,
+// KH, KW, mr] (packed = mr, *im2col_groups = G), Og = O / G output channels
+// per group, each group's last panel zero-padded past Og.
 Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr>& w, int64_t& packed,
-                                           int64_t* wino_m = nullptr) {
+                                           int64_t* wino_m = nullptr, int64_t* im2col_groups = nullptr) {
   packed = 0;
   if (wino_m) *wino_m = 0;
+  if (im2col_groups) *im2col_groups = 0;
   if (!n.has_attr("kiln_weight_layout")) return w;
   std::string layout = n.attr_string("kiln_weight_layout", "");
+  if (size_t p = layout.find('P');
+      layout.size() < 16 && layout[0] == 'G' && p != std::string::npos && digits(layout, 1, p) && digits(layout, p + 1)) {
+    int64_t groups = std::stoll(layout.substr(1, p - 1)), mr = std::stoll(layout.substr(p + 1));
+    auto g0 = w.size() == 6 ? w[0].as_const() : std::nullopt, panels = w.size() == 6 ? w[1].as_const() : std::nullopt;
+    if (groups <= 0 || mr <= 0 || w.size() != 6 || n.attr_int("group", 1) != groups || g0 != groups || !panels ||
+        *panels <= 0) {
+      return node_invalid(n) << "kiln_weight_layout " << layout
+                             << " needs a 2-D convolution of group G and weights [G, Og/mr, I/G, KH, KW, mr]";
+    }
+    packed = mr;
+    if (im2col_groups) *im2col_groups = groups;
+    int64_t per_group = *panels * mr;
+    if (n.has_attr("kiln_out_channels")) {
+      int64_t o = n.attr_int("kiln_out_channels", 0);
+      if (o <= 0 || o % groups != 0 || o / groups <= (*panels - 1) * mr || o / groups > per_group)
+        return node_invalid(n) << "kiln_out_channels " << o << " does not fit " << groups << " groups of " << *panels
+                               << " panels of " << mr;
+      per_group = o / groups;
+    }
+    return std::vector<Expr>{Expr(groups * per_group), w[2], w[3], w[4]};
+  }
   if (size_t p = layout.find('P');
       layout.size() < 10 && layout[0] == 'W' && p != std::string::npos && digits(layout, 1, p) && digits(layout, p + 1)) {
     int64_t m = std::stoll(layout.substr(1, p - 1)), mr = std::stoll(layout.substr(p + 1));
@@ -310,18 +348,122 @@ Result<std::vector<tir::ComputeDef>> lower_winograd(const Node& n, LowerContext&
   return stages;
 }
 
+// im2col + GEMM (kiln_weight_layout "G<g>P<mr>"; see the file comment).
+Result<std::vector<tir::ComputeDef>> lower_im2col(const Node& n, LowerContext& ctx, const ConvGeometry& g,
+                                                  const std::vector<Expr>& wd, int64_t groups, int64_t mr) {
+  const tir::Buffer& x = ctx.inputs[0];
+  const tir::Buffer& y = ctx.outputs[0];
+  if (g.kernel.size() != 2)
+    return node_invalid(n) << "grouped panels (kiln_weight_layout G" << groups << "P" << mr
+                           << ") need a 2-D convolution";
+  for (const char* copy : {"kiln_subsample", "kiln_phase_split", "kiln_channels_last"})
+    if (n.attr_int(copy, 0) != 0)
+      return node_invalid(n) << copy << " does not apply to grouped panels (kiln_weight_layout G" << groups << "P"
+                             << mr << ")";
+  const bool materialize = n.attr_int("kiln_im2col", 0) != 0;
+  const DType dt = y.dtype;
+  const Expr per_group = simplify(floordiv(wd[0], Expr(groups)));
+  const Expr& channels = wd[1];  // input channels per group
+  std::vector<tir::ComputeDef> stages;
+  // The input value of group gi, channel c, tap (kh, kw) at output (oh, ow).
+  std::function<Expr(const Expr&, const Expr&, const Expr&, const Expr&, const Expr&, const Expr&, const Expr&)> in;
+  if (materialize) {
+    // col[n, g, c, kh, kw, oh, ow]: every tap's input for every output
+    // position, zero outside the input; the products read it as a matrix
+    // [Cg KH KW, OH OW] per group, rows contiguous.
+    std::vector<std::string> ax = fresh_axes(ctx, 7, "c");
+    std::vector<Expr> v = axis_vars(ax);
+    Expr valid;
+    std::vector<Expr> src = {v[0], v[1] * channels + v[2]};
+    for (size_t d = 0; d < 2; ++d) {
+      Expr pos = v[5 + d] * g.stride[d] + v[3 + d] * g.dilation[d] - g.pad_begin[d];
+      Expr ok = logical_and(le(Expr(0), pos), lt(pos, g.in[d]));
+      valid = valid.defined() ? logical_and(valid, ok) : ok;
+      src.push_back(clamp_index(pos, g.in[d]));
+    }
+    stages.push_back(make_stage(y.name + ".col", dt, ax,
+                                {x.shape[0], Expr(groups), channels, g.kernel[0], g.kernel[1], g.out[0], g.out[1]},
+                                select(valid, ctx.load_input(0, src), const_of(dt, 0))));
+    const tir::ComputeDef col = stages.back();
+    in = [col](const Expr& b, const Expr& gi, const Expr& c, const Expr& kh, const Expr& kw, const Expr& oh,
+               const Expr& ow) { return stage_load(col, {b, gi, c, kh, kw, oh, ow}); };
+  } else if (g.may_pad) {
+    // Implicit: a zero-padded copy of the input, read through the im2col index map.
+    std::vector<std::string> ax = fresh_axes(ctx, 4, "p");
+    std::vector<Expr> v = axis_vars(ax);
+    std::vector<Expr> shape = {x.shape[0], x.shape[1]}, src = {v[0], v[1]};
+    Expr valid;
+    for (size_t d = 0; d < 2; ++d) {
+      shape.push_back(simplify((g.out[d] - 1) * g.stride[d] + (g.kernel[d] - 1) * g.dilation[d] + 1));
+      Expr pos = v[2 + d] - g.pad_begin[d];
+      Expr ok = logical_and(le(Expr(0), pos), lt(pos, g.in[d]));
+      valid = valid.defined() ? logical_and(valid, ok) : ok;
+      src.push_back(clamp_index(pos, g.in[d]));
+    }
+    stages.push_back(make_stage(y.name + ".pad", dt, ax, shape, select(valid, ctx.load_input(0, src), const_of(dt, 0))));
+    const tir::ComputeDef pad = stages.back();
+    in = [pad, g, channels](const Expr& b, const Expr& gi, const Expr& c, const Expr& kh, const Expr& kw,
+                            const Expr& oh, const Expr& ow) {
+      return stage_load(pad, {b, gi * channels + c, oh * g.stride[0] + kh * g.dilation[0],
+                              ow * g.stride[1] + kw * g.dilation[1]});
+    };
+  } else {
+    in = [&ctx, g, channels](const Expr& b, const Expr& gi, const Expr& c, const Expr& kh, const Expr& kw,
+                             const Expr& oh, const Expr& ow) {
+      return ctx.load_input(0, {b, gi * channels + c, oh * g.stride[0] + kh * g.dilation[0],
+                                ow * g.stride[1] + kw * g.dilation[1]});
+    };
+  }
+  std::vector<std::string> rax = fresh_axes(ctx, 3, "k");
+  std::vector<Expr> r = axis_vars(rax);
+  std::vector<Expr> rext = {channels, g.kernel[0], g.kernel[1]};
+  auto weight = [&](const Expr& gi, const Expr& o) {
+    return ctx.load_input(1, {gi, floordiv(o, Expr(mr)), r[0], r[1], r[2], mod(o, Expr(mr))});
+  };
+  if (groups == 1) {
+    // One GEMM per image, written straight to the output: [O, Cg KH KW] x [Cg KH KW, OH OW].
+    std::vector<std::string> ax = fresh_axes(ctx, 4, "i");
+    std::vector<Expr> v = axis_vars(ax);
+    Expr body = in(v[0], Expr(0), r[0], r[1], r[2], v[2], v[3]) * weight(Expr(0), v[1]);
+    Expr finalize;
+    if (has_input(n, 2)) finalize = var("acc", dt) + ctx.load_input(2, {v[1]});
+    stages.push_back(make_reduce_stage(y.name, dt, ax, y.shape, rax, rext, tir::Combiner::kSum, const_of(dt, 0), body,
+                                       finalize));
+    return stages;
+  }
+  // One GEMM per image and group: products [N, G, Og, OH, OW], then the
+  // output (the same elements in the same order, plus the bias).
+  {
+    std::vector<std::string> ax = fresh_axes(ctx, 5, "i");
+    std::vector<Expr> v = axis_vars(ax);
+    Expr body = in(v[0], v[1], r[0], r[1], r[2], v[3], v[4]) * weight(v[1], v[2]);
+    stages.push_back(make_reduce_stage(y.name + ".gm", dt, ax, {x.shape[0], Expr(groups), per_group, g.out[0], g.out[1]},
+                                       rax, rext, tir::Combiner::kSum, const_of(dt, 0), body));
+  }
+  const tir::ComputeDef prod = stages.back();
+  std::vector<std::string> ax = fresh_axes(ctx, 4, "i");
+  std::vector<Expr> v = axis_vars(ax);
+  Expr body = stage_load(prod, {v[0], floordiv(v[1], per_group), mod(v[1], per_group), v[2], v[3]});
+  if (has_input(n, 2)) body = body + ctx.load_input(2, {v[1]});
+  stages.push_back(make_stage(y.name, dt, ax, y.shape, body));
+  return stages;
+}
+
 Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx) {
   const tir::Buffer& x = ctx.inputs[0];
   const tir::Buffer& w = ctx.inputs[1];
   const tir::Buffer& y = ctx.outputs[0];
   size_t rank = x.shape.size() - 2;
-  int64_t packed = 0, wino_m = 0;
-  KILN_ASSIGN_OR_RETURN(std::vector<Expr> wd, conv_weight_dims(n, w.shape, packed, &wino_m));
+  int64_t packed = 0, wino_m = 0, im2col_groups = 0;
+  KILN_ASSIGN_OR_RETURN(std::vector<Expr> wd, conv_weight_dims(n, w.shape, packed, &wino_m, &im2col_groups));
   std::vector<Expr> kernel(wd.begin() + 2, wd.end());
   Shape xs(x.shape.begin(), x.shape.end());
   KILN_ASSIGN_OR_RETURN(ConvGeometry g, conv_geometry(n, xs, kernel, {}));
   int64_t group = n.attr_int("group", 1);
   if (wino_m > 0) return lower_winograd(n, ctx, g, wd, wino_m, packed);
+  if (im2col_groups > 0) return lower_im2col(n, ctx, g, wd, im2col_groups, packed);
+  if (n.attr_int("kiln_im2col", 0) != 0)
+    return node_invalid(n) << "kiln_im2col needs grouped panels (kiln_weight_layout G<g>P<mr>)";
 
   std::vector<std::string> axes = fresh_axes(ctx, rank + 2, "i");
   std::vector<Expr> iv = axis_vars(axes);

@@ -36,6 +36,12 @@ tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string&
   return replace_stage_schedules(k, {{stage, prims}});
 }
 
+const tir::ComputeDef* find_stage(const tir::KernelDef& k, const std::string& name) {
+  for (const tir::ComputeDef& s : k.stages)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
 Result<int64_t> knob(const tir::Knobs& knobs, const std::string& name, const std::string& candidate) {
   auto it = knobs.find(name);
   if (it == knobs.end()) return invalid_argument() << candidate << ": knob '" << name << "' missing from kiln_knobs";

@@ -26,6 +26,9 @@ tir::Schedule replace_stage_schedule(const tir::KernelDef& k, const std::string&
 tir::Schedule replace_stage_schedules(const tir::KernelDef& k,
                                       const std::map<std::string, std::vector<tir::Primitive>>& prims);
 
+// The stage of `k` named `name` (null: none).
+const tir::ComputeDef* find_stage(const tir::KernelDef& k, const std::string& name);
+
 // A knob a template needs: an error (not an exception) when the recorded
 // choice lacks it or it is below 1 (a .kir file may carry any kiln_knobs).
 Result<int64_t> knob(const tir::Knobs& knobs, const std::string& name, const std::string& candidate);

@@ -328,6 +328,13 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
       {Shape{1, 2, 5, 112}, {2, 1, 3, 3}, 1, 1, {1, 2, 5, 112}, 2},
       {Shape{1, 4, var("h"), var("w")}, {4, 1, 5, 5}, 1, 2, {1, 4, 9, 37}, 4},
       {Shape{1, 7, 1, 1}, {7, 1, 3, 3}, 1, 1, {1, 7, 1, 1}, 7},
+      // Grouped (conv.im2col and conv.direct): 3 groups of 5 input and 4
+      // output channels on an odd plane, 2 groups strided on a symbolic
+      // plane, 4 groups of a 1x1 kernel with 3 outputs each, a 5x5 kernel.
+      {Shape{1, 15, 13, 11}, {12, 5, 3, 3}, 1, 1, {1, 15, 13, 11}, 3},
+      {Shape{1, 6, var("h"), var("w")}, {10, 3, 3, 3}, 2, 1, {1, 6, 9, 17}, 2},
+      {Shape{2, 8, 5, 7}, {12, 2, 1, 1}, 1, 0, {2, 8, 5, 7}, 4},
+      {Shape{1, 6, 9, 19}, {6, 3, 5, 5}, 1, 2, {1, 6, 9, 19}, 2},
   };
   std::mt19937_64 rng(43);
   uint32_t seed = 100;
