@@ -679,6 +679,17 @@ Status ProgramBuilder::emit_node(const Node* n, Mode mode) {
       in.fills_outputs = def->kernel_fills_outputs;
       in.callee = static_cast<int>(prog_->host_kernels.size());
       prog_->host_kernels.push_back(std::move(*kernel));
+      // A host kernel a candidate chose (conv.onednn) is listed with the compiled ones.
+      if (auto choice = strategy::recorded_choice(*n)) {
+        KernelChoiceInfo info;
+        info.kernel = "host" + std::to_string(in.callee) + "_" + n->op_type();
+        info.node = describe(n);
+        info.impl = choice->candidate;
+        info.knobs = tir::knobs_to_string(choice->knobs);
+        info.source = choice->source;
+        info.why = choice->why;
+        state_->choices.push_back(std::move(info));
+      }
       for (const Value* v : n->inputs()) in.inputs.push_back(v ? reg(v) : -1);
       for (const Value* o : n->outputs()) {
         if (!o) return unsupported() << in.where << ": omitted outputs of host kernels";
@@ -1549,6 +1560,7 @@ Result<double> measure_choice(const Graph& parent, const Node& n, const strategy
 
 static Result<strategy::SelectOptions> select_options(const Graph& g, const CompileOptions& options) {
   strategy::SelectOptions so;
+  so.threads = options.threads;
   if (!options.prefer_impls.empty()) {
     KILN_ASSIGN_OR_RETURN(auto src, preferred_source(options.prefer_impls));
     so.sources.push_back(src);

@@ -59,6 +59,7 @@
 #include <string>
 #include <vector>
 
+#include "onednn/conv.h"
 #include "ops/common.h"
 #include "tir/winograd.h"
 
@@ -152,17 +153,20 @@ Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr
   if (!n.has_attr("kiln_weight_layout")) return w;
   std::string layout = n.attr_string("kiln_weight_layout", "");
   if (size_t p = layout.find('P');
-      layout.size() < 16 && layout[0] == 'G' && p != std::string::npos && digits(layout, 1, p) && digits(layout, p + 1)) {
+      layout.size() < 15 && layout[0] == 'G' && p != std::string::npos && p <= 7 && digits(layout, 1, p) &&
+      digits(layout, p + 1)) {
     int64_t groups = std::stoll(layout.substr(1, p - 1)), mr = std::stoll(layout.substr(p + 1));
-    auto g0 = w.size() == 6 ? w[0].as_const() : std::nullopt, panels = w.size() == 6 ? w[1].as_const() : std::nullopt;
+    auto dim = [&](size_t i) { return w.size() == 6 ? w[i].as_const() : std::nullopt; };
+    auto g0 = dim(0), panels = dim(1), last = dim(5);
+    int64_t per_group = 0, out_channels = 0;
     if (groups <= 0 || mr <= 0 || w.size() != 6 || n.attr_int("group", 1) != groups || g0 != groups || !panels ||
-        *panels <= 0) {
+        *panels <= 0 || last != mr || __builtin_mul_overflow(*panels, mr, &per_group) ||
+        __builtin_mul_overflow(groups, per_group, &out_channels)) {
       return node_invalid(n) << "kiln_weight_layout " << layout
                              << " needs a 2-D convolution of group G and weights [G, Og/mr, I/G, KH, KW, mr]";
     }
     packed = mr;
     if (im2col_groups) *im2col_groups = groups;
-    int64_t per_group = *panels * mr;
     if (n.has_attr("kiln_out_channels")) {
       int64_t o = n.attr_int("kiln_out_channels", 0);
       if (o <= 0 || o % groups != 0 || o / groups <= (*panels - 1) * mr || o / groups > per_group)
@@ -170,14 +174,15 @@ Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr
                                << " panels of " << mr;
       per_group = o / groups;
     }
-    return std::vector<Expr>{Expr(groups * per_group), w[2], w[3], w[4]};
+    return std::vector<Expr>{Expr(groups * per_group), w[2], w[3], w[4]};  // at most out_channels
   }
   if (size_t p = layout.find('P');
       layout.size() < 10 && layout[0] == 'W' && p != std::string::npos && digits(layout, 1, p) && digits(layout, p + 1)) {
     int64_t m = std::stoll(layout.substr(1, p - 1)), mr = std::stoll(layout.substr(p + 1));
     const tir::WinogradMatrices* t = tir::winograd_matrices(m);
     auto a0 = w.size() == 5 ? w[0].as_const() : std::nullopt, a1 = w.size() == 5 ? w[1].as_const() : std::nullopt;
-    if (t == nullptr || mr <= 0 || w.size() != 5 || n.attr_int("group", 1) != 1 || a0 != t->alpha || a1 != t->alpha) {
+    if (t == nullptr || mr <= 0 || w.size() != 5 || n.attr_int("group", 1) != 1 || a0 != t->alpha || a1 != t->alpha ||
+        w[4].as_const() != mr) {
       return node_invalid(n) << "kiln_weight_layout " << layout
                              << " needs m = 2 or 4, one group and weights [m+2, m+2, O/mr, I, mr]";
     }
@@ -195,7 +200,7 @@ Result<std::vector<Expr>> conv_weight_dims(const Node& n, const std::vector<Expr
   }
   if (layout.size() < 8 && layout[0] == 'P' && digits(layout, 1)) {
     int64_t nr = std::stoll(layout.substr(1));
-    if (nr <= 0 || w.size() != 5 || n.attr_int("group", 1) != 1) {
+    if (nr <= 0 || w.size() != 5 || n.attr_int("group", 1) != 1 || w[4].as_const() != nr) {
       return node_invalid(n) << "kiln_weight_layout " << layout
                              << " needs a 2-D convolution with one group and weights [O/nr, I, KH, KW, nr]";
     }
@@ -222,7 +227,14 @@ Status infer_conv(Node& n, InferContext& ctx) {
   std::vector<int64_t> ks = n.attr_ints("kernel_shape");
   if (!ks.empty()) {
     if (ks.size() != kernel.size()) return node_invalid(n) << "kernel_shape has the wrong rank";
-    for (size_t d = 0; d < ks.size(); ++d) kernel[d] = Expr(ks[d]);
+    for (size_t d = 0; d < ks.size(); ++d) {
+      // The lowerings read the weight's window: a kernel_shape that says
+      // otherwise would size the output for another window.
+      if (auto k = simplify(kernel[d], ctx.bounds).as_const(); k && *k != ks[d])
+        return node_invalid(n) << "kernel_shape " << shape_to_string(ks) << " does not match the weight's window (dim "
+                               << d << " is " << *k << ")";
+      kernel[d] = Expr(ks[d]);
+    }
   }
   KILN_RETURN_IF_ERROR(require_param_shape(n, 2, {w[0]}, "bias", ctx.bounds));
   // Channels: C == group * W[1] (checked when both are constants).
@@ -283,7 +295,7 @@ Result<std::vector<tir::ComputeDef>> lower_winograd(const Node& n, LowerContext&
       g.stride[1] != 1 || g.dilation[0] != 1 || g.dilation[1] != 1 || n.attr_int("group", 1) != 1)
     return node_invalid(n) << "Winograd weights (kiln_weight_layout W" << m << "P" << mr
                            << ") need a 2-D 3x3 kernel with stride 1, dilation 1 and one group";
-  for (const char* copy : {"kiln_subsample", "kiln_phase_split", "kiln_channels_last"})
+  for (const char* copy : {"kiln_subsample", "kiln_phase_split", "kiln_channels_last", "kiln_im2col"})
     if (n.attr_int(copy, 0) != 0)
       return node_invalid(n) << copy << " does not apply to Winograd weights (kiln_weight_layout W" << m << "P" << mr
                              << "), which read their own phase-split copy";
@@ -688,6 +700,10 @@ void register_conv_ops() {
   conv.name = "Conv";
   conv.infer = infer_conv;
   conv.lower = lower_conv;
+  // A Conv marked kiln_onednn (the candidate conv.onednn) runs on oneDNN.
+  conv.kernel = onednn::conv_kernel;
+  conv.runs_kernel = onednn::runs_conv;
+  conv.kernel_fills_outputs = true;
   register_op(std::move(conv));
 
   OpDef convt;

@@ -127,7 +127,10 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
     std::vector<std::string> rejected;
     for (const Candidate* c : cands) {
       std::string why;
-      if (!c->applies || c->applies(*n, &why)) applicable.push_back(c);
+      if (c->max_threads > 0 && options.threads > c->max_threads)
+        rejected.push_back(c->name + " (more than " + std::to_string(c->max_threads) + " thread" +
+                           (c->max_threads == 1 ? "" : "s") + ")");
+      else if (!c->applies || c->applies(*n, &why)) applicable.push_back(c);
       else rejected.push_back(c->name + " (" + why + ")");
     }
     if (applicable.empty()) continue;

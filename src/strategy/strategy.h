@@ -64,6 +64,9 @@ struct Candidate {
   // the default schedule.
   std::function<Result<tir::Schedule>(const tir::KernelDef&, const std::string& stage, const tir::Knobs&)>
       schedule;
+  // The most threads a model may run with for this candidate to apply (0:
+  // any); an external library with its own threads (conv.onednn) sets it.
+  int max_threads = 0;
 };
 
 void register_candidate(Candidate c);
@@ -99,6 +102,8 @@ class ChoiceSource {
 struct SelectOptions {
   // The vector machine the priorities, spaces and default knobs are for.
   Target target = Target::host();
+  // The thread count the model is compiled for (Candidate::max_threads).
+  int threads = 1;
   std::vector<std::shared_ptr<ChoiceSource>> sources;
   // Times one node under a choice (seconds per run); set for --select=measure.
   std::function<Result<double>(const Node&, const Choice&)> measure;

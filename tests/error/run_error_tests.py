@@ -225,6 +225,13 @@ def cases(work):
         Case("conv_channel_mismatch",
              inconsistent("Conv", [("x", [1, 3, 8, 8], None), ("w", [4, 5, 3, 3], None)], ["y"]),
              [["{file}"], ["bad_conv"], ["channels"]], info=False),
+        # kernel_shape [1, 1] against a 3x3 weight: the output would be sized for
+        # a window the kernel does not read (grouped, it read past its products).
+        Case("conv_kernel_shape_mismatch",
+             inconsistent("Conv", [("x", [1, 8, 9, 9], None)], ["y"],
+                          [numpy_helper.from_array(np.ones((8, 4, 3, 3), np.float32), "w")],
+                          group=2, kernel_shape=[1, 1]),
+             [["{file}"], ["bad_conv"], ["kernel_shape"]], info=False),
         Case("matmul_inner_mismatch",
              inconsistent("MatMul", [("a", [3, 4], None), ("b", [5, 6], None)], ["y"]),
              [["{file}"], ["bad_matmul"]], info=False),

@@ -259,6 +259,10 @@ struct ConvCase {
   int64_t stride, pad;
   std::vector<int64_t> x_run;
   int64_t group = 1;
+  // Overrides: pads [top, left, bottom, right], strides and dilations per
+  // axis, auto_pad (then no pads attribute).
+  std::vector<int64_t> pads4 = {}, strides2 = {}, dilations = {};
+  std::string auto_pad = "";
 };
 
 std::unique_ptr<Graph> conv_graph(const ConvCase& c, const Tensor& w, const Tensor& bias) {
@@ -274,8 +278,16 @@ std::unique_ptr<Graph> conv_graph(const ConvCase& c, const Tensor& w, const Tens
     return a;
   };
   n->set_attr("kernel_shape", ints({c.w[2], c.w[3]}));
-  n->set_attr("strides", ints({c.stride, c.stride}));
-  n->set_attr("pads", ints({c.pad, c.pad, c.pad, c.pad}));
+  n->set_attr("strides", ints(c.strides2.empty() ? std::vector<int64_t>{c.stride, c.stride} : c.strides2));
+  if (!c.dilations.empty()) n->set_attr("dilations", ints(c.dilations));
+  if (!c.auto_pad.empty()) {
+    Attribute a;
+    a.kind = Attribute::Kind::kString;
+    a.s = c.auto_pad;
+    n->set_attr("auto_pad", a);
+  } else {
+    n->set_attr("pads", ints(c.pads4.empty() ? std::vector<int64_t>{c.pad, c.pad, c.pad, c.pad} : c.pads4));
+  }
   if (c.group != 1) {
     Attribute group;
     group.kind = Attribute::Kind::kInt;
@@ -347,6 +359,63 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
     int64_t k = c.w[1] * c.w[2] * c.w[3];
     int tried = check_candidates("Conv", [&] { return conv_graph(c, w, bias); }, x, *want, k, rng);
     EXPECT_GE(tried, 2);  // conv.panels or conv.depthwise, and conv.ihwo/conv.direct, apply to each case
+  }
+}
+
+// conv.im2col with its columns and without, and conv.onednn in both layouts,
+// forced on convolutions whose padding, strides and dilations differ per axis
+// (asymmetric pads, auto_pad SAME_UPPER and VALID with input rows no window
+// reads), grouped and not: the index maps and oneDNN's padding after each axis.
+TEST(StrategyCandidates, Im2colAndOneDnnFollowEveryPaddingForm) {
+  std::vector<ConvCase> cases;
+  {
+    ConvCase c{Shape{1, 9, 11, 13}, {6, 3, 3, 3}, 1, 0, {1, 9, 11, 13}, 3};
+    c.pads4 = {1, 2, 0, 1};
+    c.strides2 = {1, 2};
+    c.dilations = {2, 1};
+    cases.push_back(c);
+  }
+  {
+    ConvCase c{Shape{1, 4, 10, 9}, {8, 2, 3, 3}, 2, 0, {1, 4, 10, 9}, 2};
+    c.auto_pad = "SAME_UPPER";
+    cases.push_back(c);
+  }
+  {
+    ConvCase c{Shape{2, 5, 10, 12}, {7, 5, 3, 2}, 2, 0, {2, 5, 10, 12}, 1};
+    c.auto_pad = "VALID";
+    c.strides2 = {3, 2};
+    cases.push_back(c);
+  }
+  const std::vector<strategy::Choice> choices = {
+      {"conv.im2col", {{"col", 0}, {"mr", 4}, {"vw", 16}, {"rows", 2}, {"order", 1}}, "database", ""},
+      {"conv.im2col", {{"col", 1}, {"mr", 3}, {"vw", 16}, {"rows", 1}, {"order", 0}}, "database", ""},
+      {"conv.onednn", {{"blocked", 0}}, "database", ""},
+      {"conv.onednn", {{"blocked", 1}}, "database", ""},
+  };
+  uint32_t seed = 500;
+  for (const ConvCase& c : cases) {
+    Tensor w = random_tensor(c.w, seed++);
+    Tensor bias = random_tensor({c.w[0]}, seed++);
+    Tensor x = random_tensor(c.x_run, seed++);
+    auto want = run(conv_graph(c, w, bias), true, x, 1, std::nullopt, nullptr);
+    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+    const int64_t k = c.w[1] * c.w[2] * c.w[3];
+    for (strategy::Choice choice : choices) {
+      if (choice.candidate == "conv.im2col" && c.group == 1) choice.knobs["epi"] = 0;
+      for (int threads : {1, 2}) {
+        std::string impl, what = choice.candidate + " " + tir::knobs_to_string(choice.knobs) + " on " +
+                                 shape_to_string(c.x_run) + " threads " + std::to_string(threads);
+        auto got = run(conv_graph(c, w, bias), false, x, threads, choice, &impl);
+        ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+        EXPECT_EQ(impl, choice.candidate + " " + tir::knobs_to_string(choice.knobs)) << what;
+        ASSERT_EQ(got->shape(), want->shape()) << what;
+        for (int64_t i = 0; i < want->numel(); ++i) {
+          float g = got->data_as<float>()[i], e = want->data_as<float>()[i];
+          ASSERT_LE(std::fabs(g - e), 1e-6 * static_cast<double>(k) * (1 + std::fabs(e)))
+              << what << ", element " << i << ": " << g << " vs naive " << e;
+        }
+      }
+    }
   }
 }
 
