@@ -32,13 +32,6 @@ Model::Model(Model&&) noexcept = default;
 Model& Model::operator=(Model&&) noexcept = default;
 Model::~Model() = default;
 
-namespace {
-int resolve_threads(int threads) {
-  if (threads > 0) return threads;
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
-}
-}  // namespace
 
 namespace {
 // Imports the model an Impl was made from; with empty_dims, every named
@@ -55,7 +48,7 @@ Result<std::unique_ptr<Model::Impl>> build_impl(const std::string& path, const s
   if (!compiled.is_ok()) return compiled.status();
   auto impl = std::make_unique<Model::Impl>();
   impl->compiled = std::move(*compiled);
-  impl->vm = std::make_unique<runtime::VM>(impl->compiled.program, resolve_threads(options.threads));
+  impl->vm = std::make_unique<runtime::VM>(impl->compiled.program, driver::resolve_threads(options.threads));
   impl->vm->set_memory_limit(options.max_memory_bytes);
   impl->path = path;
   impl->bytes = bytes;

@@ -1542,8 +1542,7 @@ Result<double> measure_choice(const Graph& parent, const Node& n, const strategy
   o.disable_passes.clear();
   o.dump_ir = false;
   KILN_ASSIGN_OR_RETURN(CompiledProgram p, compile_graph(std::move(g), o));
-  int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
-  runtime::VM vm(p.program, threads);
+  runtime::VM vm(p.program, resolve_threads(options.threads));
   vm.set_memory_limit(options.max_memory_bytes);
   KILN_RETURN_IF_ERROR(vm.run(feeds).status());
   std::vector<double> times;
@@ -1558,9 +1557,15 @@ Result<double> measure_choice(const Graph& parent, const Node& n, const strategy
 
 }  // namespace
 
+int resolve_threads(int threads) {
+  if (threads > 0) return threads;
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
 static Result<strategy::SelectOptions> select_options(const Graph& g, const CompileOptions& options) {
   strategy::SelectOptions so;
-  so.threads = options.threads;
+  so.threads = resolve_threads(options.threads);
   if (!options.prefer_impls.empty()) {
     KILN_ASSIGN_OR_RETURN(auto src, preferred_source(options.prefer_impls));
     so.sources.push_back(src);

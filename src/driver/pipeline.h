@@ -63,6 +63,10 @@ Result<OptimizedGraph> optimize_graph(Graph& g, const CompileOptions& options, c
 // lowering, code generation and the VM program.
 Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOptions& options);
 
+// The thread count a model runs with: CompileOptions::threads, or with 0 the
+// hardware's (1 when unknown).
+int resolve_threads(int threads);
+
 // The pipeline up to loop IR, without code generation: for every kernel (in
 // program order) its compute definition, its schedule and the lowered loops,
 // as text. Used by `kiln opt --lower` and the ir tests. `g` must be inferred.

@@ -34,7 +34,9 @@
 #include "ops/common.h"
 #include "support/thread_pool.h"
 
-extern "C" void omp_set_num_threads(int);  // libgomp, oneDNN's threading runtime
+// libgomp, oneDNN's threading runtime.
+extern "C" void omp_set_num_threads(int);
+extern "C" int omp_get_max_threads();
 
 namespace kiln::onednn {
 
@@ -83,7 +85,7 @@ struct State {
   std::vector<std::unique_ptr<Variant>> variants;
 
   // The variant for `threads`, created on first need (primitive, weight
-  // reorder) with the calling thread's OpenMP count set to `threads`.
+  // reorder); the caller has set its thread's OpenMP count to `threads`.
   Variant* variant(int threads) {
     for (auto& v : variants)
       if (v->threads == threads) return v.get();
@@ -92,7 +94,6 @@ struct State {
     dnnl::engine& e = cpu_engine();
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    omp_set_num_threads(threads);
     v->pd = dnnl::convolution_forward::primitive_desc(*desc, attr, e);
     v->prim = dnnl::convolution_forward(v->pd);
     dnnl::memory wsrc(user_w, e, weight.data());
@@ -155,6 +156,9 @@ std::optional<std::vector<int64_t>> static_dims(const Value* v) {
 }
 
 Result<std::shared_ptr<State>> make_state(const Node& n) {
+  if (n.has_attr("kiln_weight_layout"))
+    return node_invalid(n) << "kiln_onednn needs the weight as ONNX stores it, not kiln_weight_layout "
+                           << n.attr_string("kiln_weight_layout", "");
   if (n.num_inputs() < 2 || n.input(0) == nullptr || n.input(1) == nullptr || !n.input(1)->is_constant())
     return node_invalid(n) << "kiln_onednn needs a constant weight";
   const Tensor& w = n.input(1)->constant();
@@ -241,12 +245,18 @@ Result<ops::RuntimeKernel> conv_kernel(const Node& n) {
     const int threads = pool ? pool->num_threads() : 1;
     Variant* v = nullptr;
     std::unique_ptr<Slot> slot;
+    // The calling thread's OpenMP count for this call only: an application
+    // that uses OpenMP on the same thread keeps its own.
+    struct OmpThreads {
+      int saved = omp_get_max_threads();
+      explicit OmpThreads(int n) { omp_set_num_threads(n); }
+      ~OmpThreads() { omp_set_num_threads(saved); }
+    } omp_threads(threads);
     try {
       slot = st->take(v, threads);
     } catch (const dnnl::error& err) {
       return internal_error() << st->node << ": oneDNN could not create its primitive: " << err.what();
     }
-    omp_set_num_threads(threads);
     try {
       slot->src.set_data_handle(const_cast<void*>(in[0].data()));
       slot->dst.set_data_handle(out[0].data());

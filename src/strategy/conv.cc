@@ -1244,11 +1244,13 @@ bool onednn_applies(const Node& n, std::string* why) {
   if (!onnx_weight_4d(n, why)) return false;
   if (n.input(1)->constant().dtype() != DType::kFloat32 || n.input(0)->type().dtype != DType::kFloat32)
     return no("not f32");
-  if (n.num_inputs() > 2 && n.input(2) != nullptr && !n.input(2)->is_constant()) return no("bias is not a constant");
+  if (n.num_inputs() > 2 && n.input(2) != nullptr &&
+      (!n.input(2)->is_constant() || n.input(2)->constant().dtype() != DType::kFloat32))
+    return no("bias is not an f32 constant");
   for (const Value* v : {n.input(0), n.output(0)}) {
     if (!v->type().shape) return no("shapes not static");
     for (const Expr& d : *v->type().shape)
-      if (!d.as_const()) return no("shapes not static");
+      if (auto c = d.as_const(); !c || *c < 1) return no("shapes not static and non-empty");
   }
   return true;
 }
