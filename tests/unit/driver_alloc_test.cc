@@ -220,13 +220,14 @@ TEST(WarmRun, AllocatesOnlyTheHandlesItReturns) {
     EXPECT_EQ(large.calls, small.calls) << threads << " threads";  // nothing per kernel
     EXPECT_LE(large.bytes, 256) << threads << " threads";
 
-    // The recurrent host kernel fills the outputs it is given (Y from the
-    // memory plan, Y_h and Y_c from the pool as graph outputs) and keeps its
-    // state in per-thread buffers; the input projection reads a view of x.
+    // The LSTM runs as a Scan (lstm-to-scan): its steps' carried values live
+    // in the arena, its scan output in the VM's accumulator; the input
+    // projection reads a view of x, and Y, Y_h and Y_c are views (Reshape to
+    // add the direction axis) of the Scan's results: one shape each.
     std::vector<Tensor> outs;
     Count lstm = warm_run(lstm_net(), threads, &outs);
-    EXPECT_EQ(lstm.calls, 1 + 1 + 1 + 3 * 2) << threads << " threads, " << lstm.bytes << " bytes";
-    EXPECT_LE(lstm.bytes, 512) << threads << " threads";
+    EXPECT_EQ(lstm.calls, 1 + 1 + 1 + 3 * 2 + 3) << threads << " threads, " << lstm.bytes << " bytes";
+    EXPECT_LE(lstm.bytes, 640) << threads << " threads";
     ASSERT_EQ(outs.size(), 3u);
     EXPECT_EQ(outs[0].shape(), (std::vector<int64_t>{6, 1, 2, 20}));
     EXPECT_EQ(outs[1].shape(), (std::vector<int64_t>{1, 2, 20}));

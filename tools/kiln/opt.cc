@@ -268,6 +268,9 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
   std::vector<std::string> run = passes::with_shape_inference(pipeline, fuse || lower);
   CompileOptions opts;
   opts.naive = naive;
+  // Kernel choices for one thread, whatever the machine's core count (a
+  // candidate may be limited to fewer threads: Candidate::max_threads).
+  opts.threads = 1;
   inst.out = &std::cout;
   std::vector<passes::PassRun> runs;
   if (!run.empty()) {
