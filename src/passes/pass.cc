@@ -10,7 +10,7 @@
 #include "passes/fold_constants.h"
 #include "passes/flatten_matmul_batch.h"
 #include "passes/fold_transposed_weights.h"
-#include "passes/lstm_to_scan.h"
+#include "passes/rnn_to_scan.h"
 #include "passes/project_rnn_inputs.h"
 #include "passes/simplify_algebra.h"
 #include "passes/sink_transposes.h"
@@ -56,10 +56,10 @@ const std::vector<PassInfo>& registered_passes() {
        "MatMul of A with constant batch dims by a constant matrix B becomes one product over all rows "
        "(Reshape views around it)",
        &flatten_matmul_batch, true, "tests/ir/flatten_matmul_batch.kir"},
-      {"lstm-to-scan",
-       "LSTM with constant weights becomes one input-projection MatMul and a Scan per direction whose body is "
-       "one step: a packed GEMM with the recurrent weights and the gate arithmetic, compiled and run as VM code",
-       &lstm_to_scan, true, "tests/ir/lstm_to_scan.kir"},
+      {"rnn-to-scan",
+       "LSTM, GRU and RNN with constant weights become one input-projection MatMul and a Scan per direction whose "
+       "body is one step: packed GEMMs with the recurrent weights and the gate arithmetic, compiled and run as VM code",
+       &rnn_to_scan, true, "tests/ir/rnn_to_scan.kir"},
       {"project-rnn-inputs",
        "RNN/GRU/LSTM input projections of every step become one MatMul (packed GEMM) before the time loop; "
        "R packed in panels of hidden units for the per-step product",

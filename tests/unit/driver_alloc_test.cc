@@ -220,7 +220,7 @@ TEST(WarmRun, AllocatesOnlyTheHandlesItReturns) {
     EXPECT_EQ(large.calls, small.calls) << threads << " threads";  // nothing per kernel
     EXPECT_LE(large.bytes, 256) << threads << " threads";
 
-    // The LSTM runs as a Scan (lstm-to-scan): its steps' carried values live
+    // The LSTM runs as a Scan (rnn-to-scan): its steps' carried values live
     // in the arena, its scan output in the VM's accumulator; the input
     // projection reads a view of x, and Y, Y_h and Y_c are views (Reshape to
     // add the direction axis) of the Scan's results: one shape each.

@@ -102,7 +102,7 @@ std::vector<Tensor> run(const RnnCase& c, bool projected, int threads, bool* was
   EXPECT_TRUE(compiled.is_ok()) << compiled.status().message();
   if (!compiled.is_ok()) return {};
   if (was_projected) {
-    // Projected by project-rnn-inputs, or (an LSTM lstm-to-scan takes) a
+    // Projected by project-rnn-inputs, or (an LSTM rnn-to-scan takes) a
     // projection MatMul and a Scan in place of the recurrent op.
     bool op_left = false, scan = false;
     *was_projected = false;
@@ -138,7 +138,7 @@ void check(const RnnCase& c) {
   std::vector<Tensor> ref = run(c, false, 1, nullptr);
   std::vector<Tensor> one = run(c, true, 1, &projected);
   std::vector<Tensor> two = run(c, true, 2, nullptr);
-  EXPECT_TRUE(projected) << "neither project-rnn-inputs nor lstm-to-scan applied";
+  EXPECT_TRUE(projected) << "neither project-rnn-inputs nor rnn-to-scan applied";
   ASSERT_EQ(ref.size(), one.size());
   ASSERT_EQ(ref.size(), two.size());
   double tol = c.dtype == DType::kFloat32 ? 2e-5 : 1e-12;
