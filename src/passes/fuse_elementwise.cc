@@ -41,9 +41,25 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
   // before producers (reverse order) so a producer can look up its consumer's root.
   std::map<const Node*, const Node*> root_of;
   std::set<const Node*> anchored_roots;  // groups that already took an anchor (one per kernel)
+  // The attention chain of a matmul.attention choice (the score MatMul, the
+  // elementwise ops on the scores, the Softmax) joins that MatMul's group.
+  std::map<const Node*, const Node*> chain_anchor;
+  if (enable) {
+    for (Node* n : order) {
+      std::vector<const Node*> chain = strategy::attention_nodes(*n);
+      bool all = !chain.empty();
+      for (const Node* c : chain) all = all && compiled.count(c) && !is_graph_output(g, c->output(0));
+      if (all)
+        for (const Node* c : chain) chain_anchor[c] = n;
+    }
+  }
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* n = *it;
     root_of[n] = n;
+    if (auto ca = chain_anchor.find(n); ca != chain_anchor.end()) {
+      root_of[n] = root_of[ca->second];
+      continue;
+    }
     if (enable && is_anchor(n)) {
       // A MatMul/Gemm/Conv with a chosen implementation joins the elementwise
       // group that reads it, when every use is in that one group: its

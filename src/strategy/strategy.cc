@@ -11,6 +11,7 @@ namespace kiln::strategy {
 void register_gemm_candidates();  // gemm.cc
 void register_conv_candidates();  // conv.cc
 void register_pool_candidates();  // pool.cc
+void register_attention_candidates();  // attention.cc
 
 namespace {
 
@@ -53,6 +54,7 @@ void register_builtin_candidates() {
     register_gemm_candidates();
     register_conv_candidates();
     register_pool_candidates();
+    register_attention_candidates();
   });
 }
 
@@ -130,7 +132,8 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
       if (c->max_threads > 0 && options.threads > c->max_threads)
         rejected.push_back(c->name + " (more than " + std::to_string(c->max_threads) + " thread" +
                            (c->max_threads == 1 ? "" : "s") + ")");
-      else if (!c->applies || c->applies(*n, &why)) applicable.push_back(c);
+      else if ((!c->applies || c->applies(*n, &why)) && (!c->applies_in_graph || c->applies_in_graph(g, *n, &why)))
+        applicable.push_back(c);
       else rejected.push_back(c->name + " (" + why + ")");
     }
     if (applicable.empty()) continue;
@@ -154,7 +157,8 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
       choice = r;
       break;
     }
-    if (!choice && options.measure && applicable.size() > 1) {
+    const bool measurable = !applicable.front()->fuses_producers;
+    if (!choice && options.measure && applicable.size() > 1 && measurable) {
       std::string timings;
       double best = 0;
       for (const Candidate* c : applicable) {
@@ -176,6 +180,7 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
       const Candidate* c = applicable.front();
       choice = Choice{c->name, default_knobs_of(*c, *n, options.target), "priority", ""};
       choice->why = "priority " + std::to_string(priority_of(*c, *n, options.target));
+      if (options.measure && !measurable) choice->why += " (not measured: its kernel computes the node's producers too)";
       if (applicable.size() > 1) {
         choice->why += " over";
         for (size_t i = 1; i < applicable.size(); ++i)

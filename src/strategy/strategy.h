@@ -48,6 +48,8 @@ struct Candidate {
   std::string summary;
   // Applicability; when false, *why says what is missing.
   std::function<bool(const Node&, std::string* why)> applies;
+  // Applicability that needs the graph (graph outputs, opsets); null: none.
+  std::function<bool(const Graph&, const Node&, std::string* why)> applies_in_graph;
   // Priority for this node (defaults to `priority`): a candidate may know it
   // wins or loses on some shapes (the measured rules of conv.ihwo).
   // The target (support/target.h) sets register-tile limits and vector widths.
@@ -67,6 +69,10 @@ struct Candidate {
   // The most threads a model may run with for this candidate to apply (0:
   // any); an external library with its own threads (conv.onednn) sets it.
   int max_threads = 0;
+  // The candidate's kernel also computes the node's producers (the
+  // attention chain): timed alone, the node would not show what it does, so
+  // measurement leaves the choice to priority where it applies.
+  bool fuses_producers = false;
 };
 
 void register_candidate(Candidate c);
@@ -125,6 +131,12 @@ void record_choice(Node& n, const Choice& c);
 // elementwise group that reads the node when all its uses are in one
 // (passes/fuse_elementwise.h), and that group is computed in the write-back.
 Result<tir::Schedule> schedule_for(const tir::KernelDef& k, const std::string& stage, const Node* anchor);
+
+// For a node whose recorded choice is matmul.attention (strategy/attention.cc):
+// the nodes its kernel computes before it (the score MatMul, the elementwise
+// ops on the scores, the Softmax), producers first; empty otherwise.
+// passes/fuse_elementwise.h puts them in the node's group.
+std::vector<const Node*> attention_nodes(const Node& anchor);
 
 // Registers the built-in candidates (idempotent; the functions above call it).
 void register_builtin_candidates();

@@ -46,6 +46,15 @@ struct StagePlan {
   std::string epilogue_axis;   // fuse_epilogue(stage, axis): the epilogue runs after each iteration of this loop
   int epilogue = -1;           // the stage computed in this one's write-back
   int fused_into = -1;         // this stage is computed in that stage's write-back
+  // compute_at(stage, consumer, axis): this stage is computed inside loop
+  // `attach_axis` of stage `attach_to`, for the region one iteration reads,
+  // into a local buffer of shape `local_shape` allocated there; dim d of the
+  // stage's buffer is addressed relative to `local_base[d]` (an expression of
+  // the shared loops; undefined: the whole dim, unshifted).
+  int attach_to = -1;
+  std::string attach_axis;
+  std::set<std::string> shared;  // the loops shared with the consumer (outermost through attach_axis)
+  std::vector<Expr> local_base, local_shape;
 };
 
 bool is_reduction(const ComputeDef& st) {
@@ -489,6 +498,25 @@ struct Lowerer {
       plan.touched = true;
       return Status::ok();
     }
+    if (p.kind == "compute_at") {
+      if (p.axes.size() != 2) return invalid_argument() << "schedule: compute_at takes a stage, a consumer and an axis";
+      if (param_index.count(st.name)) {
+        return invalid_argument() << "schedule: compute_at(" << st.name << "): a kernel output is computed whole";
+      }
+      auto c = stage_index.find(p.axes[0]);
+      if (c == stage_index.end()) {
+        return invalid_argument() << "schedule: compute_at(" << st.name << "): unknown stage '" << p.axes[0] << "'";
+      }
+      if (c->second <= s) {
+        return invalid_argument() << "schedule: compute_at(" << st.name << ", " << p.axes[0]
+                                  << "): the consumer must be a later stage";
+      }
+      if (plan.attach_to >= 0) return invalid_argument() << "schedule: compute_at(" << st.name << ") applied twice";
+      plan.attach_to = c->second;
+      plan.attach_axis = p.axes[1];
+      plan.touched = true;
+      return Status::ok();
+    }
     if (p.kind == "fuse_epilogue") {
       if (!is_reduction(st)) {
         return invalid_argument() << "schedule: fuse_epilogue(" << p.stage << ") of a stage that is not a reduction";
@@ -563,6 +591,158 @@ struct Lowerer {
       plans[r].epilogue = static_cast<int>(e);
       plans[e].fused_into = static_cast<int>(r);
     }
+  }
+
+  // Every load of stage `name` in e.
+  static void collect_loads(const Expr& e, const std::string& name, std::vector<Expr>& out) {
+    if (!e.defined()) return;
+    if (e.kind() == ExprKind::kLoad && e->int_value == -1 && e->name == name) out.push_back(e);
+    for (const Expr& a : e->args) collect_loads(a, name, out);
+  }
+
+  // The extent of loop `v` in a plan (spatial or reduce); undefined if none.
+  static Expr loop_extent(const StagePlan& plan, const std::string& v) {
+    for (const auto* loops : {&plan.spatial, &plan.reduce})
+      for (const Loop& l : *loops)
+        if (l.var == v) return l.extent;
+    return Expr();
+  }
+
+  // After inlining and epilogue pairing: checks each compute_at and plans the
+  // producer's local buffer. The consumer's loops from the outermost through
+  // the axis must be the producer's outermost loops (same names, extents), so
+  // that one iteration of them fixes the same region in both; every other
+  // stage that reads the producer must be the consumer or computed at the
+  // same place, reading each dim that depends on the shared loops at exactly
+  // the producer's own index there (so what it reads was computed in this
+  // iteration). A dim that depends on a shared loop holds one region (its
+  // extent over the producer's own loops, which must be constant); other dims
+  // are whole.
+  Status plan_attachments() {
+    for (size_t s = 0; s < stages.size(); ++s) {
+      StagePlan& plan = plans[s];
+      if (plan.attach_to < 0) continue;
+      const ComputeDef& P = stages[s];
+      const size_t c = static_cast<size_t>(plan.attach_to);
+      const StagePlan& cp = plans[c];
+      const std::string where =
+          "schedule: compute_at(" + P.name + ", " + stages[c].name + ", " + plan.attach_axis + "): ";
+      if (cp.inlined || cp.fused_into >= 0) return invalid_argument() << where << "the consumer has no loop nest of its own (inlined or an epilogue)";
+      if (cp.attach_to >= 0) return invalid_argument() << where << "the consumer is itself computed at another stage";
+      if (!cp.hoisted.empty() || !cp.epilogue_axis.empty()) {
+        return invalid_argument() << where << "the consumer hoists a reduce loop or defers its epilogue";
+      }
+      if (plan.epilogue >= 0 || plan.fused_into >= 0 || !plan.hoisted.empty()) {
+        return invalid_argument() << where << "the stage computes an epilogue, is one, or hoists a reduce loop";
+      }
+      size_t pos = cp.spatial.size();
+      for (size_t i = 0; i < cp.spatial.size(); ++i)
+        if (cp.spatial[i].var == plan.attach_axis) pos = i;
+      if (pos == cp.spatial.size()) return invalid_argument() << where << "no spatial loop of that name in the consumer";
+      if (is_reduction(stages[c]) && !cp.cache_axis.empty()) {
+        for (size_t i = 0; i < pos; ++i)
+          if (cp.spatial[i].var == cp.cache_axis) return invalid_argument() << where << "the axis is inside the consumer's register tile";
+      }
+      if (plan.spatial.size() <= pos) return invalid_argument() << where << "the stage has fewer loops than the consumer has down to the axis";
+      plan.shared.clear();
+      for (size_t i = 0; i <= pos; ++i) {
+        const Loop &a = cp.spatial[i], &b = plan.spatial[i];
+        auto diff = simplify(a.extent - b.extent).as_const();
+        if (a.var != b.var || !diff || *diff != 0) {
+          return invalid_argument() << where << "loop " << i << " is " << a.var << " in the consumer but " << b.var
+                        << " here, or their extents differ (split both alike)";
+        }
+        if (a.kind == ForKind::kVectorized) return invalid_argument() << where << "a shared loop is vectorized";
+        plan.shared.insert(a.var);
+      }
+      if (is_reduction(P) && !plan.cache_axis.empty()) {
+        for (size_t i = 0; i < pos; ++i)
+          if (plan.spatial[i].var == plan.cache_axis) return invalid_argument() << where << "the axis is inside the stage's own register tile";
+      }
+      auto uses_shared = [&](const Expr& e) {
+        for (const std::string& v : free_vars(e))
+          if (plan.shared.count(v)) return true;
+        return false;
+      };
+      // Guards on shared loops only are the consumer's to place: it must have them.
+      for (const Expr& g : plan.guards) {
+        bool only_shared = uses_shared(g);
+        for (const std::string& v : free_vars(g))
+          if (!plan.shared.count(v) && loop_extent(plan, v).defined()) only_shared = false;
+        if (!only_shared) continue;
+        if (std::none_of(cp.guards.begin(), cp.guards.end(), [&](const Expr& h) { return h == g; })) {
+          return invalid_argument() << where << "the stage's guard " << g.to_string() << " on shared loops is not the consumer's";
+        }
+      }
+      // Loops of one iteration are at 0 (a unit batch dim is read at index 0).
+      auto unit_loops_at_zero = [](const StagePlan& sp, const Expr& e) {
+        ExprMap zero;
+        for (const auto* loops : {&sp.spatial, &sp.reduce})
+          for (const Loop& l : *loops)
+            if (auto c = l.extent.as_const(); c && *c == 1) zero[l.var] = int_imm(0);
+        return simplify(substitute(e, zero));
+      };
+      // The region of each dim.
+      plan.local_base.assign(P.axes.size(), Expr());
+      plan.local_shape = P.shape;
+      for (size_t d = 0; d < P.axes.size(); ++d) {
+        const Expr v = unit_loops_at_zero(plan, plan.axis_value.at(P.axes[d]));
+        if (!uses_shared(v)) continue;
+        ExprMap first, last;
+        for (const std::string& u : free_vars(v)) {
+          if (plan.shared.count(u)) continue;
+          Expr ext = loop_extent(plan, u);
+          auto e = ext.defined() ? ext.as_const() : std::nullopt;
+          auto step = simplify(substitute(v, {{u, var(u) + int_imm(1)}}) - v).as_const();
+          if (!e || *e < 1 || !step || *step < 0) {
+            return invalid_argument() << where << "dim " << d << " (" << v.to_string()
+                          << ") does not span a region of constant size over the stage's own loops";
+          }
+          first[u] = int_imm(0);
+          last[u] = int_imm(*e - 1);
+        }
+        Expr base = simplify(substitute(v, first));
+        auto size = simplify(substitute(v, last) - base + int_imm(1)).as_const();
+        if (!size || *size < 1) {
+          return invalid_argument() << where << "dim " << d << " (" << v.to_string() << ") does not span a region of constant size";
+        }
+        plan.local_base[d] = base;
+        plan.local_shape[d] = int_imm(*size);
+      }
+      // Readers.
+      for (size_t t = s + 1; t < stages.size(); ++t) {
+        if (plans[t].inlined) continue;
+        const ComputeDef& T = stages[t];
+        std::vector<Expr> loads;
+        for (const Expr* e : {&T.body, &T.init, &T.finalize}) collect_loads(*e, P.name, loads);
+        if (loads.empty()) continue;
+        bool co_located = t == c || (plans[t].attach_to == static_cast<int>(c) && plans[t].attach_axis == plan.attach_axis);
+        if (!co_located || plans[t].fused_into >= 0) {
+          return invalid_argument() << where << "stage " << T.name << " reads it outside the consumer's loop";
+        }
+        for (const Expr& l : loads) {
+          for (size_t d = 0; d < P.axes.size(); ++d) {
+            if (!plan.local_base[d].defined()) continue;
+            const Expr own = unit_loops_at_zero(plan, plan.axis_value.at(P.axes[d]));
+            Expr at = unit_loops_at_zero(plans[t], substitute(l->args[d], plans[t].axis_value));
+            bool same = at == own;
+            for (const std::string& u : free_vars(own)) {
+              if (plan.shared.count(u) || !same) continue;
+              Expr mine = loop_extent(plan, u), theirs = loop_extent(plans[t], u);
+              auto diff = theirs.defined() ? simplify(mine - theirs).as_const() : std::nullopt;
+              same = diff && *diff == 0;
+            }
+            if (!same) {
+              return invalid_argument() << where << "stage " << T.name << " reads dim " << d << " at " << at.to_string()
+                            << ", not at the stage's own index " << own.to_string();
+            }
+          }
+        }
+      }
+      for (Loop& l : plan.spatial)
+        if (l.kind == ForKind::kParallel) l.kind = ForKind::kSerial;  // inside the consumer's loops
+    }
+    return Status::ok();
   }
 
   // Substitutes inlined stages into the bodies of all later stages, in order.
@@ -830,9 +1010,99 @@ struct Lowerer {
     return out;
   }
 
+  // The loop nest of stage s and, inside the loop each compute_at names, the
+  // stages computed there (in stage order) with their local buffers.
   Result<Stmt> lower_stage(int s) {
+    KILN_ASSIGN_OR_RETURN(Stmt nest, lower_stage_nest(s));
+    std::map<std::string, std::vector<size_t>> at;  // axis -> producers
+    for (size_t p = 0; p < stages.size(); ++p)
+      if (plans[p].attach_to == s) at[plans[p].attach_axis].push_back(p);
+    for (const auto& [axis, producers] : at) {
+      std::vector<Stmt> prefix;
+      for (size_t p : producers) {
+        KILN_ASSIGN_OR_RETURN(Stmt pn, lower_stage_nest(static_cast<int>(p)));
+        prefix.push_back(pn);
+      }
+      bool found = false;
+      nest = wrap_loop_body(nest, axis, found, [&](const Stmt& body) {
+        std::vector<Stmt> seq = prefix;
+        seq.push_back(body);
+        Stmt out = make_seq(std::move(seq));
+        for (size_t p : producers) out = relocate(out, stages[p].name, plans[p].local_base);
+        for (size_t i = producers.size(); i-- > 0;) {
+          const ComputeDef& P = stages[producers[i]];
+          out = make_allocate(Buffer{P.name, P.dtype, plans[producers[i]].local_shape}, out);
+        }
+        return out;
+      });
+      if (!found) {
+        return internal_error() << "compute_at: loop " << axis << " of " << stages[static_cast<size_t>(s)].name
+                                << " not found in its nest";
+      }
+    }
+    return nest;
+  }
+
+  // `nest` with the body of loop `var` (inside the guards placed right in it)
+  // replaced by f(body).
+  static Stmt wrap_loop_body(const Stmt& nest, const std::string& var, bool& found,
+                             const std::function<Stmt(const Stmt&)>& f) {
+    if (!nest) return nest;
+    if (nest->kind == StmtKind::kFor) {
+      if (nest->var != var) return make_for(nest->var, nest->extent, nest->for_kind, wrap_loop_body(nest->body, var, found, f));
+      found = true;
+      std::function<Stmt(const Stmt&)> in_guards = [&](const Stmt& b) -> Stmt {
+        if (b->kind == StmtKind::kIfThenElse && !b->else_case) return make_if(b->cond, in_guards(b->then_case));
+        return f(b);
+      };
+      return make_for(nest->var, nest->extent, nest->for_kind, in_guards(nest->body));
+    }
+    if (nest->kind == StmtKind::kIfThenElse && !nest->else_case)
+      return make_if(nest->cond, wrap_loop_body(nest->then_case, var, found, f));
+    return nest;
+  }
+
+  // s with every access to scratch buffer `name` made relative to `base`
+  // (per dim; undefined: unchanged): the buffer of a stage computed at
+  // another holds only the region of one iteration.
+  static Stmt relocate(const Stmt& s, const std::string& name, const std::vector<Expr>& base) {
+    if (!s) return s;
+    auto loads = [&](const Expr& e) { return e.defined() ? rewrite_loads_in(e, name, base) : e; };
+    auto n = std::make_shared<StmtNode>(*s);
+    for (Expr* e : {&n->extent, &n->value, &n->cond}) *e = loads(*e);
+    for (Expr& e : n->indices) e = loads(e);
+    if (n->kind == StmtKind::kStore && n->buffer_index == -1 && n->buffer.name == name) shift(n->indices, base);
+    n->body = relocate(n->body, name, base);
+    n->then_case = relocate(n->then_case, name, base);
+    n->else_case = relocate(n->else_case, name, base);
+    for (Stmt& c : n->seq) c = relocate(c, name, base);
+    return n;
+  }
+  static void shift(std::vector<Expr>& idx, const std::vector<Expr>& base) {
+    for (size_t d = 0; d < idx.size() && d < base.size(); ++d)
+      if (base[d].defined()) idx[d] = simplify(idx[d] - base[d]);
+  }
+  // e with its loads of `name` made relative to `base`.
+  static Expr rewrite_loads_in(const Expr& e, const std::string& name, const std::vector<Expr>& base) {
+    return rewrite(e, [&](const Expr& n) -> Expr {
+      if (n.kind() != ExprKind::kLoad || n->int_value != -1 || n->name != name) return Expr();
+      std::vector<Expr> idx;
+      for (const Expr& a : n->args) idx.push_back(rewrite_loads_in(a, name, base));
+      shift(idx, base);
+      return load(n->name, -1, n->dtype, idx);
+    });
+  }
+
+  Result<Stmt> lower_stage_nest(int s) {
     const ComputeDef& st = stages[s];
     const StagePlan& plan = plans[s];
+    // The loops a compute_at shares with the consumer are the consumer's.
+    auto own = [&](const std::vector<Loop>& loops) {
+      std::vector<Loop> out;
+      for (const Loop& l : loops)
+        if (!plan.shared.count(l.var)) out.push_back(l);
+      return out;
+    };
     auto p = param_index.find(st.name);
     int out_index = p == param_index.end() ? -1 : p->second;
 
@@ -864,7 +1134,7 @@ struct Lowerer {
       Stmt store = make_store(st.name, out_index, out_indices, body);
       std::vector<Expr> all = plan.guards;
       all.insert(all.end(), plan.store_guards.begin(), plan.store_guards.end());
-      return build_nest(plan.spatial, store, all, {}, loop_vars);
+      return build_nest(own(plan.spatial), store, all, plan.shared, loop_vars);
     }
 
     // Reduction: outer spatial loops (up to and including the cache_write axis),
@@ -1156,7 +1426,7 @@ struct Lowerer {
       if (always && *always != 0) alloc = fast;
       else if (!always) alloc = make_if(fast_cond, fast, alloc);
     }
-    if (!deferred) return build_nest(outer, alloc, plan.guards, {}, loop_vars);
+    if (!deferred) return build_nest(own(outer), alloc, plan.guards, plan.shared, loop_vars);
     return with_deferred_epilogue(s, outer, inner, out_indices, alloc, loop_vars, loop_bounds);
   }
 
@@ -1202,7 +1472,8 @@ struct Lowerer {
 
   Result<Stmt> lower_from(size_t s) {
     // Inlined stages have no nest; a fused epilogue is written by its reduction's nest.
-    while (s < stages.size() && (plans[s].inlined || plans[s].fused_into >= 0)) ++s;
+    // A stage computed at another is lowered inside that one's nest.
+    while (s < stages.size() && (plans[s].inlined || plans[s].fused_into >= 0 || plans[s].attach_to >= 0)) ++s;
     if (s == stages.size()) return Stmt();
     KILN_ASSIGN_OR_RETURN(Stmt nest, lower_stage(static_cast<int>(s)));
     KILN_ASSIGN_OR_RETURN(Stmt rest, lower_from(s + 1));
@@ -1476,6 +1747,7 @@ Result<PrimFunc> lower_one(const KernelDef& k, const Schedule& s) {
   for (const Primitive& p : s.prims) KILN_RETURN_IF_ERROR(l.apply(p));
   KILN_RETURN_IF_ERROR(l.inline_stages());
   l.plan_epilogues();
+  KILN_RETURN_IF_ERROR(l.plan_attachments());
   PrimFunc f;
   f.name = k.name;
   f.params = k.params;

@@ -418,7 +418,7 @@ Result<Schedule> parse_schedule(std::string_view text) {
     }
     static const std::map<std::string, std::pair<size_t, size_t>, std::less<>> kArity = {
         {"inline", {1, 1}},   {"split", {3, 3}}, {"split_overlap", {3, 3}}, {"split_padded", {3, 3}},     {"reorder", {2, 1000}}, {"parallel", {2, 2}},
-        {"vectorize", {2, 2}}, {"unroll", {2, 2}}, {"cache_write", {2, 2}}, {"fuse_epilogue", {1, 2}}, {"rfactor", {2, 2}}, {"hoist_reduce", {2, 3}}, {"prefetch", {2, 2}}, {"fuse", {3, 3}}};
+        {"vectorize", {2, 2}}, {"unroll", {2, 2}}, {"cache_write", {2, 2}}, {"fuse_epilogue", {1, 2}}, {"rfactor", {2, 2}}, {"hoist_reduce", {2, 3}}, {"prefetch", {2, 2}}, {"fuse", {3, 3}}, {"compute_at", {3, 3}}};
     auto ar = kArity.find(p.kind);
     if (ar == kArity.end()) {
       return invalid_argument() << "schedule line " << line_no << ": unknown primitive '" << p.kind

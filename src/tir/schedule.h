@@ -76,6 +76,23 @@
 //                                        an expensive activation after a short
 //                                        reduction (depthwise), whose latency
 //                                        in the write-back no tile overlaps
+//   compute_at(stage, consumer, axis) -> stage (an intermediate) is computed
+//                                        inside loop `axis` of `consumer`, for
+//                                        the region one iteration reads, into a
+//                                        buffer of that region allocated there
+//                                        (a block of score rows instead of the
+//                                        whole matrix). The consumer's loops
+//                                        from the outermost through `axis` must
+//                                        be the stage's outermost loops (same
+//                                        names and extents: split both alike);
+//                                        every stage reading it must be the
+//                                        consumer or computed at the same place,
+//                                        and read each dim that depends on those
+//                                        loops at the stage's own index there.
+//                                        A dim that depends on them holds one
+//                                        region of constant size; other dims
+//                                        are whole. The stage's own loops run
+//                                        serially inside the consumer's
 #pragma once
 
 #include <optional>
@@ -88,7 +105,7 @@
 namespace kiln::tir {
 
 struct Primitive {
-  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write, rfactor, hoist_reduce, prefetch, fuse_epilogue
+  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write, rfactor, hoist_reduce, prefetch, fuse_epilogue, compute_at
   std::string stage;
   std::vector<std::string> axes;
   int64_t factor = 0;

@@ -79,9 +79,12 @@ std::unique_ptr<Graph> gemm_graph(const GemmCase& c, const Tensor& b, const Tens
   return g;
 }
 
-Result<Tensor> run(std::unique_ptr<Graph> g, bool naive, const Tensor& x, int threads,
-                   const std::optional<strategy::Choice>& forced, std::string* impl,
-                   const Target& target = Target::host()) {
+// Compiles g (naive, or with `forced` chosen for every node it applies to)
+// and runs it on `feeds`; *impl gets the forced kernel's implementation and
+// knobs, *kernels the number of kernels compiled.
+Result<Tensor> run_feeds(std::unique_ptr<Graph> g, bool naive, const std::vector<Tensor>& feeds, int threads,
+                         const std::optional<strategy::Choice>& forced, std::string* impl,
+                         const Target& target = Target::host(), size_t* kernels = nullptr) {
   CompileOptions opts;
   opts.naive = naive;
   opts.threads = threads;
@@ -102,9 +105,16 @@ Result<Tensor> run(std::unique_ptr<Graph> g, bool naive, const Tensor& x, int th
     for (const KernelChoiceInfo& k : compiled.kernel_choices)
       if (k.source == "database") *impl = k.impl + " " + k.knobs;
   }
+  if (kernels) *kernels = compiled.kernel_choices.size();
   runtime::VM vm(compiled.program, threads);
-  KILN_ASSIGN_OR_RETURN(auto out, vm.run({x}));
+  KILN_ASSIGN_OR_RETURN(auto out, vm.run(feeds));
   return out[0];
+}
+
+Result<Tensor> run(std::unique_ptr<Graph> g, bool naive, const Tensor& x, int threads,
+                   const std::optional<strategy::Choice>& forced, std::string* impl,
+                   const Target& target = Target::host()) {
+  return run_feeds(std::move(g), naive, {x}, threads, forced, impl, target);
 }
 
 // Runs every applicable candidate of `op` (knobs drawn at random from its
@@ -205,6 +215,100 @@ TEST(StrategyCandidates, GemmTemplatesMatchNaiveAtRandomKnobs) {
     int64_t k = c.trans_b ? c.b[1] : c.b[0];
     int tried = check_candidates(c.op, [&] { return gemm_graph(c, b, bias); }, x, *want, k, rng);
     EXPECT_GE(tried, 2) << c.op;  // the packed and the default candidate
+  }
+}
+
+// matmul.attention: Softmax((q kt) / 2.5 + bias) v as one kernel with its
+// stages per block of rows, against the naive lowering: odd sizes (1, 3,
+// 17, 1023 columns), a bias broadcast over heads and rows, symbolic rows and
+// columns bound at run time, knobs drawn from the candidate's space for
+// AVX-512 and AVX2, 1 and 2 threads.
+struct AttentionCase {
+  Shape q, kt, v;                    // may be symbolic ("s")
+  std::vector<int64_t> q_run, kt_run, v_run;
+};
+
+std::unique_ptr<Graph> attention_graph(const AttentionCase& c) {
+  auto g = std::make_unique<Graph>();
+  g->source = "attention";
+  g->opsets[""] = 17;
+  Value* q = g->add_input("q", TensorType{DType::kFloat32, c.q});
+  Value* kt = g->add_input("kt", TensorType{DType::kFloat32, c.kt});
+  Value* v = g->add_input("v", TensorType{DType::kFloat32, c.v});
+  Shape bias_shape(c.kt.size(), Expr(1));
+  bias_shape.back() = c.kt.back();
+  Value* bias = g->add_input("bias", TensorType{DType::kFloat32, bias_shape});
+  Tensor scale(DType::kFloat32, {});
+  scale.data_as<float>()[0] = 2.5f;
+  Node* s = g->add_node("MatMul", {q, kt}, {"s"});
+  Node* t = g->add_node("Div", {s->output(0), g->add_constant("scale", scale)}, {"t"});
+  Node* tb = g->add_node("Add", {t->output(0), bias}, {"tb"});
+  Node* p = g->add_node("Softmax", {tb->output(0)}, {"p"});
+  p->set_attr("axis", Attribute::of_int(-1));
+  Node* o = g->add_node("MatMul", {p->output(0), v}, {"o"});
+  g->set_outputs({o->output(0)});
+  g->bounds["s"] = Interval{1, std::nullopt};
+  return g;
+}
+
+TEST(StrategyCandidates, AttentionMatchesNaiveAtRandomKnobs) {
+  Expr s = var("s");
+  const std::vector<AttentionCase> cases = {
+      {Shape{1, 2, 17, 8}, Shape{1, 2, 8, 17}, Shape{1, 2, 17, 8}, {1, 2, 17, 8}, {1, 2, 8, 17}, {1, 2, 17, 8}},
+      {Shape{2, 1, 3, 5}, Shape{2, 1, 5, 1023}, Shape{2, 1, 1023, 3}, {2, 1, 3, 5}, {2, 1, 5, 1023}, {2, 1, 1023, 3}},
+      {Shape{1, 1, 1, 3}, Shape{1, 1, 3, 1}, Shape{1, 1, 1, 1}, {1, 1, 1, 3}, {1, 1, 3, 1}, {1, 1, 1, 1}},
+      {Shape{3, 17, 4}, Shape{3, 4, 9}, Shape{3, 9, 40}, {3, 17, 4}, {3, 4, 9}, {3, 9, 40}},  // no batch, D of 40
+      {Shape{1, 2, s, 8}, Shape{1, 2, 8, s}, Shape{1, 2, s, 8}, {1, 2, 17, 8}, {1, 2, 8, 17}, {1, 2, 17, 8}},
+      {Shape{1, 2, s, 8}, Shape{1, 2, 8, s}, Shape{1, 2, s, 8}, {1, 2, 1, 8}, {1, 2, 8, 1}, {1, 2, 1, 8}},
+  };
+  std::mt19937_64 rng(7);
+  uint32_t seed = 100;
+  const strategy::Candidate* cand = strategy::find_candidate("matmul.attention");
+  ASSERT_NE(cand, nullptr);
+  for (const AttentionCase& c : cases) {
+    std::vector<int64_t> bias_run(c.kt_run.size(), 1);
+    bias_run.back() = c.kt_run.back();
+    std::vector<Tensor> feeds = {random_tensor(c.q_run, seed++), random_tensor(c.kt_run, seed++),
+                                 random_tensor(c.v_run, seed++), random_tensor(bias_run, seed++)};
+    auto want = run_feeds(attention_graph(c), true, feeds, 1, std::nullopt, nullptr);
+    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+    auto probe = attention_graph(c);
+    ops::InferContext ictx;
+    ictx.graph = probe.get();
+    ictx.bounds = probe->bounds;
+    ASSERT_TRUE(ops::infer_shapes(*probe, ictx).is_ok());
+    const Node* node = probe->nodes().back();
+    std::string why;
+    ASSERT_TRUE(cand->applies(*node, &why)) << why;
+    const int64_t terms = c.kt_run[c.kt_run.size() - 2] + c.kt_run.back();
+    for (const char* target_name : {"avx512", "avx2"}) {
+      const Target target = *Target::named(target_name);
+      tir::KnobSpace space = cand->space(*node, target);
+      EXPECT_TRUE(space.contains(cand->default_knobs(*node, target)));
+      for (int draw = 0; draw < 3; ++draw) {
+        auto knobs = draw == 0 ? Result<tir::Knobs>(cand->default_knobs(*node, target)) : tir::sample_knobs(space, rng);
+        ASSERT_TRUE(knobs.is_ok());
+        for (int threads : {1, 2}) {
+          std::string impl;
+          size_t kernels = 0;
+          auto got = run_feeds(attention_graph(c), false, feeds, threads, strategy::Choice{cand->name, *knobs, "database", ""},
+                               &impl, target, &kernels);
+          std::string what = std::string(target_name) + " " + tir::knobs_to_string(*knobs) + " q " +
+                             shape_to_string(*node->input(0)->type().shape) + " threads " + std::to_string(threads);
+          ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+          EXPECT_EQ(impl, "matmul.attention " + tir::knobs_to_string(*knobs)) << what;
+          EXPECT_EQ(kernels, 1u) << what << ": the chain is one kernel";
+          ASSERT_EQ(got->shape(), want->shape()) << what;
+          for (int64_t i = 0; i < want->numel(); ++i) {
+            float g = got->data_as<float>()[i], w = want->data_as<float>()[i];
+            if (std::fabs(g - w) > 1e-6 * static_cast<double>(terms) * (1 + std::fabs(w))) {
+              ADD_FAILURE() << what << ", element " << i << ": " << g << " vs naive " << w;
+              break;
+            }
+          }
+        }
+      }
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -800,6 +801,138 @@ TEST(TirLower, SoftmaxLikeMultiStage) {
   expect_matches(k, default_schedule(k), {}, ref);
   std::mt19937 rng(4);
   for (int t = 0; t < 40; ++t) expect_matches(k, random_schedule(k, rng), {}, ref, t);
+}
+
+// Attention over H heads: S = Q Kt * 0.5, softmax over its rows, O = P V.
+// Q [H, M, K], Kt [H, K, N], V [H, N, D], O [H, M, D].
+KernelDef attention(Expr h, Expr m, Expr n, Expr kk, Expr d) {
+  KernelDef k;
+  k.name = "attention";
+  k.params = {buf("Q", {h, m, kk}), buf("Kt", {h, kk, n}), buf("V", {h, n, d}), buf("O", {h, m, d})};
+  k.num_inputs = 3;
+  Expr a0 = var("a0"), a1 = var("a1"), a2 = var("a2"), r0 = var("r0");
+  k.stages = {
+      reduce_stage("S", {"a0", "a1", "a2"}, {h, m, n}, {"r0"}, {kk}, Combiner::kSum,
+                   ld("Q", 0, {a0, a1, r0}) * ld("Kt", 1, {a0, r0, a2})),
+      stage("T", {"a0", "a1", "a2"}, {h, m, n}, ld("S", -1, {a0, a1, a2}) * float_imm(0.5, f32)),
+      reduce_stage("mx", {"a0", "a1"}, {h, m}, {"r0"}, {n}, Combiner::kMax, ld("T", -1, {a0, a1, r0})),
+      reduce_stage("sm", {"a0", "a1"}, {h, m}, {"r0"}, {n}, Combiner::kSum,
+                   call("exp", f32, {ld("T", -1, {a0, a1, r0}) - ld("mx", -1, {a0, a1})})),
+      stage("P", {"a0", "a1", "a2"}, {h, m, n},
+            div(call("exp", f32, {ld("T", -1, {a0, a1, a2}) - ld("mx", -1, {a0, a1})}), ld("sm", -1, {a0, a1}))),
+      reduce_stage("O", {"a0", "a1", "a2"}, {h, m, d}, {"r0"}, {n}, Combiner::kSum,
+                   ld("P", -1, {a0, a1, r0}) * ld("V", 2, {a0, r0, a2})),
+  };
+  return k;
+}
+
+std::vector<std::vector<float>> attention_ref(const HostData& r, int64_t h, int64_t m, int64_t n, int64_t kk,
+                                              int64_t d) {
+  auto q = as_floats(r.bytes[0]), kt = as_floats(r.bytes[1]), v = as_floats(r.bytes[2]);
+  std::vector<float> o(static_cast<size_t>(h * m * d));
+  for (int64_t a = 0; a < h; ++a)
+    for (int64_t i = 0; i < m; ++i) {
+      std::vector<float> s(static_cast<size_t>(n));
+      float mx = -INFINITY, sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        float acc = 0.0f;
+        for (int64_t x = 0; x < kk; ++x) acc += q[(a * m + i) * kk + x] * kt[(a * kk + x) * n + j];
+        s[j] = acc * 0.5f;
+        mx = std::max(mx, s[j]);
+      }
+      for (int64_t j = 0; j < n; ++j) sum += static_cast<float>(std::exp(static_cast<double>(s[j] - mx)));
+      for (int64_t c = 0; c < d; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < n; ++j)
+          acc += static_cast<float>(std::exp(static_cast<double>(s[j] - mx))) / sum * v[(a * n + j) * d + c];
+        o[(a * m + i) * d + c] = acc;
+      }
+    }
+  return {o};
+}
+
+// Row blocks of `rb` rows: every stage before O split alike along its row
+// axis and computed inside O's row-block loop, so only rb rows of scores
+// exist at a time (the scratch buffers are rb x n, not m x n).
+std::string attention_rows_schedule(int64_t rb, bool tiles) {
+  std::string s = "inline(T)\n";
+  for (const char* st : {"S", "mx", "sm", "P", "O"}) {
+    s += std::string("split(") + st + ", a1, " + std::to_string(rb) + ")\n";
+    s += std::string("parallel(") + st + ", a0)\n";
+  }
+  for (const char* st : {"S", "mx", "sm", "P"}) s += std::string("compute_at(") + st + ", O, a1.o)\n";
+  if (tiles) {
+    s += "split(S, a2, 4)\nreorder(S, a0, a1.o, a2.o, a1.i, a2.i)\ncache_write(S, a2.o)\nvectorize(S, a2.i)\n";
+    s += "split(O, a2, 4)\nreorder(O, a0, a1.o, a2.o, a1.i, a2.i)\ncache_write(O, a2.o)\nvectorize(O, a2.i)\n";
+    s += "split(mx, r0, 4)\nrfactor(mx, r0.i)\nvectorize(P, a2)\n";
+  }
+  return s;
+}
+
+// Finds the Allocate of `name` in s.
+const StmtNode* find_allocate(const Stmt& s, const std::string& name) {
+  if (!s) return nullptr;
+  if (s->kind == StmtKind::kAllocate && s->buffer.name == name) return s.get();
+  for (const Stmt* c : {&s->body, &s->then_case, &s->else_case})
+    if (const StmtNode* f = find_allocate(*c, name)) return f;
+  for (const Stmt& c : s->seq)
+    if (const StmtNode* f = find_allocate(c, name)) return f;
+  return nullptr;
+}
+
+TEST(TirLower, ComputeAtRowBlocks) {
+  for (auto [h, m, n, kk, d] : std::vector<std::array<int64_t, 5>>{{2, 8, 8, 4, 8}, {1, 7, 5, 3, 4}, {3, 1, 17, 2, 3}}) {
+    KernelDef k = attention(h, m, n, kk, d);
+    auto ref = [=](const HostData& r) { return attention_ref(r, h, m, n, kk, d); };
+    for (int64_t rb : {1, 2, 4}) {
+      for (bool tiles : {false, true}) {
+        auto s = parse_schedule(attention_rows_schedule(rb, tiles));
+        ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+        expect_matches(k, *s, {}, ref);
+        auto f = lower(k, *s);
+        ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+        const StmtNode* a = find_allocate(f->body, "S");
+        ASSERT_NE(a, nullptr) << print_func(*f);
+        // One block of rows: [1, rb, n] (the whole dim where it is shorter).
+        ASSERT_EQ(a->buffer.shape.size(), 3u);
+        EXPECT_EQ(a->buffer.shape[0].as_const(), 1);
+        EXPECT_EQ(a->buffer.shape[1].as_const(), std::min(rb, m));
+        EXPECT_EQ(a->buffer.shape[2].as_const(), n);
+      }
+    }
+  }
+  // Symbolic rows and columns: the blocks are constant in rows, whole in columns.
+  Expr m = var("m"), n = var("n");
+  KernelDef k = attention(2, m, n, 3, 4);
+  auto s = parse_schedule(attention_rows_schedule(4, true));
+  ASSERT_TRUE(s.is_ok());
+  for (auto [mv, nv] : std::vector<std::pair<int64_t, int64_t>>{{9, 5}, {1, 1}, {4, 16}}) {
+    auto ref = [mv = mv, nv = nv](const HostData& r) { return attention_ref(r, 2, mv, nv, 3, 4); };
+    expect_matches(k, *s, {{"m", mv}, {"n", nv}}, ref);
+  }
+}
+
+TEST(TirLower, ComputeAtIllegalPlacementsAreErrors) {
+  KernelDef k = attention(2, 8, 8, 4, 8);
+  auto fails = [&](const std::string& text, const std::string& why) {
+    auto s = parse_schedule(text);
+    ASSERT_TRUE(s.is_ok()) << text;
+    auto f = lower(k, *s);
+    ASSERT_FALSE(f.is_ok()) << text;
+    EXPECT_NE(f.status().message().find(why), std::string::npos) << f.status().message();
+  };
+  // The consumer's row loop is split, S's is not: their loops differ.
+  fails("split(O, a1, 2)\ncompute_at(S, O, a1.o)\n", "their extents differ");
+  // P reads S too, and P is not computed at O.
+  fails("inline(T)\nsplit(S, a1, 2)\nsplit(O, a1, 2)\ncompute_at(S, O, a1.o)\n", "reads it outside");
+  // Rows split differently: a block of P is not a block of O.
+  fails("inline(T)\nsplit(S, a1, 2)\nsplit(mx, a1, 2)\nsplit(sm, a1, 2)\nsplit(P, a1, 4)\nsplit(O, a1, 2)\n"
+        "compute_at(S, O, a1.o)\ncompute_at(mx, O, a1.o)\ncompute_at(sm, O, a1.o)\ncompute_at(P, O, a1.o)\n",
+        "not at the stage's own index");
+  fails("compute_at(O, S, a0)\n", "kernel output");
+  fails("compute_at(T, S, a0)\n", "later stage");
+  fails("compute_at(S, O, q)\n", "no spatial loop");
+  fails("compute_at(S, O, a0)\ncompute_at(S, O, a0)\n", "twice");
 }
 
 TEST(TirLower, IntegerReductionTwoReduceAxes) {
