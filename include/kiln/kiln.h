@@ -99,6 +99,8 @@ class Model {
 
  private:
   explicit Model(std::unique_ptr<Impl> impl);
+  Result<std::map<std::string, Tensor>> run_specialized(const std::map<std::string, Tensor>& inputs);
+  Result<Impl*> specialization(const std::map<std::string, Tensor>& inputs);
   std::unique_ptr<Impl> impl_;
 };
 

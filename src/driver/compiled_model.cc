@@ -25,7 +25,34 @@ struct Model::Impl {
   // (an empty batch or sequence) runs on a second program compiled with those
   // dims at least 0, made on first need.
   std::unique_ptr<Impl> empty_dims;
+  // Set when a shape depends on the values of small integer inputs in a way
+  // no symbolic shape can express (a rank that depends on whether a dim read
+  // from an input is 1, If branches of different ranks on such a test): the
+  // model is compiled at run time for each distinct set of input shapes and
+  // small integer input values, those inputs bound as constants.
+  bool specialize = false;
+  Status general_error;  // why the general compile failed
+  std::vector<bool> bind_values;  // per input: its values are bound (a small integer input)
+  std::map<std::string, std::unique_ptr<Impl>> specialized;
+  std::vector<std::string> specialized_order;  // oldest first (at most kMaxSpecializations kept)
 };
+
+namespace {
+constexpr size_t kMaxSpecializations = 16;
+
+// An input whose values a specialization binds: integer, static shape, at
+// most 64 elements (shapes, sizes, axes computed by the caller).
+bool is_small_int(DType t, const std::optional<Shape>& shape) {
+  if ((t != DType::kInt64 && t != DType::kInt32) || !shape) return false;
+  int64_t n = 1;
+  for (const Expr& d : *shape) {
+    auto c = d.as_const();
+    if (!c) return false;
+    n *= *c;
+  }
+  return n <= 64;
+}
+}  // namespace
 
 Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Model::Model(Model&&) noexcept = default;
@@ -36,16 +63,61 @@ Model::~Model() = default;
 namespace {
 // Imports the model an Impl was made from; with empty_dims, every named
 // input dim's lower bound becomes 0.
+// With `bind`, the model specialized to those inputs: small integer inputs
+// become constants of their values, the others get their static shapes.
 Result<std::unique_ptr<Model::Impl>> build_impl(const std::string& path, const std::string& bytes,
                                          const std::string& source_name, const CompileOptions& options,
-                                         bool empty_dims) {
-  auto graph = path.empty() ? import_onnx_bytes(bytes, source_name) : import_onnx_file(path);
+                                         bool empty_dims, const std::map<std::string, Tensor>* bind = nullptr) {
+  auto import = [&] { return path.empty() ? import_onnx_bytes(bytes, source_name) : import_onnx_file(path); };
+  auto graph = import();
   if (!graph.is_ok()) return graph.status();
   if (empty_dims)
     for (auto& [name, bound] : (*graph)->bounds)
       if (bound.lo && *bound.lo > 0) bound.lo = 0;
+  if (bind) {
+    for (Value* v : (*graph)->inputs()) {
+      if (v->is_constant()) continue;
+      const Tensor& t = bind->at(v->name());
+      if (is_small_int(v->dtype(), v->type().shape)) {
+        v->set_constant(t);
+        continue;
+      }
+      Shape shape;
+      for (int64_t d : t.shape()) shape.push_back(Expr(d));
+      v->set_type(TensorType{v->dtype(), shape});
+    }
+  }
   auto compiled = driver::compile_graph(std::move(*graph), options);
-  if (!compiled.is_ok()) return compiled.status();
+  if (!compiled.is_ok()) {
+    if (bind || compiled.status().code() != StatusCode::kUnsupported) return compiled.status();
+    // Deferred to run time when every op is supported, shape inference is
+    // what fails, and input values could decide it.
+    auto again = import();
+    if (!again.is_ok()) return compiled.status();
+    Graph& g = **again;
+    bool small_input = false;
+    for (const Value* v : g.inputs()) small_input |= !v->is_constant() && is_small_int(v->dtype(), v->type().shape);
+    if (!small_input || !driver::check_supported(g).is_ok()) return compiled.status();
+    ops::InferContext ctx;
+    ctx.graph = &g;
+    ctx.bounds = g.bounds;
+    if (ops::infer_shapes(g, ctx).is_ok()) return compiled.status();
+    auto impl = std::make_unique<Model::Impl>();
+    impl->specialize = true;
+    impl->general_error = compiled.status();
+    for (const Value* v : g.inputs()) {
+      if (v->is_constant()) continue;
+      impl->compiled.inputs.push_back(driver::make_info(v));
+      impl->bind_values.push_back(is_small_int(v->dtype(), v->type().shape));
+    }
+    for (const Value* v : g.outputs()) impl->compiled.outputs.push_back(driver::make_info(v));
+    impl->compiled.graph = std::move(*again);
+    impl->path = path;
+    impl->bytes = bytes;
+    impl->source_name = source_name;
+    impl->options = options;
+    return impl;
+  }
   auto impl = std::make_unique<Model::Impl>();
   impl->compiled = std::move(*compiled);
   impl->vm = std::make_unique<runtime::VM>(impl->compiled.program, driver::resolve_threads(options.threads));
@@ -108,6 +180,7 @@ Result<std::map<std::string, Tensor>> Model::run(const std::map<std::string, Ten
     }
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->specialize) return run_specialized(inputs);
   runtime::VM* vm = impl_->vm.get();
   if (below_lower_bounds(*impl_->compiled.program, ordered)) {
     if (!impl_->empty_dims) {
@@ -123,11 +196,77 @@ Result<std::map<std::string, Tensor>> Model::run(const std::map<std::string, Ten
   return result;
 }
 
+// A model whose shapes depend on input values (Impl::specialize): the
+// program compiled for these inputs' shapes and small integer values, made
+// on first need. The caller holds impl_->mu.
+Result<Model::Impl*> Model::specialization(const std::map<std::string, Tensor>& inputs) {
+  std::string key;
+  for (size_t i = 0; i < impl_->compiled.inputs.size(); ++i) {
+    const TensorInfo& info = impl_->compiled.inputs[i];
+    auto found = inputs.find(info.name);
+    if (found == inputs.end()) return invalid_argument() << "missing input '" << info.name << "'";
+    const Tensor& t = found->second;
+    if (!t.defined() || t.dtype() != info.dtype) {
+      return invalid_argument() << "input '" << info.name << "': dtype " << (t.defined() ? dtype_name(t.dtype()) : "none")
+                                << ", the model takes " << dtype_name(info.dtype);
+    }
+    if (!info.dims.empty() && static_cast<size_t>(t.rank()) != info.dims.size()) {
+      return invalid_argument() << "input '" << info.name << "': rank " << t.rank() << ", the model takes "
+                                << info.dims.size();
+    }
+    for (size_t d = 0; d < info.dims.size(); ++d) {
+      const std::string& dim = info.dims[d];
+      bool digits = !dim.empty() && dim.find_first_not_of("0123456789") == std::string::npos;
+      if (digits && std::to_string(t.shape()[d]) != dim) {
+        return invalid_argument() << "input '" << info.name << "': dim " << d << " is " << t.shape()[d]
+                                  << ", the model takes " << dim;
+      }
+    }
+    key += info.name + ":" + shape_to_string(t.shape());
+    if (impl_->bind_values[i]) {
+      key += "=";
+      for (int64_t e = 0; e < t.numel(); ++e)
+        key += std::to_string(t.dtype() == DType::kInt64 ? t.data_as<int64_t>()[e] : t.data_as<int32_t>()[e]) + ",";
+    }
+    key += ";";
+  }
+  auto it = impl_->specialized.find(key);
+  if (it == impl_->specialized.end()) {
+    auto built = build_impl(impl_->path, impl_->bytes, impl_->source_name, impl_->options, false, &inputs);
+    if (!built.is_ok()) {
+      return built.status().with_context("compiling for these inputs' values (the model's shapes depend on them: " +
+                                         impl_->general_error.message() + ")");
+    }
+    if (impl_->specialized_order.size() >= kMaxSpecializations) {
+      impl_->specialized.erase(impl_->specialized_order.front());
+      impl_->specialized_order.erase(impl_->specialized_order.begin());
+    }
+    impl_->specialized_order.push_back(key);
+    it = impl_->specialized.emplace(key, std::move(*built)).first;
+  }
+  return it->second.get();
+}
+
+Result<std::map<std::string, Tensor>> Model::run_specialized(const std::map<std::string, Tensor>& inputs) {
+  KILN_ASSIGN_OR_RETURN(Impl* spec, specialization(inputs));
+  std::vector<Tensor> ordered;
+  for (const TensorInfo& info : spec->compiled.inputs) ordered.push_back(inputs.at(info.name));
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, spec->vm->run(ordered));
+  std::map<std::string, Tensor> result;
+  for (size_t i = 0; i < outs.size(); ++i) result[spec->compiled.outputs[i].name] = std::move(outs[i]);
+  return result;
+}
+
 std::string Model::kernels_text() const {
   std::ostringstream os;
   const Target& t = Target::host();
   os << "tuned for target " << t.name << " (" << t.vector_bytes << "-byte vectors x " << t.vector_registers
      << " registers" << (t.split_fma() ? ", " + std::to_string(t.fma_bytes) + "-byte FMA datapath" : "") << ")\n";
+  if (impl_->specialize) {
+    os << "compiled at run time for each distinct set of input shapes and small integer input values (the model's "
+          "shapes depend on them: "
+       << impl_->general_error.message() << ")\n";
+  }
   for (const driver::KernelChoiceInfo& k : impl_->compiled.kernel_choices) {
     os << k.kernel << "  " << k.node << "\n    " << k.impl;
     if (!k.knobs.empty()) os << " (" << k.knobs << ")";
@@ -141,21 +280,27 @@ std::string Model::kernels_text() const {
 Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, int runs) {
   // Warm up once without timing.
   KILN_RETURN_IF_ERROR(run(inputs).status());
+  runtime::VM* vm = impl_->vm.get();
+  if (impl_->specialize) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    KILN_ASSIGN_OR_RETURN(Impl* spec, specialization(inputs));
+    vm = spec->vm.get();
+  }
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->vm->set_profiling(true);
+    vm->set_profiling(true);
   }
   for (int i = 0; i < runs; ++i) {
     auto r = run(inputs);
     if (!r.is_ok()) {
-      impl_->vm->set_profiling(false);
+      vm->set_profiling(false);
       return r.status();
     }
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
-  const runtime::Program& prog = impl_->vm->program();
-  std::vector<runtime::VM::InstrProfile> prof = impl_->vm->profile();
-  impl_->vm->set_profiling(false);
+  const runtime::Program& prog = vm->program();
+  std::vector<runtime::VM::InstrProfile> prof = vm->profile();
+  vm->set_profiling(false);
   std::vector<size_t> order(prof.size());
   double total = 0;
   for (size_t i = 0; i < prof.size(); ++i) {

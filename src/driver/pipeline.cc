@@ -84,14 +84,6 @@ void for_each_node(const Graph& g, const std::function<void(const Node*)>& f) {
 }
 
 
-TensorInfo make_info(const Value* v) {
-  TensorInfo info;
-  info.name = v->name();
-  info.dtype = v->dtype();
-  if (v->type().shape)
-    for (const Expr& d : *v->type().shape) info.dims.push_back(print_expr(d));
-  return info;
-}
 
 // State shared by the builder of the top-level graph and the builders of its
 // subgraphs: all kernels go to one code-generation module, and every program
@@ -1556,6 +1548,15 @@ Result<double> measure_choice(const Graph& parent, const Node& n, const strategy
 }
 
 }  // namespace
+
+TensorInfo make_info(const Value* v) {
+  TensorInfo info;
+  info.name = v->name();
+  info.dtype = v->dtype();
+  if (v->type().shape)
+    for (const Expr& d : *v->type().shape) info.dims.push_back(print_expr(d));
+  return info;
+}
 
 int resolve_threads(int threads) {
   if (threads > 0) return threads;

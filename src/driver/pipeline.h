@@ -41,6 +41,9 @@ struct CompiledProgram {
 // The newest ai.onnx opset whose semantics Kiln implements (that of the pinned onnx 1.17).
 constexpr int64_t kNewestOnnxOpset = 22;
 
+// The public description of a graph input or output (dims printed symbolically).
+TensorInfo make_info(const Value* v);
+
 // Lists every node whose op Kiln does not implement, in one error (and
 // rejects an ai.onnx opset newer than kNewestOnnxOpset).
 Status check_supported(const Graph& g);

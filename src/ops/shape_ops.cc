@@ -594,7 +594,7 @@ Status infer_split(Node& n, InferContext& ctx) {
     set_output(n, k, xt.dtype, s, ctx);
     auto o = simplify(off).as_const();
     auto len = simplify(sizes[k], ctx.bounds).as_const();
-    if (xv && x.size() == 1 && o && len && *o + *len <= static_cast<int64_t>(xv->size())) {
+    if (xv && x.size() == 1 && o && len && *o >= 0 && *len >= 0 && *o + *len <= static_cast<int64_t>(xv->size())) {
       set_sym(n, k, std::vector<Expr>(xv->begin() + *o, xv->begin() + *o + *len), ctx);
     }
     off = off + sizes[k];

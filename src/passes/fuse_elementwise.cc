@@ -30,9 +30,21 @@ bool is_graph_output(const Graph& g, const Value* v) {
     if (o == v) return true;
   return false;
 }
+
+// Values some node's subgraph (If branch, Loop/Scan body) reads from this
+// graph: they must exist as values, like graph outputs, so no kernel may keep
+// them internal (their top-level uses do not count those reads).
+std::set<const Value*> captured_values(const Graph& g) {
+  std::set<const Value*> out;
+  for (const Node* n : g.nodes())
+    for (const Value* v : g.implicit_inputs(n)) out.insert(v);
+  return out;
+}
 }  // namespace
 
 std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const Node*>& compiled, bool enable) {
+  const std::set<const Value*> captured = captured_values(g);
+  auto must_exist = [&](const Value* v) { return is_graph_output(g, v) || captured.count(v) != 0; };
   std::vector<Node*> order;
   for (Node* n : g.nodes())
     if (compiled.count(n)) order.push_back(n);
@@ -48,7 +60,7 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
     for (Node* n : order) {
       std::vector<const Node*> chain = strategy::attention_nodes(*n);
       bool all = !chain.empty();
-      for (const Node* c : chain) all = all && compiled.count(c) && !is_graph_output(g, c->output(0));
+      for (const Node* c : chain) all = all && compiled.count(c) && !must_exist(c->output(0));
       if (all)
         for (const Node* c : chain) chain_anchor[c] = n;
     }
@@ -65,7 +77,7 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
       // group that reads it, when every use is in that one group: its
       // template computes the group in the tile's write-back.
       const Value* out = n->output(0);
-      if (out == nullptr || out->uses().empty() || is_graph_output(g, out)) continue;
+      if (out == nullptr || out->uses().empty() || must_exist(out)) continue;
       const Node* root = nullptr;
       bool one_group = true;
       for (const auto& use : out->uses()) {
@@ -83,7 +95,7 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
     }
     if (!enable || !is_elementwise(n) || n->num_outputs() != 1) continue;
     const Value* out = n->output(0);
-    if (out == nullptr || out->uses().size() != 1 || is_graph_output(g, out)) continue;
+    if (out == nullptr || out->uses().size() != 1 || must_exist(out)) continue;
     const Node* consumer = out->uses()[0].first;
     if (!compiled.count(consumer) || !is_elementwise(consumer)) continue;
     root_of[n] = root_of[consumer];

@@ -23,6 +23,7 @@
 // and per register tile), nr (columns of a tile: one or two vectors), vw
 // (the vector width of the row reductions; fixed by the target).
 #include <algorithm>
+#include <set>
 
 #include "ops/registry.h"
 #include "strategy/strategy.h"
@@ -111,12 +112,14 @@ bool attention_applies(const Node& n, std::string* why) { return !find_chain(n, 
 
 bool attention_applies_in_graph(const Graph& g, const Node& n, std::string* why) {
   std::vector<const Node*> chain = find_chain(n, why);
+  std::set<const Value*> read_elsewhere(g.outputs().begin(), g.outputs().end());
+  for (const Node* m : g.nodes())
+    for (const Value* v : g.implicit_inputs(m)) read_elsewhere.insert(v);
   for (const Node* c : chain)
-    for (const Value* o : g.outputs())
-      if (o == c->output(0)) {
-        if (why) *why = "a step of the chain is a graph output";
-        return false;
-      }
+    if (read_elsewhere.count(c->output(0))) {
+      if (why) *why = "a step of the chain is a graph output or read by a subgraph";
+      return false;
+    }
   // Softmax before opset 13 normalizes over every dim from `axis` on: the
   // same as the last axis only where axis is the last (checked above).
   return !chain.empty();

@@ -183,6 +183,93 @@ TEST(Pipeline, EmptyNamedDimsRunOnARelaxedProgram) {
   EXPECT_NE(bad.status().message().find("input 'X'"), std::string::npos) << bad.status().message();
 }
 
+// A rank that depends on an input's values (Squeeze without axes of a
+// Reshape to a shape given as an input: which dims are 1 is known only at
+// run time) cannot be inferred symbolically. The model compiles (every op is
+// supported) and runs on programs specialized to each distinct set of input
+// shapes and small integer input values, made on first need; its outputs
+// change rank from run to run. Wrong inputs are still errors naming them.
+TEST(Pipeline, ValueDependentRanksSpecializeAtRunTime) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  g->set_name("value_rank");
+  auto add_input = [&](const char* name, int elem, std::vector<int64_t> dims) {
+    auto* vi = g->add_input();
+    vi->set_name(name);
+    auto* tt = vi->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(elem);
+    for (int64_t d : dims) {
+      if (d < 0) tt->mutable_shape()->add_dim()->set_dim_param("n");
+      else tt->mutable_shape()->add_dim()->set_dim_value(d);
+    }
+  };
+  add_input("X", onnx::TensorProto::FLOAT, {-1});
+  add_input("shape", onnx::TensorProto::INT64, {2});
+  auto* reshape = g->add_node();
+  reshape->set_op_type("Reshape");
+  reshape->add_input("X");
+  reshape->add_input("shape");
+  reshape->add_output("R");
+  auto* squeeze = g->add_node();
+  squeeze->set_op_type("Squeeze");
+  squeeze->add_input("R");
+  squeeze->add_output("S");
+  auto* relu = g->add_node();
+  relu->set_op_type("Relu");
+  relu->add_input("S");
+  relu->add_output("Y");
+  g->add_output()->set_name("Y");
+  auto model = Model::compile_bytes(m.SerializeAsString(), CompileOptions{}, "value_rank.onnx");
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  Tensor x = random_tensor({6}, 3);
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> cases = {
+      {{2, 3}, {2, 3}}, {{1, 6}, {6}}, {{6, 1}, {6}}, {{3, 2}, {3, 2}}, {{2, 3}, {2, 3}}};
+  for (const auto& [dims, want] : cases) {
+    Tensor shape(DType::kInt64, {2});
+    shape.data_as<int64_t>()[0] = dims[0];
+    shape.data_as<int64_t>()[1] = dims[1];
+    auto out = model->run({{"X", x}, {"shape", shape}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    const Tensor& y = out->at("Y");
+    ASSERT_EQ(y.shape(), want);
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(y.data_as<float>()[i], std::max(0.f, x.data_as<float>()[i]));
+  }
+  // A shape Reshape rejects is the specialized compile's error, with why it was compiled then.
+  Tensor bad_shape(DType::kInt64, {2});
+  bad_shape.data_as<int64_t>()[0] = 4;
+  bad_shape.data_as<int64_t>()[1] = 4;
+  auto bad = model->run({{"X", x}, {"shape", bad_shape}});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("compiling for these inputs' values"), std::string::npos)
+      << bad.status().message();
+  // Inputs of the wrong dtype, rank or static dim are errors naming the input.
+  Tensor f_shape(DType::kFloat32, {2});
+  auto wrong = model->run({{"X", x}, {"shape", f_shape}});
+  ASSERT_FALSE(wrong.is_ok());
+  EXPECT_NE(wrong.status().message().find("input 'shape'"), std::string::npos) << wrong.status().message();
+  auto wrong_rank = model->run({{"X", random_tensor({2, 3}, 1)}, {"shape", bad_shape}});
+  ASSERT_FALSE(wrong_rank.is_ok());
+  EXPECT_NE(wrong_rank.status().message().find("input 'X'"), std::string::npos) << wrong_rank.status().message();
+  Tensor long_shape(DType::kInt64, {3});
+  auto wrong_dim = model->run({{"X", x}, {"shape", long_shape}});
+  ASSERT_FALSE(wrong_dim.is_ok());
+  EXPECT_NE(wrong_dim.status().message().find("input 'shape'"), std::string::npos) << wrong_dim.status().message();
+  // More distinct inputs than the cache holds (16): each still runs right.
+  for (int64_t n = 1; n <= 40; ++n) {
+    const int64_t len = n % 20 + 1;
+    Tensor xs = random_tensor({2 * len}, static_cast<uint32_t>(n));
+    Tensor shape(DType::kInt64, {2});
+    shape.data_as<int64_t>()[0] = n % 2 ? 2 * len : 2;
+    shape.data_as<int64_t>()[1] = n % 2 ? 1 : len;
+    auto out = model->run({{"X", xs}, {"shape", shape}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    EXPECT_EQ(out->at("Y").rank(), n % 2 || len == 1 ? 1 : 2) << "n = " << n;
+    EXPECT_EQ(out->at("Y").numel(), 2 * len);
+  }
+}
+
 TEST(Pipeline, StaticShapesFusedAndPlanned) {
   Tensor w = random_tensor({7, 19}, 1), b = random_tensor({19}, 2), x = random_tensor({3, 7}, 3);
   for (bool naive : {false, true}) {
