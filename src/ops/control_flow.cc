@@ -361,7 +361,9 @@ Status infer_scan8(Node& n, InferContext& ctx) {
 }
 
 Status infer_scan(Node& n, InferContext& ctx) {
-  if (onnx_opset(ctx) != 0 && onnx_opset(ctx) < 9) return infer_scan8(n, ctx);
+  // kiln_scan_opset9: a Scan made by passes/scan8_to_loop.h in an opset-8
+  // graph, in the opset-9 form.
+  if (onnx_opset(ctx) != 0 && onnx_opset(ctx) < 9 && n.attr_int("kiln_scan_opset9", 0) == 0) return infer_scan8(n, ctx);
   Graph* body = subgraph(n, "body");
   if (!body) return node_invalid(n) << "missing body";
   int64_t num_scan_in = n.attr_int("num_scan_inputs", -1);

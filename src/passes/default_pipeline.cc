@@ -8,6 +8,7 @@ namespace kiln::passes {
 
 std::vector<std::string> default_pipeline(bool naive) {
   std::vector<std::string> p = {
+      "scan8-to-loop",                    // Scan of opset 8: a Loop over the batch of opset-9 Scans (structural)
       "fold-transposed-weights",          // Gemm transA/transB and Transpose of constants (structural)
       "infer-shapes",                     // symbolic types of every value; later passes prove with them
       "sink-transposes",                  // Transposes below elementwise ops and reductions

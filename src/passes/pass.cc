@@ -11,6 +11,7 @@
 #include "passes/flatten_matmul_batch.h"
 #include "passes/fold_transposed_weights.h"
 #include "passes/rnn_to_scan.h"
+#include "passes/scan8_to_loop.h"
 #include "passes/project_rnn_inputs.h"
 #include "passes/simplify_algebra.h"
 #include "passes/sink_transposes.h"
@@ -56,6 +57,10 @@ const std::vector<PassInfo>& registered_passes() {
        "MatMul of A with constant batch dims by a constant matrix B becomes one product over all rows "
        "(Reshape views around it)",
        &flatten_matmul_batch, true, "tests/ir/flatten_matmul_batch.kir"},
+      {"scan8-to-loop",
+       "Scan of opset 8 (a batch axis on every input, no sequence_lens) becomes a Loop over the batch whose body "
+       "runs one opset-9 Scan on element b: both VM code instead of a sub-program per element",
+       &scan8_to_loop, false, "tests/ir/scan8_to_loop.kir"},
       {"rnn-to-scan",
        "LSTM, GRU and RNN with constant weights become one input-projection MatMul and a Scan per direction whose "
        "body is one step: packed GEMMs with the recurrent weights and the gate arithmetic, compiled and run as VM code",

@@ -240,7 +240,13 @@ Result<tir::Schedule> attention_schedule(const tir::KernelDef& k, const std::str
   counts.push_back(m ? std::optional<int64_t>((*m + rb - 1) / rb) : std::nullopt);
   if (int par = tir::choose_parallel(counts); par >= 0) ops.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
   prims[stage] = std::move(ops);
-  return replace_stage_schedules(k, prims);
+  // The stages were recognised by their ranks and leading dims only (a
+  // kernel may hold other stages, e.g. a bias from another product joined to
+  // the chain): where compute_at's checks refuse the placement, the kernel
+  // keeps the default schedule.
+  tir::Schedule s = replace_stage_schedules(k, prims);
+  if (!tir::lower(k, s).is_ok()) return tir::default_schedule(k);
+  return s;
 }
 
 }  // namespace

@@ -157,7 +157,8 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
       choice = r;
       break;
     }
-    const bool measurable = !applicable.front()->fuses_producers;
+    const bool measurable = std::none_of(applicable.begin(), applicable.end(),
+                                         [](const Candidate* c) { return c->fuses_producers; });
     if (!choice && options.measure && applicable.size() > 1 && measurable) {
       std::string timings;
       double best = 0;

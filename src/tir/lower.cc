@@ -665,7 +665,9 @@ struct Lowerer {
         return false;
       };
       // Guards on shared loops only are the consumer's to place: it must have them.
-      for (const Expr& g : plan.guards) {
+      std::vector<Expr> all_guards = plan.guards;
+      all_guards.insert(all_guards.end(), plan.store_guards.begin(), plan.store_guards.end());
+      for (const Expr& g : all_guards) {
         bool only_shared = uses_shared(g);
         for (const std::string& v : free_vars(g))
           if (!plan.shared.count(v) && loop_extent(plan, v).defined()) only_shared = false;
@@ -1014,9 +1016,16 @@ struct Lowerer {
   // stages computed there (in stage order) with their local buffers.
   Result<Stmt> lower_stage(int s) {
     KILN_ASSIGN_OR_RETURN(Stmt nest, lower_stage_nest(s));
-    std::map<std::string, std::vector<size_t>> at;  // axis -> producers
-    for (size_t p = 0; p < stages.size(); ++p)
-      if (plans[p].attach_to == s) at[plans[p].attach_axis].push_back(p);
+    // Axis -> producers, innermost axis first: wrapping an outer loop's body
+    // keeps the inner loops' (already wrapped) inside it.
+    std::vector<std::pair<std::string, std::vector<size_t>>> at;
+    const std::vector<Loop>& loops = plans[static_cast<size_t>(s)].spatial;
+    for (size_t i = loops.size(); i-- > 0;) {
+      std::vector<size_t> producers;
+      for (size_t p = 0; p < stages.size(); ++p)
+        if (plans[p].attach_to == s && plans[p].attach_axis == loops[i].var) producers.push_back(p);
+      if (!producers.empty()) at.emplace_back(loops[i].var, std::move(producers));
+    }
     for (const auto& [axis, producers] : at) {
       std::vector<Stmt> prefix;
       for (size_t p : producers) {

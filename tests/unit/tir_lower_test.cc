@@ -912,6 +912,33 @@ TEST(TirLower, ComputeAtRowBlocks) {
   }
 }
 
+// Two producers computed at two loops of one consumer (the outer one's
+// region a row, the inner one's a point): either order of the primitives.
+TEST(TirLower, ComputeAtTwoLoopsOfOneConsumer) {
+  KernelDef k;
+  k.name = "two_at";
+  k.params = {buf("X", {4, 6}), buf("Y", {4, 6}), buf("Z", {4, 6})};
+  k.num_inputs = 2;
+  Expr i = var("a0"), j = var("a1");
+  k.stages = {
+      stage("A", {"a0", "a1"}, {4, 6}, ld("X", 0, {i, j}) * float_imm(2.0, f32)),
+      stage("B", {"a0", "a1"}, {4, 6}, ld("Y", 1, {i, j}) + float_imm(1.0, f32)),
+      stage("Z", {"a0", "a1"}, {4, 6}, ld("A", -1, {i, j}) - ld("B", -1, {i, j})),
+  };
+  auto ref = [](const HostData& r) {
+    auto x = as_floats(r.bytes[0]), y = as_floats(r.bytes[1]);
+    std::vector<float> z(24);
+    for (size_t e = 0; e < 24; ++e) z[e] = x[e] * 2.0f - (y[e] + 1.0f);
+    return std::vector<std::vector<float>>{z};
+  };
+  for (const char* text : {"compute_at(A, Z, a0)\ncompute_at(B, Z, a1)\n", "compute_at(B, Z, a1)\ncompute_at(A, Z, a0)\n",
+                           "compute_at(A, Z, a1)\ncompute_at(B, Z, a0)\n"}) {
+    auto s = parse_schedule(text);
+    ASSERT_TRUE(s.is_ok());
+    expect_matches(k, *s, {}, ref);
+  }
+}
+
 TEST(TirLower, ComputeAtIllegalPlacementsAreErrors) {
   KernelDef k = attention(2, 8, 8, 4, 8);
   auto fails = [&](const std::string& text, const std::string& why) {
