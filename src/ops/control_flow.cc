@@ -283,6 +283,20 @@ Status infer_loop(Node& n, InferContext& ctx) {
     auto m = sym_values(n, 0);
     if (m && m->size() == 1 && vars_within((*m)[0], known)) trips = simplify(max((*m)[0], Expr(0)), ctx.bounds);
   }
+  // A carried sequence the body appends one element to per iteration
+  // (SequenceInsert of it without a position) ends trips longer than it began.
+  for (size_t j = 0; j < num_carried && trips.defined(); ++j) {
+    const Node* p = body->outputs()[1 + j]->producer();
+    TensorType t = n.output(j)->type();
+    if (t.dtype != DType::kSequence || !t.shape || t.shape->size() != 1 || !state[j].shape || state[j].shape->size() != 1 ||
+        p == nullptr || !p->domain().empty() || p->op_type() != "SequenceInsert" || p->num_inputs() != 2 ||
+        p->input(0) != body->inputs()[2 + j])
+      continue;
+    Expr start = (*state[j].shape)[0];
+    if (!vars_within(start, known)) continue;
+    (*t.shape)[0] = simplify(start + trips, ctx.bounds);
+    n.output(j)->set_type(t);
+  }
   for (size_t k = 0; k < num_scan; ++k) {
     const TensorType& t = body->outputs()[1 + num_carried + k]->type();
     if (!t.shape) {

@@ -20,6 +20,7 @@ std::vector<std::string> default_pipeline(bool naive) {
       "eliminate-common-subexpressions",  // same op, attributes and inputs: one node
       "combine-parallel-matmuls",         // Q/K/V-style projections of one input: one wide op + Split
       "flatten-matmul-batch",             // [d.., M, K] x const [K, N]: one [d..*M, K] product
+      "sequence-map-to-loop",             // SequenceMap: a Loop carrying the output sequences (VM code)
       "rnn-to-scan",                     // LSTM/GRU/RNN: projection MatMul + Scan of compiled steps
       "project-rnn-inputs",               // RNN/GRU/LSTM input projections: one MatMul over all steps
       "eliminate-dead-code",              // nodes nothing reads, unused constants

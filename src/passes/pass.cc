@@ -12,6 +12,7 @@
 #include "passes/fold_transposed_weights.h"
 #include "passes/rnn_to_scan.h"
 #include "passes/scan8_to_loop.h"
+#include "passes/sequence_map_to_loop.h"
 #include "passes/project_rnn_inputs.h"
 #include "passes/simplify_algebra.h"
 #include "passes/sink_transposes.h"
@@ -61,6 +62,10 @@ const std::vector<PassInfo>& registered_passes() {
        "Scan of opset 8 (a batch axis on every input, no sequence_lens) becomes a Loop over the batch whose body "
        "runs one opset-9 Scan on element b: both VM code instead of a sub-program per element",
        &scan8_to_loop, false, "tests/ir/scan8_to_loop.kir"},
+      {"sequence-map-to-loop",
+       "SequenceMap becomes a Loop over the first input's elements carrying one sequence per output (SequenceAt, "
+       "the body's nodes, SequenceInsert): VM code instead of a sub-program per element",
+       &sequence_map_to_loop, true, "tests/ir/sequence_map_to_loop.kir"},
       {"rnn-to-scan",
        "LSTM, GRU and RNN with constant weights become one input-projection MatMul and a Scan per direction whose "
        "body is one step: packed GEMMs with the recurrent weights and the gate arithmetic, compiled and run as VM code",

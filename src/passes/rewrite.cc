@@ -54,6 +54,16 @@ bool replace_value(Graph& g, Value* from, Value* to) {
   return true;
 }
 
+Status replace_outputs(Graph& g, Node* from, Node* to, const std::string& pass) {
+  for (size_t k = 0; k < from->num_outputs() && k < to->num_outputs(); ++k) {
+    Value* old = from->output(k);
+    if (old == nullptr || (old->uses().empty() && !is_graph_output(g, old))) continue;
+    if (!replace_value(g, old, to->output(k)))
+      return internal_error() << from->describe() << ": " << pass << " could not replace output " << k;
+  }
+  return Status::ok();
+}
+
 Tensor transpose_tensor(const Tensor& t, const std::vector<int64_t>& perm) {
   int64_t rank = t.rank();
   std::vector<int64_t> out_shape(rank);

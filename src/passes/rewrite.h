@@ -32,6 +32,10 @@ Result<int> rewrite_to_fixed_point(Graph& g, const std::vector<RewriteRule>& rul
 // a node and not to be a graph output already; otherwise nothing changes and
 // the result is false.
 bool replace_value(Graph& g, Value* from, Value* to);
+// Output k of `from` (where used or a graph output) replaced by output k of
+// `to`, for a rewrite that makes a node anew (`pass` names it in the error
+// when one cannot be replaced).
+Status replace_outputs(Graph& g, Node* from, Node* to, const std::string& pass);
 
 bool is_graph_output(const Graph& g, const Value* v);
 

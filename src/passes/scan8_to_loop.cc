@@ -83,12 +83,7 @@ Result<int> scan8_to_loop(Graph& g, PassContext&) {
     for (size_t k = 0; k < n->num_outputs(); ++k) loop_outs.push_back(g.unique_name(base + ".batched" + std::to_string(k)));
     Node* loop = g.insert_node_before(n, "Loop", {trips, nullptr}, loop_outs);
     loop->set_attr("body", Attribute::of_graph(lb));
-    for (size_t k = 0; k < n->num_outputs(); ++k) {
-      Value* old = n->output(k);
-      if (old == nullptr || (old->uses().empty() && !is_graph_output(g, old))) continue;
-      if (!replace_value(g, old, loop->output(k)))
-        return internal_error() << n->describe() << ": scan8-to-loop could not replace output " << k;
-    }
+    KILN_RETURN_IF_ERROR(replace_outputs(g, n, loop, "scan8-to-loop"));
     g.remove_node(n);
   }
   return static_cast<int>(todo.size());

@@ -1,0 +1,104 @@
+#include "passes/sequence_map_to_loop.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "passes/rewrite.h"
+
+namespace kiln::passes {
+
+namespace {
+
+bool applies(const Node* n) {
+  if (!n->domain().empty() || n->op_type() != "SequenceMap") return false;
+  const Attribute* body = n->attr("body");
+  if (body == nullptr || !body->g || n->num_inputs() < 1) return false;
+  const Graph& b = *body->g;
+  if (b.inputs().size() != n->num_inputs() || b.outputs().size() != n->num_outputs()) return false;
+  // One sequence (the first input); the others tensors: with several
+  // sequences, the sub-program checks that their lengths agree (an error
+  // naming the node), which a Loop of SequenceAt would report as a position
+  // out of range.
+  for (size_t j = 0; j < n->num_inputs(); ++j) {
+    const Value* v = n->input(j);
+    if (v == nullptr || (j == 0) != (v->dtype() == DType::kSequence) || (j > 0 && v->type().is_container())) return false;
+  }
+  for (const Node* m : b.nodes())
+    if (has_subgraph(*m)) return false;
+  for (const Value* o : b.outputs())
+    if (o == nullptr || o->dtype() == DType::kUndefined || o->type().is_container()) return false;
+  return true;
+}
+
+}  // namespace
+
+Result<int> sequence_map_to_loop(Graph& g, PassContext&) {
+  std::vector<Node*> todo;
+  for (Node* n : g.nodes())
+    if (applies(n)) todo.push_back(n);
+  for (Node* n : todo) {
+    const Graph& body = *n->attr("body")->g;
+    const std::string base = n->output(0) != nullptr ? n->output(0)->name() : n->input(0)->name();
+    Value* count = g.insert_node_before(n, "SequenceLength", {n->input(0)}, {g.unique_name(base + ".count")})->output(0);
+    std::vector<Value*> loop_ins = {count, nullptr};
+    for (size_t k = 0; k < n->num_outputs(); ++k) {
+      Node* empty = g.insert_node_before(n, "SequenceEmpty", {}, {g.unique_name(base + ".empty" + std::to_string(k))});
+      empty->set_attr("dtype", Attribute::of_int(static_cast<int64_t>(body.outputs()[k]->dtype())));
+      loop_ins.push_back(empty->output(0));
+    }
+
+    auto lb = std::make_shared<Graph>();
+    lb->opsets = body.opsets;
+    lb->source = body.source;
+    Value* iter = lb->add_input(lb->unique_name(base + ".i"), TensorType{DType::kInt64, Shape{}});
+    Value* cond_in = lb->add_input(lb->unique_name(base + ".cond"), TensorType{DType::kBool, Shape{}});
+    std::vector<Value*> acc;
+    for (size_t k = 0; k < n->num_outputs(); ++k)
+      acc.push_back(lb->add_input(lb->unique_name(base + ".acc" + std::to_string(k)), loop_ins[2 + k]->type()));
+    // The body's values as the Loop body's.
+    std::map<const Value*, Value*> map;
+    auto capture = [&](const std::string& name, const TensorType& t) {
+      Value* v = lb->find_value(name);
+      return v != nullptr ? v : lb->add_capture(name, t);
+    };
+    for (size_t j = 0; j < n->num_inputs(); ++j) {
+      Value* outer = n->input(j);
+      Value* cap = capture(outer->name(), outer->type());
+      if (outer->dtype() == DType::kSequence) {
+        cap = lb->add_node("SequenceAt", {cap, iter}, {lb->unique_name(base + ".elem" + std::to_string(j))})->output(0);
+      }
+      map[body.inputs()[j]] = cap;
+    }
+    for (const Value* c : body.captures()) map[c] = capture(c->name(), c->type());
+    for (const Value* c : body.constants()) map[c] = lb->add_constant(lb->unique_name(c->name()), c->constant());
+    for (const Node* m : body.nodes()) {
+      std::vector<Value*> ins;
+      for (const Value* v : m->inputs()) ins.push_back(v == nullptr ? nullptr : map.at(v));
+      std::vector<std::string> outs;
+      for (const Value* o : m->outputs()) outs.push_back(o == nullptr ? std::string() : lb->unique_name(o->name()));
+      Node* copy = lb->add_node(m->op_type(), ins, outs, m->domain(), m->name());
+      for (const auto& [key, a] : m->attrs()) copy->set_attr(key, a);
+      for (size_t k = 0; k < m->num_outputs(); ++k)
+        if (m->output(k) != nullptr) map[m->output(k)] = copy->output(k);
+    }
+    std::vector<Value*> outs = {lb->add_node("Identity", {cond_in}, {lb->unique_name(base + ".cond_out")})->output(0)};
+    for (size_t k = 0; k < n->num_outputs(); ++k) {
+      Value* r = map.at(body.outputs()[k]);
+      outs.push_back(
+          lb->add_node("SequenceInsert", {acc[k], r}, {lb->unique_name(base + ".acc_next" + std::to_string(k))})->output(0));
+    }
+    lb->set_outputs(outs);
+
+    std::vector<std::string> loop_outs;
+    for (size_t k = 0; k < n->num_outputs(); ++k) loop_outs.push_back(g.unique_name(base + ".mapped" + std::to_string(k)));
+    Node* loop = g.insert_node_before(n, "Loop", loop_ins, loop_outs);
+    loop->set_attr("body", Attribute::of_graph(lb));
+    loop->set_name(n->name());  // errors inside name the node: "Loop 'map' iteration 3: ...
+    KILN_RETURN_IF_ERROR(replace_outputs(g, n, loop, "sequence-map-to-loop"));
+    g.remove_node(n);
+  }
+  return static_cast<int>(todo.size());
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,29 @@
+// sequence-map-to-loop: a SequenceMap becomes a Loop over the first input's
+// elements that carries one sequence per output: the body's nodes are copied
+// into the Loop body, each sequence input read through SequenceAt at the
+// iteration number (a tensor input is captured as it is), and each result
+// appended with SequenceInsert to its carried sequence (SequenceEmpty of the
+// body output's dtype at first). The Loop runs as VM code (runtime/vm.h),
+// where SequenceMap ran a sub-program per element.
+//
+//   SequenceMap(s, x..) {body(e, y..) -> (r..)}
+//     ->  Loop(SequenceLength(s), -, SequenceEmpty..) body (i, cond, acc..):
+//           e = SequenceAt(s, i); y = SequenceAt(x, i) or x
+//           <the body's nodes>
+//           -> (cond, SequenceInsert(acc, r)..)
+//
+// Applies where the first input is the only sequence (with several, the
+// sub-program checks that their lengths agree and names the node), the
+// body's dtypes are known and none of its nodes has a subgraph (their
+// captures name the body's values, which the copy renames where they clash).
+// A Loop's carried sequence appended to once per iteration ends with the
+// count's length (ops/control_flow.cc), so the outputs keep the input's.
+#pragma once
+
+#include "passes/pass.h"
+
+namespace kiln::passes {
+
+Result<int> sequence_map_to_loop(Graph& g, PassContext& ctx);
+
+}  // namespace kiln::passes
