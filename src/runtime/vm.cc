@@ -54,7 +54,7 @@ class BufferPool {
       state_->peak_live_bytes = std::max(state_->peak_live_bytes, state_->live_bytes);
     }
     std::shared_ptr<State> st = state_;
-    return std::shared_ptr<void>(p, [st, size](void* q) { st->release(q, size); });
+    return std::shared_ptr<void>(p, [st, size](void* q) { st->release(q, size); }, ControlAlloc<char>(state_));
   }
 
   int64_t live_bytes() const {
@@ -82,10 +82,53 @@ class BufferPool {
       }
       std::free(q);
     }
+    // Control blocks of the shared_ptrs acquire() hands out, recycled like
+    // the blocks (a warm loop iteration that gets a buffer allocates none).
+    std::map<size_t, std::vector<void*>> control_free;
+    void* control_get(size_t bytes) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        auto& list = control_free[bytes];
+        if (!list.empty()) {
+          void* p = list.back();
+          list.pop_back();
+          return p;
+        }
+      }
+      return ::operator new(bytes);
+    }
+    void control_put(void* p, size_t bytes) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        auto& list = control_free[bytes];
+        if (list.size() < 4096) {
+          list.push_back(p);
+          return;
+        }
+      }
+      ::operator delete(p);
+    }
     ~State() {
       for (auto& [size, list] : free)
         for (void* p : list) std::free(p);
+      for (auto& [size, list] : control_free)
+        for (void* p : list) ::operator delete(p);
     }
+  };
+  // The allocator of those control blocks (it keeps the state alive).
+  template <class T>
+  struct ControlAlloc {
+    using value_type = T;
+    std::shared_ptr<State> st;
+    explicit ControlAlloc(std::shared_ptr<State> s) : st(std::move(s)) {}
+    template <class U>
+    ControlAlloc(const ControlAlloc<U>& o) : st(o.st) {}  // NOLINT: rebinding
+    T* allocate(size_t n) { return static_cast<T*>(st->control_get(n * sizeof(T))); }
+    void deallocate(T* p, size_t n) { st->control_put(p, n * sizeof(T)); }
+    template <class U>
+    bool operator==(const ControlAlloc<U>& o) const { return st == o.st; }
+    template <class U>
+    bool operator!=(const ControlAlloc<U>& o) const { return st != o.st; }
   };
   std::shared_ptr<State> state_;
 };
@@ -110,6 +153,19 @@ struct What {
   std::string str() const { return prefix + ("'" + name + "'"); }
 };
 std::ostream& operator<<(std::ostream& os, const What& w) { return os << w.str(); }
+
+// Evaluates into `out` (cleared first; its capacity is reused).
+Status eval_shape_into(const std::vector<Expr>& shape, const Env& env, const What& what, std::vector<int64_t>& out) {
+  out.clear();
+  out.reserve(shape.size());
+  for (const Expr& d : shape) {
+    auto v = evaluate(d, env);
+    if (!v.is_ok()) return internal_error() << "cannot compute the shape of " << what << ": " << v.status().message();
+    if (*v < 0) return invalid_argument() << "shape of " << what << " has negative dim " << print_expr(d) << " = " << *v;
+    out.push_back(*v);
+  }
+  return Status::ok();
+}
 
 Result<std::vector<int64_t>> eval_shape(const std::vector<Expr>& shape, const Env& env, const What& what) {
   std::vector<int64_t> out;
@@ -144,11 +200,27 @@ struct SlotValues {
   // The symbols bind_dims bound, in order (names owned by the program's
   // shapes): a loop forgets those bound since it started at each iteration.
   std::vector<const std::string*> log;
+  // Map nodes of forgotten symbols, kept to bind them again: a loop body
+  // binding its carried shapes each iteration allocates no node once warm.
+  std::vector<Env::node_type> spare;
+  void bind(Env& env, const std::string& name, int64_t v) {
+    for (size_t i = spare.size(); i-- > 0;) {
+      if (spare[i].key() != name) continue;
+      Env::node_type node = std::move(spare[i]);
+      spare.erase(spare.begin() + static_cast<long>(i));
+      node.mapped() = v;
+      env.insert(std::move(node));
+      return;
+    }
+    env[name] = v;
+  }
   void forget_since(size_t mark, Env& env) {
     while (log.size() > mark) {
       const std::string& name = *log.back();
       log.pop_back();
-      env.erase(name);
+      if (Env::node_type node = env.extract(name)) {
+        if (spare.size() < 64) spare.push_back(std::move(node));
+      }
       if (slots == nullptr) continue;
       if (auto it = slots->find(name); it != slots->end()) bound[static_cast<size_t>(it->second)] = 0;
     }
@@ -179,7 +251,7 @@ Status bind_dims(const std::vector<Expr>& pattern, const std::vector<int64_t>& d
           return invalid_argument() << what << " dim " << i << " (" << p->name << ") = " << dims[i]
                                     << " is outside its bounds";
       }
-      env[p->name] = dims[i];
+      slots.bind(env, p->name, dims[i]);
       slots.set(p->name, dims[i]);
       slots.log.push_back(&p->name);
     }
@@ -381,6 +453,10 @@ struct VM::Impl {
   // Kept across runs (see run): the registers, whether the constants are
   // bound in them, and the argument arrays of kernel and host calls.
   std::vector<Tensor> regs;
+  // Per register, the shape vector of the value it last released: the next
+  // value it gets reuses that memory (a loop body's registers are released
+  // and given values again every iteration).
+  std::vector<std::vector<int64_t>> spare_shapes;
   bool constants_bound = false;
   std::vector<void*> args;
   std::vector<int64_t> syms;
@@ -653,6 +729,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
   // of the caller's between runs.
   if (regs.size() != p.registers.size()) {
     regs.assign(p.registers.size(), Tensor());
+    spare_shapes.resize(p.registers.size());
     constants_bound = false;
   }
   const char* arena_begin = static_cast<const char*>(arena.get());
@@ -729,7 +806,11 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
     bool planned = info.arena_offset >= 0 && !info.is_output && !object_dtype && arena_begin;
     if (planned && holds(r, arena_begin + info.arena_offset)) return Status::ok();
     What what{"", info.name};
-    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, eval_shape(info.shape, env, what));
+    // The register's last shape vector is reused (a loop iteration then
+    // allocates none for it).
+    std::vector<int64_t> shape =
+        regs[r].defined() ? regs[r].release_shape() : std::move(spare_shapes[static_cast<size_t>(r)]);
+    KILN_RETURN_IF_ERROR(eval_shape_into(info.shape, env, what, shape));
     if (object_dtype) {
       KILN_ASSIGN_OR_RETURN(regs[r], Tensor::allocate(info.dtype, std::move(shape), what.str()));
     } else if (info.arena_offset >= 0 && !info.is_output) {
@@ -1218,7 +1299,10 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
       }
     }
     for (int r : in.release)
-      if (!in_arena(regs[r])) regs[r] = Tensor();
+      if (!in_arena(regs[r])) {
+        if (regs[r].defined()) spare_shapes[static_cast<size_t>(r)] = regs[r].release_shape();
+        regs[r] = Tensor();
+      }
     if (profiling) {
       profile[pc].calls += 1;
       profile[pc].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -56,6 +56,9 @@ class Tensor {
   Tensor clone() const;
   // Same storage, new shape with the same element count.
   Tensor reshaped(std::vector<int64_t> shape) const;
+  // Moves the shape vector out, for a handle about to be overwritten (the VM
+  // reuses its memory for the next value of the register).
+  std::vector<int64_t> release_shape() { return std::move(shape_); }
   // Short description: "f32[1,3,224,224]".
   std::string describe() const;
 
