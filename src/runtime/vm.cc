@@ -169,13 +169,7 @@ Status eval_shape_into(const std::vector<Expr>& shape, const Env& env, const Wha
 
 Result<std::vector<int64_t>> eval_shape(const std::vector<Expr>& shape, const Env& env, const What& what) {
   std::vector<int64_t> out;
-  out.reserve(shape.size());
-  for (const Expr& d : shape) {
-    auto v = evaluate(d, env);
-    if (!v.is_ok()) return internal_error() << "cannot compute the shape of " << what << ": " << v.status().message();
-    if (*v < 0) return invalid_argument() << "shape of " << what << " has negative dim " << print_expr(d) << " = " << *v;
-    out.push_back(*v);
-  }
+  KILN_RETURN_IF_ERROR(eval_shape_into(shape, env, what, out));
   return out;
 }
 

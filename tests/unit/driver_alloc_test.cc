@@ -174,6 +174,19 @@ std::unique_ptr<Graph> loop_net() {
   return g;
 }
 
+// Runs `vm` three times (two to warm up) and counts the third run's
+// allocations on this thread; the outputs are kept in *outputs (if given).
+Count counted_third_run(runtime::VM& vm, const std::vector<Tensor>& inputs, std::vector<Tensor>* outputs) {
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(vm.run(inputs).is_ok());
+  t_calls = t_bytes = 0;
+  t_counting = true;
+  auto out = vm.run(inputs);
+  t_counting = false;
+  EXPECT_TRUE(out.is_ok()) << out.status().message();
+  if (outputs && out.is_ok()) *outputs = *out;
+  return {t_calls, t_bytes};
+}
+
 // Runs the compiled graph three times (two to warm up) and counts the third
 // run's allocations on this thread; the outputs are released outside the count.
 Count warm_run(std::unique_ptr<Graph> g, int threads, std::vector<Tensor>* outputs = nullptr) {
@@ -189,14 +202,7 @@ Count warm_run(std::unique_ptr<Graph> g, int threads, std::vector<Tensor>* outpu
     for (const Expr& d : compiled->program->registers[static_cast<size_t>(r)].shape) shape.push_back(*d.as_const());
     inputs.push_back(random_tensor(shape, 99, 1.0));
   }
-  for (int i = 0; i < 2; ++i) EXPECT_TRUE(vm.run(inputs).is_ok());
-  t_calls = t_bytes = 0;
-  t_counting = true;
-  auto out = vm.run(inputs);
-  t_counting = false;
-  EXPECT_TRUE(out.is_ok()) << out.status().message();
-  if (outputs && out.is_ok()) *outputs = *out;
-  return {t_calls, t_bytes};
+  return counted_third_run(vm, inputs, outputs);
 }
 
 TEST(WarmRun, AllocatesOnlyTheHandlesItReturns) {
@@ -240,6 +246,16 @@ TEST(WarmRun, AllocatesOnlyTheHandlesItReturns) {
 // handles of its outputs), whatever the trip count: iterations reuse the
 // arena (the body's intermediates, the carried value, the If's result), the
 // loop's scalars and its scan accumulator.
+// A loop model run warm with trip count `trips` (then `rest` of its inputs):
+// the third run's allocations and outputs.
+Count warm_loop_run(const CompiledProgram& compiled, int threads, int64_t trips, const Tensor& rest,
+                    std::vector<Tensor>* outputs) {
+  runtime::VM vm(compiled.program, threads);
+  Tensor m(DType::kInt64, {});
+  m.data_as<int64_t>()[0] = trips;
+  return counted_third_run(vm, {m, rest}, outputs);
+}
+
 TEST(WarmRun, LoopIterationsAllocateNothing) {
 #ifdef KILN_SANITIZED
   GTEST_SKIP() << "the sanitizer owns malloc";
@@ -256,19 +272,11 @@ TEST(WarmRun, LoopIterationsAllocateNothing) {
     std::vector<Count> counts;
     std::vector<std::vector<Tensor>> results;
     for (int64_t trips : {3, 40}) {
-      runtime::VM vm(compiled->program, threads);
-      Tensor m(DType::kInt64, {});
-      m.data_as<int64_t>()[0] = trips;
-      std::vector<Tensor> inputs = {m, h0};
-      for (int i = 0; i < 2; ++i) ASSERT_TRUE(vm.run(inputs).is_ok());
-      t_calls = t_bytes = 0;
-      t_counting = true;
-      auto out = vm.run(inputs);
-      t_counting = false;
-      ASSERT_TRUE(out.is_ok()) << out.status().message();
-      counts.push_back({t_calls, t_bytes});
-      results.push_back(*out);
-      ASSERT_EQ((*out)[1].shape(), (std::vector<int64_t>{trips, 1, 32}));
+      std::vector<Tensor> out;
+      counts.push_back(warm_loop_run(*compiled, threads, trips, h0, &out));
+      ASSERT_EQ(out.size(), 2u);
+      ASSERT_EQ(out[1].shape(), (std::vector<int64_t>{trips, 1, 32}));
+      results.push_back(out);
     }
     // Allowed: the outputs vector, h0's handle in the registers (m is a
     // scalar: its handle has no dims to allocate), the binding of the scan
@@ -324,24 +332,16 @@ TEST(WarmRun, ShapeChangingLoopIterationsAllocateNothing) {
     Tensor v0 = random_tensor({4}, 3, 1.0);
     std::vector<Count> counts;
     for (int64_t trips : {3, 6, 9}) {
-      runtime::VM vm(compiled->program, threads);
-      Tensor m(DType::kInt64, {});
-      m.data_as<int64_t>()[0] = trips;
-      std::vector<Tensor> inputs = {m, v0};
-      for (int i = 0; i < 2; ++i) ASSERT_TRUE(vm.run(inputs).is_ok());
-      t_calls = t_bytes = 0;
-      t_counting = true;
-      auto out = vm.run(inputs);
-      t_counting = false;
-      ASSERT_TRUE(out.is_ok()) << out.status().message();
-      counts.push_back({t_calls, t_bytes});
+      std::vector<Tensor> out;
+      counts.push_back(warm_loop_run(*compiled, threads, trips, v0, &out));
+      ASSERT_EQ(out.size(), 1u);
       // The reference: v doubles each iteration, its second half half the first.
       std::vector<float> want(v0.data_as<float>(), v0.data_as<float>() + 4);
       for (int64_t t = 0; t < trips; ++t) {
         size_t n = want.size();
         for (size_t e = 0; e < n; ++e) want.push_back(want[e] * 0.5f);
       }
-      const Tensor& got = (*out)[0];
+      const Tensor& got = out[0];
       ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
       for (size_t e = 0; e < want.size(); ++e) ASSERT_EQ(got.data_as<float>()[e], want[e]) << "element " << e;
     }
