@@ -1026,7 +1026,10 @@ struct Lowerer {
         if (plans[p].attach_to == s && plans[p].attach_axis == loops[i].var) producers.push_back(p);
       if (!producers.empty()) at.emplace_back(loops[i].var, std::move(producers));
     }
-    for (const auto& [axis, producers] : at) {
+    for (const auto& entry : at) {
+      // (Not a structured binding: clang before 16 cannot capture one in the lambda below.)
+      const std::string& axis = entry.first;
+      const std::vector<size_t>& producers = entry.second;
       std::vector<Stmt> prefix;
       for (size_t p : producers) {
         KILN_ASSIGN_OR_RETURN(Stmt pn, lower_stage_nest(static_cast<int>(p)));

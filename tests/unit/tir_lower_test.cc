@@ -881,7 +881,8 @@ const StmtNode* find_allocate(const Stmt& s, const std::string& name) {
 }
 
 TEST(TirLower, ComputeAtRowBlocks) {
-  for (auto [h, m, n, kk, d] : std::vector<std::array<int64_t, 5>>{{2, 8, 8, 4, 8}, {1, 7, 5, 3, 4}, {3, 1, 17, 2, 3}}) {
+  for (const std::array<int64_t, 5>& sizes : std::vector<std::array<int64_t, 5>>{{2, 8, 8, 4, 8}, {1, 7, 5, 3, 4}, {3, 1, 17, 2, 3}}) {
+    const int64_t h = sizes[0], m = sizes[1], n = sizes[2], kk = sizes[3], d = sizes[4];
     KernelDef k = attention(h, m, n, kk, d);
     auto ref = [=](const HostData& r) { return attention_ref(r, h, m, n, kk, d); };
     for (int64_t rb : {1, 2, 4}) {
