@@ -72,9 +72,20 @@ Result<int> sequence_map_to_loop(Graph& g, PassContext&) {
     }
     for (const Value* c : body.captures()) map[c] = capture(c->name(), c->type());
     for (const Value* c : body.constants()) map[c] = lb->add_constant(lb->unique_name(c->name()), c->constant());
+    auto mapped = [&](const Value* v) -> Value* {
+      auto it = map.find(v);
+      return it == map.end() ? nullptr : it->second;
+    };
+    bool complete = true;
     for (const Node* m : body.nodes()) {
       std::vector<Value*> ins;
-      for (const Value* v : m->inputs()) ins.push_back(v == nullptr ? nullptr : map.at(v));
+      for (const Value* v : m->inputs()) {
+        ins.push_back(v == nullptr ? nullptr : mapped(v));
+        complete = complete && (v == nullptr || ins.back() != nullptr);
+      }
+      if (!complete)
+        return internal_error() << n->describe() << ": sequence-map-to-loop: body node " << m->describe()
+                                << " reads a value defined nowhere before it";
       std::vector<std::string> outs;
       for (const Value* o : m->outputs()) outs.push_back(o == nullptr ? std::string() : lb->unique_name(o->name()));
       Node* copy = lb->add_node(m->op_type(), ins, outs, m->domain(), m->name());
@@ -84,7 +95,9 @@ Result<int> sequence_map_to_loop(Graph& g, PassContext&) {
     }
     std::vector<Value*> outs = {lb->add_node("Identity", {cond_in}, {lb->unique_name(base + ".cond_out")})->output(0)};
     for (size_t k = 0; k < n->num_outputs(); ++k) {
-      Value* r = map.at(body.outputs()[k]);
+      Value* r = mapped(body.outputs()[k]);
+      if (r == nullptr)
+        return internal_error() << n->describe() << ": sequence-map-to-loop: body output " << k << " is defined nowhere";
       outs.push_back(
           lb->add_node("SequenceInsert", {acc[k], r}, {lb->unique_name(base + ".acc_next" + std::to_string(k))})->output(0));
     }
