@@ -3,6 +3,8 @@
 // plain loop in C++ expresses best): Compress, Unique, NonMaxSuppression,
 // Det, MaxUnpool, GridSample, AffineGrid, CenterCropPad, Col2Im,
 // ReverseSequence, Upsample, and the Hann/Hamming/Blackman windows.
+// Kiln's own (domain "kiln"): CheckInRange, the run-time check passes insert
+// where they rewrite a node whose input they would otherwise read unchecked.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -1046,9 +1048,62 @@ Result<std::vector<tir::ComputeDef>> lower_optional_has_element(const Node& n, L
   return stages;
 }
 
+// ---- kiln::CheckInRange --------------------------------------------------------------------------
+
+// kiln::CheckInRange(x, lo, hi[, count]) -> x: every element of the integer
+// tensor x lies in [lo, hi] (scalars) and, where count is given, x has count
+// elements; an error naming attribute `what` otherwise. Passes that rewrite
+// a node into others insert it for what the node's own kernel checked
+// (scan8-to-loop: sequence_lens within the steps; sequence-map-to-loop: the
+// sequences' lengths agree).
+Status infer_check_in_range(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 0));
+  if (!dtype_is_int(t.dtype)) return node_invalid(n) << "checks an integer tensor, got " << dtype_name(t.dtype);
+  KILN_ASSIGN_OR_RETURN(Shape s, input_shape(n, 0));
+  set_output(n, 0, t.dtype, s, ctx);
+  // The values pass through where the check provably holds (x between lo and
+  // hi by the bounds). Not otherwise: a later pass could then read a value
+  // from its expression instead of from this node, and skip the check.
+  auto x = sym_values(n, 0), lo = sym_values(n, 1), hi = sym_values(n, 2);
+  if (n.output(0) == nullptr || !x || !lo || !hi || lo->size() != 1 || hi->size() != 1) return Status::ok();
+  for (const Expr& e : *x) {
+    std::optional<int64_t> above = bound_of(simplify(e - (*lo)[0], ctx.bounds), ctx.bounds).lo;
+    std::optional<int64_t> below = bound_of(simplify((*hi)[0] - e, ctx.bounds), ctx.bounds).lo;
+    if (!above || *above < 0 || !below || *below < 0) return Status::ok();
+  }
+  n.output(0)->set_sym_value(x);
+  return Status::ok();
+}
+
+Result<RuntimeKernel> check_in_range_kernel(const Node& n) {
+  const std::string what = n.attr_string("what", "value");
+  return RuntimeKernel([=](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
+    const Tensor& x = in[0];
+    for (size_t i = 1; i < in.size(); ++i)
+      if (in[i].defined() && in[i].numel() != 1)
+        return invalid_argument() << what << ": bound " << in[i].describe() << " is not a scalar";
+    if (in.size() > 3 && in[3].defined() && x.numel() != in[3].get_i64(0))
+      return invalid_argument() << what << " has " << x.numel() << " elements, expected " << in[3].get_i64(0);
+    const int64_t lo = in[1].get_i64(0), hi = in[2].get_i64(0);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const int64_t v = x.get_i64(i);
+      if (v >= lo && v <= hi) continue;
+      std::string at = x.rank() == 0 ? what : what + "[" + std::to_string(i) + "]";
+      if (lo == hi) return invalid_argument() << at << " = " << v << ", expected " << lo;
+      return invalid_argument() << at << " = " << v << " outside [" << lo << ", " << hi << "]";
+    }
+    out.resize(1);
+    out[0] = x.clone();
+    return Status::ok();
+  });
+}
+
 }  // namespace
 
 void register_misc_ops() {
+  OpDef check = kernel_op("CheckInRange", infer_check_in_range, check_in_range_kernel);
+  check.domain = "kiln";
+  register_op(std::move(check));
   register_op(compiled_op("OptionalHasElement", infer_optional_has_element, lower_optional_has_element));
   register_op(compiled_op("EyeLike", infer_eye_like, lower_eye_like));
   register_op(compiled_op(

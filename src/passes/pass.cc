@@ -59,12 +59,14 @@ const std::vector<PassInfo>& registered_passes() {
        "(Reshape views around it)",
        &flatten_matmul_batch, true, "tests/ir/flatten_matmul_batch.kir"},
       {"scan8-to-loop",
-       "Scan of opset 8 (a batch axis on every input, no sequence_lens) becomes a Loop over the batch whose body "
-       "runs one opset-9 Scan on element b: both VM code instead of a sub-program per element",
-       &scan8_to_loop, false, "tests/ir/scan8_to_loop.kir"},
+       "Scan of opset 8 (a batch axis on every input) becomes a Loop over the batch whose body runs one opset-9 "
+       "Scan on element b (with sequence_lens: on its first lens[b] steps, checked, the outputs padded with zeros): "
+       "VM code instead of a sub-program per element",
+       &scan8_to_loop, true, "tests/ir/scan8_to_loop.kir"},
       {"sequence-map-to-loop",
        "SequenceMap becomes a Loop over the first input's elements carrying one sequence per output (SequenceAt, "
-       "the body's nodes, SequenceInsert): VM code instead of a sub-program per element",
+       "the body's nodes, SequenceInsert; other sequences' lengths checked equal): VM code instead of a "
+       "sub-program per element",
        &sequence_map_to_loop, true, "tests/ir/sequence_map_to_loop.kir"},
       {"rnn-to-scan",
        "LSTM, GRU and RNN with constant weights become one input-projection MatMul and a Scan per direction whose "

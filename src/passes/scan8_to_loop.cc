@@ -1,5 +1,6 @@
 #include "passes/scan8_to_loop.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -15,21 +16,33 @@ Tensor int64_scalar(int64_t v) {
   return t;
 }
 
-// A Scan of opset 8 without sequence_lens, with a body and valid counts.
+// A Scan of opset 8 with a body and valid counts. With sequence_lens (int64),
+// every scan output of the body has a known rank and a dtype Pad fills with
+// zeros (its elements past a length are zero, as in the batched form).
 bool applies(const Graph& g, const Node* n) {
   if (!n->domain().empty() || n->op_type() != "Scan" || n->has_attr(kScanOpset9Attr)) return false;
   auto opset = g.opsets.find("");
   if (opset == g.opsets.end() || opset->second >= 9 || opset->second <= 0) return false;
   const Attribute* body = n->attr("body");
   if (body == nullptr || !body->g) return false;
-  if (n->num_inputs() < 2 || n->input(0) != nullptr) return false;  // sequence_lens given: keep the batched form
   int64_t num_scan_in = n->attr_int("num_scan_inputs", -1);
-  if (num_scan_in < 1 || static_cast<size_t>(num_scan_in) + 1 > n->num_inputs()) return false;
+  if (n->num_inputs() < 2 || num_scan_in < 1 || static_cast<size_t>(num_scan_in) + 1 > n->num_inputs()) return false;
   for (size_t i = 1; i < n->num_inputs(); ++i)
     if (n->input(i) == nullptr) return false;
   const size_t num_state = n->num_inputs() - 1 - static_cast<size_t>(num_scan_in);
-  return body->g->inputs().size() == num_state + static_cast<size_t>(num_scan_in) &&
-         body->g->outputs().size() == n->num_outputs() && body->g->outputs().size() >= num_state;
+  const Graph& b = *body->g;
+  if (b.inputs().size() != num_state + static_cast<size_t>(num_scan_in) || b.outputs().size() != n->num_outputs() ||
+      b.outputs().size() < num_state)
+    return false;
+  if (n->input(0) == nullptr) return true;
+  if (n->input(0)->dtype() != DType::kInt64) return false;
+  for (size_t k = num_state; k < b.outputs().size(); ++k) {
+    const Value* o = b.outputs()[k];
+    if (o == nullptr || !o->type().shape || o->dtype() == DType::kString || o->type().is_container() ||
+        !dtype_is_compilable(o->dtype()))
+      return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -56,14 +69,60 @@ Result<int> scan8_to_loop(Graph& g, PassContext&) {
     Value* cond_in = lb->add_input(lb->unique_name(base + ".cond"), TensorType{DType::kBool, Shape{}});
     for (const Value* c : body->captures())
       if (lb->find_value(c->name()) == nullptr) lb->add_capture(c->name(), c->type());
+    const size_t num_state = n->num_inputs() - 1 - num_scan_in;
+    // With sequence_lens: element b scans the first lens[b] steps of its
+    // scan inputs (Slice) and its scan outputs are padded with zeros to the
+    // steps (Pad). The lengths are checked first, as the batched form
+    // did: lens has one element per batch element, each within [0, steps];
+    // the scan inputs share their steps.
+    Value* lens = nullptr;
+    Value* steps = nullptr;
+    if (n->input(0) != nullptr) {
+      Value* one = g.add_constant(g.unique_name(base + ".one"), int64_scalar(1));
+      auto steps_of = [&](Value* x) {
+        Value* s = g.insert_node_before(n, "Shape", {x}, {g.unique_name(x->name() + ".shape")})->output(0);
+        return g.insert_node_before(n, "Gather", {s, one}, {g.unique_name(x->name() + ".steps")})->output(0);
+      };
+      steps = steps_of(n->input(1 + num_state));
+      for (size_t j = 1; j < num_scan_in; ++j) {
+        Node* same = g.insert_node_before(n, "CheckInRange", {steps_of(n->input(1 + num_state + j)), steps, steps},
+                                          {g.unique_name(base + ".steps_agree")}, "kiln");
+        same->set_name(n->name());
+        same->set_attr("what", Attribute::of_string("the steps of scan input " + std::to_string(j)));
+        steps = same->output(0);
+      }
+      Node* check = g.insert_node_before(n, "CheckInRange", {n->input(0), zero, steps, trips},
+                                         {g.unique_name(base + ".lens")}, "kiln");
+      check->set_name(n->name());
+      check->set_attr("what", Attribute::of_string("sequence_lens"));
+      lens = check->output(0);
+      // The body slices and pads with inputs (Slice-10, Pad-11 on).
+      auto& op = lb->opsets[""];
+      op = std::max<int64_t>(op, 13);
+      g.opsets.emplace("kiln", 1);
+    }
+    auto capture = [&](Value* outer) {
+      Value* cap = lb->find_value(outer->name());
+      return cap != nullptr ? cap : lb->add_capture(outer->name(), outer->type());
+    };
+    auto lb_const = [&](const std::string& name, Tensor t) { return lb->add_constant(lb->unique_name(base + name), std::move(t)); };
+    Value* len = nullptr;
+    Value* len1 = nullptr;
+    if (lens != nullptr) {
+      len = lb->add_node("Gather", {capture(lens), iter}, {lb->unique_name(base + ".len")})->output(0);
+      len1 = lb->add_node("Reshape", {len, lb_const(".shape1", int64_vector({1}))}, {lb->unique_name(base + ".len1")})->output(0);
+    }
     std::vector<Value*> inner_ins;
     for (size_t i = 1; i < n->num_inputs(); ++i) {
       const Value* outer = n->input(i);
-      Value* cap = lb->find_value(outer->name());
-      if (cap == nullptr) cap = lb->add_capture(outer->name(), outer->type());
-      Node* pick = lb->add_node("Gather", {cap, iter}, {lb->unique_name(outer->name() + ".elem")});
+      Node* pick = lb->add_node("Gather", {capture(n->input(i)), iter}, {lb->unique_name(outer->name() + ".elem")});
       pick->set_attr("axis", Attribute::of_int(0));
-      inner_ins.push_back(pick->output(0));
+      Value* e = pick->output(0);
+      if (len1 != nullptr && i > num_state) {
+        Value* start = lb_const(".start", int64_vector({0}));
+        e = lb->add_node("Slice", {e, start, len1, start}, {lb->unique_name(outer->name() + ".first")})->output(0);
+      }
+      inner_ins.push_back(e);
     }
     std::vector<std::string> inner_outs;
     for (size_t k = 0; k < n->num_outputs(); ++k) inner_outs.push_back(lb->unique_name(base + ".elem_out" + std::to_string(k)));
@@ -75,6 +134,21 @@ Result<int> scan8_to_loop(Graph& g, PassContext&) {
     Value* cond_out = lb->add_node("Identity", {cond_in}, {lb->unique_name(base + ".cond_out")})->output(0);
     std::vector<Value*> outs = {cond_out};
     for (Value* o : scan->outputs()) outs.push_back(o);
+    if (lens != nullptr) {
+      // pads: 0 before every dim, steps - lens[b] after dim 0, 0 after the others.
+      Value* rest = lb->add_node("Sub", {capture(steps), len}, {lb->unique_name(base + ".rest")})->output(0);
+      Value* rest1 = lb->add_node("Reshape", {rest, lb_const(".shape1", int64_vector({1}))}, {lb->unique_name(base + ".rest1")})->output(0);
+      for (size_t k = num_state; k < n->num_outputs(); ++k) {
+        const int64_t rank = static_cast<int64_t>(body->outputs()[k]->type().shape->size()) + 1;
+        Value* pads = lb->add_node("Concat",
+                                   {lb_const(".pads_begin", int64_vector(std::vector<int64_t>(static_cast<size_t>(rank), 0))),
+                                    rest1,
+                                    lb_const(".pads_end", int64_vector(std::vector<int64_t>(static_cast<size_t>(rank - 1), 0)))},
+                                   {lb->unique_name(base + ".pads" + std::to_string(k))})->output(0);
+        pads->producer()->set_attr("axis", Attribute::of_int(0));
+        outs[1 + k] = lb->add_node("Pad", {outs[1 + k], pads}, {lb->unique_name(base + ".padded" + std::to_string(k))})->output(0);
+      }
+    }
     lb->set_outputs(outs);
 
     // No carried values: every Scan output is a scan output of the Loop,
@@ -83,6 +157,7 @@ Result<int> scan8_to_loop(Graph& g, PassContext&) {
     for (size_t k = 0; k < n->num_outputs(); ++k) loop_outs.push_back(g.unique_name(base + ".batched" + std::to_string(k)));
     Node* loop = g.insert_node_before(n, "Loop", {trips, nullptr}, loop_outs);
     loop->set_attr("body", Attribute::of_graph(lb));
+    loop->set_name(n->name());  // errors inside name the node
     KILN_RETURN_IF_ERROR(replace_outputs(g, n, loop, "scan8-to-loop"));
     g.remove_node(n);
   }

@@ -12,9 +12,19 @@
 //                scan_input_directions = directions, kiln_scan_opset9}
 //           -> (cond, final states.., scan outputs..)
 //
-// The inner Scan carries kiln_scan_opset9: the graph's opset (8) would
-// otherwise give it the batched semantics. With sequence_lens the node keeps
-// the batched form (elements of different lengths).
+// With sequence_lens (int64; the body's scan outputs of known rank and a
+// numeric dtype), element b scans the first lens[b] steps and its scan
+// outputs are padded with zeros to the steps, as the batched form did:
+//
+//     lens' = kiln::CheckInRange(lens, 0, steps, batch)   (an error naming
+//             the node and the element: "sequence_lens[1] = 7 outside [0, 5]")
+//     Loop body (b, cond): len = lens'[b]
+//       Scan(Gather(s, b).., Slice(Gather(x, b), [0], [len]).. )
+//       -> (cond, final states.., Pad(scan output, steps - len after dim 0)..)
+//
+// The Loop body then has ai.onnx opset 13 (Slice and Pad with inputs); the
+// user's Scan body keeps the graph's. The inner Scan carries kiln_scan_opset9:
+// the graph's opset (8) would otherwise give it the batched semantics.
 #pragma once
 
 #include "passes/pass.h"

@@ -16,13 +16,10 @@ bool applies(const Node* n) {
   if (body == nullptr || !body->g || n->num_inputs() < 1) return false;
   const Graph& b = *body->g;
   if (b.inputs().size() != n->num_inputs() || b.outputs().size() != n->num_outputs()) return false;
-  // One sequence (the first input); the others tensors: with several
-  // sequences, the sub-program checks that their lengths agree (an error
-  // naming the node), which a Loop of SequenceAt would report as a position
-  // out of range.
+  // The first input a sequence; the others sequences or tensors.
   for (size_t j = 0; j < n->num_inputs(); ++j) {
     const Value* v = n->input(j);
-    if (v == nullptr || (j == 0) != (v->dtype() == DType::kSequence) || (j > 0 && v->type().is_container())) return false;
+    if (v == nullptr || (j == 0 && v->dtype() != DType::kSequence) || v->dtype() == DType::kOptional) return false;
   }
   for (const Node* m : b.nodes())
     if (has_subgraph(*m)) return false;
@@ -41,6 +38,19 @@ Result<int> sequence_map_to_loop(Graph& g, PassContext&) {
     const Graph& body = *n->attr("body")->g;
     const std::string base = n->output(0) != nullptr ? n->output(0)->name() : n->input(0)->name();
     Value* count = g.insert_node_before(n, "SequenceLength", {n->input(0)}, {g.unique_name(base + ".count")})->output(0);
+    // Every other sequence has as many elements (the trip count goes through
+    // the checks, so they run before the loop).
+    for (size_t j = 1; j < n->num_inputs(); ++j) {
+      if (n->input(j)->dtype() != DType::kSequence) continue;
+      const std::string tag = base + ".count" + std::to_string(j);
+      Value* len = g.insert_node_before(n, "SequenceLength", {n->input(j)}, {g.unique_name(tag)})->output(0);
+      Node* check = g.insert_node_before(n, "CheckInRange", {len, count, count}, {g.unique_name(tag + "_checked")}, "kiln");
+      check->set_name(n->name());
+      check->set_attr("what", Attribute::of_string(n->describe() + ": the length of sequence input " + std::to_string(j) +
+                                                   " (input 0's is the expected)"));
+      count = check->output(0);
+      g.opsets.emplace("kiln", 1);
+    }
     std::vector<Value*> loop_ins = {count, nullptr};
     for (size_t k = 0; k < n->num_outputs(); ++k) {
       Node* empty = g.insert_node_before(n, "SequenceEmpty", {}, {g.unique_name(base + ".empty" + std::to_string(k))});

@@ -7,14 +7,14 @@
 // where SequenceMap ran a sub-program per element.
 //
 //   SequenceMap(s, x..) {body(e, y..) -> (r..)}
-//     ->  Loop(SequenceLength(s), -, SequenceEmpty..) body (i, cond, acc..):
+//     ->  n = SequenceLength(s), checked equal to SequenceLength(x) for
+//         each sequence x (kiln::CheckInRange: an error naming the node)
+//         Loop(n, -, SequenceEmpty..) body (i, cond, acc..):
 //           e = SequenceAt(s, i); y = SequenceAt(x, i) or x
 //           <the body's nodes>
 //           -> (cond, SequenceInsert(acc, r)..)
 //
-// Applies where the first input is the only sequence (with several, the
-// sub-program checks that their lengths agree and names the node), the
-// body's dtypes are known and none of its nodes has a subgraph (their
+// Applies where the body's dtypes are known and none of its nodes has a subgraph (their
 // captures name the body's values, which the copy renames where they clash).
 // A Loop's carried sequence appended to once per iteration ends with the
 // count's length (ops/control_flow.cc), so the outputs keep the input's.

@@ -1,7 +1,7 @@
 // ONNX control flow through the whole pipeline: If, Loop and Scan built with
 // the Graph API, compiled (If, Loop and Scan spliced into the program's own
-// instructions; Scan of opset 8 with sequence_lens to a sub-program, without them a
-// Loop of Scans) and run on the VM, compared
+// instructions; Scan of opset 8 to a Loop of Scans, or with scan8-to-loop
+// disabled to a sub-program per batch element) and run on the VM, compared
 // with C++ references.
 #include <gtest/gtest.h>
 
@@ -425,43 +425,68 @@ TEST(ControlFlow, Scan) {
   }
 }
 
-// Scan of opset 8 without sequence_lens runs as VM code (scan8-to-loop: a
-// Loop over the batch of opset-9 Scans; no sub-program), with the same
-// results bit for bit as the batched form's sub-program per element.
-TEST(ControlFlow, ScanOpset8WithoutLengthsIsVmCode) {
+// Scan of opset 8, with and without sequence_lens, runs as VM code
+// (scan8-to-loop: a Loop over the batch of opset-9 Scans; no sub-program),
+// with the same results bit for bit as the batched form's sub-program per
+// element (lengths 5, 2 and 0 of 5 steps: the zero padding, the initial
+// state as final state).
+TEST(ControlFlow, ScanOpset8IsVmCode) {
   const int64_t batch = 3, len = 5;
-  auto make = [&](int64_t dir) {
+  auto make = [&](int64_t dir, bool with_lens) {
     auto g = new_graph("scan8_vm");
     g->opsets[""] = 8;
+    Value* lens = with_lens ? g->add_input("lens", TensorType{DType::kInt64, Shape{batch}}) : nullptr;
     Value* init = g->add_input("init", f32({batch, 2}));
     Value* x = g->add_input("x", f32({batch, len, 2}));
-    Node* n = g->add_node("Scan", {nullptr, init, x}, {"y", "z"});
+    Node* n = g->add_node("Scan", {lens, init, x}, {"y", "z"});
     n->set_attr("body", Attribute::of_graph(running_sum_body(true)));
     n->set_attr("num_scan_inputs", Attribute::of_int(1));
     n->set_attr("directions", Attribute::of_ints({dir}));
     g->set_outputs({n->output(0), n->output(1)});
     return g;
   };
-  std::vector<Tensor> args = {random_tensor({batch, 2}, 21), random_tensor({batch, len, 2}, 22)};
-  for (int64_t dir : {0, 1}) {
-    std::vector<std::vector<Tensor>> outs;
-    for (bool pass : {true, false}) {
-      CompileOptions opts;
-      if (!pass) opts.disable_passes = {"scan8-to-loop"};
-      auto compiled = compile_graph(make(dir), opts);
-      ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
-      EXPECT_EQ(compiled->program->subprograms.empty(), pass) << "direction " << dir;
-      runtime::VM vm(compiled->program, 2);
-      auto out = vm.run(args);
-      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
-      outs.push_back(*out);
-    }
-    for (size_t k = 0; k < 2; ++k) {
-      ASSERT_EQ(outs[0][k].shape(), outs[1][k].shape());
-      EXPECT_EQ(std::memcmp(outs[0][k].data(), outs[1][k].data(), static_cast<size_t>(outs[0][k].nbytes())), 0)
-          << "output " << k << " direction " << dir;
+  Tensor lens(DType::kInt64, {batch});
+  const int64_t lv[batch] = {5, 2, 0};
+  for (int64_t b = 0; b < batch; ++b) lens.data_as<int64_t>()[b] = lv[b];
+  for (bool with_lens : {false, true}) {
+    std::vector<Tensor> args = {random_tensor({batch, 2}, 21), random_tensor({batch, len, 2}, 22)};
+    if (with_lens) args.insert(args.begin(), lens);
+    for (int64_t dir : {0, 1}) {
+      std::vector<std::vector<Tensor>> outs;
+      for (bool pass : {true, false}) {
+        CompileOptions opts;
+        if (!pass) opts.disable_passes = {"scan8-to-loop"};
+        auto compiled = compile_graph(make(dir, with_lens), opts);
+        ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+        EXPECT_EQ(compiled->program->subprograms.empty(), pass) << "direction " << dir << " lens " << with_lens;
+        runtime::VM vm(compiled->program, 2);
+        auto out = vm.run(args);
+        ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+        outs.push_back(*out);
+      }
+      for (size_t k = 0; k < 2; ++k) {
+        ASSERT_EQ(outs[0][k].shape(), outs[1][k].shape());
+        EXPECT_EQ(std::memcmp(outs[0][k].data(), outs[1][k].data(), static_cast<size_t>(outs[0][k].nbytes())), 0)
+            << "output " << k << " direction " << dir << " lens " << with_lens;
+      }
     }
   }
+  // Lengths the batched form refused are refused as VM code too, naming the
+  // node and the element.
+  auto refuse = [&](Tensor bad, const std::string& expected) {
+    auto compiled = compile_graph(make(0, true), CompileOptions{});
+    ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+    runtime::VM vm(compiled->program, 1);
+    auto out = vm.run({bad, random_tensor({batch, 2}, 21), random_tensor({batch, len, 2}, 22)});
+    ASSERT_FALSE(out.is_ok()) << expected;
+    EXPECT_NE(out.status().message().find(expected), std::string::npos) << out.status().message();
+  };
+  Tensor negative = lens.clone();
+  negative.data_as<int64_t>()[1] = -1;
+  refuse(negative, "sequence_lens[1] = -1 outside [0, 5]");
+  Tensor past = lens.clone();
+  past.data_as<int64_t>()[2] = 6;
+  refuse(past, "sequence_lens[2] = 6 outside [0, 5]");
 }
 
 // Scan in opset 8: a batch axis on every operand, optional sequence_lens,

@@ -287,7 +287,8 @@ TEST(Sequences, OptionalsHoldOneElementOrNone) {
 
 // SequenceMap over two sequences and a tensor: the body sees element i of
 // each sequence (of a different length each) and the whole tensor; sequences
-// of different lengths are an error naming the node.
+// of different lengths are an error naming the node. (sequence-map-to-loop
+// makes it a Loop: VM code, no sub-program.)
 TEST(Sequences, SequenceMapRunsTheBodyPerElement) {
   auto build = [] {
     auto g = new_graph("map");
@@ -321,9 +322,13 @@ TEST(Sequences, SequenceMapRunsTheBodyPerElement) {
   EXPECT_EQ(values(outs.data_as<Tensor>()[1]), (std::vector<float>{10, 20, 30}));  // ([0, 1, 2] + [1]) * 10
   EXPECT_EQ((*out)[1].data_as<Tensor>()[1].data_as<int64_t>()[0], 3);
 
+  auto compiled = compile_graph(build(), CompileOptions{});
+  ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+  EXPECT_TRUE(compiled->program->subprograms.empty());
+
   auto bad = compile_and_run(build(), {sequence({ramp({2}, 1), ramp({3}, 0)}), sequence({ramp({2}, 5)}), t});
   ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().message().find("SequenceMap 'map': input 1 is a sequence of 1 elements, input 0 has 2"),
+  EXPECT_NE(bad.status().message().find("SequenceMap 'map': the length of sequence input 1 (input 0's is the expected) = 1, expected 2"),
             std::string::npos)
       << bad.status().to_string();
 }
