@@ -20,6 +20,14 @@ if(KILN_BUILD_PYTHON)
             --json ${CMAKE_CURRENT_BINARY_DIR}/onnx_backend_results.json)
   set_tests_properties(onnx_backend_node PROPERTIES
     LABELS onnx ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 3600)
+  # The same cases through ONNX Runtime 1.31.1: its failures must be those
+  # tests/onnx/ort_failures.txt lists (the list Kiln's run checks its own
+  # failures against: a case ORT passes must pass in Kiln).
+  add_test(NAME onnx_backend_ort
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/onnx/run_backend_tests.py -j 2 --backend ort
+            --filter ${CMAKE_CURRENT_SOURCE_DIR}/onnx/ort_failures.txt)
+  # Label ort, not onnx: the sanitized build runs label onnx, and ORT is not Kiln.
+  set_tests_properties(onnx_backend_ort PROPERTIES LABELS ort ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 1800)
 
   set(KILN_ZOO_MODELS resnet18 resnet50 mobilenet_v2 mobilenet_v3_small efficientnet_b0
       squeezenet1_1 densenet121 inception_v3 convnext_tiny vit_b_16 bert gpt2 lstm)
