@@ -1,6 +1,7 @@
 #include "passes/sequence_map_to_loop.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,16 @@
 namespace kiln::passes {
 
 namespace {
+
+std::string base_name(const Node* n) { return n->output(0) != nullptr ? n->output(0)->name() : n->input(0)->name(); }
+
+// True when a body node has a subgraph. Its captures name the body's values:
+// the copy keeps every name then (see applies).
+bool nests_subgraphs(const Graph& b) {
+  for (const Node* m : b.nodes())
+    if (has_subgraph(*m)) return true;
+  return false;
+}
 
 bool applies(const Node* n) {
   if (!n->domain().empty() || n->op_type() != "SequenceMap") return false;
@@ -21,10 +32,24 @@ bool applies(const Node* n) {
     const Value* v = n->input(j);
     if (v == nullptr || (j == 0 && v->dtype() != DType::kSequence) || v->dtype() == DType::kOptional) return false;
   }
-  for (const Node* m : b.nodes())
-    if (has_subgraph(*m)) return false;
   for (const Value* o : b.outputs())
     if (o == nullptr || o->dtype() == DType::kUndefined || o->type().is_container()) return false;
+  if (!nests_subgraphs(b)) return true;
+  // A nested subgraph captures body values by name, so the Loop body must
+  // hold each under its own name: none may be a name the Loop body takes
+  // for itself (the outer values it captures, its own "<base>." values).
+  std::set<std::string> taken;
+  for (const Value* v : n->inputs()) taken.insert(v->name());
+  for (const Value* c : b.captures()) taken.insert(c->name());
+  const std::string prefix = base_name(n) + ".";
+  auto free = [&](const Value* v) { return v == nullptr || (!taken.count(v->name()) && v->name().rfind(prefix, 0) != 0); };
+  for (const Value* v : b.inputs())
+    if (!free(v)) return false;
+  for (const Value* v : b.constants())
+    if (!free(v)) return false;
+  for (const Node* m : b.nodes())
+    for (const Value* o : m->outputs())
+      if (!free(o)) return false;
   return true;
 }
 
@@ -36,7 +61,8 @@ Result<int> sequence_map_to_loop(Graph& g, PassContext&) {
     if (applies(n)) todo.push_back(n);
   for (Node* n : todo) {
     const Graph& body = *n->attr("body")->g;
-    const std::string base = n->output(0) != nullptr ? n->output(0)->name() : n->input(0)->name();
+    const std::string base = base_name(n);
+    const bool keep_names = nests_subgraphs(body);
     Value* count = g.insert_node_before(n, "SequenceLength", {n->input(0)}, {g.unique_name(base + ".count")})->output(0);
     // Every other sequence has as many elements (the trip count goes through
     // the checks, so they run before the loop).
@@ -75,8 +101,13 @@ Result<int> sequence_map_to_loop(Graph& g, PassContext&) {
     for (size_t j = 0; j < n->num_inputs(); ++j) {
       Value* outer = n->input(j);
       Value* cap = capture(outer->name(), outer->type());
+      // Element i of a sequence; a tensor as it is (under the body input's
+      // name where a nested subgraph may capture it).
+      const std::string name = keep_names ? body.inputs()[j]->name() : base + ".elem" + std::to_string(j);
       if (outer->dtype() == DType::kSequence) {
-        cap = lb->add_node("SequenceAt", {cap, iter}, {lb->unique_name(base + ".elem" + std::to_string(j))})->output(0);
+        cap = lb->add_node("SequenceAt", {cap, iter}, {lb->unique_name(name)})->output(0);
+      } else if (keep_names && cap->name() != name) {
+        cap = lb->add_node("Identity", {cap}, {lb->unique_name(name)})->output(0);
       }
       map[body.inputs()[j]] = cap;
     }

@@ -14,8 +14,11 @@
 //           <the body's nodes>
 //           -> (cond, SequenceInsert(acc, r)..)
 //
-// Applies where the body's dtypes are known and none of its nodes has a subgraph (their
-// captures name the body's values, which the copy renames where they clash).
+// Applies where the body's dtypes are known. A body node with a subgraph
+// captures body values by name, so then every body value keeps its name in
+// the Loop body (a tensor input through an Identity of the body input's
+// name); a body whose names clash with those the Loop body needs (the outer
+// values it captures, "<output>." names) keeps the SequenceMap.
 // A Loop's carried sequence appended to once per iteration ends with the
 // count's length (ops/control_flow.cc), so the outputs keep the input's.
 #pragma once
