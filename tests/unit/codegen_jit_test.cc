@@ -327,6 +327,45 @@ TEST(CodegenJit, CastsCompareSelectBool) {
               sel.sentinels_intact() && bool_to_f.sentinels_intact() && i_to_f.sentinels_intact());
 }
 
+// A bool mask read in a vector loop (a Where after a product: attention's
+// causal mask) is one byte-vector load compared with zero, not a byte load
+// per lane; any nonzero byte is true, as in scalar code. Also inside a select
+// arm (a masked byte load).
+TEST(CodegenJit, BoolLoadsInVectorLoopsAreByteVectors) {
+  Expr i = var("i");
+  for (int64_t n : {16, 64}) {
+    PrimFunc f;
+    f.name = "mask" + std::to_string(n);
+    f.params = {buf("m", {n}, boolt), buf("a", {n}, f32), buf("out", {n}, f32), buf("arm", {n}, f32)};
+    Expr m = ld("m", 0, {i}, boolt), a = ld("a", 1, {i}, f32);
+    f.body = tir::make_for("i", n, ForKind::kVectorized,
+                           tir::make_seq({
+                               tir::make_store("out", 2, {i}, select(m, a, float_imm(-1e9))),
+                               tir::make_store("arm", 3, {i},
+                                               select(lt(float_imm(0.0), a), cast(f32, m), float_imm(-1.0))),
+                           }));
+    auto mod = compile_ok({f});
+    ASSERT_TRUE(mod);
+    const std::string& ir = mod->llvm_ir();
+    EXPECT_NE(ir.find(" x i8>"), std::string::npos) << ir;
+    EXPECT_EQ(ir.find("load i8,"), std::string::npos) << ir;
+    Aligned<uint8_t> m_(n);
+    Aligned<float> a_(n), out(n, 0, 5.5f), arm(n, 0, 5.5f);
+    const uint8_t bytes[] = {0, 1, 2, 255, 0, 0, 1, 7};
+    for (int64_t k = 0; k < n; ++k) {
+      m_[k] = bytes[k % 8];
+      a_[k] = static_cast<float>(k % 3) - 1.0f;  // -1, 0, 1
+    }
+    void* bufs[] = {m_.data(), a_.data(), out.data(), arm.data()};
+    mod->lookup(f.name)(bufs, nullptr);
+    for (int64_t k = 0; k < n; ++k) {
+      EXPECT_EQ(out[k], m_[k] != 0 ? a_[k] : -1e9f) << "lane " << k;
+      EXPECT_EQ(arm[k], a_[k] > 0 ? (m_[k] != 0 ? 1.0f : 0.0f) : -1.0f) << "lane " << k;
+    }
+    EXPECT_TRUE(out.sentinels_intact() && arm.sentinels_intact());
+  }
+}
+
 // f64 arithmetic and libm-backed math; f32 min/max propagate NaN; float mod is fmod.
 TEST(CodegenJit, Float64AndMinMaxNaN) {
   Expr i = var("i");

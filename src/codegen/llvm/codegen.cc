@@ -272,6 +272,7 @@ class Emitter {
   std::pair<llvm::Value*, bool> widened_address(const BufferRef& ref, const std::vector<Expr>& indices);
   llvm::Value* strided_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
   llvm::Value* permuted_load(const BufferRef& ref, const std::vector<Expr>& indices, llvm::Type* vt);
+  llvm::Value* widened_load(const ExprNode& n, llvm::Type* vt);
   // Lanes a widened load may read (inside a select arm); null: all.
   llvm::Value* wmask_ = nullptr;
   std::vector<Expr> wfacts_;  // conjuncts of the select conditions true on the lanes of wmask_
@@ -1100,7 +1101,9 @@ bool Emitter::widenable(const Expr& e) const {
       break;
     }
     case ExprKind::kLoad: {
-      if (!widenable_dtype(n.dtype)) return false;
+      // A bool (one byte per element) is loaded as bytes and compared with
+      // zero: a Where's mask in a vector loop (scalar byte loads otherwise).
+      if (!widenable_dtype(n.dtype) && n.dtype != DType::kBool) return false;
       break;
     }
     case ExprKind::kCall: {
@@ -1394,6 +1397,31 @@ llvm::Value* Emitter::clamped_load(const BufferRef& ref, const std::vector<Expr>
   return b_.CreateSelect(in_range, inner, edges);
 }
 
+// One vector of load `n` (vt: its memory type, wlanes_ wide): a clamped,
+// strided or permuted span where the index allows, a plain or masked load,
+// else a gather.
+llvm::Value* Emitter::widened_load(const ExprNode& n, llvm::Type* vt) {
+  BufferRef* ref = find_buffer(n.name, static_cast<int>(n.int_value));
+  if (!ref) return poison(vt);
+  if (llvm::Value* v = clamped_load(*ref, n.args, vt)) return v;
+  if (llvm::Value* v = strided_load(*ref, n.args, vt)) return v;
+  auto [addr, contiguous] = widened_address(*ref, n.args);
+  if (!contiguous)
+    if (llvm::Value* v = permuted_load(*ref, n.args, vt)) return v;
+  llvm::Align align(dtype_size(ref->buffer->dtype));
+  llvm::Instruction* ld;
+  if (wmask_) {  // in a select arm: only the lanes that take it
+    llvm::Value* none = llvm::PoisonValue::get(vt);
+    ld = contiguous ? b_.CreateMaskedLoad(vt, addr, align, wmask_, none)
+                    : b_.CreateMaskedGather(vt, addr, align, wmask_, none);
+  } else {
+    ld = contiguous ? static_cast<llvm::Instruction*>(b_.CreateAlignedLoad(vt, addr, align))
+                    : b_.CreateMaskedGather(vt, addr, align);
+  }
+  set_alias_md(ld, *ref);
+  return ld;
+}
+
 llvm::Value* Emitter::emit_w(const Expr& e) {
   if (!depends(e)) return emit(e);
   const ExprNode& n = *e.get();
@@ -1463,26 +1491,10 @@ llvm::Value* Emitter::emit_w(const Expr& e) {
     case ExprKind::kCall:
       return float_unary(n.name, splat(emit_w(n.args[0])), true);
     case ExprKind::kLoad: {
-      BufferRef* ref = find_buffer(n.name, static_cast<int>(n.int_value));
       llvm::Type* vt = llvm::VectorType::get(mem_type(n.dtype), wlanes_, false);
-      if (!ref) return poison(vt);
-      if (llvm::Value* v = clamped_load(*ref, n.args, vt)) return v;
-      if (llvm::Value* v = strided_load(*ref, n.args, vt)) return v;
-      auto [addr, contiguous] = widened_address(*ref, n.args);
-      if (!contiguous)
-        if (llvm::Value* v = permuted_load(*ref, n.args, vt)) return v;
-      llvm::Align align(dtype_size(ref->buffer->dtype));
-      llvm::Instruction* ld;
-      if (wmask_) {  // in a select arm: only the lanes that take it
-        llvm::Value* none = llvm::PoisonValue::get(vt);
-        ld = contiguous ? b_.CreateMaskedLoad(vt, addr, align, wmask_, none)
-                        : b_.CreateMaskedGather(vt, addr, align, wmask_, none);
-      } else {
-        ld = contiguous ? static_cast<llvm::Instruction*>(b_.CreateAlignedLoad(vt, addr, align))
-                        : b_.CreateMaskedGather(vt, addr, align);
-      }
-      set_alias_md(ld, *ref);
-      return ld;
+      llvm::Value* v = widened_load(n, vt);
+      // Bools are stored one byte each: lanes true where the byte is not 0.
+      return n.dtype == DType::kBool ? b_.CreateICmpNE(v, llvm::Constant::getNullValue(vt)) : v;
     }
     default:
       break;
