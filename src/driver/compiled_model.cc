@@ -79,7 +79,7 @@ Result<std::unique_ptr<Model::Impl>> build_impl(const std::string& path, const s
       if (v->is_constant()) continue;
       const Tensor& t = bind->at(v->name());
       if (is_small_int(v->dtype(), v->type().shape)) {
-        v->set_constant(t);
+        v->set_constant(t.clone());  // the program is kept: never the caller's memory
         continue;
       }
       Shape shape;

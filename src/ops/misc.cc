@@ -1066,6 +1066,7 @@ Status infer_check_in_range(Node& n, InferContext& ctx) {
   // from its expression instead of from this node, and skip the check.
   auto x = sym_values(n, 0), lo = sym_values(n, 1), hi = sym_values(n, 2);
   if (n.output(0) == nullptr || !x || !lo || !hi || lo->size() != 1 || hi->size() != 1) return Status::ok();
+  if (n.num_inputs() > 3 && n.input(3) != nullptr) return Status::ok();  // the count is checked at run time only
   for (const Expr& e : *x) {
     std::optional<int64_t> above = bound_of(simplify(e - (*lo)[0], ctx.bounds), ctx.bounds).lo;
     std::optional<int64_t> below = bound_of(simplify((*hi)[0] - e, ctx.bounds), ctx.bounds).lo;

@@ -57,7 +57,9 @@ bool replace_value(Graph& g, Value* from, Value* to) {
 Status replace_outputs(Graph& g, Node* from, Node* to, const std::string& pass) {
   for (size_t k = 0; k < from->num_outputs() && k < to->num_outputs(); ++k) {
     Value* old = from->output(k);
-    if (old == nullptr || (old->uses().empty() && !is_graph_output(g, old))) continue;
+    // Every output, also one without explicit uses: a subgraph may capture
+    // it by name (replace_all_uses renames those captures).
+    if (old == nullptr) continue;
     if (!replace_value(g, old, to->output(k)))
       return internal_error() << from->describe() << ": " << pass << " could not replace output " << k;
   }

@@ -34,6 +34,18 @@ bool applies(const Graph& g, const Node* n) {
   if (b.inputs().size() != num_state + static_cast<size_t>(num_scan_in) || b.outputs().size() != n->num_outputs() ||
       b.outputs().size() < num_state)
     return false;
+  // The outer values the Loop body captures keep their names: none may
+  // start like its own values ("<base>.b", "<x>.elem", ...).
+  const std::string base = n->output(0) != nullptr ? n->output(0)->name() : n->input(1)->name();
+  std::vector<std::string> taken;
+  for (const Value* v : n->inputs())
+    if (v != nullptr) taken.push_back(v->name());
+  for (const Value* c : b.captures()) taken.push_back(c->name());
+  for (const std::string& name : taken) {
+    if (name.rfind(base + ".", 0) == 0) return false;
+    for (const std::string& other : taken)
+      if (name.rfind(other + ".", 0) == 0) return false;
+  }
   if (n->input(0) == nullptr) return true;
   if (n->input(0)->dtype() != DType::kInt64) return false;
   for (size_t k = num_state; k < b.outputs().size(); ++k) {
@@ -60,6 +72,17 @@ Result<int> scan8_to_loop(Graph& g, PassContext&) {
     Value* shape = g.insert_node_before(n, "Shape", {n->input(1)}, {g.unique_name(base + ".batched_shape")})->output(0);
     Value* zero = g.add_constant(g.unique_name(base + ".zero"), int64_scalar(0));
     Value* trips = g.insert_node_before(n, "Gather", {shape, zero}, {g.unique_name(base + ".batch")})->output(0);
+    // Every other batched input has that batch (the batched form checked it).
+    for (size_t i = 2; i < n->num_inputs(); ++i) {
+      Value* x = n->input(i);
+      Value* xs = g.insert_node_before(n, "Shape", {x}, {g.unique_name(x->name() + ".batched_shape")})->output(0);
+      Value* xb = g.insert_node_before(n, "Gather", {xs, zero}, {g.unique_name(x->name() + ".batch")})->output(0);
+      Node* same = g.insert_node_before(n, "CheckInRange", {xb, trips, trips}, {g.unique_name(base + ".batch_agrees")}, "kiln");
+      same->set_name(n->name());
+      same->set_attr("what", Attribute::of_string("the batch of input " + std::to_string(i)));
+      trips = same->output(0);
+      g.opsets.emplace("kiln", 1);
+    }
 
     // The loop body: element i of every batched input, one Scan over its steps.
     auto lb = std::make_shared<Graph>();

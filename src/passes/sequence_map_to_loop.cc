@@ -34,14 +34,18 @@ bool applies(const Node* n) {
   }
   for (const Value* o : b.outputs())
     if (o == nullptr || o->dtype() == DType::kUndefined || o->type().is_container()) return false;
-  if (!nests_subgraphs(b)) return true;
-  // A nested subgraph captures body values by name, so the Loop body must
-  // hold each under its own name: none may be a name the Loop body takes
-  // for itself (the outer values it captures, its own "<base>." values).
+  // The outer values the Loop body captures keep their names: none may
+  // start like the Loop body's own values ("<base>.i", "<base>.acc0", ...).
   std::set<std::string> taken;
   for (const Value* v : n->inputs()) taken.insert(v->name());
   for (const Value* c : b.captures()) taken.insert(c->name());
   const std::string prefix = base_name(n) + ".";
+  for (const std::string& name : taken)
+    if (name.rfind(prefix, 0) == 0) return false;
+  if (!nests_subgraphs(b)) return true;
+  // A nested subgraph captures body values by name, so the Loop body must
+  // hold each under its own name: none may be a name the Loop body takes
+  // for itself (the outer values it captures, its own "<base>." values).
   auto free = [&](const Value* v) { return v == nullptr || (!taken.count(v->name()) && v->name().rfind(prefix, 0) != 0); };
   for (const Value* v : b.inputs())
     if (!free(v)) return false;
