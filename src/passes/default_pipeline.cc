@@ -23,11 +23,15 @@ std::vector<std::string> default_pipeline(bool naive) {
       "sequence-map-to-loop",             // SequenceMap: a Loop carrying the output sequences (VM code)
       "rnn-to-scan",                     // LSTM/GRU/RNN: projection MatMul + Scan of compiled steps
       "project-rnn-inputs",               // RNN/GRU/LSTM input projections: one MatMul over all steps
+      "block-layout",                     // convolution chains on blocked channels (NCHWc), conversions at edges
       "eliminate-dead-code",              // nodes nothing reads, unused constants
       "select-kernels",                   // operator strategy: an implementation per MatMul/Gemm/Conv,
                                           // its weight transform applied
   };
-  if (naive) p.erase(std::remove(p.begin(), p.end(), "select-kernels"), p.end());
+  if (naive) {
+    p.erase(std::remove(p.begin(), p.end(), "select-kernels"), p.end());
+    p.erase(std::remove(p.begin(), p.end(), "block-layout"), p.end());
+  }
   return p;
 }
 

@@ -2,6 +2,7 @@
 
 #include "strategy/strategy.h"
 
+#include "passes/block_layout.h"
 #include "passes/combine_parallel_matmuls.h"
 #include "passes/deduplicate_constants.h"
 #include "passes/eliminate_common_subexpressions.h"
@@ -76,6 +77,10 @@ const std::vector<PassInfo>& registered_passes() {
        "RNN/GRU/LSTM input projections of every step become one MatMul (packed GEMM) before the time loop; "
        "R packed in panels of hidden units for the per-step product",
        &project_rnn_inputs, true, "tests/ir/project_rnn_inputs.kir"},
+      {"block-layout",
+       "convolution chains on blocked-channel activations (NCHW16c with AVX-512): kiln:ConvBlocked with weights "
+       "re-laid out, elementwise/pool/Concat readers follow, FromBlocked/ToBlocked only at the chains' edges",
+       &block_layout, true, "tests/ir/block_layout.kir"},
       {"eliminate-dead-code", "nodes whose outputs nothing reads, and unused constants, are removed",
        &eliminate_dead_code, false, "tests/ir/eliminate_dead_code.kir"},
       {"select-kernels",

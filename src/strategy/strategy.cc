@@ -12,6 +12,7 @@ void register_gemm_candidates();  // gemm.cc
 void register_conv_candidates();  // conv.cc
 void register_pool_candidates();  // pool.cc
 void register_attention_candidates();  // attention.cc
+void register_blocked_candidates();  // blocked.cc
 
 namespace {
 
@@ -55,6 +56,7 @@ void register_builtin_candidates() {
     register_conv_candidates();
     register_pool_candidates();
     register_attention_candidates();
+    register_blocked_candidates();
   });
 }
 
@@ -103,6 +105,33 @@ void record_choice(Node& n, const Choice& c) {
   set_string_attr(n, kImplAttr, c.candidate);
   set_string_attr(n, kKnobsAttr, tir::knobs_to_string(c.knobs));
   set_string_attr(n, kSourceAttr, c.why.empty() ? c.source : c.source + ": " + c.why);
+}
+
+std::string unmeasured_choice(const Graph& g, const Node& n, const SelectOptions& options, bool* from_source) {
+  if (from_source) *from_source = false;
+  std::vector<const Candidate*> applicable;
+  for (const Candidate* c : candidates_for(n.domain(), n.op_type())) {
+    if (c->max_threads > 0 && options.threads > c->max_threads) continue;
+    if ((!c->applies || c->applies(n, nullptr)) && (!c->applies_in_graph || c->applies_in_graph(g, n, nullptr)))
+      applicable.push_back(c);
+  }
+  if (applicable.empty()) return "";
+  for (const auto& src : options.sources) {
+    std::optional<Choice> r = src->lookup(n, applicable, options.target);
+    if (!r) continue;
+    const Candidate* c = find_candidate(r->candidate);
+    // A strict source's record with knobs outside the space is its choice
+    // too (select_kernels reports it as an error).
+    if (c && std::find(applicable.begin(), applicable.end(), c) != applicable.end() &&
+        (src->strict() || knobs_valid(*c, n, options.target, r->knobs))) {
+      if (from_source) *from_source = true;
+      return c->name;
+    }
+  }
+  const Candidate* best = applicable[0];
+  for (const Candidate* c : applicable)
+    if (priority_of(*c, n, options.target) > priority_of(*best, n, options.target)) best = c;
+  return best->name;
 }
 
 Result<int> select_kernels(Graph& g, const SelectOptions& options) {

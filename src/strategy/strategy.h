@@ -120,6 +120,14 @@ struct SelectOptions {
 // A node that already carries kiln_impl keeps it (its transform is not re-run).
 Result<int> select_kernels(Graph& g, const SelectOptions& options);
 
+// The candidate select_kernels would give `n` without measuring: a choice
+// source's record where one names an applicable candidate (*from_source
+// set), else the highest priority (empty: no applicable candidate). Changes
+// nothing; the pass block-layout asks it which convolutions to leave in NCHW
+// (those a source decides for, and those that would get conv.winograd).
+std::string unmeasured_choice(const Graph& g, const Node& n, const SelectOptions& options,
+                              bool* from_source = nullptr);
+
 // The choice recorded on a node by select_kernels (nullopt: none).
 std::optional<Choice> recorded_choice(const Node& n);
 void record_choice(Node& n, const Choice& c);

@@ -14,6 +14,8 @@
 
 #include "driver/pipeline.h"
 #include "ops/registry.h"
+#include "passes/block_layout.h"
+#include "passes/pass.h"
 #include "runtime/vm.h"
 #include "strategy/strategy.h"
 #include "tir/knobs.h"
@@ -464,6 +466,116 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
     int tried = check_candidates("Conv", [&] { return conv_graph(c, w, bias); }, x, *want, k, rng);
     EXPECT_GE(tried, 2);  // conv.panels or conv.depthwise, and conv.ihwo/conv.direct, apply to each case
   }
+}
+
+// conv.blocked (kiln:ConvBlocked, made by the pass block-layout) against the
+// naive NCHW lowering: a convolution on the NCHW input (in_blocked = 0) and,
+// behind a 1x1 one, on blocked data (in_blocked = 1; depthwise ones are
+// always on blocked data), output channels that are not whole blocks (their
+// zero-padded lanes), odd, strided, padded and symbolic planes, knobs drawn
+// from the candidate's space for AVX-512 (16 lanes) and AVX2 (8), 1 and 2 threads.
+TEST(StrategyCandidates, BlockedConvMatchesNaiveAtRandomKnobs) {
+  const std::vector<ConvCase> cases = {
+      {Shape{1, 3, 17, 17}, {16, 3, 3, 3}, 2, 1, {1, 3, 17, 17}},
+      {Shape{1, 17, 7, 7}, {32, 17, 3, 3}, 1, 1, {1, 17, 7, 7}},
+      {Shape{2, 16, 9, 23}, {24, 16, 3, 3}, 1, 0, {2, 16, 9, 23}},
+      {Shape{1, 32, 3, 37}, {48, 32, 1, 1}, 1, 0, {1, 32, 3, 37}},
+      {Shape{1, 20, var("h"), var("w")}, {40, 20, 3, 3}, 2, 1, {1, 20, 10, 19}},
+      {Shape{1, 9, 13, 11}, {13, 9, 1, 3}, 1, 0, {1, 9, 13, 11}, 1, {0, 1, 0, 1}},
+      {Shape{1, 32, 17, 17}, {32, 1, 3, 3}, 1, 1, {1, 32, 17, 17}, 32},
+      {Shape{1, 24, 15, 15}, {24, 1, 3, 3}, 2, 1, {1, 24, 15, 15}, 24},
+      {Shape{1, 16, var("h"), var("w")}, {16, 1, 5, 5}, 1, 2, {1, 16, 9, 21}, 16},
+  };
+  std::mt19937_64 rng(47);
+  uint32_t seed = 300;
+  int ran = 0;
+  for (const ConvCase& c : cases) {
+    for (bool behind : {false, true}) {
+      if (behind && c.group != 1) continue;  // depthwise reads blocked data either way
+      const int64_t ci = c.w[1] * c.group;
+      Tensor w = random_tensor(c.w, seed++);
+      Tensor bias = random_tensor({c.w[0]}, seed++);
+      Tensor w1 = random_tensor({ci, ci, 1, 1}, seed++);
+      Tensor x = random_tensor(c.x_run, seed++);
+      // The case's convolution, behind a 1x1 one when `behind`.
+      auto make = [&] {
+        auto g = conv_graph(c, w, bias);
+        if (behind) {
+          Node* conv = g->nodes()[0];
+          Value* in = g->inputs()[0];
+          Node* pre = g->insert_node_before(conv, "Conv", {in, g->add_constant("w1", w1)}, {"pre"});
+          g->set_input(conv, 0, pre->output(0));
+        }
+        return g;
+      };
+      auto want = run(make(), true, x, 1, std::nullopt, nullptr);
+      ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+      for (const char* target_name : {"avx512", "avx2"}) {
+        const Target target = *Target::named(target_name);
+        // The pass blocks a convolution whose last block has at most a quarter of its lanes idle.
+        const int64_t lanes = target.lanes(), padded = (ci + lanes - 1) / lanes * lanes;
+        if (behind && 4 * (padded - ci) > padded) continue;
+        for (int draw = 0; draw < 3; ++draw) {
+          for (int threads : {1, 2}) {
+            auto g = make();
+            passes::PassContext pctx;
+            pctx.infer.graph = g.get();
+            pctx.infer.bounds = g->bounds;
+            pctx.select.target = target;
+            ASSERT_TRUE(passes::infer_shapes(*g, pctx).is_ok());
+            auto rewrites = passes::block_layout(*g, pctx);
+            ASSERT_TRUE(rewrites.is_ok()) << rewrites.status().to_string();
+            ASSERT_GE(*rewrites, behind ? 2 : 1);
+            pctx.infer = ops::InferContext{};
+            pctx.infer.graph = g.get();
+            pctx.infer.bounds = g->bounds;
+            ASSERT_TRUE(passes::infer_shapes(*g, pctx).is_ok());
+            // Knobs from the space of the case's ConvBlocked, valid for the 1x1 one too.
+            const Node* conv = nullptr;
+            std::vector<const Node*> blocked;
+            for (const Node* n : g->nodes())
+              if (n->op_type() == "ConvBlocked") blocked.push_back(n);
+            ASSERT_EQ(blocked.size(), behind ? 2u : 1u);
+            conv = blocked.back();
+            EXPECT_EQ(conv->attr_int("in_blocked", -1), behind || c.group != 1 ? 1 : 0);
+            const strategy::Candidate* cand = strategy::find_candidate("conv.blocked");
+            ASSERT_NE(cand, nullptr);
+            tir::KnobSpace space = cand->space(*conv, target);
+            EXPECT_TRUE(space.contains(cand->default_knobs(*conv, target)));
+            tir::Knobs knobs;
+            for (int tries = 0; tries < 100; ++tries) {
+              auto k = draw == 0 ? Result<tir::Knobs>(cand->default_knobs(*conv, target)) : tir::sample_knobs(space, rng);
+              ASSERT_TRUE(k.is_ok());
+              knobs = *k;
+              bool all = true;
+              for (const Node* n : blocked) all = all && cand->space(*n, target).contains(knobs);
+              if (all) break;
+              knobs["nb"] = 1;
+            }
+            strategy::Choice choice{"conv.blocked", knobs, "database", ""};
+            std::string impl;
+            auto got = run(std::move(g), false, x, threads, choice, &impl, target);
+            std::string what = std::string(target_name) + " " + tir::knobs_to_string(knobs) + " w " +
+                               shape_to_string(c.w) + (behind ? " behind a 1x1" : "") + " threads " +
+                               std::to_string(threads);
+            ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+            EXPECT_EQ(impl, "conv.blocked " + tir::knobs_to_string(knobs)) << what;
+            ASSERT_EQ(got->shape(), want->shape()) << what;
+            const int64_t k = c.w[1] * c.w[2] * c.w[3] * (behind ? ci : 1);
+            for (int64_t i = 0; i < want->numel(); ++i) {
+              float gv = got->data_as<float>()[i], wv = want->data_as<float>()[i];
+              if (std::fabs(gv - wv) > 1e-6 * static_cast<double>(k) * (1 + std::fabs(wv))) {
+                ADD_FAILURE() << what << ", element " << i << ": " << gv << " vs naive " << wv;
+                break;
+              }
+            }
+            ++ran;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(ran, 100);
 }
 
 // conv.im2col with its columns and without, and conv.onednn in both layouts,

@@ -74,7 +74,7 @@ const char kUsage[] =
     "      --check-equiv compares default against naive schedules on random inputs;\n"
     "      --check-equiv=PASS compares the pipeline with and without PASS\n"
     "      (symbols not fixed by --dim are bound to 1, 3 and 8 in turn)\n"
-    "  kiln profile MODEL [--threads N] [--runs N] [--top N] [--dim NAME=VALUE] [--input NAME=FILE.npy]\n"
+    "  kiln profile MODEL [--threads N] [--runs N] [--top N] [--dim NAME=VALUE] [--input NAME=FILE.npy] [--passes a,b]\n"
     "      time every instruction (kernel) over N runs; print the most expensive first\n"
     "  kiln ops\n"
     "      list the supported ONNX ops and how each runs (compiled, runtime kernel, view)\n"
@@ -611,7 +611,7 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
 
 Result<int> cmd_profile(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "select", "impl", "runs", "dim", "input", "top", "max-memory"};
+  spec.with_value = {"threads", "select", "impl", "runs", "dim", "input", "top", "max-memory", "passes"};
   spec.repeatable = {"dim", "input", "impl"};
   spec.flags = {"naive"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));

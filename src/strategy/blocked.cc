@@ -1,0 +1,169 @@
+// conv.blocked: the convolution on blocked-channel activations
+// (kiln:ConvBlocked, ops/layout.cc; made by the pass block-layout). Output
+// axes [n, ob, oh, ow, o], o one vector of b channels: the template tiles
+// nb output blocks by mr output columns in registers (loops n, ob.o, oh, ow.o
+// | reduce | ob.i, ow.i, o), so each reduction step loads nb weight vectors
+// (contiguous: the weights are [ob, ib, kh, kw, ii, o]) and mr broadcasts of
+// the input (one input channel of mr positions; contiguous in ii), and the
+// write-back stores whole vectors of one position's channels: contiguous,
+// unlike conv.panels' across NCHW planes. Depthwise: each step loads mr input
+// vectors and nb weight vectors. Knobs: mr, nb, rows (threads split output
+// rows, else whichever outer loop choose_parallel picks).
+#include <algorithm>
+
+#include "strategy/strategy.h"
+#include "strategy/template.h"
+
+namespace kiln::strategy {
+
+namespace {
+
+struct BlockedShape {
+  int64_t blocks = 0, width = 0, height = 0, lanes = 0;
+  bool depthwise = false;
+};
+
+std::optional<BlockedShape> blocked_shape(const Node& n) {
+  const TensorType& yt = n.output(0)->type();
+  if (!yt.shape || yt.shape->size() != 5) return std::nullopt;
+  auto ob = (*yt.shape)[1].as_const(), h = (*yt.shape)[2].as_const(), w = (*yt.shape)[3].as_const(),
+       b = (*yt.shape)[4].as_const();
+  if (!ob || !b) return std::nullopt;
+  BlockedShape s;
+  s.blocks = *ob;
+  s.height = h.value_or(0);  // 0: symbolic
+  s.width = w.value_or(0);
+  s.lanes = *b;
+  s.depthwise = n.attr_int("group", 1) != 1;
+  return s;
+}
+
+bool blocked_applies(const Node& n, std::string* why) {
+  if (n.output(0) == nullptr || n.output(0)->dtype() != DType::kFloat32) {
+    if (why) *why = "not f32";
+    return false;
+  }
+  if (!blocked_shape(n)) {
+    if (why) *why = "output blocks or block size not constant";
+    return false;
+  }
+  return true;
+}
+
+tir::KnobSpace blocked_space(const Node& n, const Target& t) {
+  tir::KnobSpace s;
+  auto bs = blocked_shape(n);
+  tir::Knob mr{"mr", {1, 2, 3, 4, 5, 6, 7, 8, 12, 14, 24}};
+  // A tile of one whole output row where the row fits the accumulators.
+  if (bs && bs->width > 0 && bs->width <= t.accumulators() &&
+      std::find(mr.values.begin(), mr.values.end(), bs->width) == mr.values.end())
+    mr.values.push_back(bs->width);
+  s.knobs.push_back(mr);
+  s.knobs.push_back(tir::Knob{"nb", {1, 2, 4}});
+  s.knobs.push_back(tir::Knob{"rows", {0, 1}});
+  const int64_t acc = t.accumulators();
+  const int64_t blocks = bs ? bs->blocks : 1;
+  s.valid = [acc, blocks](const tir::Knobs& k) { return k.at("mr") * k.at("nb") <= acc && blocks % k.at("nb") == 0; };
+  return s;
+}
+
+tir::Knobs blocked_defaults(const Node& n, const Target& t) {
+  auto bs = blocked_shape(n);
+  const int64_t acc = t.accumulators();
+  // Two output blocks per tile where they divide (each input broadcast feeds
+  // two FMAs); depthwise one (nothing to share across blocks).
+  int64_t nb = bs && !bs->depthwise && bs->blocks % 2 == 0 ? 2 : 1;
+  int64_t cap = std::max<int64_t>(acc / nb, 1);
+  // One block per tile: longer rows of accumulators (12 or 14 columns) hide
+  // the FMA latency with one weight vector per step; a row that fits whole
+  // is one tile (no column computed twice).
+  std::vector<std::pair<int64_t, double>> tiles;
+  for (auto [m, rate] : nb == 1 ? std::vector<std::pair<int64_t, double>>{{14, 1.0}, {12, 1.0}, {8, 0.95}, {7, 0.93}, {6, 0.9}}
+                                : std::vector<std::pair<int64_t, double>>{{8, 1.0}, {7, 0.97}, {6, 0.92}, {5, 0.88}, {4, 0.85}})
+    if (m <= cap) tiles.emplace_back(m, rate);
+  int64_t mr = std::min<int64_t>(8, cap);
+  const int64_t whole = nb == 1 ? std::min<int64_t>(cap, 24) : std::min<int64_t>(cap, 8);
+  if (bs && bs->width > 0 && bs->width <= whole) {
+    mr = bs->width;
+  } else if (bs && bs->width > 0 && bs->width <= 14 && cap >= 7) {
+    mr = 7;
+  } else if (bs && bs->width > 0 && !tiles.empty()) {
+    mr = least_overlap_tile(bs->width, tiles);
+  }
+  // Threads split output rows where there are several (each reads its rows'
+  // inputs and every weight), else the outer loop choose_parallel picks.
+  int64_t rows = bs && bs->height > 1 ? 1 : 0;
+  return {{"mr", std::max<int64_t>(mr, 1)}, {"nb", nb}, {"rows", rows}};
+}
+
+Result<tir::Schedule> blocked_schedule(const tir::KernelDef& k, const std::string& stage, const tir::Knobs& knobs) {
+  const tir::ComputeDef* st = find_stage(k, stage);
+  if (st == nullptr || st->axes.size() != 5) return tir::default_schedule(k);
+  KILN_ASSIGN_OR_RETURN(int64_t mr, knob(knobs, "mr", "conv.blocked"));
+  KILN_ASSIGN_OR_RETURN(int64_t nb, knob(knobs, "nb", "conv.blocked"));
+  std::vector<tir::Primitive> prims;
+  const std::string &n_ax = st->axes[0], &b_ax = st->axes[1], &h_ax = st->axes[2], &w_ax = st->axes[3],
+                    &o_ax = st->axes[4];
+  auto b_ext = st->shape[1].as_const();
+  std::string b_outer = b_ax, b_inner;
+  if (nb > 1 && b_ext && *b_ext % nb == 0 && *b_ext > nb) {
+    prims.push_back(prim("split", stage, {b_ax}, nb));
+    b_outer = b_ax + ".o";
+    b_inner = b_ax + ".i";
+  } else if (nb > 1 && b_ext && *b_ext == nb) {
+    b_outer.clear();
+    b_inner = b_ax;
+  }
+  auto w_ext = st->shape[3].as_const();
+  std::string w_outer, w_inner = w_ax;
+  if (!w_ext || *w_ext > mr) {
+    prims.push_back(prim(w_ext && *w_ext % mr != 0 ? "split_overlap" : "split", stage, {w_ax}, mr));
+    w_outer = w_ax + ".o";
+    w_inner = w_ax + ".i";
+  }
+  std::vector<std::string> outer = {n_ax};
+  std::vector<std::optional<int64_t>> counts = {st->shape[0].as_const()};
+  if (!b_outer.empty()) {
+    outer.push_back(b_outer);
+    counts.push_back(b_ext ? std::optional<int64_t>(b_inner.empty() ? *b_ext : *b_ext / nb) : std::nullopt);
+  }
+  outer.push_back(h_ax);
+  counts.push_back(st->shape[2].as_const());
+  if (!w_outer.empty()) {
+    outer.push_back(w_outer);
+    counts.push_back(w_ext ? std::optional<int64_t>((*w_ext + mr - 1) / mr) : std::nullopt);
+  }
+  std::vector<std::string> order = outer;
+  if (!b_inner.empty()) order.push_back(b_inner);
+  order.push_back(w_inner);
+  order.push_back(o_ax);
+  prims.push_back(prim("reorder", stage, order));
+  prims.push_back(prim("cache_write", stage, {outer.back()}));
+  if (!b_inner.empty()) prims.push_back(prim("unroll", stage, {b_inner}));
+  if (!w_ext || *w_ext > 1) prims.push_back(prim("unroll", stage, {w_inner}));
+  prims.push_back(prim("vectorize", stage, {o_ax}));
+  auto h_count = st->shape[2].as_const();
+  if (knob_on(knobs, "rows") && (!h_count || *h_count > 1)) {
+    prims.push_back(prim("parallel", stage, {h_ax}));
+  } else if (int par = tir::choose_parallel(counts); par >= 0) {
+    prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
+  }
+  return replace_stage_schedule(k, stage, prims);
+}
+
+}  // namespace
+
+void register_blocked_candidates() {
+  Candidate c;
+  c.name = "conv.blocked";
+  c.op = "kiln:ConvBlocked";
+  c.priority = 30;
+  c.summary = "blocked-channel convolution: nb output blocks x mr columns register tile, contiguous vector stores";
+  c.applies = blocked_applies;
+  c.space = blocked_space;
+  c.default_knobs = blocked_defaults;
+  c.schedule = blocked_schedule;
+  register_candidate(std::move(c));
+}
+
+}  // namespace kiln::strategy
