@@ -65,6 +65,7 @@ Status infer_from_blocked(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
   KILN_ASSIGN_OR_RETURN(int64_t b, block_of(n));
   int64_t c = n.attr_int("channels", 0);
+  if (c > (int64_t{1} << 40)) return node_invalid(n) << "channels " << c << " out of range";
   if (x.size() < 4) return node_invalid(n) << "input rank " << x.size() << " < 4";
   if (x.back().as_const() != b) return node_invalid(n) << "input's last dim is not the block " << b;
   if (auto blocks = simplify(x[1], ctx.bounds).as_const(); c < 1 || (blocks && (c > *blocks * b || c <= (*blocks - 1) * b)))
@@ -104,7 +105,8 @@ Result<BlockedConv> blocked_conv(const Node& n, const Shape& x, const Shape& w, 
   c.in_blocked = n.attr_int("in_blocked", 1) != 0;
   int64_t group = n.attr_int("group", 1);
   c.depthwise = group != 1;
-  if (c.channels < 1) return node_invalid(n) << "attribute 'channels' must be positive";
+  if (c.channels < 1 || c.channels > (int64_t{1} << 40))
+    return node_invalid(n) << "attribute 'channels' must be in [1, 2^40], got " << c.channels;
   if (c.in_blocked ? x.size() != 5 || x[4].as_const() != b : x.size() != 4)
     return node_invalid(n) << "input must be " << (c.in_blocked ? "[N, C/b, H, W, b]" : "[N, C, H, W]")
                            << " with b = " << b << ", got rank " << x.size();
