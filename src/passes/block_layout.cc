@@ -285,12 +285,13 @@ struct Rewriter {
       m = add(n, n->op_type(), {it->second}, n->output(0)->name() + ".blk", "");
       for (const auto& [key, a] : n->attrs()) m->set_attr(key, a);
       m->set_attr("kernel_shape", Attribute::of_ints({k[0], k[1], 1}));
-      auto extend = [&](const char* name, int64_t def) {
-        std::vector<int64_t> v = n->attr_ints(name, {def, def});
+      // Absent, strides and dilations are 1 along every axis, the lanes' too.
+      auto extend = [&](const char* name) {
+        std::vector<int64_t> v = n->attr_ints(name);
         if (v.size() == 2) m->set_attr(name, Attribute::of_ints({v[0], v[1], 1}));
       };
-      extend("strides", 1);
-      extend("dilations", 1);
+      extend("strides");
+      extend("dilations");
       if (n->has_attr("pads")) {
         std::vector<int64_t> p = n->attr_ints("pads");
         if (p.size() == 4) m->set_attr("pads", Attribute::of_ints({p[0], p[1], 0, p[2], p[3], 0}));
@@ -330,6 +331,44 @@ struct Rewriter {
                     n->output(0)->name() + ".mul.blk", "");
     Node* m = add(n, "Add", {mul->output(0), relaid(shift, n->output(0)->name() + ".shift.blk")},
                   n->output(0)->name() + ".blk", "");
+    return finish(n, m, *c);
+  }
+
+  // Pad of the plane only (constant mode, a finite constant): the same pads
+  // with none on the block's lanes.
+  Status pad(Node* n) {
+    if (!is_op(n, "Pad") || n->num_outputs() != 1 || n->attr_string("mode", "constant") != "constant")
+      return Status::ok();
+    Value* x = n->input(0);
+    auto it = blocked.find(x);
+    auto c = channels_of(n->output(0));
+    if (it == blocked.end() || !c || channels_of(x) != c) return Status::ok();
+    if (n->num_inputs() > 3 && n->input(3) != nullptr) return Status::ok();  // axes
+    std::optional<std::vector<int64_t>> pads =
+        n->num_inputs() > 1 ? constant_ints(n->input(1)) : std::optional<std::vector<int64_t>>(n->attr_ints("pads"));
+    if (!pads || pads->size() != 8 || (*pads)[0] != 0 || (*pads)[1] != 0 || (*pads)[4] != 0 || (*pads)[5] != 0)
+      return Status::ok();
+    if (n->num_inputs() > 2 && n->input(2) != nullptr) {
+      const Tensor* v = constant_of(n->input(2));
+      if (v == nullptr || v->dtype() != DType::kFloat32 || v->numel() != 1 || !std::isfinite(v->data_as<float>()[0]))
+        return Status::ok();
+    } else if (!std::isfinite(n->attr_float("value", 0.0))) {
+      return Status::ok();
+    }
+    const std::vector<int64_t>& p = *pads;
+    std::vector<int64_t> blocked_pads = {0, 0, p[2], p[3], 0, 0, 0, p[6], p[7], 0};
+    Node* m = nullptr;
+    if (n->num_inputs() > 1) {
+      std::vector<Value*> in = {it->second,
+                                g.add_constant(g.unique_name(n->input(1)->name() + ".blk"), int64_vector(blocked_pads))};
+      if (n->num_inputs() > 2 && n->input(2) != nullptr) in.push_back(n->input(2));
+      m = add(n, "Pad", in, n->output(0)->name() + ".blk", "");
+    } else {
+      m = add(n, "Pad", {it->second}, n->output(0)->name() + ".blk", "");
+      m->set_attr("pads", Attribute::of_ints(blocked_pads));
+    }
+    for (const auto& [key, a] : n->attrs())
+      if (key != "pads") m->set_attr(key, a);
     return finish(n, m, *c);
   }
 
@@ -390,6 +429,8 @@ Result<int> block_layout(Graph& g, PassContext& ctx) {
       KILN_RETURN_IF_ERROR(r.conv(n));
     } else if (n->op_type() == "Concat") {
       KILN_RETURN_IF_ERROR(r.concat(n));
+    } else if (n->op_type() == "Pad") {
+      KILN_RETURN_IF_ERROR(r.pad(n));
     } else if (n->op_type() == "Split") {
       KILN_RETURN_IF_ERROR(r.split(n));
     } else if (n->op_type() == "BatchNormalization") {

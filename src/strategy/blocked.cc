@@ -90,9 +90,25 @@ tir::Knobs blocked_defaults(const Node& n, const Target& t) {
   } else if (bs && bs->width > 0 && !tiles.empty()) {
     mr = least_overlap_tile(bs->width, tiles);
   }
-  // Threads split output rows where there are several (each reads its rows'
-  // inputs and every weight), else the outer loop choose_parallel picks.
-  int64_t rows = bs && bs->height > 1 ? 1 : 0;
+  // Threads split output rows (each reads its rows' inputs and every weight)
+  // where the activation outweighs the weights and there are rows enough for
+  // an even share (at least 4 per thread of 2); else the outer loop
+  // choose_parallel picks (the output blocks: each thread streams its share
+  // of the weights).
+  int64_t rows = 0;
+  if (bs && (bs->height == 0 || bs->height >= 8)) {
+    const TensorType& xt = n.input(0)->type();
+    int64_t input = 1;
+    bool known = xt.shape.has_value();
+    if (known)
+      for (const auto& d : *xt.shape) {
+        auto c = d.as_const();
+        if (!c || *c < 0 || __builtin_mul_overflow(input, *c, &input)) known = false;
+        if (!known) break;
+      }
+    const Tensor* w = n.input(1)->is_constant() ? &n.input(1)->constant() : nullptr;
+    rows = !known || w == nullptr || input > w->numel() ? 1 : 0;
+  }
   return {{"mr", std::max<int64_t>(mr, 1)}, {"nb", nb}, {"rows", rows}};
 }
 
@@ -115,12 +131,7 @@ Result<tir::Schedule> blocked_schedule(const tir::KernelDef& k, const std::strin
     b_inner = b_ax;
   }
   auto w_ext = st->shape[3].as_const();
-  std::string w_outer, w_inner = w_ax;
-  if (!w_ext || *w_ext > mr) {
-    prims.push_back(prim(w_ext && *w_ext % mr != 0 ? "split_overlap" : "split", stage, {w_ax}, mr));
-    w_outer = w_ax + ".o";
-    w_inner = w_ax + ".i";
-  }
+  ColumnTile w = tile_columns(prims, stage, w_ax, st->shape[3], mr);
   std::vector<std::string> outer = {n_ax};
   std::vector<std::optional<int64_t>> counts = {st->shape[0].as_const()};
   if (!b_outer.empty()) {
@@ -129,25 +140,20 @@ Result<tir::Schedule> blocked_schedule(const tir::KernelDef& k, const std::strin
   }
   outer.push_back(h_ax);
   counts.push_back(st->shape[2].as_const());
-  if (!w_outer.empty()) {
-    outer.push_back(w_outer);
-    counts.push_back(w_ext ? std::optional<int64_t>((*w_ext + mr - 1) / mr) : std::nullopt);
+  if (!w.outer.empty()) {
+    outer.push_back(w.outer);
+    counts.push_back(w.count);
   }
   std::vector<std::string> order = outer;
   if (!b_inner.empty()) order.push_back(b_inner);
-  order.push_back(w_inner);
+  order.push_back(w.inner);
   order.push_back(o_ax);
   prims.push_back(prim("reorder", stage, order));
   prims.push_back(prim("cache_write", stage, {outer.back()}));
   if (!b_inner.empty()) prims.push_back(prim("unroll", stage, {b_inner}));
-  if (!w_ext || *w_ext > 1) prims.push_back(prim("unroll", stage, {w_inner}));
+  if (!w_ext || *w_ext > 1) prims.push_back(prim("unroll", stage, {w.inner}));
   prims.push_back(prim("vectorize", stage, {o_ax}));
-  auto h_count = st->shape[2].as_const();
-  if (knob_on(knobs, "rows") && (!h_count || *h_count > 1)) {
-    prims.push_back(prim("parallel", stage, {h_ax}));
-  } else if (int par = tir::choose_parallel(counts); par >= 0) {
-    prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
-  }
+  parallelize_rows_or_outer(prims, stage, knobs, h_ax, st->shape[2], outer, counts);
   return replace_stage_schedule(k, stage, prims);
 }
 

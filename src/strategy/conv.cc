@@ -448,12 +448,7 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
     c_inner = c_ax + ".i";
   }
   auto w_ext = st.shape[3].as_const();
-  std::string w_outer, w_inner = w_ax;
-  if (!w_ext || *w_ext > mr) {
-    prims.push_back(prim(w_ext && *w_ext % mr != 0 ? "split_overlap" : "split", stage, {w_ax}, mr));
-    w_outer = w_ax + ".o";
-    w_inner = w_ax + ".i";
-  }
+  ColumnTile w = tile_columns(prims, stage, w_ax, st.shape[3], mr);
   std::vector<std::string> outer = {n_ax};
   std::vector<std::optional<int64_t>> counts = {st.shape[0].as_const()};
   if (!c_outer.empty()) {
@@ -462,10 +457,11 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
   }
   outer.push_back(h_ax);
   counts.push_back(st.shape[2].as_const());
-  if (!w_outer.empty()) {
-    outer.push_back(w_outer);
-    counts.push_back(w_ext ? std::optional<int64_t>((*w_ext + mr - 1) / mr) : std::nullopt);
+  if (!w.outer.empty()) {
+    outer.push_back(w.outer);
+    counts.push_back(w.count);
   }
+  const std::string& w_inner = w.inner;
   std::vector<std::string> order = outer;
   order.push_back(w_inner);
   order.push_back(c_inner);
@@ -485,12 +481,7 @@ Result<tir::Schedule> panels_schedule(const tir::KernelDef& k, const std::string
     }
   }
   if (knob_on(knobs, "prefetch") && !c_outer.empty()) prims.push_back(prim("prefetch", stage, {c_outer}));
-  auto h_count = st.shape[2].as_const();
-  if (knob_on(knobs, "rows") && (!h_count || *h_count > 1)) {
-    prims.push_back(prim("parallel", stage, {h_ax}));
-  } else if (int par = tir::choose_parallel(counts); par >= 0) {
-    prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
-  }
+  parallelize_rows_or_outer(prims, stage, knobs, h_ax, st.shape[2], outer, counts);
   tir::Schedule s = materialize_subsampled(k, stage, replace_stage_schedule(k, stage, prims));
   return knob_on(knobs, "inline_pad") ? inline_padded_input(k, stage, std::move(s)) : s;
 }

@@ -82,4 +82,23 @@ void set_int_attr(Node& n, const std::string& name, int64_t value) {
   n.set_attr(name, a);
 }
 
+ColumnTile tile_columns(std::vector<tir::Primitive>& prims, const std::string& stage, const std::string& axis,
+                        const Expr& extent, int64_t mr) {
+  auto ext = extent.as_const();
+  if (ext && *ext <= mr) return {"", axis, std::nullopt};
+  prims.push_back(prim(ext && *ext % mr != 0 ? "split_overlap" : "split", stage, {axis}, mr));
+  return {axis + ".o", axis + ".i", ext ? std::optional<int64_t>((*ext + mr - 1) / mr) : std::nullopt};
+}
+
+void parallelize_rows_or_outer(std::vector<tir::Primitive>& prims, const std::string& stage, const tir::Knobs& knobs,
+                               const std::string& rows_axis, const Expr& rows, const std::vector<std::string>& outer,
+                               const std::vector<std::optional<int64_t>>& counts) {
+  auto row_count = rows.as_const();
+  if (knob_on(knobs, "rows") && (!row_count || *row_count > 1)) {
+    prims.push_back(prim("parallel", stage, {rows_axis}));
+  } else if (int par = tir::choose_parallel(counts); par >= 0) {
+    prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
+  }
+}
+
 }  // namespace kiln::strategy

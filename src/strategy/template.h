@@ -45,4 +45,23 @@ bool knob_on(const tir::Knobs& knobs, const std::string& name);
 // too for extents too large to matter (a fuzzed shape near INT64_MAX).
 int64_t least_overlap_tile(int64_t extent, const std::vector<std::pair<int64_t, double>>& tiles);
 
+// The columns of `axis` (extent `extent`) tiled by `mr` register columns:
+// split, or split_overlap where mr does not divide a constant extent (the
+// last tile overlaps the one before it); nothing where one tile covers the
+// row. `outer` is the tile loop (empty: none), `inner` the columns in a
+// tile, `count` the number of tiles where known.
+struct ColumnTile {
+  std::string outer, inner;
+  std::optional<int64_t> count;
+};
+ColumnTile tile_columns(std::vector<tir::Primitive>& prims, const std::string& stage, const std::string& axis,
+                        const Expr& extent, int64_t mr);
+
+// Threads split the output rows `rows_axis` (knob rows on and more than one
+// row), else the loop of `outer` that tir::choose_parallel picks from
+// `counts` (their trip counts); appended to `prims`.
+void parallelize_rows_or_outer(std::vector<tir::Primitive>& prims, const std::string& stage, const tir::Knobs& knobs,
+                               const std::string& rows_axis, const Expr& rows, const std::vector<std::string>& outer,
+                               const std::vector<std::optional<int64_t>>& counts);
+
 }  // namespace kiln::strategy

@@ -11,7 +11,8 @@ hdr='''// block-layout: convolution chains on blocked channels (NCHW16c on a
 // NCHW input directly (in_blocked = 0); the depthwise convolution, its Clip,
 // the 1x1 projection to 24 channels (padded to 32: weights zero past 24), a
 // BatchNormalization (per-channel Mul and Add), a Div by a per-channel
-// constant (padded with ones), the residual Add, MaxPool (window [3, 3, 1]),
+// constant (padded with ones), the residual Add, a Pad of the plane (no pad
+// on the lanes), MaxPool and AveragePool (window [3, 3, 1]),
 // a channel Concat and Split of whole blocks and GlobalAveragePool (ReduceMean
 // over the plane) all stay blocked; the graph output %o reads the chain
 // through one FromBlocked, and %q (read by a Transpose, which has no blocked
@@ -27,8 +28,10 @@ hdr='''// block-layout: convolution chains on blocked channels (NCHW16c on a
 // EQUIV: with vs without block-layout
 // EQUIV-NOT: DIFFERENT
 // The stem's Relu and the depthwise convolution's Clip are computed in the
-// blocked template's write-back (fuse_epilogue), like the NCHW templates'.
-// LOWER: implementation conv.blocked (mr=8 nb=2 rows=1) by priority
+// blocked template's write-back (fuse_epilogue), like the NCHW templates'
+// (the stem's weights outweigh its input, so threads split its output
+// blocks: rows=0).
+// LOWER: implementation conv.blocked (mr=8 nb=2 rows=0) by priority
 // LOWER-NEXT: kernel Relu(p0:f32[1, 3, 16, 16], p1:f32[2, 3, 3, 3, 16], p2:f32[2, 16], -> p3:f32[1, 2, 8, 8, 16])
 // LOWER: vectorize
 // LOWER: fuse_epilogue(t0)
@@ -43,8 +46,12 @@ hdr='''// block-layout: convolution chains on blocked channels (NCHW16c on a
 // CHECK-DAG: %wp.blk: f32[2, 2, 1, 1, 16, 16] = const
 // CHECK-DAG: Mul(%p.blk, %bn.scale.blk)
 // CHECK-DAG: %dv.blk: f32[1, 2, 8, 8, 16] = Div(%bn.blk, %dvs.blk)
-// CHECK-DAG: %m.blk: f32[1, 2, 4, 4, 16] = MaxPool(%r.blk) {dilations = [1, 1, 1], kernel_shape = [3, 3, 1], pads = [1, 1, 0, 1, 1, 0], strides = [2, 2, 1]}
+// CHECK-DAG: %m.blk: f32[1, 2, 4, 4, 16] = MaxPool(%r.blk) {kernel_shape = [3, 3, 1], pads = [1, 1, 0, 1, 1, 0], strides = [2, 2, 1]}
 // CHECK-DAG: Concat(%m3.blk, %m2.blk) {axis = 1}
+// CHECK-DAG: %pd.blk: f32[1, 2, 10, 10, 16] = Pad(%r.blk, %pads.blk)
+// CHECK-DAG: %pads.blk: i64[10] {{.*}}= const<i64[10] [0, 0, 1, 1, 0, 0, 0, 1, 1, 0]>
+// CHECK-DAG: %ap.blk: f32[1, 2, 8, 8, 16] = AveragePool(%pd.blk) {kernel_shape = [3, 3, 1]}
+// CHECK-DAG: %ap: f32[1, 24, 8, 8] = kiln::FromBlocked(%ap.blk) {block = 16, channels = 24}
 // CHECK-DAG: Split(%cc.blk) {axis = 1, split = [2, 2]}
 // CHECK-DAG: ReduceMean(%sp1.blk) {axes = [2, 3], keepdims = 1}
 // CHECK-DAG: %o: f32[1, 32, 1, 1] = kiln::FromBlocked(%o.blk) {block = 16, channels = 32}
@@ -75,6 +82,9 @@ b+='''  %lo: f32[] = const<f32[] [0]>
   %dv: f32[?] = Div(%bn, %dvs)
   %rr: f32[?] = Conv(%dv, %wr)
   %r: f32[?] = Add(%rr, %dv)
+  %pads: i64[8] = const<i64[8] [0, 0, 1, 1, 0, 0, 1, 1]>
+  %pd: f32[?] = Pad(%r, %pads)
+  %ap: f32[?] = AveragePool(%pd) {kernel_shape = [3, 3]}
   %m: f32[?] = MaxPool(%r) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]}
   %r2: f32[?] = Conv(%r, %w2) {strides = [2, 2]}
   %m2: f32[?] = Relu(%r2)
@@ -88,4 +98,4 @@ b+='''  %lo: f32[] = const<f32[] [0]>
   %f: f32[?] = Conv(%wz, %w5) {pads = [0, 2, 0, 2]}
   %t: f32[?] = Transpose(%sp2) {perm = [0, 2, 3, 1]}
 '''
-print(hdr+f'graph main({inp}) -> (%o, %q, %f, %t, %d) {{\n  opset "" 13\n{b}}}')
+print(hdr+f'graph main({inp}) -> (%o, %q, %f, %t, %d, %ap) {{\n  opset "" 13\n{b}}}')
