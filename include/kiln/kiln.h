@@ -100,7 +100,10 @@ class Model {
  private:
   explicit Model(std::unique_ptr<Impl> impl);
   Result<std::map<std::string, Tensor>> run_specialized(const std::map<std::string, Tensor>& inputs);
-  Result<Impl*> specialization(const std::map<std::string, Tensor>& inputs);
+  // Shared: a profile keeps the one it times alive while concurrent runs
+  // evict it from the cache.
+  Result<std::shared_ptr<Impl>> specialization(const std::map<std::string, Tensor>& inputs);
+  static Result<std::map<std::string, Tensor>> run_on(Impl& spec, const std::map<std::string, Tensor>& inputs);
   std::unique_ptr<Impl> impl_;
 };
 

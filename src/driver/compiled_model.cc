@@ -33,7 +33,7 @@ struct Model::Impl {
   bool specialize = false;
   Status general_error;  // why the general compile failed
   std::vector<bool> bind_values;  // per input: its values are bound (a small integer input)
-  std::map<std::string, std::unique_ptr<Impl>> specialized;
+  std::map<std::string, std::shared_ptr<Impl>> specialized;
   std::vector<std::string> specialized_order;  // oldest first (at most kMaxSpecializations kept)
 };
 
@@ -199,7 +199,7 @@ Result<std::map<std::string, Tensor>> Model::run(const std::map<std::string, Ten
 // A model whose shapes depend on input values (Impl::specialize): the
 // program compiled for these inputs' shapes and small integer values, made
 // on first need. The caller holds impl_->mu.
-Result<Model::Impl*> Model::specialization(const std::map<std::string, Tensor>& inputs) {
+Result<std::shared_ptr<Model::Impl>> Model::specialization(const std::map<std::string, Tensor>& inputs) {
   std::string key;
   for (size_t i = 0; i < impl_->compiled.inputs.size(); ++i) {
     const TensorInfo& info = impl_->compiled.inputs[i];
@@ -242,18 +242,23 @@ Result<Model::Impl*> Model::specialization(const std::map<std::string, Tensor>& 
       impl_->specialized_order.erase(impl_->specialized_order.begin());
     }
     impl_->specialized_order.push_back(key);
-    it = impl_->specialized.emplace(key, std::move(*built)).first;
+    it = impl_->specialized.emplace(key, std::shared_ptr<Impl>(std::move(*built))).first;
   }
-  return it->second.get();
+  return it->second;
 }
 
 Result<std::map<std::string, Tensor>> Model::run_specialized(const std::map<std::string, Tensor>& inputs) {
-  KILN_ASSIGN_OR_RETURN(Impl* spec, specialization(inputs));
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<Impl> spec, specialization(inputs));
+  return run_on(*spec, inputs);
+}
+
+// Runs a specialization's program (the caller holds the model's mutex).
+Result<std::map<std::string, Tensor>> Model::run_on(Impl& spec, const std::map<std::string, Tensor>& inputs) {
   std::vector<Tensor> ordered;
-  for (const TensorInfo& info : spec->compiled.inputs) ordered.push_back(inputs.at(info.name));
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, spec->vm->run(ordered));
+  for (const TensorInfo& info : spec.compiled.inputs) ordered.push_back(inputs.at(info.name));
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, spec.vm->run(ordered));
   std::map<std::string, Tensor> result;
-  for (size_t i = 0; i < outs.size(); ++i) result[spec->compiled.outputs[i].name] = std::move(outs[i]);
+  for (size_t i = 0; i < outs.size(); ++i) result[spec.compiled.outputs[i].name] = std::move(outs[i]);
   return result;
 }
 
@@ -281,9 +286,14 @@ Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, 
   // Warm up once without timing.
   KILN_RETURN_IF_ERROR(run(inputs).status());
   runtime::VM* vm = impl_->vm.get();
+  // A value-specialized model: the program for these inputs, held here, so
+  // a concurrent run that evicts it from the cache (16 kept) cannot free it
+  // while it is timed, and run directly (run() would compile it anew once
+  // evicted, and time nothing here).
+  std::shared_ptr<Impl> spec;
   if (impl_->specialize) {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    KILN_ASSIGN_OR_RETURN(Impl* spec, specialization(inputs));
+    KILN_ASSIGN_OR_RETURN(spec, specialization(inputs));
     vm = spec->vm.get();
   }
   {
@@ -291,10 +301,17 @@ Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, 
     vm->set_profiling(true);
   }
   for (int i = 0; i < runs; ++i) {
-    auto r = run(inputs);
-    if (!r.is_ok()) {
+    Status st = Status::ok();
+    if (spec) {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      st = run_on(*spec, inputs).status();
+    } else {
+      st = run(inputs).status();
+    }
+    if (!st.is_ok()) {
+      std::lock_guard<std::mutex> lock(impl_->mu);
       vm->set_profiling(false);
-      return r.status();
+      return st;
     }
   }
   std::lock_guard<std::mutex> lock(impl_->mu);

@@ -47,7 +47,9 @@ bool applies(const Graph& g, const Node* n) {
       if (name.rfind(other + ".", 0) == 0) return false;
   }
   if (n->input(0) == nullptr) return true;
-  if (n->input(0)->dtype() != DType::kInt64) return false;
+  // sequence_lens [B]: a lens of another rank stays with the batched form,
+  // whose inference refuses it (CheckInRange counts elements only).
+  if (n->input(0)->dtype() != DType::kInt64 || n->input(0)->type().rank() != 1) return false;
   for (size_t k = num_state; k < b.outputs().size(); ++k) {
     const Value* o = b.outputs()[k];
     if (o == nullptr || !o->type().shape || o->dtype() == DType::kString || o->type().is_container() ||

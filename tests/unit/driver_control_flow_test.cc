@@ -487,6 +487,23 @@ TEST(ControlFlow, ScanOpset8IsVmCode) {
   Tensor past = lens.clone();
   past.data_as<int64_t>()[2] = 6;
   refuse(past, "sequence_lens[2] = 6 outside [0, 5]");
+  // A sequence_lens of rank 2 with one element per batch element is refused
+  // at compile time: shape inference of the batched form runs before the
+  // pass and refuses it (the pass, whose check counts elements only, also
+  // declines a lens of another rank, should it ever run on one).
+  auto rank2 = new_graph("scan8_lens_rank2");
+  rank2->opsets[""] = 8;
+  Value* lens2 = rank2->add_input("lens", TensorType{DType::kInt64, Shape{batch, 1}});
+  Value* init2 = rank2->add_input("init", f32({batch, 2}));
+  Value* x2 = rank2->add_input("x", f32({batch, len, 2}));
+  Node* scan2 = rank2->add_node("Scan", {lens2, init2, x2}, {"y", "z"});
+  scan2->set_attr("body", Attribute::of_graph(running_sum_body(true)));
+  scan2->set_attr("num_scan_inputs", Attribute::of_int(1));
+  rank2->set_outputs({scan2->output(0), scan2->output(1)});
+  auto refused = compile_graph(std::move(rank2), CompileOptions{});
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("sequence_lens must be a 1-D int64 tensor"), std::string::npos)
+      << refused.status().message();
 }
 
 // Scan in opset 8: a batch axis on every operand, optional sequence_lens,

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include <onnx/onnx_pb.h>
 
@@ -268,6 +270,33 @@ TEST(Pipeline, ValueDependentRanksSpecializeAtRunTime) {
     EXPECT_EQ(out->at("Y").rank(), n % 2 || len == 1 ? 1 : 2) << "n = " << n;
     EXPECT_EQ(out->at("Y").numel(), 2 * len);
   }
+  // A profile of one specialization while another thread's runs evict it
+  // from the cache: the profile keeps the program it times (it used to keep
+  // a raw pointer into the cache, freed underneath it: a use after free that
+  // ASan reports) and times every one of its runs on it.
+  Tensor shape23(DType::kInt64, {2});
+  shape23.data_as<int64_t>()[0] = 2;
+  shape23.data_as<int64_t>()[1] = 3;
+  std::atomic<bool> done{false};
+  std::atomic<int> evictor_runs{0};
+  std::thread evictor([&] {
+    for (int64_t n = 1; !done.load(); n = n % 40 + 1, ++evictor_runs) {
+      Tensor xs = random_tensor({n}, static_cast<uint32_t>(n));
+      Tensor shape(DType::kInt64, {2});
+      shape.data_as<int64_t>()[0] = n;
+      shape.data_as<int64_t>()[1] = 1;
+      auto out = model->run({{"X", xs}, {"shape", shape}});
+      ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    }
+  });
+  // Until the other thread has compiled 80 programs (5 evictions of this one).
+  for (int round = 0; round < 5 || evictor_runs.load() < 80; ++round) {
+    auto report = model->profile({{"X", x}, {"shape", shape23}}, 20);
+    ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+    EXPECT_NE(report->find("over 20 runs"), std::string::npos) << *report;
+  }
+  done = true;
+  evictor.join();
 }
 
 TEST(Pipeline, StaticShapesFusedAndPlanned) {
