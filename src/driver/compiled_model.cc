@@ -33,6 +33,7 @@ struct Model::Impl {
   bool specialize = false;
   Status general_error;  // why the general compile failed
   std::vector<bool> bind_values;  // per input: its values are bound (a small integer input)
+  std::vector<int64_t> input_ranks;  // per input: its declared rank (-1: unknown; 0: a scalar)
   std::map<std::string, std::shared_ptr<Impl>> specialized;
   std::vector<std::string> specialized_order;  // oldest first (at most kMaxSpecializations kept)
 };
@@ -82,6 +83,9 @@ Result<std::unique_ptr<Model::Impl>> build_impl(const std::string& path, const s
         v->set_constant(t.clone());  // the program is kept: never the caller's memory
         continue;
       }
+      // A sequence or optional keeps its declared type (its element type; the
+      // tensor given has no shape of its own to bind).
+      if (v->type().is_container()) continue;
       Shape shape;
       for (int64_t d : t.shape()) shape.push_back(Expr(d));
       v->set_type(TensorType{v->dtype(), shape});
@@ -109,6 +113,7 @@ Result<std::unique_ptr<Model::Impl>> build_impl(const std::string& path, const s
       if (v->is_constant()) continue;
       impl->compiled.inputs.push_back(driver::make_info(v));
       impl->bind_values.push_back(is_small_int(v->dtype(), v->type().shape));
+      impl->input_ranks.push_back(v->type().is_container() ? -1 : v->type().rank());
     }
     for (const Value* v : g.outputs()) impl->compiled.outputs.push_back(driver::make_info(v));
     impl->compiled.graph = std::move(*again);
@@ -210,7 +215,8 @@ Result<std::shared_ptr<Model::Impl>> Model::specialization(const std::map<std::s
       return invalid_argument() << "input '" << info.name << "': dtype " << (t.defined() ? dtype_name(t.dtype()) : "none")
                                 << ", the model takes " << dtype_name(info.dtype);
     }
-    if (!info.dims.empty() && static_cast<size_t>(t.rank()) != info.dims.size()) {
+    // The declared rank (a scalar's too: a one-element tensor is not a scalar).
+    if (impl_->input_ranks[i] >= 0 && t.rank() != impl_->input_ranks[i]) {
       return invalid_argument() << "input '" << info.name << "': rank " << t.rank() << ", the model takes "
                                 << info.dims.size();
     }

@@ -270,6 +270,77 @@ TEST(Pipeline, ValueDependentRanksSpecializeAtRunTime) {
     EXPECT_EQ(out->at("Y").rank(), n % 2 || len == 1 ? 1 : 2) << "n = " << n;
     EXPECT_EQ(out->at("Y").numel(), 2 * len);
   }
+  // A one-element tensor for a declared scalar small integer input is
+  // refused naming it (it was bound as a constant of the wrong rank).
+  {
+    onnx::ModelProto m2 = m;
+    auto* g2 = m2.mutable_graph();
+    auto* k = g2->add_input();
+    k->set_name("k");
+    k->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::INT64);
+    k->mutable_type()->mutable_tensor_type()->mutable_shape();  // rank 0
+    auto* twice = g2->add_node();
+    twice->set_op_type("Add");
+    twice->add_input("k");
+    twice->add_input("k");
+    twice->add_output("K2");
+    g2->add_output()->set_name("K2");
+    auto scalar_model = Model::compile_bytes(m2.SerializeAsString(), CompileOptions{}, "value_rank_k.onnx");
+    ASSERT_TRUE(scalar_model.is_ok()) << scalar_model.status().to_string();
+    Tensor k0(DType::kInt64, {}), k1(DType::kInt64, {1});
+    k0.data_as<int64_t>()[0] = 4;
+    k1.data_as<int64_t>()[0] = 4;
+    Tensor shape23b(DType::kInt64, {2});
+    shape23b.data_as<int64_t>()[0] = 2;
+    shape23b.data_as<int64_t>()[1] = 3;
+    auto ok = scalar_model->run({{"X", x}, {"shape", shape23b}, {"k", k0}});
+    ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+    EXPECT_EQ(ok->at("K2").rank(), 0);
+    EXPECT_EQ(ok->at("K2").data_as<int64_t>()[0], 8);
+    auto refused = scalar_model->run({{"X", x}, {"shape", shape23b}, {"k", k1}});
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_NE(refused.status().message().find("input 'k': rank 1, the model takes 0"), std::string::npos)
+        << refused.status().message();
+  }
+  // A sequence input of a specialized model keeps its element type (it was
+  // re-typed from the sequence tensor given, losing it).
+  {
+    onnx::ModelProto m3 = m;
+    auto* g3 = m3.mutable_graph();
+    auto* seq = g3->add_input();
+    seq->set_name("seq");
+    auto* et = seq->mutable_type()->mutable_sequence_type()->mutable_elem_type()->mutable_tensor_type();
+    et->set_elem_type(onnx::TensorProto::FLOAT);
+    et->mutable_shape()->add_dim()->set_dim_value(3);
+    auto* pos = g3->add_initializer();
+    pos->set_name("pos");
+    pos->set_data_type(onnx::TensorProto::INT64);
+    pos->add_int64_data(1);
+    auto* at = g3->add_node();
+    at->set_op_type("SequenceAt");
+    at->add_input("seq");
+    at->add_input("pos");
+    at->add_output("E");
+    auto* relu_e = g3->add_node();
+    relu_e->set_op_type("Relu");
+    relu_e->add_input("E");
+    relu_e->add_output("RE");
+    g3->add_output()->set_name("RE");
+    auto seq_model = Model::compile_bytes(m3.SerializeAsString(), CompileOptions{}, "value_rank_seq.onnx");
+    ASSERT_TRUE(seq_model.is_ok()) << seq_model.status().to_string();
+    Tensor elems(DType::kSequence, {2});
+    elems.data_as<Tensor>()[0] = random_tensor({3}, 5);
+    elems.data_as<Tensor>()[1] = random_tensor({3}, 6);
+    Tensor shape23c(DType::kInt64, {2});
+    shape23c.data_as<int64_t>()[0] = 2;
+    shape23c.data_as<int64_t>()[1] = 3;
+    auto out = seq_model->run({{"X", x}, {"shape", shape23c}, {"seq", elems}});
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    const Tensor& re = out->at("RE");
+    ASSERT_EQ(re.shape(), (std::vector<int64_t>{3}));
+    for (int64_t i = 0; i < 3; ++i)
+      EXPECT_EQ(re.data_as<float>()[i], std::max(0.f, elems.data_as<Tensor>()[1].data_as<float>()[i]));
+  }
   // A profile of one specialization while another thread's runs evict it
   // from the cache: the profile keeps the program it times (it used to keep
   // a raw pointer into the cache, freed underneath it: a use after free that
