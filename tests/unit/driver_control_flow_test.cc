@@ -506,6 +506,38 @@ TEST(ControlFlow, ScanOpset8IsVmCode) {
       << refused.status().message();
 }
 
+// kiln:CheckInRange with a count passes no values through, even where its
+// values are constants within range: a shape computed from them would fold
+// and leave the check dead, so a count mismatch would go unreported (the
+// node read its values from its inputs' expressions before the review fix).
+TEST(ControlFlow, CheckInRangeWithCountIsNeverFoldedAway) {
+  auto make = [] {
+    auto g = new_graph("check_count");
+    g->opsets[""] = 17;
+    Value* y = g->add_input("y", f32({var("n")}));
+    g->bounds["n"] = Interval{1, std::nullopt};
+    Tensor xs(DType::kInt64, {2});
+    xs.data_as<int64_t>()[0] = 1;
+    xs.data_as<int64_t>()[1] = 2;
+    Value* count = g->add_node("Size", {y}, {"count"})->output(0);
+    Node* check = g->add_node("CheckInRange",
+                              {g->add_constant("x", xs), g->add_constant("lo", scalar_i64(0)),
+                               g->add_constant("hi", scalar_i64(5)), count},
+                              {"z"}, "kiln");
+    check->set_attr("what", Attribute::of_string("the sizes"));
+    Node* fill = g->add_node("ConstantOfShape", {check->output(0)}, {"w"});
+    g->set_outputs({fill->output(0)});
+    return g;
+  };
+  auto ok = compile_and_run(make(), {random_tensor({2}, 3)});
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ((*ok)[0].shape(), (std::vector<int64_t>{1, 2}));
+  auto bad = compile_and_run(make(), {random_tensor({3}, 3)});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("the sizes has 2 elements, expected 3"), std::string::npos)
+      << bad.status().message();
+}
+
 // Scan in opset 8: a batch axis on every operand, optional sequence_lens,
 // `directions` per scan input. Batch element b sums its first lens[b] rows
 // (reversed: counted back from lens[b] - 1); its scan output is zero past
