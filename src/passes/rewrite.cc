@@ -42,6 +42,15 @@ std::optional<std::vector<int64_t>> transpose_perm(const Node* t) {
   return perm;
 }
 
+Value* insert_range_check(Graph& g, Node* pos, const std::vector<Value*>& inputs, const std::string& out,
+                          const std::string& what) {
+  Node* check = g.insert_node_before(pos, "CheckInRange", inputs, {g.unique_name(out)}, "kiln");
+  check->set_name(pos->name());
+  check->set_attr("what", Attribute::of_string(what));
+  g.opsets.emplace("kiln", 1);
+  return check->output(0);
+}
+
 bool replace_value(Graph& g, Value* from, Value* to) {
   if (from == to) return false;
   if (is_graph_output(g, from)) {

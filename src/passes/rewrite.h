@@ -69,6 +69,13 @@ Value* view_as_rows(Graph& g, Node* pos, Value* x, int64_t cols, const std::stri
 Value* view_with_leading_dims(Graph& g, Node* pos, Value* y, Value* like, int64_t lead, int64_t last,
                               const std::string& base);
 
+// Inserts kiln:CheckInRange(x, lo, hi[, count]) before `pos` (named like
+// it, so its errors name that node; `what` names the checked value in them)
+// and returns its output, which readers should take so the check runs
+// before them; adds the graph's `kiln` opset import. `out` names the output.
+Value* insert_range_check(Graph& g, Node* pos, const std::vector<Value*>& inputs, const std::string& out,
+                          const std::string& what);
+
 // Shapes of two values proven equal (same rank, each dim equal under the bounds).
 bool same_shape(const Value* a, const Value* b, const SymbolBounds& bounds);
 

@@ -79,11 +79,8 @@ Result<int> scan8_to_loop(Graph& g, PassContext&) {
       Value* x = n->input(i);
       Value* xs = g.insert_node_before(n, "Shape", {x}, {g.unique_name(x->name() + ".batched_shape")})->output(0);
       Value* xb = g.insert_node_before(n, "Gather", {xs, zero}, {g.unique_name(x->name() + ".batch")})->output(0);
-      Node* same = g.insert_node_before(n, "CheckInRange", {xb, trips, trips}, {g.unique_name(base + ".batch_agrees")}, "kiln");
-      same->set_name(n->name());
-      same->set_attr("what", Attribute::of_string("the batch of input " + std::to_string(i)));
-      trips = same->output(0);
-      g.opsets.emplace("kiln", 1);
+      trips = insert_range_check(g, n, {xb, trips, trips}, base + ".batch_agrees",
+                                 "the batch of input " + std::to_string(i));
     }
 
     // The loop body: element i of every batched input, one Scan over its steps.
@@ -110,21 +107,13 @@ Result<int> scan8_to_loop(Graph& g, PassContext&) {
       };
       steps = steps_of(n->input(1 + num_state));
       for (size_t j = 1; j < num_scan_in; ++j) {
-        Node* same = g.insert_node_before(n, "CheckInRange", {steps_of(n->input(1 + num_state + j)), steps, steps},
-                                          {g.unique_name(base + ".steps_agree")}, "kiln");
-        same->set_name(n->name());
-        same->set_attr("what", Attribute::of_string("the steps of scan input " + std::to_string(j)));
-        steps = same->output(0);
+        steps = insert_range_check(g, n, {steps_of(n->input(1 + num_state + j)), steps, steps},
+                                   base + ".steps_agree", "the steps of scan input " + std::to_string(j));
       }
-      Node* check = g.insert_node_before(n, "CheckInRange", {n->input(0), zero, steps, trips},
-                                         {g.unique_name(base + ".lens")}, "kiln");
-      check->set_name(n->name());
-      check->set_attr("what", Attribute::of_string("sequence_lens"));
-      lens = check->output(0);
+      lens = insert_range_check(g, n, {n->input(0), zero, steps, trips}, base + ".lens", "sequence_lens");
       // The body slices and pads with inputs (Slice-10, Pad-11 on).
       auto& op = lb->opsets[""];
       op = std::max<int64_t>(op, 13);
-      g.opsets.emplace("kiln", 1);
     }
     auto capture = [&](Value* outer) {
       Value* cap = lb->find_value(outer->name());

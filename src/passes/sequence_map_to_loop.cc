@@ -74,12 +74,9 @@ Result<int> sequence_map_to_loop(Graph& g, PassContext&) {
       if (n->input(j)->dtype() != DType::kSequence) continue;
       const std::string tag = base + ".count" + std::to_string(j);
       Value* len = g.insert_node_before(n, "SequenceLength", {n->input(j)}, {g.unique_name(tag)})->output(0);
-      Node* check = g.insert_node_before(n, "CheckInRange", {len, count, count}, {g.unique_name(tag + "_checked")}, "kiln");
-      check->set_name(n->name());
-      check->set_attr("what", Attribute::of_string(n->describe() + ": the length of sequence input " + std::to_string(j) +
-                                                   " (input 0's is the expected)"));
-      count = check->output(0);
-      g.opsets.emplace("kiln", 1);
+      count = insert_range_check(g, n, {len, count, count}, tag + "_checked",
+                                 n->describe() + ": the length of sequence input " + std::to_string(j) +
+                                     " (input 0's is the expected)");
     }
     std::vector<Value*> loop_ins = {count, nullptr};
     for (size_t k = 0; k < n->num_outputs(); ++k) {
