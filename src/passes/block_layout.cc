@@ -27,17 +27,6 @@ const std::set<std::string>& chain_binary_ops() {
   return ops;
 }
 
-std::optional<std::vector<int64_t>> static_dims(const Value* v) {
-  if (v == nullptr || !v->type().shape) return std::nullopt;
-  std::vector<int64_t> out;
-  for (const Expr& d : *v->type().shape) {
-    auto c = d.as_const();
-    if (!c) return std::nullopt;
-    out.push_back(*c);
-  }
-  return out;
-}
-
 // Channels of a 4-D f32 activation whose channel dim is a constant.
 std::optional<int64_t> channels_of(const Value* v) {
   if (v == nullptr || v->dtype() != DType::kFloat32 || !v->type().shape || v->type().shape->size() != 4)
@@ -68,6 +57,35 @@ bool is_scalar_like(const Value* v) {
   for (const Expr& d : *v->type().shape)
     if (d.as_const() != 1) return false;
   return v->type().shape->size() <= 4;
+}
+
+// The weight W [O, C, KH, KW] of a convolution laid out for kiln:ConvBlocked
+// (ops/layout.cc), zero past O and C: depthwise [Ob, KH, KW, b]; on a
+// blocked input [Ob, Cb, KH, KW, b (input lane), b (output lane)]; on an
+// NCHW input [Ob, C, KH, KW, b].
+Tensor blocked_weights(const Tensor& w, bool depthwise, bool in_blocked, int64_t c, int64_t o, int64_t b) {
+  const int64_t kh = w.shape()[2], kw = w.shape()[3], taps = kh * kw, ob = blocks_of(o, b);
+  const int64_t cb = blocks_of(c, b);
+  const float* src = w.data_as<float>();
+  Tensor packed = depthwise    ? Tensor(DType::kFloat32, {ob, kh, kw, b})
+                  : in_blocked ? Tensor(DType::kFloat32, {ob, cb, kh, kw, b, b})
+                               : Tensor(DType::kFloat32, {ob, c, kh, kw, b});
+  float* dst = packed.data_as<float>();
+  std::fill(dst, dst + packed.numel(), 0.f);
+  for (int64_t m = 0; m < o; ++m) {
+    const int64_t mb = m / b, ml = m % b;
+    if (depthwise) {
+      for (int64_t t = 0; t < taps; ++t) dst[(mb * taps + t) * b + ml] = src[m * taps + t];
+      continue;
+    }
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t t = 0; t < taps; ++t) {
+        const float v = src[(m * c + i) * taps + t];
+        if (in_blocked) dst[(((mb * cb + i / b) * taps + t) * b + i % b) * b + ml] = v;
+        else dst[((mb * c + i) * taps + t) * b + ml] = v;
+      }
+  }
+  return packed;
 }
 
 struct Rewriter {
@@ -149,11 +167,10 @@ struct Rewriter {
     // Where the strategy would give the NCHW convolution Winograd (fewer
     // multiplies than any direct template), it stays NCHW: an edge of the
     // chain. So does one whose choice is not left to priority: a choice
-    // source's record (a tuning database, --impl) names an NCHW candidate,
-    // and --select=measure times the NCHW candidates (the layout of a chain
-    // is not measured).
+    // source's record (a tuning database, --impl) names an NCHW candidate.
+    // (Under --select=measure the pass does nothing: measurement times the
+    // NCHW candidates, and the layout of a chain is not measured.)
     bool from_source = false;
-    if (ctx.select.measure) return Status::ok();
     if (strategy::unmeasured_choice(g, *n, ctx.select, &from_source) == "conv.winograd" || from_source)
       return Status::ok();
     bool in_blocked = blocked.count(x) != 0;
@@ -161,40 +178,12 @@ struct Rewriter {
     if (depthwise) xin = to_blocked(n, x);
     else if (in_blocked) xin = blocked[x];
     in_blocked = in_blocked || depthwise;
-    auto cached = packed_weights.find({n->input(1), in_blocked});
-    const int64_t kh = ws[2], kw = ws[3];
-    const float* src = w->data_as<float>();
-    Tensor packed;
-    if (cached != packed_weights.end()) {
-      // A weight shared by several convolutions is re-laid out once.
-    } else if (depthwise) {  // [Cb, KH, KW, b]
-      packed = Tensor(DType::kFloat32, {ob, kh, kw, b});
-      float* dst = packed.data_as<float>();
-      std::fill(dst, dst + ob * kh * kw * b, 0.f);
-      for (int64_t m = 0; m < *o; ++m)
-        for (int64_t t = 0; t < kh * kw; ++t) dst[((m / b) * kh * kw + t) * b + m % b] = src[m * kh * kw + t];
-    } else if (in_blocked) {  // [Ob, Cb, KH, KW, b, b]
-      int64_t cb = blocks_of(*c, b);
-      packed = Tensor(DType::kFloat32, {ob, cb, kh, kw, b, b});
-      float* dst = packed.data_as<float>();
-      std::fill(dst, dst + ob * cb * kh * kw * b * b, 0.f);
-      for (int64_t m = 0; m < *o; ++m)
-        for (int64_t i = 0; i < *c; ++i)
-          for (int64_t t = 0; t < kh * kw; ++t)
-            dst[((((m / b) * cb + i / b) * kh * kw + t) * b + i % b) * b + m % b] = src[(m * *c + i) * kh * kw + t];
-    } else {  // [Ob, C, KH, KW, b]
-      packed = Tensor(DType::kFloat32, {ob, *c, kh, kw, b});
-      float* dst = packed.data_as<float>();
-      std::fill(dst, dst + ob * *c * kh * kw * b, 0.f);
-      for (int64_t m = 0; m < *o; ++m)
-        for (int64_t r = 0; r < *c * kh * kw; ++r) dst[((m / b) * *c * kh * kw + r) * b + m % b] = src[m * *c * kh * kw + r];
-    }
-    if (cached == packed_weights.end())
-      cached = packed_weights
-                   .emplace(std::make_pair(n->input(1), in_blocked),
-                            g.add_constant(g.unique_name(n->input(1)->name() + ".blk"), std::move(packed)))
-                   .first;
-    std::vector<Value*> in = {xin, cached->second};
+    // A weight shared by several convolutions is re-laid out once per input layout.
+    Value*& packed = packed_weights[{n->input(1), in_blocked}];
+    if (packed == nullptr)
+      packed = g.add_constant(g.unique_name(n->input(1)->name() + ".blk"),
+                              blocked_weights(*w, depthwise, in_blocked, *c, *o, b));
+    std::vector<Value*> in = {xin, packed};
     if (bias != nullptr) {
       Tensor bb(DType::kFloat32, {ob, b});
       float* dst = bb.data_as<float>();
@@ -316,16 +305,14 @@ struct Rewriter {
       if (p[i] == nullptr || p[i]->dtype() != DType::kFloat32 || p[i]->numel() != *c) return Status::ok();
     }
     const double eps = n->attr_float("epsilon", 1e-5);
-    Tensor scale(DType::kFloat32, {*c}), shift(DType::kFloat32, {*c});
+    Tensor scale(DType::kFloat32, {*c, 1, 1}), shift(DType::kFloat32, {*c, 1, 1});
     for (int64_t i = 0; i < *c; ++i) {
       double sc = p[0]->data_as<float>()[i] / std::sqrt(static_cast<double>(p[3]->data_as<float>()[i]) + eps);
       scale.data_as<float>()[i] = static_cast<float>(sc);
       shift.data_as<float>()[i] = static_cast<float>(p[1]->data_as<float>()[i] - p[2]->data_as<float>()[i] * sc);
     }
     auto relaid = [&](const Tensor& t, const std::string& name) {
-      Tensor r(DType::kFloat32, {*c, 1, 1});
-      std::memcpy(r.data_as<float>(), t.data_as<float>(), static_cast<size_t>(*c) * sizeof(float));
-      return g.add_constant(g.unique_name(name), *per_channel_blocked(r, *c, b, 0.f));
+      return g.add_constant(g.unique_name(name), *per_channel_blocked(t, *c, b, 0.f));
     };
     Node* mul = add(n, "Mul", {it->second, relaid(scale, n->output(0)->name() + ".scale.blk")},
                     n->output(0)->name() + ".mul.blk", "");
@@ -421,7 +408,8 @@ struct Rewriter {
 
 Result<int> block_layout(Graph& g, PassContext& ctx) {
   const int64_t b = ctx.select.target.lanes();
-  if (b < 4) return 0;
+  // Under --select=measure every convolution stays NCHW (see Rewriter::conv).
+  if (b < 4 || ctx.select.measure) return 0;
   Rewriter r{g, ctx, b, {}, {}, 0};
   for (Node* n : g.nodes()) {
     if (has_subgraph(*n)) continue;

@@ -90,25 +90,11 @@ tir::Knobs blocked_defaults(const Node& n, const Target& t) {
   } else if (bs && bs->width > 0 && !tiles.empty()) {
     mr = least_overlap_tile(bs->width, tiles);
   }
-  // Threads split output rows (each reads its rows' inputs and every weight)
-  // where the activation outweighs the weights and there are rows enough for
-  // an even share (at least 4 per thread of 2); else the outer loop
-  // choose_parallel picks (the output blocks: each thread streams its share
-  // of the weights).
-  int64_t rows = 0;
-  if (bs && (bs->height == 0 || bs->height >= 8)) {
-    const TensorType& xt = n.input(0)->type();
-    int64_t input = 1;
-    bool known = xt.shape.has_value();
-    if (known)
-      for (const auto& d : *xt.shape) {
-        auto c = d.as_const();
-        if (!c || *c < 0 || __builtin_mul_overflow(input, *c, &input)) known = false;
-        if (!known) break;
-      }
-    const Tensor* w = n.input(1)->is_constant() ? &n.input(1)->constant() : nullptr;
-    rows = !known || w == nullptr || input > w->numel() ? 1 : 0;
-  }
+  // Threads split output rows by conv.panels' rule (input_outweighs_weights)
+  // where there are rows enough for an even share (at least 4 per thread of
+  // 2); else the outer loop choose_parallel picks (the output blocks).
+  const bool many_rows = bs && (bs->height == 0 || bs->height >= 8);
+  const int64_t rows = many_rows && input_outweighs_weights(n) ? 1 : 0;
   return {{"mr", std::max<int64_t>(mr, 1)}, {"nb", nb}, {"rows", rows}};
 }
 

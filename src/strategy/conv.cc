@@ -201,25 +201,6 @@ int panels_priority(const Node& n, const Target& t) {
   return ws[1] * ws[2] * ws[3] >= 64 && lanes_used ? 30 : 5;
 }
 
-// Threads split the output rows (knob rows=1) or the channel panels (rows=0).
-// Split by panels, every thread reads the whole input and its share of the
-// weights; split by rows, its share of the input (plus a halo) and all the
-// weights. The default splits whichever operand is larger, so that each core
-// streams less: mobilenet_v2's 1x1 projections (1.8 MB of input, 14 KB of
-// weights) ran slower on 2 threads than on 1 when split by their two panels.
-bool panels_split_rows(const Node& n) {
-  int64_t weights = n.input(1)->constant().numel();
-  const TensorType& xt = n.input(0)->type();
-  if (!xt.shape) return true;
-  int64_t input = 1;
-  for (const auto& d : *xt.shape) {
-    auto c = d.as_const();
-    if (!c) return true;  // symbolic image sizes: assume the activation is the larger
-    if (*c < 0 || __builtin_mul_overflow(input, *c, &input)) return true;
-  }
-  return input > weights;
-}
-
 // Several taps along the width at stride 1 and dilation 1: neighbouring
 // output columns read overlapping input columns.
 bool slides_along_row(const Node& n) {
@@ -370,7 +351,7 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
   // prefetch: the next weight panel streams in while the current one is used.
   tir::Knobs k = {{"mr", std::max<int64_t>(mr, 1)},
                   {"nr", nr},
-                  {"rows", panels_split_rows(n) ? 1 : 0},
+                  {"rows", input_outweighs_weights(n) ? 1 : 0},
                   {"prefetch", 1},
                   {"ci", channels_inner ? 1 : 0},
                   {"inline_pad", 0}};

@@ -107,31 +107,68 @@ void record_choice(Node& n, const Choice& c) {
   set_string_attr(n, kSourceAttr, c.why.empty() ? c.source : c.source + ": " + c.why);
 }
 
-std::string unmeasured_choice(const Graph& g, const Node& n, const SelectOptions& options, bool* from_source) {
-  if (from_source) *from_source = false;
+namespace {
+
+// The candidates of `n`'s op that apply to it (within the thread limit),
+// highest priority for this node first; *rejected gets the others with why.
+std::vector<const Candidate*> applicable_candidates(const Graph& g, const Node& n, const SelectOptions& options,
+                                                    std::vector<std::string>* rejected) {
   std::vector<const Candidate*> applicable;
   for (const Candidate* c : candidates_for(n.domain(), n.op_type())) {
-    if (c->max_threads > 0 && options.threads > c->max_threads) continue;
-    if ((!c->applies || c->applies(n, nullptr)) && (!c->applies_in_graph || c->applies_in_graph(g, n, nullptr)))
+    std::string why;
+    if (c->max_threads > 0 && options.threads > c->max_threads) {
+      if (rejected)
+        rejected->push_back(c->name + " (more than " + std::to_string(c->max_threads) + " thread" +
+                            (c->max_threads == 1 ? "" : "s") + ")");
+    } else if ((!c->applies || c->applies(n, &why)) && (!c->applies_in_graph || c->applies_in_graph(g, n, &why))) {
       applicable.push_back(c);
+    } else if (rejected) {
+      rejected->push_back(c->name + " (" + why + ")");
+    }
   }
-  if (applicable.empty()) return "";
+  std::stable_sort(applicable.begin(), applicable.end(), [&](const Candidate* a, const Candidate* b) {
+    return priority_of(*a, n, options.target) > priority_of(*b, n, options.target);
+  });
+  return applicable;
+}
+
+// The first choice source's record that names an applicable candidate with
+// knobs in its space (nullopt: none). A strict source's record with knobs
+// outside the space is an error naming the node; a non-strict source's
+// (a stale database record) is ignored.
+Result<std::optional<Choice>> source_choice(const Node& n, const std::vector<const Candidate*>& applicable,
+                                            const SelectOptions& options) {
   for (const auto& src : options.sources) {
     std::optional<Choice> r = src->lookup(n, applicable, options.target);
     if (!r) continue;
     const Candidate* c = find_candidate(r->candidate);
-    // A strict source's record with knobs outside the space is its choice
-    // too (select_kernels reports it as an error).
-    if (c && std::find(applicable.begin(), applicable.end(), c) != applicable.end() &&
-        (src->strict() || knobs_valid(*c, n, options.target, r->knobs))) {
-      if (from_source) *from_source = true;
-      return c->name;
+    bool ok = c && std::find(applicable.begin(), applicable.end(), c) != applicable.end() &&
+              knobs_valid(*c, n, options.target, r->knobs);
+    if (!ok && src->strict() && c) {
+      return invalid_argument() << n.describe() << ": " << src->name() << " " << r->candidate << " with knobs '"
+                                << tir::knobs_to_string(r->knobs) << "': outside the candidate's knob space";
     }
+    if (!ok) continue;
+    if (r->source.empty()) r->source = "database";
+    if (r->why.empty()) r->why = "record of " + src->name();
+    return r;
   }
-  const Candidate* best = applicable[0];
-  for (const Candidate* c : applicable)
-    if (priority_of(*c, n, options.target) > priority_of(*best, n, options.target)) best = c;
-  return best->name;
+  return std::optional<Choice>();
+}
+
+}  // namespace
+
+std::string unmeasured_choice(const Graph& g, const Node& n, const SelectOptions& options, bool* from_source) {
+  if (from_source) *from_source = false;
+  std::vector<const Candidate*> applicable = applicable_candidates(g, n, options, nullptr);
+  if (applicable.empty()) return "";
+  auto r = source_choice(n, applicable, options);
+  if (!r.is_ok() || *r) {
+    // A source decides (a strict one's error is select_kernels' to report).
+    if (from_source) *from_source = true;
+    return r.is_ok() ? (*r)->candidate : "";
+  }
+  return applicable.front()->name;
 }
 
 Result<int> select_kernels(Graph& g, const SelectOptions& options) {
@@ -152,40 +189,11 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
         chosen += *k;
       }
     }
-    std::vector<const Candidate*> cands = candidates_for(n->domain(), n->op_type());
-    if (cands.empty() || n->has_attr(kImplAttr)) continue;
-    std::vector<const Candidate*> applicable;
+    if (n->has_attr(kImplAttr) || candidates_for(n->domain(), n->op_type()).empty()) continue;
     std::vector<std::string> rejected;
-    for (const Candidate* c : cands) {
-      std::string why;
-      if (c->max_threads > 0 && options.threads > c->max_threads)
-        rejected.push_back(c->name + " (more than " + std::to_string(c->max_threads) + " thread" +
-                           (c->max_threads == 1 ? "" : "s") + ")");
-      else if ((!c->applies || c->applies(*n, &why)) && (!c->applies_in_graph || c->applies_in_graph(g, *n, &why)))
-        applicable.push_back(c);
-      else rejected.push_back(c->name + " (" + why + ")");
-    }
+    std::vector<const Candidate*> applicable = applicable_candidates(g, *n, options, &rejected);
     if (applicable.empty()) continue;
-    std::stable_sort(applicable.begin(), applicable.end(), [&](const Candidate* a, const Candidate* b) {
-      return priority_of(*a, *n, options.target) > priority_of(*b, *n, options.target);
-    });
-    std::optional<Choice> choice;
-    for (const auto& src : options.sources) {
-      std::optional<Choice> r = src->lookup(*n, applicable, options.target);
-      if (!r) continue;
-      const Candidate* c = find_candidate(r->candidate);
-      bool ok = c && std::find(applicable.begin(), applicable.end(), c) != applicable.end() &&
-                knobs_valid(*c, *n, options.target, r->knobs);
-      if (!ok && src->strict() && c) {
-        return invalid_argument() << n->describe() << ": " << src->name() << " " << r->candidate << " with knobs '"
-                                  << tir::knobs_to_string(r->knobs) << "': outside the candidate's knob space";
-      }
-      if (!ok) continue;  // a stale record (candidate gone or space changed) is ignored
-      if (r->source.empty()) r->source = "database";
-      if (r->why.empty()) r->why = "record of " + src->name();
-      choice = r;
-      break;
-    }
+    KILN_ASSIGN_OR_RETURN(std::optional<Choice> choice, source_choice(*n, applicable, options));
     const bool measurable = std::none_of(applicable.begin(), applicable.end(),
                                          [](const Candidate* c) { return c->fuses_producers; });
     if (!choice && options.measure && applicable.size() > 1 && measurable) {

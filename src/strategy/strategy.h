@@ -122,9 +122,11 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options);
 
 // The candidate select_kernels would give `n` without measuring: a choice
 // source's record where one names an applicable candidate (*from_source
-// set), else the highest priority (empty: no applicable candidate). Changes
-// nothing; the pass block-layout asks it which convolutions to leave in NCHW
-// (those a source decides for, and those that would get conv.winograd).
+// set; also, with an empty name, for a strict source's record that
+// select_kernels will report as an error), else the highest priority (empty:
+// no applicable candidate). Changes nothing; the pass block-layout asks it
+// which convolutions to leave in NCHW (those a source decides for, and those
+// that would get conv.winograd).
 std::string unmeasured_choice(const Graph& g, const Node& n, const SelectOptions& options,
                               bool* from_source = nullptr);
 

@@ -90,6 +90,18 @@ ColumnTile tile_columns(std::vector<tir::Primitive>& prims, const std::string& s
   return {axis + ".o", axis + ".i", ext ? std::optional<int64_t>((*ext + mr - 1) / mr) : std::nullopt};
 }
 
+bool input_outweighs_weights(const Node& n) {
+  const Value* w = n.input(1);
+  const TensorType& xt = n.input(0)->type();
+  if (!xt.shape || w == nullptr || !w->is_constant()) return true;
+  int64_t input = 1;
+  for (const auto& d : *xt.shape) {
+    auto c = d.as_const();
+    if (!c || *c < 0 || __builtin_mul_overflow(input, *c, &input)) return true;
+  }
+  return input > w->constant().numel();
+}
+
 void parallelize_rows_or_outer(std::vector<tir::Primitive>& prims, const std::string& stage, const tir::Knobs& knobs,
                                const std::string& rows_axis, const Expr& rows, const std::vector<std::string>& outer,
                                const std::vector<std::optional<int64_t>>& counts) {

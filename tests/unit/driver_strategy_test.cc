@@ -31,6 +31,17 @@ Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed) {
   return t;
 }
 
+// The first element of `got` farther from the naive result `want` than sums
+// of k products in another order allow (a few ulps of the magnitude per
+// product); -1 when none is.
+int64_t first_mismatch(const Tensor& got, const Tensor& want, int64_t k) {
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    float g = got.data_as<float>()[i], w = want.data_as<float>()[i];
+    if (std::fabs(g - w) > 1e-6 * static_cast<double>(k) * (1 + std::fabs(w))) return i;
+  }
+  return -1;
+}
+
 // Returns one fixed choice for every node of its op.
 class Forced : public strategy::ChoiceSource {
  public:
@@ -172,13 +183,10 @@ int check_candidates(const std::string& op, const std::function<std::unique_ptr<
           EXPECT_LE(std::sqrt(err / norm), 1e-5) << what;
           continue;
         }
-        for (int64_t i = 0; i < want.numel(); ++i) {
-          float g = got->data_as<float>()[i], w = want.data_as<float>()[i];
-          // Sums of k products in another order: a few ulps of the magnitude per product.
-          if (std::fabs(g - w) > 1e-6 * static_cast<double>(k) * (1 + std::fabs(w))) {
-            ADD_FAILURE() << what << ", element " << i << ": " << g << " vs naive " << w;
-            return tried;
-          }
+        if (int64_t i = first_mismatch(*got, want, k); i >= 0) {
+          ADD_FAILURE() << what << ", element " << i << ": " << got->data_as<float>()[i] << " vs naive "
+                        << want.data_as<float>()[i];
+          return tried;
         }
       }
     }
@@ -347,13 +355,9 @@ TEST(StrategyCandidates, GemmKBlocksMatchNaive) {
         ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
         EXPECT_EQ(impl, name + " kc=" + std::to_string(kc) + " mr=4 nr=16 prefetch=1") << what;
         ASSERT_EQ(got->shape(), want->shape()) << what;
-        for (int64_t i = 0; i < want->numel(); ++i) {
-          float g = got->data_as<float>()[i], w = want->data_as<float>()[i];
-          if (std::fabs(g - w) > 1e-6 * static_cast<double>(k) * (1 + std::fabs(w))) {
-            ADD_FAILURE() << what << ", element " << i << ": " << g << " vs naive " << w;
-            break;
-          }
-        }
+        if (int64_t i = first_mismatch(*got, *want, k); i >= 0)
+          ADD_FAILURE() << what << ", element " << i << ": " << got->data_as<float>()[i] << " vs naive "
+                        << want->data_as<float>()[i];
       }
     }
   }
@@ -562,13 +566,9 @@ TEST(StrategyCandidates, BlockedConvMatchesNaiveAtRandomKnobs) {
             EXPECT_EQ(impl, "conv.blocked " + tir::knobs_to_string(knobs)) << what;
             ASSERT_EQ(got->shape(), want->shape()) << what;
             const int64_t k = c.w[1] * c.w[2] * c.w[3] * (behind ? ci : 1);
-            for (int64_t i = 0; i < want->numel(); ++i) {
-              float gv = got->data_as<float>()[i], wv = want->data_as<float>()[i];
-              if (std::fabs(gv - wv) > 1e-6 * static_cast<double>(k) * (1 + std::fabs(wv))) {
-                ADD_FAILURE() << what << ", element " << i << ": " << gv << " vs naive " << wv;
-                break;
-              }
-            }
+            if (int64_t i = first_mismatch(*got, *want, k); i >= 0)
+              ADD_FAILURE() << what << ", element " << i << ": " << got->data_as<float>()[i] << " vs naive "
+                            << want->data_as<float>()[i];
             ++ran;
           }
         }
