@@ -68,9 +68,11 @@ Status infer_from_blocked(Node& n, InferContext& ctx) {
   if (c > (int64_t{1} << 40)) return node_invalid(n) << "channels " << c << " out of range";
   if (x.size() < 4) return node_invalid(n) << "input rank " << x.size() << " < 4";
   if (x.back().as_const() != b) return node_invalid(n) << "input's last dim is not the block " << b;
-  if (auto blocks = simplify(x[1], ctx.bounds).as_const(); c < 1 || (blocks && (c > *blocks * b || c <= (*blocks - 1) * b)))
-    return node_invalid(n) << "channels " << c << " do not fit the input's " << (blocks ? *blocks : 0)
-                           << " blocks of " << b;
+  // The blocks must be known: the kernel reads block c / b of every channel c.
+  auto blocks = simplify(x[1], ctx.bounds).as_const();
+  if (!blocks) return node_invalid(n) << "the input's number of blocks " << print_expr(x[1]) << " is not a constant";
+  if (c < 1 || c > *blocks * b || c <= (*blocks - 1) * b)
+    return node_invalid(n) << "channels " << c << " do not fit the input's " << *blocks << " blocks of " << b;
   Shape out = {x[0], Expr(c)};
   out.insert(out.end(), x.begin() + 2, x.end() - 1);
   set_output(n, 0, xt.dtype, std::move(out), ctx);

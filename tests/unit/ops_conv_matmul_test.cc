@@ -63,6 +63,29 @@ TEST(ConvShape, ChannelMismatchIsAnError) {
   EXPECT_NE(st.message().find("conv1"), std::string::npos) << st.message();
 }
 
+// Kiln's blocked-layout ops in a user's file: shapes the kernels would read
+// past are errors naming the node. FromBlocked reads block c / b of every
+// channel c, so its input's blocks must be a constant that holds the channels
+// (a symbolic count was accepted and read out of bounds at n = 1).
+TEST(BlockedLayoutShape, FromBlockedNeedsKnownBlocksHoldingTheChannels) {
+  auto from_blocked = [](Shape x, int64_t channels) {
+    Graph g;
+    g.bounds["n"] = Interval{1, std::nullopt};
+    Value* in = g.add_input("x", tt(DType::kFloat32, std::move(x)));
+    Node* n = g.add_node("FromBlocked", {in}, {"y"}, "kiln", "back");
+    n->set_attr("block", Attribute::of_int(16));
+    n->set_attr("channels", Attribute::of_int(channels));
+    return infer(g);
+  };
+  EXPECT_TRUE(from_blocked({1, 4, 3, 3, 16}, 60).is_ok());
+  for (auto [shape, channels] : std::vector<std::pair<Shape, int64_t>>{
+           {{1, var("n"), 3, 3, 16}, 64}, {{1, 4, 3, 3, 16}, 65}, {{1, 4, 3, 3, 16}, 48}, {{1, 4, 3, 3, 8}, 64}}) {
+    Status st = from_blocked(shape, channels);
+    ASSERT_FALSE(st.is_ok()) << shape_to_string(shape) << " " << channels;
+    EXPECT_NE(st.message().find("back"), std::string::npos) << st.message();
+  }
+}
+
 TEST(MatMulShape, BatchBroadcastAndVectors) {
   Graph g;
   Value* a = g.add_input("a", tt(DType::kFloat32, {var("b"), 1, var("m"), 5}));
