@@ -218,7 +218,7 @@ Result<std::shared_ptr<Model::Impl>> Model::specialization(const std::map<std::s
     // The declared rank (a scalar's too: a one-element tensor is not a scalar).
     if (impl_->input_ranks[i] >= 0 && t.rank() != impl_->input_ranks[i]) {
       return invalid_argument() << "input '" << info.name << "': rank " << t.rank() << ", the model takes "
-                                << info.dims.size();
+                                << impl_->input_ranks[i];
     }
     for (size_t d = 0; d < info.dims.size(); ++d) {
       const std::string& dim = info.dims[d];
