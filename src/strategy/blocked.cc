@@ -19,7 +19,7 @@ namespace kiln::strategy {
 namespace {
 
 struct BlockedShape {
-  int64_t blocks = 0, width = 0, height = 0, lanes = 0;
+  int64_t blocks = 0, width = 0, height = 0;
   bool depthwise = false;
 };
 
@@ -33,7 +33,6 @@ std::optional<BlockedShape> blocked_shape(const Node& n) {
   s.blocks = *ob;
   s.height = h.value_or(0);  // 0: symbolic
   s.width = w.value_or(0);
-  s.lanes = *b;
   s.depthwise = n.attr_int("group", 1) != 1;
   return s;
 }
