@@ -3,16 +3,20 @@
 // convolution becomes a kiln:ConvBlocked whose output is blocked, its weights
 // re-laid out once here; the ops that read a blocked value and can work on
 // blocked data follow it (elementwise ops whose other operands are blocked,
-// per-channel constants (re-laid out) or scalars; max/average pooling as the
-// same op over a trailing window of 1; global average pooling as a ReduceMean
-// over the plane; channel Concats of whole blocks). Every other reader, and
+// per-channel constants (re-laid out) or scalars; inference
+// BatchNormalization as a per-channel Mul and Add; max/average pooling as
+// the same op over a trailing window of 1; global average pooling as a
+// ReduceMean over the plane; Pad of the plane; channel Concats and Splits of
+// whole blocks). Every other reader, and
 // a graph output, reads the NCHW value through a kiln:FromBlocked; an
 // operand that is NCHW where blocked data is wanted goes through a
 // kiln:ToBlocked. So layout conversions happen only at the chains' edges.
 //
 // Eligible convolutions: f32, 2-D, constant weights and bias, one group or
 // depthwise (group = C = O), static channel counts, output channels padded
-// to whole blocks wasting at most a quarter of the last. A convolution whose
+// to whole blocks wasting at most a quarter of the last; not one the strategy
+// would give Winograd, not a one-group window larger than 3x3, not one a
+// choice source decides for, and none under --select=measure. A convolution whose
 // input is not blocked reads it as NCHW (the stem's 3 channels); a depthwise
 // one gets a kiln:ToBlocked in front.
 //
