@@ -1547,6 +1547,28 @@ Result<double> measure_choice(const Graph& parent, const Node& n, const strategy
   return times[times.size() / 2];
 }
 
+// What a measurement of `choice` on `n` depends on: the op, its attributes,
+// its inputs' types and which are constants, and the choice. Not the names
+// (two convolutions of one shape in a model are one measurement) nor the
+// constants' values (timings do not depend on them).
+std::string measure_key(const Node& n, const strategy::Choice& choice) {
+  Graph g;
+  g.opsets = {};
+  std::vector<Value*> ins;
+  std::string constness;
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    const Value* v = n.input(i);
+    constness += v == nullptr ? '-' : v->is_constant() ? 'c' : 'x';
+    ins.push_back(v == nullptr ? nullptr : g.add_input("in" + std::to_string(i), v->type()));
+  }
+  std::vector<std::string> outs;
+  for (size_t i = 0; i < n.num_outputs(); ++i) outs.push_back(n.output(i) ? "out" + std::to_string(i) : "");
+  Node* m = g.add_node(n.op_type(), ins, outs, n.domain(), "");
+  for (const auto& [k, a] : n.attrs())
+    if (k.rfind("kiln_", 0) != 0) m->set_attr(k, a);
+  return print_graph(g) + "\n" + constness + " " + choice.candidate + " " + tir::knobs_to_string(choice.knobs);
+}
+
 }  // namespace
 
 TensorInfo make_info(const Value* v) {
@@ -1572,7 +1594,16 @@ static Result<strategy::SelectOptions> select_options(const Graph& g, const Comp
     so.sources.push_back(src);
   }
   if (options.select == "measure") {
-    so.measure = [&g, options](const Node& n, const strategy::Choice& c) { return measure_choice(g, n, c, options); };
+    // One measurement per workload and choice: block-layout and
+    // select-kernels ask for the same ones, and a model repeats its shapes.
+    auto cache = std::make_shared<std::map<std::string, double>>();
+    so.measure = [&g, options, cache](const Node& n, const strategy::Choice& c) -> Result<double> {
+      std::string key = measure_key(n, c);
+      if (auto it = cache->find(key); it != cache->end()) return it->second;
+      KILN_ASSIGN_OR_RETURN(double t, measure_choice(g, n, c, options));
+      cache->emplace(std::move(key), t);
+      return t;
+    };
   } else if (options.select != "priority") {
     return invalid_argument() << "select must be 'priority' or 'measure', not '" << options.select << "'";
   }

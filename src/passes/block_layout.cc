@@ -164,15 +164,20 @@ struct Rewriter {
     if (group == 1 && (ws[2] > 3 || ws[3] > 3)) return Status::ok();
     int64_t ob = blocks_of(*o, b);
     if (4 * (ob * b - *o) > ob * b) return Status::ok();  // more than a quarter of the last block idle
-    // Where the strategy would give the NCHW convolution Winograd (fewer
-    // multiplies than any direct template), it stays NCHW: an edge of the
-    // chain. So does one whose choice is not left to priority: a choice
-    // source's record (a tuning database, --impl) names an NCHW candidate.
-    // (Under --select=measure the pass does nothing: measurement times the
-    // NCHW candidates, and the layout of a chain is not measured.)
+    // A convolution whose choice is not left to the strategy stays NCHW (an
+    // edge of the chain): a choice source's record (a tuning database,
+    // --impl) names an NCHW candidate. So does one the strategy would give
+    // Winograd (fewer multiplies than any direct template). The rule holds
+    // under --select=measure too: measurement then chooses among the NCHW
+    // candidates of the convolutions left NCHW. (Choosing each
+    // convolution's layout by its own measured time, which leaves out the
+    // conversions an NCHW one inside a chain costs, gave mobilenet_v2 27
+    // conversions instead of 1 and efficientnet_b0's squeeze-excitation
+    // convolutions NCHW on timings a few tenths of a microsecond apart,
+    // breaking its chains: 8% slower. The layout wants measuring per chain.)
     bool from_source = false;
-    if (strategy::unmeasured_choice(g, *n, ctx.select, &from_source) == "conv.winograd" || from_source)
-      return Status::ok();
+    const std::string nchw = strategy::unmeasured_choice(g, *n, ctx.select, &from_source);
+    if (from_source || nchw == "conv.winograd") return Status::ok();
     bool in_blocked = blocked.count(x) != 0;
     Value* xin = x;
     if (depthwise) xin = to_blocked(n, x);
@@ -200,6 +205,11 @@ struct Rewriter {
     return finish(n, m, *o);
   }
 
+  // Under --select=measure: conv.blocked on the convolution's real shapes
+  // (its input blocked when `in_blocked`) against the fastest NCHW
+  // candidate. Returns conv.blocked's choice, its why naming both timings,
+  // when it is faster; a choice with an empty candidate when NCHW is;
+  // nullopt when either side could not be measured (symbolic shapes).
   // ---- Elementwise -------------------------------------------------------------------------
 
   Status elementwise(Node* n) {
@@ -408,8 +418,7 @@ struct Rewriter {
 
 Result<int> block_layout(Graph& g, PassContext& ctx) {
   const int64_t b = ctx.select.target.lanes();
-  // Under --select=measure every convolution stays NCHW (see Rewriter::conv).
-  if (b < 4 || ctx.select.measure) return 0;
+  if (b < 4) return 0;
   Rewriter r{g, ctx, b, {}, {}, 0};
   for (Node* n : g.nodes()) {
     if (has_subgraph(*n)) continue;

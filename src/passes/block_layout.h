@@ -16,7 +16,8 @@
 // depthwise (group = C = O), static channel counts, output channels padded
 // to whole blocks wasting at most a quarter of the last; not one the strategy
 // would give Winograd, not a one-group window larger than 3x3, not one a
-// choice source decides for, and none under --select=measure. A convolution whose
+// choice source decides for (the same rules under --select=measure: the
+// layout of a chain is not measured). A convolution whose
 // input is not blocked reads it as NCHW (the stem's 3 channels); a depthwise
 // one gets a kiln:ToBlocked in front.
 //

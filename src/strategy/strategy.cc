@@ -158,6 +158,32 @@ Result<std::optional<Choice>> source_choice(const Node& n, const std::vector<con
 
 }  // namespace
 
+// The fastest of `candidates` for `n`, each with its default knobs, timed
+// by options.measure; its why lists every trial ("fastest of a 1.2 ms, b
+// failed"). nullopt: every trial failed.
+struct Measured {
+  Choice choice;
+  double seconds = 0;
+};
+static std::optional<Measured> measure_fastest(const Node& n, const std::vector<const Candidate*>& candidates,
+                                               const SelectOptions& options) {
+  if (!options.measure) return std::nullopt;
+  std::optional<Measured> best;
+  std::string timings;
+  for (const Candidate* c : candidates) {
+    Choice trial{c->name, default_knobs_of(*c, n, options.target), "measured", ""};
+    auto t = options.measure(n, trial);
+    if (!t.is_ok()) {
+      timings += (timings.empty() ? "" : ", ") + c->name + " failed";
+      continue;
+    }
+    timings += (timings.empty() ? "" : ", ") + c->name + " " + format_ms(*t);
+    if (!best || *t < best->seconds) best = Measured{trial, *t};
+  }
+  if (best) best->choice.why = "fastest of " + timings;
+  return best;
+}
+
 std::string unmeasured_choice(const Graph& g, const Node& n, const SelectOptions& options, bool* from_source) {
   if (from_source) *from_source = false;
   std::vector<const Candidate*> applicable = applicable_candidates(g, n, options, nullptr);
@@ -197,22 +223,7 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options) {
     const bool measurable = std::none_of(applicable.begin(), applicable.end(),
                                          [](const Candidate* c) { return c->fuses_producers; });
     if (!choice && options.measure && applicable.size() > 1 && measurable) {
-      std::string timings;
-      double best = 0;
-      for (const Candidate* c : applicable) {
-        Choice trial{c->name, default_knobs_of(*c, *n, options.target), "measured", ""};
-        auto t = options.measure(*n, trial);
-        if (!t.is_ok()) {
-          timings += (timings.empty() ? "" : ", ") + c->name + " failed";
-          continue;
-        }
-        timings += (timings.empty() ? "" : ", ") + c->name + " " + format_ms(*t);
-        if (!choice || *t < best) {
-          best = *t;
-          choice = trial;
-        }
-      }
-      if (choice) choice->why = "fastest of " + timings;
+      if (std::optional<Measured> m = measure_fastest(*n, applicable, options)) choice = m->choice;
     }
     if (!choice) {
       const Candidate* c = applicable.front();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -578,6 +579,75 @@ TEST(StrategyCandidates, BlockedConvMatchesNaiveAtRandomKnobs) {
   EXPECT_GE(ran, 100);
 }
 
+// layout.from_blocked (kiln:FromBlocked's template) against the naive
+// lowering: channels that are and are not whole blocks and tiles (ct drawn
+// from the space: 4, 8, 16, 32 and the block), blocks of 16 and 8, planes of
+// rank 1 to 3, symbolic ones bound at run time, a batch of 2, an elementwise
+// reader fused into the kernel, 1 and 2 threads.
+TEST(StrategyCandidates, FromBlockedMatchesNaiveAtRandomKnobs) {
+  struct Case {
+    Shape x;                      // [N, Cb, plane..., b]
+    int64_t channels;
+    std::vector<int64_t> x_run;
+  };
+  const std::vector<Case> cases = {
+      {Shape{1, 1, 5, 7, 16}, 13, {1, 1, 5, 7, 16}},
+      {Shape{2, 3, 3, 17, 16}, 40, {2, 3, 3, 17, 16}},
+      {Shape{1, 3, 9, 11, 8}, 24, {1, 3, 9, 11, 8}},
+      {Shape{1, 3, var("h"), var("w"), 16}, 35, {1, 3, 6, 19, 16}},
+      {Shape{1, 2, 1023, 16}, 20, {1, 2, 1023, 16}},
+      {Shape{1, 5, 3, 4, 5, 16}, 80, {1, 5, 3, 4, 5, 16}},
+  };
+  std::mt19937_64 rng(53);
+  uint32_t seed = 700;
+  int ran = 0;
+  for (const Case& c : cases) {
+    auto make = [&] {
+      auto g = std::make_unique<Graph>();
+      g->source = "from_blocked";
+      g->opsets[""] = 17;
+      Value* x = g->add_input("x", TensorType{DType::kFloat32, c.x});
+      Node* n = g->add_node("FromBlocked", {x}, {"y"}, "kiln", "from");
+      n->set_attr("block", Attribute::of_int(*c.x.back().as_const()));
+      n->set_attr("channels", Attribute::of_int(c.channels));
+      Node* relu = g->add_node("Relu", {n->output(0)}, {"r"});
+      g->set_outputs({relu->output(0)});
+      return g;
+    };
+    Tensor x = random_tensor(c.x_run, seed++);
+    auto want = run(make(), true, x, 1, std::nullopt, nullptr);
+    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+    auto probe = make();
+    ops::InferContext ictx;
+    ictx.graph = probe.get();
+    ASSERT_TRUE(ops::infer_shapes(*probe, ictx).is_ok());
+    const strategy::Candidate* cand = strategy::find_candidate("layout.from_blocked");
+    ASSERT_NE(cand, nullptr);
+    const Node& node = *probe->nodes()[0];
+    ASSERT_TRUE(cand->applies(node, nullptr));
+    const Target target = *Target::named("avx512");
+    tir::KnobSpace space = cand->space(node, target);
+    EXPECT_TRUE(space.contains(cand->default_knobs(node, target)));
+    for (int draw = 0; draw < 4; ++draw) {
+      auto knobs = draw == 0 ? Result<tir::Knobs>(cand->default_knobs(node, target)) : tir::sample_knobs(space, rng);
+      ASSERT_TRUE(knobs.is_ok());
+      for (int threads : {1, 2}) {
+        std::string impl;
+        auto got = run(make(), false, x, threads, strategy::Choice{cand->name, *knobs, "database", ""}, &impl, target);
+        std::string what = shape_to_string(c.x) + " channels " + std::to_string(c.channels) + " " +
+                           tir::knobs_to_string(*knobs) + " threads " + std::to_string(threads);
+        ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+        EXPECT_EQ(impl, "layout.from_blocked " + tir::knobs_to_string(*knobs)) << what;
+        ASSERT_EQ(got->shape(), want->shape()) << what;
+        EXPECT_EQ(std::memcmp(got->data(), want->data(), static_cast<size_t>(want->numel()) * sizeof(float)), 0)
+            << what;  // a copy: bit for bit
+        ++ran;
+      }
+    }
+  }
+  EXPECT_EQ(ran, 48);
+}
+
 // conv.im2col with its columns and without, and conv.onednn in both layouts,
 // forced on convolutions whose padding, strides and dilations differ per axis
 // (asymmetric pads, auto_pad SAME_UPPER and VALID with input rows no window
@@ -669,12 +739,25 @@ TEST(StrategyCandidates, WinogradF4ErrorStaysNearF2) {
 
 // --select measure times each applicable candidate and says so; --impl
 // prefers a candidate (with knobs) and rejects unknown names, listing the known.
+// The layout follows block-layout's rules under measurement too: the
+// convolution is blocked unless the pass is off.
 TEST(StrategySelection, MeasureAndPrefer) {
   ConvCase c{Shape{1, 16, 14, 14}, {32, 16, 3, 3}, 1, 1, {1, 16, 14, 14}};
   Tensor w = random_tensor(c.w, 7), bias = random_tensor({32}, 8);
   CompileOptions opts;
   opts.threads = 1;
   opts.select = "measure";
+  auto blocked = compile_graph(conv_graph(c, w, bias), opts);
+  ASSERT_TRUE(blocked.is_ok()) << blocked.status().to_string();
+  int convs = 0;
+  for (const KernelChoiceInfo& k : blocked->kernel_choices) {
+    if (k.node.find("Conv") == std::string::npos) continue;
+    ++convs;
+    EXPECT_NE(k.node.find("ConvBlocked"), std::string::npos) << k.node;
+    EXPECT_EQ(k.impl, "conv.blocked") << k.node;
+  }
+  EXPECT_EQ(convs, 1);
+  opts.disable_passes = {"block-layout"};
   auto measured = compile_graph(conv_graph(c, w, bias), opts);
   ASSERT_TRUE(measured.is_ok()) << measured.status().to_string();
   bool saw = false;
@@ -726,6 +809,43 @@ TEST(StrategySelection, MeasureAndPrefer) {
   CompileOptions bad_select;
   bad_select.select = "fastest";
   EXPECT_FALSE(compile_graph(conv_graph(c, w, bias), bad_select).is_ok());
+}
+
+// Under --select measure a workload (op, attributes, input types, which are
+// constants) is timed once per compilation: two convolutions of one shape
+// with different weights and names report the same timings, which two
+// separate measurements would almost never give (every candidate's time to
+// three digits).
+TEST(StrategySelection, MeasurementsAreSharedByEqualWorkloads) {
+  auto g = std::make_unique<Graph>();
+  g->source = "two convolutions";
+  g->opsets[""] = 17;
+  Value* x = g->add_input("x", TensorType{DType::kFloat32, Shape{1, 16, 14, 14}});
+  Attribute pads;
+  pads.kind = Attribute::Kind::kInts;
+  pads.ints = {1, 1, 1, 1};
+  Value* v = x;
+  for (int i = 0; i < 2; ++i) {
+    std::string name = "conv" + std::to_string(i);
+    Node* n = g->add_node("Conv", {v, g->add_constant(name + ".w", random_tensor({16, 16, 3, 3}, 11 + i))},
+                          {name + ".y"}, "", name);
+    n->set_attr("pads", pads);
+    // Different epilogues, so the two kernels are not one de-duplicated function.
+    v = g->add_node(i == 0 ? "Relu" : "Sigmoid", {n->output(0)}, {name + ".r"})->output(0);
+  }
+  g->set_outputs({v});
+  CompileOptions opts;
+  opts.threads = 1;
+  opts.select = "measure";
+  opts.disable_passes = {"block-layout"};
+  auto p = compile_graph(std::move(g), opts);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  std::vector<std::string> whys;
+  for (const KernelChoiceInfo& k : p->kernel_choices)
+    if (k.node.rfind("Conv", 0) == 0) whys.push_back(k.why);
+  ASSERT_EQ(whys.size(), 2u);
+  EXPECT_EQ(whys[0].rfind("fastest of ", 0), 0u) << whys[0];
+  EXPECT_EQ(whys[0], whys[1]);
 }
 
 // Choices and layouts recorded on a node (as a .kir file may carry them) are
