@@ -11,6 +11,9 @@
 //
 //   kiln:ToBlocked(x)   attr block      [N, C, H, W] -> [N, ceil(C/b), H, W, b], zeros past C
 //   kiln:FromBlocked(x) attr block, channels   [N, Cb, H, W, b] -> [N, channels, H, W]
+//   Both with channels_last = 1: the NCHW side is [N, H, W, C] instead
+//   (convnext's Transposes to and from channels-last around LayerNorm and its
+//   MLP become these: one contiguous copy of b channels per position).
 //   kiln:ConvBlocked(x, w[, bias]) attrs block, channels (output channels O),
 //       in_blocked (0/1), strides, pads, dilations, auto_pad, group (1 or, with
 //       in_blocked, depthwise: C = O): the ONNX Conv with weights laid out
@@ -35,13 +38,20 @@ Result<int64_t> block_of(const Node& n) {
 
 Expr ceil_blocks(const Expr& c, int64_t b) { return floordiv(c + (b - 1), Expr(b)); }
 
+Result<bool> channels_last_of(const Node& n) {
+  int64_t cl = n.attr_int("channels_last", 0);
+  if (cl != 0 && cl != 1) return node_invalid(n) << "attribute 'channels_last' must be 0 or 1, got " << cl;
+  return cl == 1;
+}
+
 Status infer_to_blocked(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
   KILN_ASSIGN_OR_RETURN(int64_t b, block_of(n));
+  KILN_ASSIGN_OR_RETURN(bool cl, channels_last_of(n));
   if (x.size() < 3) return node_invalid(n) << "input rank " << x.size() << " < 3";
-  Shape out = {x[0], ceil_blocks(x[1], b)};
-  out.insert(out.end(), x.begin() + 2, x.end());
+  Shape out = {x[0], ceil_blocks(cl ? x.back() : x[1], b)};
+  out.insert(out.end(), x.begin() + (cl ? 1 : 2), cl ? x.end() - 1 : x.end());
   out.push_back(Expr(b));
   set_output(n, 0, xt.dtype, std::move(out), ctx);
   return Status::ok();
@@ -51,12 +61,16 @@ Result<std::vector<tir::ComputeDef>> lower_to_blocked(const Node& n, LowerContex
   const tir::Buffer& x = ctx.inputs[0];
   const tir::Buffer& y = ctx.outputs[0];
   KILN_ASSIGN_OR_RETURN(int64_t b, block_of(n));
+  KILN_ASSIGN_OR_RETURN(bool cl, channels_last_of(n));
   std::vector<std::string> axes = fresh_axes(ctx, y.shape.size());
   std::vector<Expr> v = axis_vars(axes);
   Expr c = v[1] * b + v.back();
-  std::vector<Expr> src = {v[0], min(c, x.shape[1] - 1)};
+  const Expr& channels = cl ? x.shape.back() : x.shape[1];
+  std::vector<Expr> src = {v[0]};
+  if (!cl) src.push_back(min(c, channels - 1));
   src.insert(src.end(), v.begin() + 2, v.end() - 1);
-  Expr body = select(lt(c, x.shape[1]), ctx.load_input(0, src), const_of(y.dtype, 0));
+  if (cl) src.push_back(min(c, channels - 1));
+  Expr body = select(lt(c, channels), ctx.load_input(0, src), const_of(y.dtype, 0));
   return std::vector<tir::ComputeDef>{make_stage(y.name, y.dtype, axes, y.shape, body)};
 }
 
@@ -64,6 +78,7 @@ Status infer_from_blocked(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
   KILN_ASSIGN_OR_RETURN(int64_t b, block_of(n));
+  KILN_ASSIGN_OR_RETURN(bool cl, channels_last_of(n));
   int64_t c = n.attr_int("channels", 0);
   if (c > (int64_t{1} << 40)) return node_invalid(n) << "channels " << c << " out of range";
   if (x.size() < 4) return node_invalid(n) << "input rank " << x.size() << " < 4";
@@ -73,8 +88,10 @@ Status infer_from_blocked(Node& n, InferContext& ctx) {
   if (!blocks) return node_invalid(n) << "the input's number of blocks " << print_expr(x[1]) << " is not a constant";
   if (c < 1 || c > *blocks * b || c <= (*blocks - 1) * b)
     return node_invalid(n) << "channels " << c << " do not fit the input's " << *blocks << " blocks of " << b;
-  Shape out = {x[0], Expr(c)};
+  Shape out = {x[0]};
+  if (!cl) out.push_back(Expr(c));
   out.insert(out.end(), x.begin() + 2, x.end() - 1);
+  if (cl) out.push_back(Expr(c));
   set_output(n, 0, xt.dtype, std::move(out), ctx);
   return Status::ok();
 }
@@ -82,11 +99,13 @@ Status infer_from_blocked(Node& n, InferContext& ctx) {
 Result<std::vector<tir::ComputeDef>> lower_from_blocked(const Node& n, LowerContext& ctx) {
   const tir::Buffer& y = ctx.outputs[0];
   KILN_ASSIGN_OR_RETURN(int64_t b, block_of(n));
+  KILN_ASSIGN_OR_RETURN(bool cl, channels_last_of(n));
   std::vector<std::string> axes = fresh_axes(ctx, y.shape.size());
   std::vector<Expr> v = axis_vars(axes);
-  std::vector<Expr> src = {v[0], floordiv(v[1], Expr(b))};
-  src.insert(src.end(), v.begin() + 2, v.end());
-  src.push_back(mod(v[1], Expr(b)));
+  const Expr& c = cl ? v.back() : v[1];
+  std::vector<Expr> src = {v[0], floordiv(c, Expr(b))};
+  src.insert(src.end(), v.begin() + (cl ? 1 : 2), cl ? v.end() - 1 : v.end());
+  src.push_back(mod(c, Expr(b)));
   return std::vector<tir::ComputeDef>{make_stage(y.name, y.dtype, axes, y.shape, ctx.load_input(0, src))};
 }
 

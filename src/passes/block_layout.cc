@@ -104,12 +104,62 @@ struct Rewriter {
   }
 
   // The blocked form of an NCHW value (a ToBlocked before `pos` when none).
+  // A value transposed from channels-last ([N, H, W, C], perm [0, 3, 1, 2])
+  // is read channels-last by the ToBlocked: one contiguous vector of b
+  // channels per position instead of a gather across b planes (the
+  // Transpose goes when nothing else reads it).
   Value* to_blocked(Node* pos, Value* v) {
     if (auto it = blocked.find(v); it != blocked.end()) return it->second;
-    Node* t = add(pos, "ToBlocked", {v}, v->name() + ".blk");
+    Value* src = v;
+    const bool from_cl = from_channels_last(v);
+    if (from_cl) src = v->producer()->input(0);
+    Node* t = add(pos, "ToBlocked", {src}, v->name() + ".blk");
     t->set_attr("block", Attribute::of_int(b));
+    if (from_cl) t->set_attr("channels_last", Attribute::of_int(1));
     blocked[v] = t->output(0);
     return t->output(0);
+  }
+
+  // `v` is a Transpose of channels-last data to NCHW (perm [0, 3, 1, 2]).
+  static bool from_channels_last(const Value* v) {
+    const Node* tr = v->producer();
+    return tr != nullptr && is_op(tr, "Transpose") && channels_of(v) &&
+           transpose_perm(tr) == std::vector<int64_t>{0, 3, 1, 2};
+  }
+
+  // A reader of `y` is an elementwise op of the chain with another operand
+  // already blocked.
+  bool feeds_chain(const Value* y) const {
+    for (const auto& [u, index] : y->uses()) {
+      if (!u->domain().empty() || chain_binary_ops().count(u->op_type()) == 0) continue;
+      for (const Value* v : u->inputs())
+        if (v != nullptr && v != y && blocked.count(const_cast<Value*>(v)) != 0) return true;
+    }
+    return false;
+  }
+
+  // A Transpose of blocked data to channels-last (perm [0, 2, 3, 1]) is
+  // one kiln:FromBlocked with channels_last: each position's b channels are
+  // one contiguous vector in both layouts, where FromBlocked then Transpose
+  // were two passes with strided accesses (convnext_tiny's permute before
+  // each LayerNorm).
+  Status transpose(Node* n) {
+    if (!is_op(n, "Transpose") || n->num_outputs() != 1) return Status::ok();
+    Value* x = n->input(0);
+    auto it = blocked.find(x);
+    auto c = channels_of(x);
+    if (it == blocked.end() || !c || transpose_perm(n) != std::vector<int64_t>{0, 2, 3, 1}) return Status::ok();
+    Value* y = n->output(0);
+    Node* m = add(n, "FromBlocked", {it->second}, y->name() + ".cl");
+    m->set_attr("block", Attribute::of_int(b));
+    m->set_attr("channels", Attribute::of_int(*c));
+    m->set_attr("channels_last", Attribute::of_int(1));
+    m->output(0)->set_type(y->type());
+    if (!replace_value(g, y, m->output(0)))
+      return Status(StatusCode::kInternal, "block-layout: cannot replace " + y->name());
+    g.remove_node(n);
+    ++rewrites;
+    return Status::ok();
   }
 
   // Node `n` (one output y, C channels) is replaced by `m`, which computes y
@@ -221,6 +271,12 @@ struct Rewriter {
     if (!c) return Status::ok();
     bool any = false;
     for (Value* v : n->inputs()) any |= v != nullptr && blocked.count(v) != 0;
+    // Data transposed from channels-last converts with one contiguous copy
+    // (to_blocked), so an op on it joins the chain when a reader of its
+    // output already has a blocked operand: convnext's layer-scale Mul
+    // between the permute back from channels-last and the residual Add.
+    if (!any && feeds_chain(y))
+      for (Value* v : n->inputs()) any |= v != nullptr && from_channels_last(v);
     if (!any) return Status::ok();
     std::vector<Value*> in;
     for (size_t i = 0; i < n->num_inputs(); ++i) {
@@ -428,6 +484,8 @@ Result<int> block_layout(Graph& g, PassContext& ctx) {
       KILN_RETURN_IF_ERROR(r.concat(n));
     } else if (n->op_type() == "Pad") {
       KILN_RETURN_IF_ERROR(r.pad(n));
+    } else if (n->op_type() == "Transpose") {
+      KILN_RETURN_IF_ERROR(r.transpose(n));
     } else if (n->op_type() == "Split") {
       KILN_RETURN_IF_ERROR(r.split(n));
     } else if (n->op_type() == "BatchNormalization") {
@@ -439,9 +497,11 @@ Result<int> block_layout(Graph& g, PassContext& ctx) {
     }
   }
   if (r.rewrites > 0) {
-    // FromBlocked nodes nothing reads.
+    // FromBlocked nodes nothing reads, and Transposes from channels-last a
+    // ToBlocked now reads around.
     for (Node* n : g.nodes())
-      if (n->op_type() == "FromBlocked" && n->output(0)->uses().empty() && !is_graph_output(g, n->output(0)))
+      if ((n->op_type() == "FromBlocked" || n->op_type() == "Transpose") && n->num_outputs() == 1 &&
+          n->output(0)->uses().empty() && !is_graph_output(g, n->output(0)))
         g.remove_node(n);
     g.remove_dead_values();
   }

@@ -150,13 +150,29 @@ Result<tir::Schedule> blocked_schedule(const tir::KernelDef& k, const std::strin
 // output channel's whole plane in turn, re-reading every position's line of
 // b lanes once per channel, from the level-2 cache or memory on large
 // planes. Knob ct (channels per tile; the block is the default).
-bool from_blocked_applies(const Node& n, std::string* why) {
+bool from_blocked_rank(const Node& n, std::string* why) {
   const Value* y = n.output(0);
   if (y == nullptr || !y->type().shape || y->type().shape->size() < 3) {
     if (why) *why = "output rank under 3";
     return false;
   }
   return true;
+}
+
+bool from_blocked_applies(const Node& n, std::string* why) {
+  if (n.attr_int("channels_last", 0) != 0) {
+    if (why) *why = "channels-last output";
+    return false;
+  }
+  return from_blocked_rank(n, why);
+}
+
+bool from_blocked_cl_applies(const Node& n, std::string* why) {
+  if (n.attr_int("channels_last", 0) != 1) {
+    if (why) *why = "channels-first output";
+    return false;
+  }
+  return from_blocked_rank(n, why);
 }
 
 tir::KnobSpace from_blocked_space(const Node& n, const Target&) {
@@ -170,17 +186,37 @@ tir::KnobSpace from_blocked_space(const Node& n, const Target&) {
 
 tir::Knobs from_blocked_defaults(const Node& n, const Target&) { return {{"ct", std::max<int64_t>(n.attr_int("block", 16), 1)}}; }
 
+// The stage a FromBlocked template schedules: the FromBlocked stage where it
+// is the kernel's output; else (elementwise readers fused after it) the
+// kernel's last stage, of the same shape, into which the default schedule
+// inlines it, so the loads keep the template's order. Null: neither (the
+// default schedule).
+const tir::ComputeDef* from_blocked_target(const tir::KernelDef& k, const std::string& stage) {
+  const tir::ComputeDef* st = find_stage(k, stage);
+  if (st == nullptr || st->axes.size() < 3 || !st->reduce_axes.empty()) return nullptr;
+  const tir::ComputeDef& last = k.stages.back();
+  if (last.name == stage) return st;
+  if (!last.reduce_axes.empty() || last.shape.size() != st->shape.size()) return nullptr;
+  for (size_t i = 0; i < st->shape.size(); ++i)
+    if (!(last.shape[i] == st->shape[i])) return nullptr;
+  tir::Schedule base = tir::default_schedule(k);
+  bool inlined = std::any_of(base.prims.begin(), base.prims.end(),
+                             [&](const tir::Primitive& p) { return p.kind == "inline" && p.stage == stage; });
+  return inlined ? &last : nullptr;
+}
+
 Result<tir::Schedule> from_blocked_schedule(const tir::KernelDef& k, const std::string& stage,
                                             const tir::Knobs& knobs) {
-  const tir::ComputeDef* st = find_stage(k, stage);
-  if (st == nullptr || st->axes.size() < 3 || !st->reduce_axes.empty()) return tir::default_schedule(k);
+  const tir::ComputeDef* st = from_blocked_target(k, stage);
+  if (st == nullptr) return tir::default_schedule(k);
   KILN_ASSIGN_OR_RETURN(int64_t ct, knob(knobs, "ct", "layout.from_blocked"));
   std::vector<tir::Primitive> prims;
+  const std::string& target = st->name;
   const std::string &n_ax = st->axes[0], &c_ax = st->axes[1], &w_ax = st->axes.back();
   auto c_ext = st->shape[1].as_const();
   std::string c_outer, c_inner = c_ax;
   if (!c_ext || *c_ext > ct) {
-    prims.push_back(prim(c_ext && *c_ext % ct != 0 ? "split_overlap" : "split", stage, {c_ax}, ct));
+    prims.push_back(prim(c_ext && *c_ext % ct != 0 ? "split_overlap" : "split", target, {c_ax}, ct));
     c_outer = c_ax + ".o";
     c_inner = c_ax + ".i";
   }
@@ -189,8 +225,8 @@ Result<tir::Schedule> from_blocked_schedule(const tir::KernelDef& k, const std::
   for (size_t i = 2; i + 1 < st->axes.size(); ++i) order.push_back(st->axes[i]);
   order.push_back(c_inner);
   order.push_back(w_ax);
-  prims.push_back(prim("reorder", stage, order));
-  prims.push_back(prim("vectorize", stage, {w_ax}));
+  prims.push_back(prim("reorder", target, order));
+  prims.push_back(prim("vectorize", target, {w_ax}));
   // Threads split the channel tiles, else the rows.
   std::vector<std::optional<int64_t>> counts = {st->shape[0].as_const()};
   std::vector<std::string> outer = {n_ax};
@@ -202,8 +238,37 @@ Result<tir::Schedule> from_blocked_schedule(const tir::KernelDef& k, const std::
     outer.push_back(st->axes[i]);
     counts.push_back(st->shape[i].as_const());
   }
-  if (int par = tir::choose_parallel(counts); par >= 0) prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
-  return replace_stage_schedule(k, stage, prims);
+  if (int par = tir::choose_parallel(counts); par >= 0) prims.push_back(prim("parallel", target, {outer[static_cast<size_t>(par)]}));
+  return replace_stage_schedule(k, target, prims);
+}
+
+// layout.from_blocked_cl: kiln:FromBlocked with channels_last, [N, Cb, H, W,
+// b] -> [N, H, W, C]: the channels split by ct (b by default) and the inner
+// part vectorized, so each vector is one contiguous load of a position's
+// lanes and one contiguous store (the default schedule vectorizes the
+// channels unsplit: a gather through c / b and c % b).
+Result<tir::Schedule> from_blocked_cl_schedule(const tir::KernelDef& k, const std::string& stage,
+                                               const tir::Knobs& knobs) {
+  const tir::ComputeDef* st = from_blocked_target(k, stage);
+  if (st == nullptr) return tir::default_schedule(k);
+  KILN_ASSIGN_OR_RETURN(int64_t ct, knob(knobs, "ct", "layout.from_blocked_cl"));
+  std::vector<tir::Primitive> prims;
+  const std::string& target = st->name;
+  const std::string& c_ax = st->axes.back();
+  auto c_ext = st->shape.back().as_const();
+  std::vector<std::string> outer(st->axes.begin(), st->axes.end() - 1);
+  std::vector<std::optional<int64_t>> counts;
+  for (size_t i = 0; i + 1 < st->axes.size(); ++i) counts.push_back(st->shape[i].as_const());
+  std::string c_inner = c_ax;
+  if (!c_ext || *c_ext > ct) {
+    prims.push_back(prim(c_ext && *c_ext % ct != 0 ? "split_overlap" : "split", target, {c_ax}, ct));
+    outer.push_back(c_ax + ".o");
+    counts.push_back(c_ext ? std::optional<int64_t>((*c_ext + ct - 1) / ct) : std::nullopt);
+    c_inner = c_ax + ".i";
+  }
+  prims.push_back(prim("vectorize", target, {c_inner}));
+  if (int par = tir::choose_parallel(counts); par >= 0) prims.push_back(prim("parallel", target, {outer[static_cast<size_t>(par)]}));
+  return replace_stage_schedule(k, target, prims);
 }
 
 }  // namespace
@@ -230,6 +295,17 @@ void register_blocked_candidates() {
   fb.default_knobs = from_blocked_defaults;
   fb.schedule = from_blocked_schedule;
   register_candidate(std::move(fb));
+
+  Candidate cl;
+  cl.name = "layout.from_blocked_cl";
+  cl.op = "kiln:FromBlocked";
+  cl.priority = 10;
+  cl.summary = "blocked to channels-last: a position's b lanes one contiguous vector each way";
+  cl.applies = from_blocked_cl_applies;
+  cl.space = from_blocked_space;
+  cl.default_knobs = from_blocked_defaults;
+  cl.schedule = from_blocked_cl_schedule;
+  register_candidate(std::move(cl));
 }
 
 }  // namespace kiln::strategy

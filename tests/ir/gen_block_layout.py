@@ -15,8 +15,12 @@ hdr='''// block-layout: convolution chains on blocked channels (NCHW16c on a
 // on the lanes), MaxPool and AveragePool (window [3, 3, 1]),
 // a channel Concat and Split of whole blocks and GlobalAveragePool (ReduceMean
 // over the plane) all stay blocked; the graph output %o reads the chain
-// through one FromBlocked, and %q (read by a Transpose, which has no blocked
-// form) through another. A 1x5 convolution with one group stays NCHW (a
+// through one FromBlocked, and %q through another. A Transpose of blocked
+// data to channels-last is one FromBlocked with channels_last (%t, %tl);
+// data transposed back from channels-last (%tb) is converted by a
+// ToBlocked reading the channels-last tensor when an op on it (%ls, a
+// per-channel Mul) feeds a blocked chain (the residual Add %res), as in
+// convnext's blocks. A 1x5 convolution with one group stays NCHW (a
 // chain edge: FromBlocked before it); so does a 3x3 stride-1 one the strategy
 // gives Winograd (larger planes and channels than fit here; resnet18's model
 // test covers it). A weight two convolutions share is re-laid out once.
@@ -38,6 +42,15 @@ hdr='''// block-layout: convolution chains on blocked channels (NCHW16c on a
 // LOWER: implementation conv.blocked (mr=8 nb=1 rows=1) by priority
 // LOWER-NEXT: kernel Clip(p0:f32[1, 2, 8, 8, 16], p1:f32[2, 3, 3, 16]
 // LOWER: fuse_epilogue(t0)
+// The channels-last FromBlocked with the Relu that reads it: the template
+// schedules the Relu's stage with the FromBlocked inlined, each vector one
+// position's 16 lanes (the second tile of 24 channels overlaps the first).
+// LOWER: kernel kiln_k{{[0-9]+}}_Relu for Relu{{$}}
+// LOWER-NEXT: implementation layout.from_blocked_cl (ct=16) by priority
+// LOWER-NEXT: kernel Relu(p0:f32[1, 2, 8, 8, 16], -> p1:f32[1, 8, 8, 24])
+// LOWER: inline(t0)
+// LOWER-NEXT: split_overlap(p1, a3, 16)
+// LOWER-NEXT: vectorize(p1, a3.i)
 // CHECK: after block-layout
 // CHECK-DAG: kiln::ConvBlocked(%x, %ws.blk, %bs.blk) {block = 16, channels = 32, in_blocked = 0, pads = [1, 1, 1, 1], strides = [2, 2]}
 // CHECK-DAG: %s.blk: f32[1, 2, 8, 8, 16] = Relu(
@@ -58,9 +71,14 @@ hdr='''// block-layout: convolution chains on blocked channels (NCHW16c on a
 // CHECK-DAG: %q.blk: f32[1, 1, 8, 8, 16] = kiln::ConvBlocked(%wz.blk, %ww.blk)
 // CHECK-DAG: %m3.blk: f32[1, 2, 4, 4, 16] = kiln::ConvBlocked(%m.blk, %w2.blk) {block = 16, channels = 32, in_blocked = 1}
 // CHECK-DAG: %q: f32[1, 16, 8, 8] = kiln::FromBlocked(%q.blk)
-// CHECK-DAG: %t: f32[1, 4, 4, 32] = Transpose(%sp2.nchw)
+// CHECK-DAG: %t: f32[1, 4, 4, 32] = kiln::FromBlocked(%sp2.blk) {block = 16, channels = 32, channels_last = 1}
+// CHECK-DAG: %tl.cl: f32[1, 8, 8, 24] = kiln::FromBlocked(%r.blk) {block = 16, channels = 24, channels_last = 1}
+// CHECK-DAG: %tr: f32[1, 8, 8, 24] = Relu(%tl.cl)
+// CHECK-DAG: %tb.blk: f32[1, 2, 8, 8, 16] = kiln::ToBlocked(%tr) {block = 16, channels_last = 1}
+// CHECK-DAG: %ls.blk: f32[1, 2, 8, 8, 16] = Mul(%tb.blk, %dvs.blk
+// CHECK-DAG: Add(%ls.blk, %r.blk)
 // CHECK-DAG: %f: f32[1, 16, 8, 8] = Conv(%wz.nchw, %w5) {pads = [0, 2, 0, 2]}
-// CHECK-NOT: ToBlocked
+// CHECK-NOT: Transpose
 '''
 inp="%x: f32[1, 3, 16, 16]"
 b=""
@@ -97,5 +115,10 @@ b+='''  %lo: f32[] = const<f32[] [0]>
   %q: f32[?] = Conv(%wz, %ww) {pads = [1, 1, 1, 1]}
   %f: f32[?] = Conv(%wz, %w5) {pads = [0, 2, 0, 2]}
   %t: f32[?] = Transpose(%sp2) {perm = [0, 2, 3, 1]}
+  %tl: f32[?] = Transpose(%r) {perm = [0, 2, 3, 1]}
+  %tr: f32[?] = Relu(%tl)
+  %tb: f32[?] = Transpose(%tr) {perm = [0, 3, 1, 2]}
+  %ls: f32[?] = Mul(%tb, %dvs)
+  %res: f32[?] = Add(%ls, %r)
 '''
-print(hdr+f'graph main({inp}) -> (%o, %q, %f, %t, %d, %ap) {{\n  opset "" 13\n{b}}}')
+print(hdr+f'graph main({inp}) -> (%o, %q, %f, %t, %d, %ap, %res) {{\n  opset "" 13\n{b}}}')

@@ -579,11 +579,13 @@ TEST(StrategyCandidates, BlockedConvMatchesNaiveAtRandomKnobs) {
   EXPECT_GE(ran, 100);
 }
 
-// layout.from_blocked (kiln:FromBlocked's template) against the naive
-// lowering: channels that are and are not whole blocks and tiles (ct drawn
-// from the space: 4, 8, 16, 32 and the block), blocks of 16 and 8, planes of
-// rank 1 to 3, symbolic ones bound at run time, a batch of 2, an elementwise
-// reader fused into the kernel, 1 and 2 threads.
+// layout.from_blocked and layout.from_blocked_cl (kiln:FromBlocked's
+// templates, to NCHW and to channels-last) against the naive lowering:
+// channels that are and are not whole blocks and tiles (ct drawn from the
+// space: 4, 8, 16, 32 and the block), blocks of 16 and 8, planes of rank 1
+// to 3, symbolic ones bound at run time, a batch of 2, an elementwise reader
+// fused into the kernel (the template then schedules the reader's stage),
+// 1 and 2 threads.
 TEST(StrategyCandidates, FromBlockedMatchesNaiveAtRandomKnobs) {
   struct Case {
     Shape x;                      // [N, Cb, plane..., b]
@@ -602,6 +604,7 @@ TEST(StrategyCandidates, FromBlockedMatchesNaiveAtRandomKnobs) {
   uint32_t seed = 700;
   int ran = 0;
   for (const Case& c : cases) {
+   for (bool cl : {false, true}) {
     auto make = [&] {
       auto g = std::make_unique<Graph>();
       g->source = "from_blocked";
@@ -610,6 +613,7 @@ TEST(StrategyCandidates, FromBlockedMatchesNaiveAtRandomKnobs) {
       Node* n = g->add_node("FromBlocked", {x}, {"y"}, "kiln", "from");
       n->set_attr("block", Attribute::of_int(*c.x.back().as_const()));
       n->set_attr("channels", Attribute::of_int(c.channels));
+      if (cl) n->set_attr("channels_last", Attribute::of_int(1));
       Node* relu = g->add_node("Relu", {n->output(0)}, {"r"});
       g->set_outputs({relu->output(0)});
       return g;
@@ -621,7 +625,7 @@ TEST(StrategyCandidates, FromBlockedMatchesNaiveAtRandomKnobs) {
     ops::InferContext ictx;
     ictx.graph = probe.get();
     ASSERT_TRUE(ops::infer_shapes(*probe, ictx).is_ok());
-    const strategy::Candidate* cand = strategy::find_candidate("layout.from_blocked");
+    const strategy::Candidate* cand = strategy::find_candidate(cl ? "layout.from_blocked_cl" : "layout.from_blocked");
     ASSERT_NE(cand, nullptr);
     const Node& node = *probe->nodes()[0];
     ASSERT_TRUE(cand->applies(node, nullptr));
@@ -634,18 +638,20 @@ TEST(StrategyCandidates, FromBlockedMatchesNaiveAtRandomKnobs) {
       for (int threads : {1, 2}) {
         std::string impl;
         auto got = run(make(), false, x, threads, strategy::Choice{cand->name, *knobs, "database", ""}, &impl, target);
-        std::string what = shape_to_string(c.x) + " channels " + std::to_string(c.channels) + " " +
+        std::string what = shape_to_string(c.x) + " channels " + std::to_string(c.channels) +
+                           (cl ? " channels-last " : " ") +
                            tir::knobs_to_string(*knobs) + " threads " + std::to_string(threads);
         ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
-        EXPECT_EQ(impl, "layout.from_blocked " + tir::knobs_to_string(*knobs)) << what;
+        EXPECT_EQ(impl, cand->name + " " + tir::knobs_to_string(*knobs)) << what;
         ASSERT_EQ(got->shape(), want->shape()) << what;
         EXPECT_EQ(std::memcmp(got->data(), want->data(), static_cast<size_t>(want->numel()) * sizeof(float)), 0)
             << what;  // a copy: bit for bit
         ++ran;
       }
     }
+   }
   }
-  EXPECT_EQ(ran, 48);
+  EXPECT_EQ(ran, 96);
 }
 
 // conv.im2col with its columns and without, and conv.onednn in both layouts,

@@ -86,6 +86,33 @@ TEST(BlockedLayoutShape, FromBlockedNeedsKnownBlocksHoldingTheChannels) {
   }
 }
 
+// channels_last: the NCHW side of ToBlocked and FromBlocked is [N, H, W, C];
+// any value but 0 and 1 is an error naming the node.
+TEST(BlockedLayoutShape, ChannelsLastSide) {
+  auto convert = [](const char* op, Shape x, int64_t cl, std::string* out) {
+    Graph g;
+    Value* in = g.add_input("x", tt(DType::kFloat32, std::move(x)));
+    Node* n = g.add_node(op, {in}, {"y"}, "kiln", "conv_layout");
+    n->set_attr("block", Attribute::of_int(16));
+    n->set_attr("channels_last", Attribute::of_int(cl));
+    if (std::string(op) == "FromBlocked") n->set_attr("channels", Attribute::of_int(24));
+    Status st = infer(g);
+    if (st.is_ok()) *out = shape_to_string(*n->output(0)->type().shape);
+    return st;
+  };
+  std::string y;
+  ASSERT_TRUE(convert("ToBlocked", {1, var("h"), 7, 24}, 1, &y).is_ok());
+  EXPECT_EQ(y, "[1, 2, h, 7, 16]");
+  ASSERT_TRUE(convert("FromBlocked", {1, 2, 5, 7, 16}, 1, &y).is_ok());
+  EXPECT_EQ(y, "[1, 5, 7, 24]");
+  for (const char* op : {"ToBlocked", "FromBlocked"}) {
+    Status st = convert(op, op[0] == 'T' ? Shape{1, 5, 7, 24} : Shape{1, 2, 5, 7, 16}, 2, &y);
+    ASSERT_FALSE(st.is_ok()) << op;
+    EXPECT_NE(st.message().find("conv_layout"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("channels_last"), std::string::npos) << st.message();
+  }
+}
+
 TEST(MatMulShape, BatchBroadcastAndVectors) {
   Graph g;
   Value* a = g.add_input("a", tt(DType::kFloat32, {var("b"), 1, var("m"), 5}));
