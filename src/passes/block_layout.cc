@@ -230,9 +230,12 @@ struct Rewriter {
     if (from_source || nchw == "conv.winograd") return Status::ok();
     bool in_blocked = blocked.count(x) != 0;
     Value* xin = x;
-    if (depthwise) xin = to_blocked(n, x);
+    // An input transposed from channels-last converts with one contiguous
+    // copy (to_blocked), which then replaces the Transpose: convnext's
+    // downsampling convolutions after their channels-last LayerNorm.
+    if (depthwise || (!in_blocked && from_channels_last(x))) xin = to_blocked(n, x);
     else if (in_blocked) xin = blocked[x];
-    in_blocked = in_blocked || depthwise;
+    in_blocked = in_blocked || xin != x;
     // A weight shared by several convolutions is re-laid out once per input layout.
     Value*& packed = packed_weights[{n->input(1), in_blocked}];
     if (packed == nullptr)

@@ -20,7 +20,8 @@ hdr='''// block-layout: convolution chains on blocked channels (NCHW16c on a
 // data transposed back from channels-last (%tb) is converted by a
 // ToBlocked reading the channels-last tensor when an op on it (%ls, a
 // per-channel Mul) feeds a blocked chain (the residual Add %res), as in
-// convnext's blocks. A 1x5 convolution with one group stays NCHW (a
+// convnext's blocks, or a convolution reads it (%tb2 into %tc: in_blocked = 1, as
+// convnext's downsampling after its channels-last LayerNorm). A 1x5 convolution with one group stays NCHW (a
 // chain edge: FromBlocked before it); so does a 3x3 stride-1 one the strategy
 // gives Winograd (larger planes and channels than fit here; resnet18's model
 // test covers it). A weight two convolutions share is re-laid out once.
@@ -77,6 +78,8 @@ hdr='''// block-layout: convolution chains on blocked channels (NCHW16c on a
 // CHECK-DAG: %tb.blk: f32[1, 2, 8, 8, 16] = kiln::ToBlocked(%tr) {block = 16, channels_last = 1}
 // CHECK-DAG: %ls.blk: f32[1, 2, 8, 8, 16] = Mul(%tb.blk, %dvs.blk
 // CHECK-DAG: Add(%ls.blk, %r.blk)
+// CHECK-DAG: %tb2.blk: f32[1, 2, 8, 8, 16] = kiln::ToBlocked(%tr) {block = 16, channels_last = 1}
+// CHECK-DAG: kiln::ConvBlocked(%tb2.blk, %w2.blk) {block = 16, channels = 32, in_blocked = 1}
 // CHECK-DAG: %f: f32[1, 16, 8, 8] = Conv(%wz.nchw, %w5) {pads = [0, 2, 0, 2]}
 // CHECK-NOT: Transpose
 '''
@@ -120,5 +123,7 @@ b+='''  %lo: f32[] = const<f32[] [0]>
   %tb: f32[?] = Transpose(%tr) {perm = [0, 3, 1, 2]}
   %ls: f32[?] = Mul(%tb, %dvs)
   %res: f32[?] = Add(%ls, %r)
+  %tb2: f32[?] = Transpose(%tr) {perm = [0, 3, 1, 2]}
+  %tc: f32[?] = Conv(%tb2, %w2)
 '''
-print(hdr+f'graph main({inp}) -> (%o, %q, %f, %t, %d, %ap, %res) {{\n  opset "" 13\n{b}}}')
+print(hdr+f'graph main({inp}) -> (%o, %q, %f, %t, %d, %ap, %res, %tc) {{\n  opset "" 13\n{b}}}')
