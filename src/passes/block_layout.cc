@@ -220,11 +220,13 @@ struct Rewriter {
     // Winograd (fewer multiplies than any direct template). The rule holds
     // under --select=measure too: measurement then chooses among the NCHW
     // candidates of the convolutions left NCHW. (Choosing each
-    // convolution's layout by its own measured time, which leaves out the
-    // conversions an NCHW one inside a chain costs, gave mobilenet_v2 27
-    // conversions instead of 1 and efficientnet_b0's squeeze-excitation
-    // convolutions NCHW on timings a few tenths of a microsecond apart,
-    // breaking its chains: 8% slower. The layout wants measuring per chain.)
+    // convolution's layout by its own measured time leaves out the
+    // conversions an NCHW one inside a chain causes: mobilenet_v2 got 27
+    // FromBlocked instead of 1 even with its input's conversion counted,
+    // and measured only at chain starts, efficientnet_b0's
+    // squeeze-excitation convolutions went NCHW on timings a few tenths of
+    // a microsecond apart, breaking its chains; docs/performance.md. The
+    // layout wants measuring per chain.)
     bool from_source = false;
     const std::string nchw = strategy::unmeasured_choice(g, *n, ctx.select, &from_source);
     if (from_source || nchw == "conv.winograd") return Status::ok();
