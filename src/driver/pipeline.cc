@@ -1553,7 +1553,6 @@ Result<double> measure_choice(const Graph& parent, const Node& n, const strategy
 // constants' values (timings do not depend on them).
 std::string measure_key(const Node& n, const strategy::Choice& choice) {
   Graph g;
-  g.opsets = {};
   std::vector<Value*> ins;
   std::string constness;
   for (size_t i = 0; i < n.num_inputs(); ++i) {

@@ -260,11 +260,6 @@ struct Rewriter {
     return finish(n, m, *o);
   }
 
-  // Under --select=measure: conv.blocked on the convolution's real shapes
-  // (its input blocked when `in_blocked`) against the fastest NCHW
-  // candidate. Returns conv.blocked's choice, its why naming both timings,
-  // when it is faster; a choice with an empty candidate when NCHW is;
-  // nullopt when either side could not be measured (symbolic shapes).
   // ---- Elementwise -------------------------------------------------------------------------
 
   Status elementwise(Node* n) {
