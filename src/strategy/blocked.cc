@@ -212,27 +212,21 @@ Result<tir::Schedule> from_blocked_schedule(const tir::KernelDef& k, const std::
   KILN_ASSIGN_OR_RETURN(int64_t ct, knob(knobs, "ct", "layout.from_blocked"));
   std::vector<tir::Primitive> prims;
   const std::string& target = st->name;
-  const std::string &n_ax = st->axes[0], &c_ax = st->axes[1], &w_ax = st->axes.back();
-  auto c_ext = st->shape[1].as_const();
-  std::string c_outer, c_inner = c_ax;
-  if (!c_ext || *c_ext > ct) {
-    prims.push_back(prim(c_ext && *c_ext % ct != 0 ? "split_overlap" : "split", target, {c_ax}, ct));
-    c_outer = c_ax + ".o";
-    c_inner = c_ax + ".i";
-  }
+  const std::string &n_ax = st->axes[0], &w_ax = st->axes.back();
+  ColumnTile c = tile_columns(prims, target, st->axes[1], st->shape[1], ct);
   std::vector<std::string> order = {n_ax};
-  if (!c_outer.empty()) order.push_back(c_outer);
+  if (!c.outer.empty()) order.push_back(c.outer);
   for (size_t i = 2; i + 1 < st->axes.size(); ++i) order.push_back(st->axes[i]);
-  order.push_back(c_inner);
+  order.push_back(c.inner);
   order.push_back(w_ax);
   prims.push_back(prim("reorder", target, order));
   prims.push_back(prim("vectorize", target, {w_ax}));
   // Threads split the channel tiles, else the rows.
   std::vector<std::optional<int64_t>> counts = {st->shape[0].as_const()};
   std::vector<std::string> outer = {n_ax};
-  if (!c_outer.empty()) {
-    outer.push_back(c_outer);
-    counts.push_back(c_ext ? std::optional<int64_t>((*c_ext + ct - 1) / ct) : std::nullopt);
+  if (!c.outer.empty()) {
+    outer.push_back(c.outer);
+    counts.push_back(c.count);
   }
   for (size_t i = 2; i + 1 < st->axes.size(); ++i) {
     outer.push_back(st->axes[i]);
@@ -254,19 +248,15 @@ Result<tir::Schedule> from_blocked_cl_schedule(const tir::KernelDef& k, const st
   KILN_ASSIGN_OR_RETURN(int64_t ct, knob(knobs, "ct", "layout.from_blocked_cl"));
   std::vector<tir::Primitive> prims;
   const std::string& target = st->name;
-  const std::string& c_ax = st->axes.back();
-  auto c_ext = st->shape.back().as_const();
   std::vector<std::string> outer(st->axes.begin(), st->axes.end() - 1);
   std::vector<std::optional<int64_t>> counts;
   for (size_t i = 0; i + 1 < st->axes.size(); ++i) counts.push_back(st->shape[i].as_const());
-  std::string c_inner = c_ax;
-  if (!c_ext || *c_ext > ct) {
-    prims.push_back(prim(c_ext && *c_ext % ct != 0 ? "split_overlap" : "split", target, {c_ax}, ct));
-    outer.push_back(c_ax + ".o");
-    counts.push_back(c_ext ? std::optional<int64_t>((*c_ext + ct - 1) / ct) : std::nullopt);
-    c_inner = c_ax + ".i";
+  ColumnTile c = tile_columns(prims, target, st->axes.back(), st->shape.back(), ct);
+  if (!c.outer.empty()) {
+    outer.push_back(c.outer);
+    counts.push_back(c.count);
   }
-  prims.push_back(prim("vectorize", target, {c_inner}));
+  prims.push_back(prim("vectorize", target, {c.inner}));
   if (int par = tir::choose_parallel(counts); par >= 0) prims.push_back(prim("parallel", target, {outer[static_cast<size_t>(par)]}));
   return replace_stage_schedule(k, target, prims);
 }
