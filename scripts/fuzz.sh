@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes the ONNX importer and import + shape inference + compilation with
 # libFuzzer (AddressSanitizer + UndefinedBehaviorSanitizer build, build-asan/).
-#   fuzz.sh [SECONDS [TARGET...]]    default: 60 s, both targets, run side by side
+#   fuzz.sh [SECONDS [TARGET...]]    default: 60 s, every target, run side by side
+# Targets: onnx_import_fuzzer (bytes), compile_fuzzer (bytes through compilation),
+# model_fuzzer (structure-aware mutations through compilation and one run).
 # Seeds: the ONNX backend node tests' models and the zoo's models with small
 # weights (scripts/make_fuzz_seeds.py; zoo models are taken from build/models when
 # exported there). Corpora grow in build-asan/fuzz/corpus/<target>; a crash, leak,
@@ -13,7 +15,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(onnx_import_fuzzer compile_fuzzer); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(onnx_import_fuzzer compile_fuzzer model_fuzzer); fi
 ./scripts/build_sanitized.sh asan
 work=build-asan/fuzz
 if [ ! -d "$work/seeds" ]; then

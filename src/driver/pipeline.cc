@@ -33,6 +33,13 @@ bool is_control_flow(const Node* n) {
 
 std::string describe(const Node* n) { return n->describe(); }
 
+// "f32[2,3], i64[]": the types of a node's inputs, for errors.
+std::string input_types(const Node* n) {
+  std::string out;
+  for (const Value* v : n->inputs()) out += (out.empty() ? "" : ", ") + (v ? v->type().to_string() : "-");
+  return out;
+}
+
 bool fusion_enabled(const CompileOptions& o) {
   return !o.naive && std::find(o.disable_passes.begin(), o.disable_passes.end(), "fuse-elementwise") ==
                          o.disable_passes.end();
@@ -403,8 +410,14 @@ Result<tir::KernelDef> ProgramBuilder::make_kernel_def(const passes::FusedGroup&
       KILN_ASSIGN_OR_RETURN(tir::Buffer b, buffer_for(o));
       ctx.outputs.push_back(b);
     }
+    // An op lowered for dtypes its lowering does not handle: an error naming
+    // the node, not an abort (shape/expr.h).
+    ExprErrorTrap trap;
     auto stages = def->lower(*n, ctx);
     if (!stages.is_ok()) return stages.status().with_context(describe(n));
+    if (trap.failed())
+      return unsupported() << describe(n) << ": cannot lower for input types " << input_types(n) << " ("
+                           << trap.error() << ")";
     for (auto& s : *stages) k.stages.push_back(std::move(s));
   }
   return k;
@@ -521,6 +534,7 @@ Status ProgramBuilder::emit_group(const passes::FusedGroup& group) {
         chk.values.push_back(d_out);
         chk.attrs.push_back(static_cast<int64_t>(i));
         chk.attrs.push_back(static_cast<int64_t>(os.size() - is.size() + k));
+        chk.attrs.push_back(0);
       }
     }
     if (chk.values.empty()) continue;
@@ -607,6 +621,7 @@ void ProgramBuilder::emit_dim_checks(const Node* n) {
     chk.values.push_back(c.to);
     chk.attrs.push_back(static_cast<int64_t>(c.input));
     chk.attrs.push_back(c.axis);
+    chk.attrs.push_back(c.exact ? 1 : 0);
   }
   if (chk.values.empty()) return;
   chk.op = runtime::OpCode::kCheckBroadcast;

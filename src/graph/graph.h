@@ -147,11 +147,18 @@ class Node {
   // "Conv 'conv1'" — used in error messages.
   std::string describe() const;
 
+  // Set by the ONNX importer on the nodes a model file holds (not on those
+  // Kiln adds): shape inference checks such a node against its ONNX operator
+  // schema before inferring it, and clears the flag (ops/onnx_schema.h).
+  bool onnx_schema_pending() const { return onnx_schema_pending_; }
+  void set_onnx_schema_pending(bool v) { onnx_schema_pending_ = v; }
+
  private:
   friend class Graph;
   std::string op_type_, domain_, name_;
   std::vector<Value*> inputs_, outputs_;
   std::map<std::string, Attribute> attrs_;
+  bool onnx_schema_pending_ = false;
 };
 
 class Graph {

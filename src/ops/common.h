@@ -116,9 +116,13 @@ Result<Shape> broadcast_all(const Node& n, const std::vector<Shape>& shapes, con
 Status require_param_shape(const Node& n, size_t i, const Shape& expected, const char* what,
                            const SymbolBounds& bounds);
 // Checks that optional input i (when present) broadcasts unidirectionally to
-// `target` (right-aligned; each dim equal or 1).
+// `target` (right-aligned; each dim equal or 1). An error only where it
+// provably does not (a higher rank, or two different constants); a dim not
+// proven 1 or equal is checked at run time: broadcast_dim_checks lists those
+// checks for the op's OpDef::dim_checks.
 Status require_broadcastable_to(const Node& n, size_t i, const Shape& target, const char* what,
                                 const SymbolBounds& bounds);
+std::vector<DimCheck> broadcast_dim_checks(const Node& n, size_t i, const Shape& target, const SymbolBounds& bounds);
 
 // ---- Convolution geometry (conv.cc; shared with the integer convolutions) ---
 

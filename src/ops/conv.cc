@@ -574,6 +574,11 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
 
 // ---- ConvTranspose --------------------------------------------------------------
 
+// The longest window (dilated kernel extent) ConvTranspose accepts over a
+// strided input reaching one position; longer inputs allow a quarter of this
+// times their reach.
+constexpr int64_t kMaxWindowOverInput = 64;
+
 struct ConvTransposeGeometry {
   std::vector<Expr> in, kernel, out, pad_begin;
   std::vector<int64_t> stride, dilation;
@@ -600,6 +605,16 @@ Result<ConvTransposeGeometry> conv_transpose_geometry(const Node& n, const Shape
   }
   for (size_t d = 0; d < rank; ++d) {
     Expr span = Expr(g.dilation[d]) * (kernel[d] - 1) + 1;
+    // Every output position visits the whole window, so a window far longer
+    // than the input it spreads (a file's absurd kernel dim) would run for
+    // hours writing mostly zeros: refused.
+    auto cspan = simplify(span, bounds).as_const();
+    auto reach = simplify(Expr(g.stride[d]) * (g.in[d] - 1) + 1, bounds).as_const();
+    if (cspan && reach && *cspan > std::max<int64_t>(kMaxWindowOverInput, kMaxWindowOverInput * std::max<int64_t>(*reach, 1) / 4))
+      return node_invalid(n) << "the window spans " << *cspan << " positions on spatial dim " << d
+                             << " over an input reaching " << *reach << "; a window more than "
+                             << kMaxWindowOverInput / 4 << " times (and " << kMaxWindowOverInput
+                             << " positions) longer than its input is refused";
     Expr full = Expr(g.stride[d]) * (g.in[d] - 1) + out_pad[d] + span;  // output size without padding
     Expr target;
     if (!out_shape.empty()) {

@@ -89,8 +89,12 @@ Expr trunc_div(const Expr& a, const Expr& b) {
   return select(logical_and(ne(r, zero), signs_differ), add(q, c_of(a, 1)), q);
 }
 
-// Remainder with the sign of the dividend (C fmod) for integers.
-Expr trunc_mod(const Expr& a, const Expr& b) { return sub(a, mul(trunc_div(a, b), b)); }
+// Remainder with the sign of the dividend (C fmod) for integers; 0 for a zero
+// divisor, like the generated code's floordiv and mod (codegen/llvm).
+Expr trunc_mod(const Expr& a, const Expr& b) {
+  Expr zero = c_of(a, 0);
+  return select(eq(b, zero), zero, sub(a, mul(trunc_div(a, b), b)));
+}
 
 Expr float_attr(const Node& n, const char* name, double def, const Expr& like) {
   return c_of(like, n.attr_float(name, def));

@@ -365,6 +365,28 @@ Result<std::vector<tir::ComputeDef>> lower_einsum(const Node& n, LowerContext& c
   }
   return stages;
 }
+// A's inner dim against B's (MatMul: B's second-to-last; Gemm: by transA
+// and transB) when inference could not prove them
+// equal: checked at run time, exactly, before the kernel reads both.
+std::vector<DimCheck> inner_dim_checks(const Node& n, const SymbolBounds& bounds, bool gemm) {
+  const Value* a = n.input(0);
+  const Value* b = n.input(1);
+  if (a == nullptr || b == nullptr || !a->type().shape || !b->type().shape) return {};
+  const Shape& as = *a->type().shape;
+  bool tb = gemm && n.attr_int("transB", 0) != 0;
+  auto logical = logical_b_shape(n, *b->type().shape, tb);
+  if (!logical.is_ok() || as.empty() || logical->empty()) return {};
+  const Shape& bs = *logical;
+  int64_t a_axis = gemm ? (n.attr_int("transA", 0) != 0 ? 0 : 1) : static_cast<int64_t>(as.size()) - 1;
+  size_t b_index = gemm ? (tb ? 1 : 0) : bs.size() == 1 ? 0 : bs.size() - 2;
+  if (b_index >= bs.size()) return {};
+  if (a_axis < 0 || static_cast<size_t>(a_axis) >= as.size()) return {};
+  const Expr& ka = as[static_cast<size_t>(a_axis)];
+  const Expr& kb = bs[b_index];
+  if (prove_equal(ka, kb, bounds)) return {};
+  return {DimCheck{0, a_axis, ka, kb, true}};
+}
+
 }  // namespace
 
 void register_matmul_ops() {
@@ -372,12 +394,14 @@ void register_matmul_ops() {
   matmul.name = "MatMul";
   matmul.infer = infer_matmul;
   matmul.lower = lower_matmul;
+  matmul.dim_checks = [](const Node& n, const SymbolBounds& b) { return inner_dim_checks(n, b, false); };
   register_op(std::move(matmul));
 
   OpDef gemm;
   gemm.name = "Gemm";
   gemm.infer = infer_gemm;
   gemm.lower = lower_gemm;
+  gemm.dim_checks = [](const Node& n, const SymbolBounds& b) { return inner_dim_checks(n, b, true); };
   register_op(std::move(gemm));
 
   OpDef einsum;

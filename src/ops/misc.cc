@@ -192,6 +192,17 @@ Result<RuntimeKernel> reverse_sequence_kernel(const Node& n) {
   return RuntimeKernel([=](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
     const Tensor& x = in[0];
     KILN_RETURN_IF_ERROR(check_numeric(x, "ReverseSequence"));
+    if (x.rank() < 2 || batch_axis < 0 || batch_axis > 1 || time_axis < 0 || time_axis > 1 || batch_axis == time_axis)
+      return invalid_argument() << "batch_axis " << batch_axis << " and time_axis " << time_axis
+                                << " must be 0 and 1 (in either order) of an input of rank 2 or more, not "
+                                << x.describe();
+    if (in[1].numel() != x.shape()[batch_axis])
+      return invalid_argument() << "sequence_lens has " << in[1].numel() << " values for a batch of "
+                                << x.shape()[batch_axis];
+    for (int64_t b = 0; b < in[1].numel(); ++b)
+      if (int64_t len = in[1].get_i64(b); len < 0 || len > x.shape()[time_axis])
+        return invalid_argument() << "sequence_lens[" << b << "] = " << len << " is outside [0, "
+                                  << x.shape()[time_axis] << "]";
     out.resize(1);
     out[0] = x.clone();
     std::vector<int64_t> st = strides_of(x.shape());
@@ -732,10 +743,18 @@ Result<RuntimeKernel> affine_grid_kernel(const Node& n) {
   bool align = n.attr_int("align_corners", 0) != 0;
   return RuntimeKernel([=](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
     const Tensor& theta = in[0];
+    if (theta.rank() != 3 || theta.shape()[2] != theta.shape()[1] + 1)
+      return invalid_argument() << "theta " << theta.describe() << " is not [N, r, r + 1]";
     int64_t r = theta.shape()[1];
-    std::vector<int64_t> dims;
-    for (int64_t d = 2; d < in[1].numel(); ++d) dims.push_back(in[1].get_i64(d));
     int64_t batch = theta.shape()[0];
+    if (in[1].numel() != r + 2 || in[1].get_i64(0) != batch)
+      return invalid_argument() << "size has " << in[1].numel() << " values; theta "
+                                << theta.describe() << " needs " << r + 2 << " starting with its batch " << batch;
+    std::vector<int64_t> dims;
+    for (int64_t d = 2; d < in[1].numel(); ++d) {
+      dims.push_back(in[1].get_i64(d));
+      if (dims.back() < 0) return invalid_argument() << "size has a negative dim " << dims.back();
+    }
     std::vector<int64_t> oshape = {batch};
     oshape.insert(oshape.end(), dims.begin(), dims.end());
     oshape.push_back(r);
@@ -828,10 +847,13 @@ Status infer_max_unpool(Node& n, InferContext& ctx) {
     return Status::ok();
   }
   std::vector<int64_t> k = n.attr_ints("kernel_shape");
+  if (x.size() < 3) return node_invalid(n) << "input rank " << x.size() << " < 3";
   size_t r = x.size() - 2;
   if (k.size() != r) return node_invalid(n) << "kernel_shape must have " << r << " values";
   std::vector<int64_t> strides = n.attr_ints("strides", std::vector<int64_t>(r, 1));
   std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(2 * r, 0));
+  if (strides.size() != r || pads.size() != 2 * r)
+    return node_invalid(n) << "strides and pads must have " << r << " and " << 2 * r << " values";
   Shape out = x;
   for (size_t d = 0; d < r; ++d)
     out[d + 2] = (x[d + 2] - Expr(1)) * Expr(strides[d]) - Expr(pads[d] + pads[d + r]) + Expr(k[d]);
@@ -847,13 +869,24 @@ Result<RuntimeKernel> max_unpool_kernel(const Node& n) {
     const Tensor& x = in[0];
     KILN_RETURN_IF_ERROR(check_numeric(x, "MaxUnpool"));
     size_t r = k.size();
+    if (x.rank() != static_cast<int64_t>(r) + 2 || strides.size() != r || pads.size() != 2 * r)
+      return invalid_argument() << "input " << x.describe() << ", kernel_shape, strides and pads disagree in rank";
+    if (in[1].numel() != x.numel())
+      return invalid_argument() << "indices have " << in[1].numel() << " elements for " << x.numel() << " values";
     std::vector<int64_t> inferred = x.shape();
-    for (size_t d = 0; d < r; ++d)
-      inferred[d + 2] = (x.shape()[d + 2] - 1) * strides[d] - pads[d] - pads[d + r] + k[d];
+    for (size_t d = 0; d < r; ++d) {
+      int64_t v = 0;
+      bool overflow = __builtin_mul_overflow(x.shape()[d + 2] - 1, strides[d], &v) ||
+                      __builtin_sub_overflow(v, pads[d], &v) || __builtin_sub_overflow(v, pads[d + r], &v) ||
+                      __builtin_add_overflow(v, k[d], &v);
+      if (overflow || v < 0)
+        return invalid_argument() << "kernel_shape, strides and pads give no valid output size on spatial dim " << d;
+      inferred[d + 2] = v;
+    }
     // Indices are flat positions in a tensor of the inferred shape (as MaxPool
     // produces them); with an explicit output_shape that tensor is placed at the
     // output's origin (ONNX reference).
-    Tensor y(x.dtype(), inferred);
+    KILN_ASSIGN_OR_RETURN(Tensor y, Tensor::allocate(x.dtype(), inferred));
     for (int64_t e = 0; e < x.numel(); ++e) {
       int64_t i = in[1].get_i64(e);
       if (i < 0 || i >= y.numel()) return invalid_argument() << "MaxUnpool: index out of range";
@@ -912,20 +945,37 @@ Result<RuntimeKernel> col2im_kernel(const Node& n) {
     const Tensor& x = in[0];
     KILN_RETURN_IF_ERROR(check_numeric(x, "Col2Im"));
     size_t r = static_cast<size_t>(in[1].numel());
+    if (in[2].numel() != static_cast<int64_t>(r))
+      return invalid_argument() << "Col2Im: block_shape has " << in[2].numel() << " values for " << r << " image dims";
     std::vector<int64_t> img(r), block(r);
+    // Sizes are bounded (by the input's element count) before any product.
+    const int64_t limit = std::max<int64_t>(x.numel(), 1);
     int64_t bprod = 1;
     for (size_t d = 0; d < r; ++d) {
       img[d] = in[1].get_i64(static_cast<int64_t>(d));
       block[d] = in[2].get_i64(static_cast<int64_t>(d));
+      if (img[d] < 1 || block[d] < 1 || block[d] > limit || img[d] > (int64_t{1} << 31))
+        return invalid_argument() << "Col2Im: image_shape " << img[d] << " and block_shape " << block[d]
+                                  << " on dim " << d << " must be positive (block at most the input's size)";
+      if (bprod > limit / block[d]) return invalid_argument() << "Col2Im: block_shape is larger than the input";
       bprod *= block[d];
     }
     std::vector<int64_t> dil = dil_a.empty() ? std::vector<int64_t>(r, 1) : dil_a;
     std::vector<int64_t> str = str_a.empty() ? std::vector<int64_t>(r, 1) : str_a;
     std::vector<int64_t> pads = pads_a.empty() ? std::vector<int64_t>(2 * r, 0) : pads_a;
+    if (dil.size() != r || str.size() != r || pads.size() != 2 * r)
+      return invalid_argument() << "Col2Im: dilations, strides and pads must have " << r << ", " << r << " and "
+                                << 2 * r << " values";
     std::vector<int64_t> blocks(r);
     int64_t l_total = 1;
     for (size_t d = 0; d < r; ++d) {
+      if (dil[d] < 1 || str[d] < 1 || dil[d] > (int64_t{1} << 31) || str[d] > (int64_t{1} << 31) ||
+          pads[d] < 0 || pads[d + r] < 0 || pads[d] > (int64_t{1} << 31) || pads[d + r] > (int64_t{1} << 31))
+        return invalid_argument() << "Col2Im: dilations and strides must be positive and pads non-negative (dim " << d
+                                  << ")";
       blocks[d] = (img[d] + pads[d] + pads[d + r] - (dil[d] * (block[d] - 1) + 1)) / str[d] + 1;
+      if (blocks[d] < 1) return invalid_argument() << "Col2Im: the block does not fit the padded image on dim " << d;
+      if (l_total > limit / blocks[d]) return invalid_argument() << "Col2Im: input shape does not match image_shape and block_shape";
       l_total *= blocks[d];
     }
     int64_t n_batch = x.shape()[0], c_total = x.shape()[1] / bprod;

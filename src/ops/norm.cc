@@ -465,6 +465,19 @@ void register_norm(const char* name, std::function<Status(Node&, InferContext&)>
   register_op(make_def(name, std::move(infer), std::move(lower)));
 }
 
+// Scale and B dims that inference could not prove 1 or equal to the
+// normalized dims: checked at run time before the kernel reads them.
+std::vector<DimCheck> layer_norm_dim_checks(const Node& n, const SymbolBounds& bounds) {
+  const Value* x = n.input(0);
+  if (x == nullptr || !x->type().shape) return {};
+  auto axis = normalize_axis(n, n.attr_int("axis", -1), x->type().rank());
+  if (!axis.is_ok()) return {};
+  Shape normalized(x->type().shape->begin() + *axis, x->type().shape->end());
+  std::vector<DimCheck> checks = broadcast_dim_checks(n, 1, normalized, bounds);
+  for (DimCheck& c : broadcast_dim_checks(n, 2, normalized, bounds)) checks.push_back(std::move(c));
+  return checks;
+}
+
 }  // namespace
 
 void register_norm_ops() {
@@ -475,6 +488,7 @@ void register_norm_ops() {
   register_norm("Hardmax", infer_softmax,
                 [](const Node& n, LowerContext& ctx) { return lower_softmax(SoftmaxKind::kHardmax, n, ctx); });
   register_norm("LayerNormalization", infer_layer_norm, lower_layer_norm);
+  extend_op("", "LayerNormalization", [](OpDef& def) { def.dim_checks = layer_norm_dim_checks; });
   register_norm("BatchNormalization", infer_batch_norm, lower_batch_norm);
   register_norm("InstanceNormalization", infer_instance_norm, lower_instance_norm);
   register_norm("GroupNormalization", infer_group_norm, lower_group_norm);

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "ops/common.h"
+#include "ops/onnx_schema.h"
 
 namespace kiln::ops {
 
@@ -132,12 +133,22 @@ Status infer_shapes(Graph& g, InferContext& ctx) {
           st = node_unsupported(*n) << "input " << i << " ('" << n->input(i)->name() << "') is a "
                                     << (n->input(i)->dtype() == DType::kSequence ? "sequence" : "optional")
                                     << "; " << n->op_type() << " takes tensors only";
+    const bool check = n->onnx_schema_pending();
+    const OnnxSchema* schema = check ? onnx_schema_for(*n, g.opsets) : nullptr;
+    if (st.is_ok() && check && !schema)
+      if (int since = onnx_first_version(n->domain(), n->op_type()); since > 0 && g.opsets.count(n->domain()))
+        st = node_invalid(*n) << "not in opset " << g.opsets.at(n->domain()) << " of "
+                              << (n->domain().empty() ? "ai.onnx" : n->domain()) << " (" << n->op_type()
+                              << " first appears in opset " << since << ")";
+    if (st.is_ok() && schema) st = check_onnx_inputs(*n, *schema);
     if (st.is_ok()) st = def->infer(*n, ctx);
+    if (st.is_ok() && schema) st = check_onnx_outputs(*n, *schema);
     if (!st.is_ok()) {
       std::string prefix = g.source.empty() ? std::string() : g.source + ": ";
       if (st.message().rfind(n->describe(), 0) != 0) prefix += n->describe() + ": ";
       return Status(st.code(), prefix + st.message());
     }
+    n->set_onnx_schema_pending(false);
   }
   return Status::ok();
 }
@@ -275,14 +286,29 @@ Status require_broadcastable_to(const Node& n, size_t i, const Shape& target, co
   KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, i));
   bool ok = t.has_shape() && t.shape->size() <= target.size();
   for (size_t d = 0; ok && d < t.shape->size(); ++d) {
-    const Expr& p = (*t.shape)[t.shape->size() - 1 - d];
-    const Expr& q = target[target.size() - 1 - d];
-    ok = prove_equal(p, 1, bounds) || prove_equal(p, q, bounds);
+    Expr p = simplify((*t.shape)[t.shape->size() - 1 - d], bounds);
+    Expr q = simplify(target[target.size() - 1 - d], bounds);
+    auto cp = p.as_const(), cq = q.as_const();
+    ok = !(cp && *cp != 1 && ((cq && *cq != *cp) || prove_equal(q, 1, bounds)));
   }
   if (!ok)
     return node_invalid(n) << what << " has type " << t.to_string() << ", which does not broadcast to "
                            << shape_text(target);
   return Status::ok();
+}
+
+std::vector<DimCheck> broadcast_dim_checks(const Node& n, size_t i, const Shape& target, const SymbolBounds& bounds) {
+  std::vector<DimCheck> checks;
+  const Value* v = n.input(i);
+  if (v == nullptr || !v->type().shape || v->type().shape->size() > target.size()) return checks;
+  const Shape& s = *v->type().shape;
+  for (size_t d = 0; d < s.size(); ++d) {
+    const Expr& p = s[d];
+    const Expr& q = target[target.size() - s.size() + d];
+    if (!prove_equal(p, 1, bounds) && !prove_equal(p, q, bounds))
+      checks.push_back({i, static_cast<int64_t>(d), p, q, true});
+  }
+  return checks;
 }
 
 // ---- common.h: inference helpers ---------------------------------------------------
@@ -330,7 +356,7 @@ void set_output_unknown_rank(Node& n, size_t i, DType dtype) {
 }
 
 Result<int64_t> normalize_axis(const Node& n, int64_t axis, int64_t rank) {
-  if (axis < -rank || axis >= std::max<int64_t>(rank, 1)) {
+  if (axis < -rank || axis >= rank) {
     return node_invalid(n) << "axis " << axis << " out of range for rank " << rank;
   }
   return axis < 0 ? axis + rank : axis;
@@ -430,9 +456,11 @@ tir::ComputeDef make_stage(std::string name, DType dtype, std::vector<std::strin
   c.shape = std::move(shape);
   c.body = std::move(body);
   KILN_CHECK(c.axes.size() == c.shape.size()) << "stage " << c.name << ": axes and shape differ in rank";
-  KILN_CHECK(c.body.defined() && c.body.dtype() == dtype)
-      << "stage " << c.name << ": body dtype " << (c.body.defined() ? dtype_name(c.body.dtype()) : "?")
-      << " != " << dtype_name(dtype);
+  bool ok = c.body.defined() && c.body.dtype() == dtype;
+  std::string why = "stage " + c.name + ": body dtype " + (c.body.defined() ? dtype_name(c.body.dtype()) : "?") +
+                    " != " + dtype_name(dtype);
+  if (!ok && ExprErrorTrap::record(why)) return c;
+  KILN_CHECK(ok) << why;
   return c;
 }
 
@@ -454,10 +482,12 @@ tir::ComputeDef make_reduce_stage(std::string name, DType dtype, std::vector<std
   KILN_CHECK(c.axes.size() == c.shape.size()) << "stage " << c.name << ": axes and shape differ in rank";
   KILN_CHECK(c.reduce_axes.size() == c.reduce_extents.size()) << "stage " << c.name << ": reduce axes";
   KILN_CHECK(c.combiner != tir::Combiner::kNone) << "stage " << c.name << ": reduction without combiner";
-  KILN_CHECK(c.init.defined() && c.body.defined() && c.init.dtype() == c.body.dtype())
-      << "stage " << c.name << ": init/body dtype mismatch";
-  KILN_CHECK((c.finalize.defined() ? c.finalize.dtype() : c.body.dtype()) == dtype)
-      << "stage " << c.name << ": result dtype mismatch";
+  bool ok = c.init.defined() && c.body.defined() && c.init.dtype() == c.body.dtype();
+  if (!ok && ExprErrorTrap::record("stage " + c.name + ": init and body dtypes differ")) return c;
+  KILN_CHECK(ok) << "stage " << c.name << ": init/body dtype mismatch";
+  ok = (c.finalize.defined() ? c.finalize.dtype() : c.body.dtype()) == dtype;
+  if (!ok && ExprErrorTrap::record("stage " + c.name + ": result dtype differs from " + dtype_name(dtype))) return c;
+  KILN_CHECK(ok) << "stage " << c.name << ": result dtype mismatch";
   return c;
 }
 

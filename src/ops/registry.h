@@ -71,12 +71,14 @@ struct IndexCheck {
 };
 
 // Dim `axis` of input `input` (the symbolic extent `dim`) must be 1 or equal
-// `to` at run time; the VM checks it before the node's compiled kernel runs
+// `to` at run time (with `exact`, equal `to`: the kernel reads it at the
+// output's index); the VM checks it before the node's compiled kernel runs
 // (a Squeeze'd axis, checked against the constant 1).
 struct DimCheck {
   size_t input = 0;
   int64_t axis = 0;
   Expr dim, to;
+  bool exact = false;
 };
 
 struct OpDef {
@@ -125,7 +127,9 @@ const OpDef* find_op(const std::string& domain, const std::string& name);
 std::vector<std::string> registered_op_names();
 
 // Runs inference for every node in order; errors name the node and op and
-// the graph's source file. Nodes whose op is not registered are skipped (the
+// the graph's source file. A node from a model file not yet checked
+// (Node::onnx_schema_pending) is first checked against its ONNX operator
+// schema (counts, attributes, input types), and its inferred outputs after. Nodes whose op is not registered are skipped (the
 // driver reports unsupported ops all at once). Before a node is inferred, its
 // small constant integer inputs (i32/i64, <= 64 elements) get a sym_value.
 Status infer_shapes(Graph& g, InferContext& ctx);

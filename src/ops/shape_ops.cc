@@ -177,12 +177,17 @@ Result<std::vector<tir::ComputeDef>> lower_size(const Node& n, LowerContext& ctx
 
 // ---- Reshape, Flatten ----------------------------------------------------------------
 
-// The static element count of input i's type when it is 1-D with a constant length.
+// The static element count of input i's type when it is 1-D with a constant
+// length: the rank of the shape it holds. A length past kMaxInferredRank (a
+// file's absurd dim) is left to run time, where the shape tensor's values
+// must exist, instead of making millions of symbols here.
+constexpr int64_t kMaxInferredRank = 64;
 std::optional<int64_t> static_length(const Node& n, size_t i) {
   if (!has_input(n, i)) return std::nullopt;
   const TensorType& t = n.input(i)->type();
   if (!t.has_shape() || t.shape->size() != 1) return std::nullopt;
-  return simplify((*t.shape)[0]).as_const();
+  auto len = simplify((*t.shape)[0]).as_const();
+  return len && *len <= kMaxInferredRank ? len : std::nullopt;
 }
 
 // Output of an op whose shape-like input `i` is only known at run time: the
@@ -313,6 +318,28 @@ Result<std::vector<bool>> squeezed_dims(const Node& n, const Shape& x, const Sym
     drop[ax] = true;
   }
   return drop;
+}
+
+// Concat's inputs must agree with the output on every axis but the
+// concatenated one; those inference could not prove are checked at run time.
+std::vector<DimCheck> concat_dim_checks(const Node& n, const SymbolBounds& bounds) {
+  std::vector<DimCheck> checks;
+  const Value* y = n.output(0);
+  if (y == nullptr || !y->type().shape) return checks;
+  const Shape& out = *y->type().shape;
+  int64_t rank = static_cast<int64_t>(out.size());
+  auto axis = normalize_axis(n, n.attr_int("axis", 0), rank);
+  if (!axis.is_ok()) return checks;
+  for (size_t i = 0; i < n.num_inputs(); ++i) {
+    const Value* v = n.input(i);
+    if (v == nullptr || !v->type().shape || static_cast<int64_t>(v->type().shape->size()) != rank) continue;
+    for (int64_t k = 0; k < rank; ++k) {
+      const Expr& d = (*v->type().shape)[static_cast<size_t>(k)];
+      if (k != *axis && !prove_equal(d, out[static_cast<size_t>(k)], bounds))
+        checks.push_back({i, k, d, out[static_cast<size_t>(k)], true});
+    }
+  }
+  return checks;
 }
 
 // A compiled Squeeze (fused into a kernel, where no view checks the element
@@ -896,7 +923,7 @@ Status infer_constant_of_shape(Node& n, InferContext& ctx) {
   }
   if (out.size() <= 1 && dtype_is_int(value.dtype())) {
     auto len = out.empty() ? std::optional<int64_t>(1) : simplify(out[0], ctx.bounds).as_const();
-    if (len && *len <= static_cast<int64_t>(kMaxSymElements)) {
+    if (len && *len >= 0 && *len <= static_cast<int64_t>(kMaxSymElements)) {
       set_sym(n, 0, std::vector<Expr>(static_cast<size_t>(*len), Expr(value.get_i64(0))), ctx);
     }
   }
@@ -1493,7 +1520,9 @@ void register_shape_ops() {
   register_op(std::move(squeeze));
   register_op(make_def("Unsqueeze", infer_unsqueeze, lower_unit_dims, true, reshape_kernel));
   register_op(make_def("Transpose", infer_transpose, lower_transpose));
-  register_op(make_def("Concat", infer_concat, lower_concat));
+  OpDef concat = make_def("Concat", infer_concat, lower_concat);
+  concat.dim_checks = concat_dim_checks;
+  register_op(std::move(concat));
   register_op(make_def("Split", infer_split, lower_split, false, split_kernel));
   register_op(make_def("Slice", infer_slice, lower_slice, false, slice_kernel));
   register_op(make_def("Expand", infer_expand, lower_expand, false, expand_kernel));

@@ -312,9 +312,15 @@ Status check_broadcast(const Instr& in, const Env& env) {
     if (!d_in.is_ok() || !d_out.is_ok())
       return internal_error() << in.where << ": cannot evaluate broadcast dims " << print_expr(in.values[i]) << ", "
                               << print_expr(in.values[i + 1]);
-    if (*d_in == 1 || *d_in == *d_out) continue;
-    int64_t input = i + 1 < in.attrs.size() ? in.attrs[i] : -1;
-    int64_t axis = i + 1 < in.attrs.size() ? in.attrs[i + 1] : -1;
+    size_t a = i / 2 * 3;
+    int64_t input = a + 2 < in.attrs.size() ? in.attrs[a] : -1;
+    int64_t axis = a + 2 < in.attrs.size() ? in.attrs[a + 1] : -1;
+    bool exact = a + 2 < in.attrs.size() && in.attrs[a + 2] != 0;
+    if (*d_in == *d_out || (*d_in == 1 && !exact)) continue;
+    if (exact)
+      return invalid_argument() << in.where << ": input " << input << " has " << *d_in << " on axis " << axis
+                                << " where " << *d_out << " is needed (" << print_expr(in.values[i]) << " against "
+                                << print_expr(in.values[i + 1]) << ")";
     if (auto one = in.values[i + 1].as_const(); one && *one == 1)  // a squeezed axis
       return invalid_argument() << in.where << ": input " << input << " has " << *d_in << " on axis " << axis
                                 << " (" << print_expr(in.values[i]) << "), which must be 1 to be squeezed";

@@ -26,8 +26,9 @@
 //              extent `values[position % values.size()]` evaluated now (an
 //              index tensor of a compiled Gather-like kernel); else an error
 //              naming the node
-//   kCheckBroadcast  values [d_in, d_out, ...] in pairs, attrs [input, axis, ...]:
-//              each d_in, evaluated now, must be 1 or equal to d_out (a symbolic
+//   kCheckBroadcast  values [d_in, d_out, ...] in pairs, attrs [input, axis,
+//              exact, ...] in triples: each d_in, evaluated now, must equal
+//              d_out, or with exact 0 also be 1 (a symbolic
 //              dim of an input that inference broadcast to the output without
 //              proof, e.g. [n] + [m] -> [max(m, n)]), or a symbolic axis a
 //              compiled Squeeze drops (d_out the constant 1: it must be 1);

@@ -309,10 +309,13 @@ Expr build(ExprKind k, std::vector<Expr> args, DType dtype, std::string name, in
   }
 }
 
+thread_local ExprErrorTrap* t_trap = nullptr;
+
 Expr build_or_die(ExprKind k, std::vector<Expr> args, DType dtype = DType::kUndefined,
                   std::string name = {}, int64_t int_value = 0) {
   std::string error;
   Expr r = build(k, std::move(args), dtype, std::move(name), int_value, &error);
+  if (!r.defined() && ExprErrorTrap::record(error)) return r;
   KILN_CHECK(r.defined()) << error;
   return r;
 }
@@ -413,8 +416,18 @@ ExprKind Expr::kind() const {
   return n_->kind;
 }
 DType Expr::dtype() const {
+  if (n_ == nullptr && ExprErrorTrap::record("dtype() of an undefined Expr")) return DType::kUndefined;
   KILN_CHECK(n_ != nullptr) << "dtype() of an undefined Expr";
   return n_->dtype;
+}
+
+ExprErrorTrap::ExprErrorTrap() : outer_(t_trap) { t_trap = this; }
+ExprErrorTrap::~ExprErrorTrap() { t_trap = outer_; }
+
+bool ExprErrorTrap::record(const std::string& message) {
+  if (t_trap == nullptr) return false;
+  if (t_trap->error_.empty()) t_trap->error_ = message.empty() ? "ill-typed expression" : message;
+  return true;
 }
 bool Expr::is_const() const { return n_ && n_->kind == ExprKind::kIntImm; }
 std::optional<int64_t> Expr::as_const() const {
@@ -441,16 +454,22 @@ size_t Expr::hash() const {
 std::string Expr::to_string() const { return print_expr(*this); }
 
 Expr int_imm(int64_t v, DType dtype) {
+  if (!is_int_like(dtype) && ExprErrorTrap::record(std::string("int_imm of dtype ") + dtype_name(dtype))) return Expr();
   KILN_CHECK(is_int_like(dtype)) << "int_imm of dtype " << dtype_name(dtype);
   return make_node(ExprKind::kIntImm, dtype, {}, wrap_to(v, dtype));
 }
 Expr float_imm(double v, DType dtype) {
+  if (!dtype_is_float(dtype) && ExprErrorTrap::record(std::string("float_imm of dtype ") + dtype_name(dtype)))
+    return Expr();
   KILN_CHECK(dtype_is_float(dtype)) << "float_imm of dtype " << dtype_name(dtype);
   return make_node(ExprKind::kFloatImm, dtype, {}, 0, round_to(v, dtype));
 }
 Expr bool_imm(bool v) { return make_node(ExprKind::kIntImm, DType::kBool, {}, v ? 1 : 0); }
 Expr var(std::string name, DType dtype) {
   KILN_CHECK(!name.empty()) << "var with an empty name";
+  if (!(is_int_like(dtype) || dtype_is_float(dtype)) &&
+      ExprErrorTrap::record("var " + name + " of dtype " + dtype_name(dtype)))
+    return Expr();
   KILN_CHECK(is_int_like(dtype) || dtype_is_float(dtype)) << "var " << name << " of dtype " << dtype_name(dtype);
   return make_node(ExprKind::kVar, dtype, {}, 0, 0.0, std::move(name));
 }
@@ -2039,6 +2058,7 @@ class Simplifier {
 }  // namespace
 
 Expr simplify(const Expr& e, const SymbolBounds& bounds) {
+  if (!e.defined() && ExprErrorTrap::record("simplify of an undefined Expr")) return e;
   KILN_CHECK(e.defined()) << "simplify of an undefined Expr";
   return Simplifier(bounds).run(e);
 }

@@ -105,7 +105,33 @@ struct ExprNode {
   std::vector<Expr> args;
 };
 
-// Constructors. They check operand dtypes (KILN_CHECK) and fold trivially
+// While an ExprErrorTrap lives on a thread, building an ill-typed expression
+// there (operands of dtypes an operation does not take, an undefined operand,
+// an immediate or variable of a dtype it cannot hold) records the first such
+// error in the innermost trap and yields an undefined Expr instead of
+// aborting; dtype() of an undefined Expr is then kUndefined and simplify of
+// it undefined, so the error propagates to the end of the computation. The
+// driver lowers every op under a trap: an op lowered for dtypes its lowering
+// does not handle becomes an error naming the node. Without a trap these are
+// broken invariants of Kiln's own code (KILN_CHECK).
+class ExprErrorTrap {
+ public:
+  ExprErrorTrap();
+  ~ExprErrorTrap();
+  ExprErrorTrap(const ExprErrorTrap&) = delete;
+  ExprErrorTrap& operator=(const ExprErrorTrap&) = delete;
+  bool failed() const { return !error_.empty(); }
+  const std::string& error() const { return error_; }
+  // Records `message` in this thread's innermost trap (if it has no error
+  // yet); false when no trap is active on this thread.
+  static bool record(const std::string& message);
+
+ private:
+  ExprErrorTrap* outer_;
+  std::string error_;
+};
+
+// Constructors. They check operand dtypes (KILN_CHECK, or the thread's ExprErrorTrap) and fold trivially
 // constant operands, but do not canonicalize; call simplify() for that.
 Expr int_imm(int64_t v, DType dtype = DType::kInt64);
 Expr float_imm(double v, DType dtype = DType::kFloat32);

@@ -315,7 +315,71 @@ def cases(work):
         Case("scan_input_lengths_differ", scan_model, [["scan_bad"], ["different lengths"]], when="run",
              feeds={"s0": np.zeros(2, np.float32), "xa": np.ones((3, 2), np.float32), "xb": np.ones((4, 2), np.float32)},
              cli_args=["s0=zeros2", "xa=ones3x2", "xb=ones4x2"]),
-    ] + image_cases
+    ] + schema_cases(inconsistent) + image_cases
+
+
+def schema_cases(inconsistent):
+    """ONNX's operator schemas checked before Kiln's inference: each class of
+    violation is an error naming the file, the node, the op and what is wrong."""
+    def op_model(op, nodes_inputs, opset=17, **attrs):
+        return lambda: _model([helper.make_node(op, nodes_inputs, ["y"], name="bad_" + op.lower(), **attrs)],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              opset=opset).SerializeToString()
+
+    def layer_norm_symbolic():
+        # Scale's dim and x's last dim are different symbols: not provably
+        # equal, so compiled with a run-time check instead of refused.
+        return _model([helper.make_node("LayerNormalization", ["x", "s"], ["y"], name="bad_layernorm")],
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "d"]),
+                       helper.make_tensor_value_info("s", TensorProto.FLOAT, ["k"])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]).SerializeToString()
+
+    def two_symbolic(op, a_shape, b_shape, **attrs):
+        return lambda: _model([helper.make_node(op, ["a", "b"], ["y"], name="bad_" + op.lower(), **attrs)],
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, a_shape),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, b_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]).SerializeToString()
+
+    return [
+        Case("matmul_inner_dims_checked_at_run_time", two_symbolic("MatMul", [2, "k"], ["j", 3]),
+             [["bad_matmul"], ["input 0"], ["4"], ["5"]], when="run",
+             feeds={"a": np.ones((2, 4), np.float32), "b": np.ones((5, 3), np.float32)},
+             cli_args=["a=ones2x4", "b=ones5x3"]),
+        Case("concat_other_axis_checked_at_run_time", two_symbolic("Concat", ["n", "p"], ["m", "q"], axis=0),
+             [["bad_concat"], ["input 1"], ["3"], ["4"]], when="run",
+             feeds={"a": np.ones((2, 3), np.float32), "b": np.ones((2, 4), np.float32)},
+             cli_args=["a=ones2x3", "b=ones2x4"]),
+        Case("schema_dtype_not_accepted",
+             inconsistent("Sin", [("x", [3], TensorProto.BOOL)], ["y"]),
+             [["{file}"], ["bad_sin"], ["tensor(bool)"], ["sin-7"], ["tensor(float)"]], info=False),
+        Case("schema_type_variable_bound_twice",
+             inconsistent("Where", [("c", [3], TensorProto.BOOL), ("a", [3], None), ("b", [3], TensorProto.DOUBLE)],
+                          ["y"]),
+             [["{file}"], ["bad_where"], ["tensor(double)"], ["tensor(float)"], ["'a'"]], info=False),
+        Case("schema_attribute_type",
+             op_model("Softmax", ["x"], axis=1.5),
+             [["{file}"], ["bad_softmax"], ["'axis'"], ["float"], ["int"]], info=False),
+        Case("schema_unknown_attribute",
+             op_model("Relu", ["x"], frobnicate=3),
+             [["{file}"], ["bad_relu"], ["'frobnicate'"]], info=False),
+        Case("schema_required_attribute_missing",
+             op_model("Cast", ["x"]),
+             [["{file}"], ["bad_cast"], ["required attribute 'to'"]], info=False),
+        Case("schema_input_count",
+             op_model("Relu", ["x", "x"]),
+             [["{file}"], ["bad_relu"], ["2 inputs"], ["relu-14 takes 1"]], info=False),
+        Case("schema_required_input_omitted",
+             op_model("Max", ["x", ""]),
+             [["{file}"], ["bad_max"], ["required"]], info=False),
+        Case("schema_op_not_in_opset",
+             op_model("GreaterOrEqual", ["x", "x"], opset=11),
+             [["{file}"], ["bad_greaterorequal"], ["opset 11"], ["opset 12"]], info=False),
+        Case("layer_norm_scale_checked_at_run_time", layer_norm_symbolic,
+             [["{file}", "bad_layernorm"], ["bad_layernorm"], ["input 1"], ["3"], ["4"]], when="run",
+             feeds={"x": np.ones((2, 4), np.float32), "s": np.ones(3, np.float32)},
+             cli_args=["x=ones2x4", "s=ones3"]),
+    ]
 
 
 def _materialize(case, work):
@@ -365,6 +429,8 @@ def _npy_for(spec, work):
               "trips5": np.array(5, np.int64), "zero_f32": np.array(0, np.float32),
               "ones3": np.ones(3, np.float32), "bool2": np.array([True, False]),
               "zeros2": np.zeros(2, np.float32), "ones3x2": np.ones((3, 2), np.float32),
+              "ones2x4": np.ones((2, 4), np.float32), "ones2x3": np.ones((2, 3), np.float32),
+              "ones5x3": np.ones((5, 3), np.float32),
               "ones4x2": np.ones((4, 2), np.float32)}
     path = os.path.join(work, spec + ".npy")
     np.save(path, arrays[spec])

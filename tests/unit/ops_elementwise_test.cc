@@ -405,6 +405,62 @@ TEST(ElementwiseNumeric, ModFmodAndFloatMod) {
       {1.5, -1.5, 1.5, -1.5, 0, 0.25}, 1e-6, "float fmod");
 }
 
+// Integer division never traps (SIGFPE): a zero divisor gives 0 for Div and
+// both Mods, and the signed minimum divided by -1 wraps to itself with
+// remainder 0. 37 elements: vector bodies and a scalar tail.
+TEST(ElementwiseNumeric, IntegerDivisionByZeroIsDefined) {
+  for (DType dt : {DType::kInt32, DType::kInt64, DType::kUInt8, DType::kInt8}) {
+    auto g = new_graph();
+    const int64_t n = 37;
+    Value* a = g->add_input("a", tt(dt, {n}));
+    Value* b = g->add_input("b", tt(dt, {n}));
+    Node* div = g->add_node("Div", {a, b}, {"q"});
+    Node* mod = g->add_node("Mod", {a, b}, {"r"});
+    Node* fmod = g->add_node("Mod", {a, b}, {"f"});
+    fmod->set_attr("fmod", Attribute::of_int(1));
+    ASSERT_TRUE(testing::infer(*g).is_ok());
+    bool is_signed = dtype_is_signed(dt);
+    double lo = dt == DType::kInt32 ? -2147483648.0 : dt == DType::kInt8 ? -128.0 : dt == DType::kInt64 ? -1e15 : 0;
+    std::vector<double> av, bv, wq, wr, wf;
+    const double divisors[] = {0, 3, -1, 0, 7, -2};
+    for (int64_t i = 0; i < n; ++i) {
+      double x = i % 5 == 0 ? lo : static_cast<double>((i * 7) % 23) - (is_signed ? 11 : 0);
+      double d = divisors[i % 6];
+      if (!is_signed && d < 0) d = 5;
+      av.push_back(x);
+      bv.push_back(d);
+      if (d == 0) {
+        wq.push_back(0);
+        wr.push_back(0);
+        wf.push_back(0);
+        continue;
+      }
+      double q = std::trunc(x / d);
+      if (d == -1 && x == lo && dt != DType::kInt64) q = lo;  // wraps
+      double f = x - std::trunc(x / d) * d;
+      double r = (f != 0 && ((f < 0) != (d < 0))) ? f + d : f;
+      wq.push_back(q);
+      wr.push_back(r);
+      wf.push_back(f);
+    }
+    std::vector<Tensor> ins = {make_tensor(dt, {n}, av), make_tensor(dt, {n}, bv)};
+    std::string what = dtype_name(dt);
+    expect_close(run_node(*g, *div, ins).at(0), wq, 0, what + " Div");
+    expect_close(run_node(*g, *mod, ins).at(0), wr, 0, what + " Mod");
+    expect_close(run_node(*g, *fmod, ins).at(0), wf, 0, what + " Mod fmod=1");
+  }
+  auto g = new_graph();
+  Value* a = g->add_input("a", tt(DType::kInt64, {2}));
+  Value* b = g->add_input("b", tt(DType::kInt64, {2}));
+  Node* div = g->add_node("Div", {a, b}, {"q"});
+  Node* mod = g->add_node("Mod", {a, b}, {"r"});
+  ASSERT_TRUE(testing::infer(*g).is_ok());
+  const double min64 = -9223372036854775808.0;
+  std::vector<Tensor> ins = {make_tensor(DType::kInt64, {2}, {min64, 5}), make_tensor(DType::kInt64, {2}, {-1, 0})};
+  expect_close(run_node(*g, *div, ins).at(0), {min64, 0}, 0, "INT64_MIN / -1");
+  expect_close(run_node(*g, *mod, ins).at(0), {0, 0}, 0, "INT64_MIN mod -1");
+}
+
 TEST(ElementwiseNumeric, VariadicSumMeanMinAndLogic) {
   auto g = new_graph();
   Value* a = g->add_input("a", tt(DType::kFloat32, {2, 3}));

@@ -21,6 +21,32 @@ Interval between(int64_t lo, int64_t hi) { return Interval{lo, hi}; }
 // ---------------------------------------------------------------------------
 // Shape-inference cases from the design document.
 
+// Under an ExprErrorTrap, ill-typed expressions record the first error and
+// stay undefined to the end of the computation; the trap nests and unwinds.
+TEST(ExprErrorTrap, RecordsTheFirstErrorAndPropagatesUndefined) {
+  Expr b = var("b", DType::kBool);
+  Expr f = var("f", DType::kFloat32);
+  Expr u4 = var("u", DType::kUInt4);
+  ExprErrorTrap outer;
+  {
+    ExprErrorTrap trap;
+    Expr bad = mul(b, b);
+    EXPECT_FALSE(bad.defined());
+    EXPECT_EQ(bad.dtype(), DType::kUndefined);
+    Expr later = select(b, add(bad, f), f);
+    EXPECT_FALSE(later.defined());
+    EXPECT_FALSE(simplify(later).defined());
+    ASSERT_TRUE(trap.failed());
+    EXPECT_NE(trap.error().find("does not take operands of dtype bool"), std::string::npos) << trap.error();
+    EXPECT_FALSE(float_imm(1.0, DType::kInt32).defined());
+    EXPECT_NE(trap.error().find("bool"), std::string::npos) << "the first error is kept: " << trap.error();
+  }
+  EXPECT_FALSE(outer.failed());
+  EXPECT_FALSE(select(b, f, u4).defined());
+  ASSERT_TRUE(outer.failed());
+  EXPECT_NE(outer.error().find("select branches have different dtypes"), std::string::npos) << outer.error();
+}
+
 TEST(ShapeExpr, ReshapeToMinusOneGivesProduct) {
   Expr a = var("a"), b = var("b");
   SymbolBounds bounds{{"a", at_least(0)}, {"b", at_least(0)}};

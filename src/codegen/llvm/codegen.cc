@@ -491,25 +491,49 @@ llvm::Value* Emitter::emit_binary(ExprKind k, DType t, llvm::Value* a, llvm::Val
   // Index arithmetic is i64 and never wraps; narrower and unsigned ints wrap like C.
   bool nsw = t == DType::kInt64;
   llvm::Type* ty = a->getType();
+  // Integer division never traps: a zero divisor gives 0 (quotient and
+  // remainder), and the signed MIN / -1 wraps to MIN with remainder 0. Unless
+  // the divisor is a constant that cannot trap, the division runs on a
+  // divisor of 1 in those cases and a zero divisor's result is selected.
+  llvm::Value* zero_divisor = nullptr;
+  if (k == ExprKind::kDiv || k == ExprKind::kFloorDiv || k == ExprKind::kMod) {
+    bool safe = false;
+    if (auto* kc = llvm::dyn_cast<llvm::Constant>(c)) {
+      llvm::Constant* splat = kc->getType()->isVectorTy() ? kc->getSplatValue() : kc;
+      auto* ci = llvm::dyn_cast_or_null<llvm::ConstantInt>(splat);
+      safe = ci && !ci->isZero() && !(s && ci->isMinusOne());
+    }
+    if (!safe) {
+      zero_divisor = b_.CreateICmpEQ(c, ic(ty, 0));
+      llvm::Value* trap = zero_divisor;
+      if (s) {
+        unsigned bits = ty->getScalarSizeInBits();
+        llvm::Value* min = llvm::ConstantInt::get(ty, llvm::APInt::getSignedMinValue(bits));
+        trap = b_.CreateOr(trap, b_.CreateAnd(b_.CreateICmpEQ(a, min), b_.CreateICmpEQ(c, ic(ty, -1))));
+      }
+      c = b_.CreateSelect(trap, ic(ty, 1), c);
+    }
+  }
+  auto defined = [&](llvm::Value* v) { return zero_divisor ? b_.CreateSelect(zero_divisor, ic(ty, 0), v) : v; };
   switch (k) {
     case ExprKind::kAdd: return b_.CreateAdd(a, c, "", false, nsw);
     case ExprKind::kSub: return b_.CreateSub(a, c, "", false, nsw);
     case ExprKind::kMul: return b_.CreateMul(a, c, "", false, nsw);
-    case ExprKind::kDiv: return s ? b_.CreateSDiv(a, c) : b_.CreateUDiv(a, c);
+    case ExprKind::kDiv: return defined(s ? b_.CreateSDiv(a, c) : b_.CreateUDiv(a, c));
     case ExprKind::kFloorDiv: {
-      if (!s) return b_.CreateUDiv(a, c);
+      if (!s) return defined(b_.CreateUDiv(a, c));
       llvm::Value* q = b_.CreateSDiv(a, c);
       llvm::Value* r = b_.CreateSRem(a, c);
       llvm::Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, ic(ty, 0)),
                                          b_.CreateICmpSLT(b_.CreateXor(r, c), ic(ty, 0)));
-      return b_.CreateSub(q, b_.CreateZExt(adjust, ty));
+      return defined(b_.CreateSub(q, b_.CreateZExt(adjust, ty)));
     }
     case ExprKind::kMod: {
-      if (!s) return b_.CreateURem(a, c);
+      if (!s) return defined(b_.CreateURem(a, c));
       llvm::Value* r = b_.CreateSRem(a, c);
       llvm::Value* adjust = b_.CreateAnd(b_.CreateICmpNE(r, ic(ty, 0)),
                                          b_.CreateICmpSLT(b_.CreateXor(r, c), ic(ty, 0)));
-      return b_.CreateAdd(r, b_.CreateSelect(adjust, c, ic(ty, 0)));
+      return defined(b_.CreateAdd(r, b_.CreateSelect(adjust, c, ic(ty, 0))));
     }
     case ExprKind::kMin:
       return b_.CreateBinaryIntrinsic(s ? llvm::Intrinsic::smin : llvm::Intrinsic::umin, a, c);

@@ -878,6 +878,7 @@ class Importer {
       KILN_RETURN_IF_ERROR(align_legacy_broadcast(g, np, attrs, ins, producer));
       Node* n = g.add_node(np.op_type(), ins, outs, normalize_domain(np.domain()), np.name());
       for (auto& [k, a] : attrs) n->set_attr(k, std::move(a));
+      n->set_onnx_schema_pending(true);
     }
 
     std::vector<Value*> outs;
