@@ -138,6 +138,14 @@ struct ConvGeometry {
 
 // A per-spatial-dim attribute (strides, dilations): `rank` positive values, default `def`.
 Result<std::vector<int64_t>> spatial_attr(const Node& n, const std::string& name, size_t rank, int64_t def);
+// A window of `span` positions (the dilated kernel extent) along spatial dim
+// d over an input reaching `reach` positions. Every output position visits
+// the whole window, so one far longer than its input (a file's absurd kernel,
+// dilation or padding) would run for hours over padding: refused when longer
+// than kMaxWindowOverInput positions and a quarter of that times the reach.
+// Symbolic extents are not judged.
+constexpr int64_t kMaxWindowOverInput = 64;
+Status check_window_span(const Node& n, size_t d, const Expr& span, const Expr& reach, const SymbolBounds& bounds);
 // Output extents and padding of Conv-like ops over input x: explicit pads or auto_pad.
 Result<ConvGeometry> conv_geometry(const Node& n, const Shape& x, const std::vector<Expr>& kernel,
                                    const SymbolBounds& bounds);

@@ -77,6 +77,17 @@ Result<std::vector<int64_t>> spatial_attr(const Node& n, const std::string& name
 }
 
 // Output extents and padding of Conv: explicit pads or auto_pad.
+Status check_window_span(const Node& n, size_t d, const Expr& span, const Expr& reach, const SymbolBounds& bounds) {
+  auto s = simplify(span, bounds).as_const();
+  auto r = simplify(reach, bounds).as_const();
+  if (!s || !r) return Status::ok();
+  if (*s > std::max<int64_t>(kMaxWindowOverInput, kMaxWindowOverInput / 4 * std::max<int64_t>(*r, 1)))
+    return node_invalid(n) << "the window spans " << *s << " positions on spatial dim " << d << " over an input of "
+                           << *r << "; a window more than " << kMaxWindowOverInput / 4 << " times (and "
+                           << kMaxWindowOverInput << " positions) longer than its input is refused";
+  return Status::ok();
+}
+
 Result<ConvGeometry> conv_geometry(const Node& n, const Shape& x, const std::vector<Expr>& kernel,
                                    const SymbolBounds& bounds) {
   size_t rank = kernel.size();
@@ -90,6 +101,7 @@ Result<ConvGeometry> conv_geometry(const Node& n, const Shape& x, const std::vec
   if (pads.size() != 2 * rank) return node_invalid(n) << "attribute 'pads' needs " << 2 * rank << " values";
   for (size_t d = 0; d < rank; ++d) {
     Expr span = Expr(g.dilation[d]) * (kernel[d] - 1) + 1;  // receptive field
+    KILN_RETURN_IF_ERROR(check_window_span(n, d, span, g.in[d], bounds));
     Expr s = Expr(g.stride[d]);
     if (auto_pad == "NOTSET") {
       g.pad_begin.push_back(Expr(pads[d]));
@@ -574,11 +586,6 @@ Result<std::vector<tir::ComputeDef>> lower_conv(const Node& n, LowerContext& ctx
 
 // ---- ConvTranspose --------------------------------------------------------------
 
-// The longest window (dilated kernel extent) ConvTranspose accepts over a
-// strided input reaching one position; longer inputs allow a quarter of this
-// times their reach.
-constexpr int64_t kMaxWindowOverInput = 64;
-
 struct ConvTransposeGeometry {
   std::vector<Expr> in, kernel, out, pad_begin;
   std::vector<int64_t> stride, dilation;
@@ -605,16 +612,7 @@ Result<ConvTransposeGeometry> conv_transpose_geometry(const Node& n, const Shape
   }
   for (size_t d = 0; d < rank; ++d) {
     Expr span = Expr(g.dilation[d]) * (kernel[d] - 1) + 1;
-    // Every output position visits the whole window, so a window far longer
-    // than the input it spreads (a file's absurd kernel dim) would run for
-    // hours writing mostly zeros: refused.
-    auto cspan = simplify(span, bounds).as_const();
-    auto reach = simplify(Expr(g.stride[d]) * (g.in[d] - 1) + 1, bounds).as_const();
-    if (cspan && reach && *cspan > std::max<int64_t>(kMaxWindowOverInput, kMaxWindowOverInput * std::max<int64_t>(*reach, 1) / 4))
-      return node_invalid(n) << "the window spans " << *cspan << " positions on spatial dim " << d
-                             << " over an input reaching " << *reach << "; a window more than "
-                             << kMaxWindowOverInput / 4 << " times (and " << kMaxWindowOverInput
-                             << " positions) longer than its input is refused";
+    KILN_RETURN_IF_ERROR(check_window_span(n, d, span, Expr(g.stride[d]) * (g.in[d] - 1) + 1, bounds));
     Expr full = Expr(g.stride[d]) * (g.in[d] - 1) + out_pad[d] + span;  // output size without padding
     Expr target;
     if (!out_shape.empty()) {

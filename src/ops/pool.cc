@@ -49,7 +49,12 @@ Result<PoolGeometry> pool_geometry(const Node& n, const Shape& x, const SymbolBo
   if (pads.size() != 2 * rank) return node_invalid(n) << "attribute 'pads' needs " << 2 * rank << " values";
   g.needs_bounds = ceil_mode;
   for (size_t d = 0; d < rank; ++d) {
-    int64_t span = g.dilation[d] * (g.kernel[d] - 1) + 1;
+    int64_t span = 0;
+    if (g.kernel[d] < 1 || __builtin_mul_overflow(g.dilation[d], g.kernel[d] - 1, &span) || span == INT64_MAX)
+      return node_invalid(n) << "kernel_shape " << g.kernel[d] << " with dilation " << g.dilation[d]
+                             << " on spatial dim " << d << " is not a valid window";
+    span += 1;
+    KILN_RETURN_IF_ERROR(check_window_span(n, d, Expr(span), g.in[d], bounds));
     int64_t s = g.stride[d];
     if (auto_pad == "NOTSET" || auto_pad == "VALID") {
       int64_t pb = auto_pad == "VALID" ? 0 : pads[d];

@@ -51,7 +51,9 @@ Expr InferContext::fresh_symbol(std::optional<int64_t> upper) {
 }
 
 Expr LowerContext::load_input(size_t i, std::vector<Expr> indices) const {
-  KILN_CHECK(i < inputs.size() && !inputs[i].name.empty()) << "load of missing input " << i;
+  bool present = i < inputs.size() && !inputs[i].name.empty();
+  if (!present && ExprErrorTrap::record("load of omitted input " + std::to_string(i))) return Expr();
+  KILN_CHECK(present) << "load of missing input " << i;
   int idx = i < input_index.size() ? input_index[i] : -1;
   return load(inputs[i].name, idx, inputs[i].dtype, std::move(indices));
 }
@@ -342,16 +344,16 @@ Result<Shape> input_shape(const Node& n, size_t i) {
   return *t.shape;
 }
 
+// An output the node does not have (an optional one the file omits, beyond
+// its last output) needs no type: ignored, like an omitted one.
 void set_output(Node& n, size_t i, DType dtype, Shape shape, const InferContext& ctx) {
-  KILN_CHECK(i < n.num_outputs()) << n.describe() << " has no output " << i;
-  for (Expr& d : shape) d = simplify(d, ctx.bounds);
   Value* v = n.output(i);
   if (v == nullptr) return;
+  for (Expr& d : shape) d = simplify(d, ctx.bounds);
   v->set_type(TensorType{dtype, std::move(shape)});
 }
 
 void set_output_unknown_rank(Node& n, size_t i, DType dtype) {
-  KILN_CHECK(i < n.num_outputs()) << n.describe() << " has no output " << i;
   if (Value* v = n.output(i)) v->set_type(TensorType{dtype, std::nullopt});
 }
 
@@ -550,7 +552,9 @@ Expr cast_if_needed(DType dtype, Expr e) {
 
 Expr load_broadcast(const LowerContext& ctx, size_t i, const std::vector<Expr>& out_idx,
                     const std::vector<Expr>& out_shape) {
-  KILN_CHECK(i < ctx.inputs.size()) << "load of missing input " << i;
+  bool present = i < ctx.inputs.size() && !ctx.inputs[i].name.empty();
+  if (!present && ExprErrorTrap::record("load of omitted input " + std::to_string(i))) return Expr();
+  KILN_CHECK(present) << "load of missing input " << i;
   const std::vector<Expr>& in_shape = ctx.inputs[i].shape;
   KILN_CHECK(in_shape.size() <= out_idx.size() && out_idx.size() == out_shape.size())
       << "broadcast of a higher-rank input";

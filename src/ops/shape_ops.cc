@@ -1184,6 +1184,10 @@ Result<std::vector<int64_t>> runtime_axes(const std::string& who, std::vector<in
     if (a < -rank || a >= rank) return invalid_argument() << who << ": axis " << a << " out of range";
     if (a < 0) a += rank;
   }
+  std::vector<int64_t> sorted = axes;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    return invalid_argument() << who << ": axes " << shape_to_string(axes) << " repeat an axis";
   return axes;
 }
 

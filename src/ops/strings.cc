@@ -580,7 +580,9 @@ Status infer_tfidf(Node& n, InferContext& ctx) {
 template <typename Key, typename Get>
 void count_grams(const TfIdfConfig& c, const GramTrie<Key>& root, int64_t row_len, Get token, double* freq) {
   int64_t start_len = c.min_len;
-  for (int64_t skip = 1; skip <= c.max_skip + 1; ++skip) {
+  // A skip of the row's length or more leaves no second token in the row.
+  const int64_t last_skip = std::min(c.max_skip + 1, std::max<int64_t>(row_len, 1));
+  for (int64_t skip = 1; skip <= last_skip; ++skip) {
     for (int64_t first = 0; first < row_len; ++first) {
       if (first + skip * (start_len - 1) >= row_len) break;
       const GramTrie<Key>* node = &root;

@@ -350,6 +350,15 @@ def schema_cases(inconsistent):
              [["bad_concat"], ["input 1"], ["3"], ["4"]], when="run",
              feeds={"a": np.ones((2, 3), np.float32), "b": np.ones((2, 4), np.float32)},
              cli_args=["a=ones2x3", "b=ones2x4"]),
+        # A window far longer than its input (a file's absurd kernel with padding
+        # to match) would run for hours over padding: refused.
+        Case("pool_window_absurd_for_input",
+             inconsistent("MaxPool", [("x", [1, 1, 4, 4], None)], ["y"], kernel_shape=[4096, 1],
+                          pads=[2046, 0, 2046, 0]),
+             [["{file}"], ["bad_maxpool"], ["window"], ["4096"]], info=False),
+        Case("conv_transpose_window_absurd_for_input",
+             inconsistent("ConvTranspose", [("x", [1, 1, 3, 3], None), ("w", [1, 1, 100000, 3], None)], ["y"]),
+             [["{file}"], ["bad_convtranspose"], ["window"], ["100000"]], info=False),
         Case("schema_dtype_not_accepted",
              inconsistent("Sin", [("x", [3], TensorProto.BOOL)], ["y"]),
              [["{file}"], ["bad_sin"], ["tensor(bool)"], ["sin-7"], ["tensor(float)"]], info=False),
