@@ -138,15 +138,22 @@ Result<std::vector<tir::ComputeDef>> lower_lrn(const Node& n, LowerContext& ctx)
   std::vector<std::string> axes = fresh_axes(ctx, r);
   std::vector<Expr> iv = axis_vars(axes);
   std::string k = ctx.fresh("k");
-  Expr c = iv[1] - Expr((size - 1) / 2) + var(k);
   Expr channels = y.shape[1];
-  Expr inside = logical_and(le(Expr(0), c), lt(c, channels));
+  const Expr first = iv[1] - Expr((size - 1) / 2);
+  // A window longer than the channels (a file's absurd size) walks the
+  // channels instead, keeping those inside the window: the same sum.
+  auto cc = simplify(channels, ctx.bounds).as_const();
+  bool over_channels = cc ? size > *cc : size > 1024;
+  Expr c = over_channels ? var(k) : first + var(k);
+  Expr inside = over_channels ? logical_and(le(first, c), le(c, first + Expr(size - 1)))
+                              : logical_and(le(Expr(0), c), lt(c, channels));
   std::vector<Expr> idx = iv;
-  idx[1] = max(min(c, channels - Expr(1)), Expr(0));
+  idx[1] = over_channels ? c : max(min(c, channels - Expr(1)), Expr(0));
   Expr x = ctx.load_input(0, idx);
   Expr sq = select(inside, x * x, const_of(y.dtype, 0));
-  tir::ComputeDef sum = make_reduce_stage(ctx.fresh("lrn_sum"), y.dtype, axes, y.shape, {k}, {Expr(size)},
-                                          tir::Combiner::kSum, const_of(y.dtype, 0), sq);
+  tir::ComputeDef sum = make_reduce_stage(ctx.fresh("lrn_sum"), y.dtype, axes, y.shape, {k},
+                                          {over_channels ? channels : Expr(size)}, tir::Combiner::kSum,
+                                          const_of(y.dtype, 0), sq);
   Expr base = const_of(y.dtype, bias) + const_of(y.dtype, alpha / static_cast<double>(size)) * stage_load(sum, iv);
   Expr out = div(ctx.load_input(0, iv), call("pow", y.dtype, {base, const_of(y.dtype, beta)}));
   std::vector<tir::ComputeDef> stages;
@@ -600,19 +607,22 @@ Status infer_grid_sample(Node& n, InferContext& ctx) {
 }
 
 // Reflects x into [lo, hi] by the nearer border (ONNX reference _gs_reflect).
+// x is finite; the counts of reflections stay doubles (no conversion of a
+// huge quotient to an integer).
 double reflect(double x, double lo, double hi) {
   double rng = hi - lo;
+  if (!(rng > 0)) return lo;
   if (x < lo) {
     double dx = lo - x;
-    int64_t k = static_cast<int64_t>(dx / rng);
-    double r = dx - static_cast<double>(k) * rng;
-    return k % 2 == 0 ? lo + r : hi - r;
+    double k = std::floor(dx / rng);
+    double r = std::clamp(dx - k * rng, 0.0, rng);
+    return std::fmod(k, 2.0) == 0 ? lo + r : hi - r;
   }
   if (x > hi) {
     double dx = x - hi;
-    int64_t k = static_cast<int64_t>(dx / rng);
-    double r = dx - static_cast<double>(k) * rng;
-    return k % 2 == 0 ? hi - r : lo + r;
+    double k = std::floor(dx / rng);
+    double r = std::clamp(dx - k * rng, 0.0, rng);
+    return std::fmod(k, 2.0) == 0 ? hi - r : lo + r;
   }
   return x;
 }
@@ -637,6 +647,14 @@ Result<RuntimeKernel> grid_sample_kernel(const Node& n) {
     const Tensor& x = in[0];
     const Tensor& grid = in[1];
     KILN_RETURN_IF_ERROR(check_numeric(x, "GridSample"));
+    KILN_RETURN_IF_ERROR(check_numeric(grid, "GridSample"));
+    if (x.rank() < 3 || grid.rank() != x.rank() || grid.shape()[0] != x.shape()[0] ||
+        grid.shape().back() != x.rank() - 2)
+      return invalid_argument() << "grid " << grid.describe() << " does not match input " << x.describe()
+                                << " ([N, D1.., r] for an input [N, C, D1.., Dr])";
+    for (int64_t d = 2; d < x.rank(); ++d)
+      if (x.shape()[d] == 0 && grid.numel() > 0)
+        return invalid_argument() << "input " << x.describe() << " is empty along a sampled dim";
     size_t r = static_cast<size_t>(x.rank() - 2);
     std::vector<int64_t> dims(x.shape().begin() + 2, x.shape().end());
     std::vector<int64_t> oshape = {x.shape()[0], x.shape()[1]};
@@ -660,7 +678,7 @@ Result<RuntimeKernel> grid_sample_kernel(const Node& n) {
     auto fix = [&](int64_t i, size_t d) -> int64_t {
       if (padding == "zeros") return (i >= 0 && i < dims[d]) ? i : -1;
       if (padding == "border") return std::clamp<int64_t>(i, 0, dims[d] - 1);
-      return static_cast<int64_t>(reflect(static_cast<double>(i), lo[d], hi[d]));
+      return std::clamp<int64_t>(static_cast<int64_t>(reflect(static_cast<double>(i), lo[d], hi[d])), 0, dims[d] - 1);
     };
     for (int64_t b = 0; b < x.shape()[0]; ++b) {
       for (int64_t p = 0; p < points; ++p) {
@@ -669,6 +687,14 @@ Result<RuntimeKernel> grid_sample_kernel(const Node& n) {
           double g = grid.get_f64((b * points + p) * static_cast<int64_t>(r) + static_cast<int64_t>(r - 1 - d));
           double v = align ? (g + 1) / 2.0 * (dims[d] - 1) : ((g + 1) * dims[d] - 1) / 2.0;
           v = static_cast<float>(v);
+          // A non-finite coordinate (or one past any index) samples zero.
+          if (!std::isfinite(v) || std::fabs(v) > 1e15) {
+            for (int k = 0; k < 4; ++k) {
+              tap_idx[d][k] = -1;
+              tap_w[d][k] = 0;
+            }
+            continue;
+          }
           if (mode == "nearest") v = std::nearbyint(v);
           if (v < lo[d] || v > hi[d]) {
             if (padding == "border") v = std::clamp(v, 0.0, dims[d] - 1.0);

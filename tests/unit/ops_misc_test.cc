@@ -133,31 +133,36 @@ TEST(MiscOps, AdamWithBiasCorrectionAndShapeErrors) {
   EXPECT_NE(mk.status().message().find("missing attribute 'beta'"), std::string::npos) << mk.status().message();
 }
 
+// Sizes within the channels, and windows longer than them (7, 12: the
+// lowering walks the channels instead of the window), both parities.
 TEST(MiscOps, LrnMatchesReference) {
-  const int64_t C = 5, HW = 3, size = 3;
-  const double alpha = 2e-2, beta = 0.75, bias = 1.5;
-  std::vector<double> x = ramp(C * HW, -2, 2);
-  for (double& v : x) v = static_cast<float>(v);
-  auto g = new_graph();
-  Value* in = g->add_input("x", tt(DType::kFloat32, {1, C, HW}));
-  Node* n = g->add_node("LRN", {in}, {"y"});
-  n->set_attr("size", Attribute::of_int(size));
-  Attribute a;
-  a.kind = Attribute::Kind::kFloat;
-  a.f = alpha;
-  n->set_attr("alpha", a);
-  a.f = bias;
-  n->set_attr("bias", a);
-  ASSERT_TRUE(testing::infer(*g).is_ok());
-  std::vector<double> want;
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t p = 0; p < HW; ++p) {
-      double sq = 0;
-      for (int64_t k = c - (size - 1) / 2; k <= c + size / 2; ++k)
-        if (k >= 0 && k < C) sq += x[k * HW + p] * x[k * HW + p];
-      want.push_back(x[c * HW + p] / std::pow(bias + alpha / size * sq, beta));
-    }
-  expect_close(run_node(*g, *n, {make_tensor(DType::kFloat32, {1, C, HW}, x)}).at(0), want, 1e-6, "lrn");
+  for (int64_t size : {3, 4, 7, 12}) {
+    SCOPED_TRACE(size);
+    const int64_t C = 5, HW = 3;
+    const double alpha = 2e-2, beta = 0.75, bias = 1.5;
+    std::vector<double> x = ramp(C * HW, -2, 2);
+    for (double& v : x) v = static_cast<float>(v);
+    auto g = new_graph();
+    Value* in = g->add_input("x", tt(DType::kFloat32, {1, C, HW}));
+    Node* n = g->add_node("LRN", {in}, {"y"});
+    n->set_attr("size", Attribute::of_int(size));
+    Attribute a;
+    a.kind = Attribute::Kind::kFloat;
+    a.f = alpha;
+    n->set_attr("alpha", a);
+    a.f = bias;
+    n->set_attr("bias", a);
+    ASSERT_TRUE(testing::infer(*g).is_ok());
+    std::vector<double> want;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t p = 0; p < HW; ++p) {
+        double sq = 0;
+        for (int64_t k = c - (size - 1) / 2; k <= c + size / 2; ++k)
+          if (k >= 0 && k < C) sq += x[k * HW + p] * x[k * HW + p];
+        want.push_back(x[c * HW + p] / std::pow(bias + alpha / size * sq, beta));
+      }
+    expect_close(run_node(*g, *n, {make_tensor(DType::kFloat32, {1, C, HW}, x)}).at(0), want, 1e-6, "lrn");
+  }
 }
 
 TEST(MiscOps, EyeLikeWithOffsetAndDtype) {
