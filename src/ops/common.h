@@ -145,6 +145,9 @@ Result<std::vector<int64_t>> spatial_attr(const Node& n, const std::string& name
 // than kMaxWindowOverInput positions and a quarter of that times the reach.
 // Symbolic extents are not judged.
 constexpr int64_t kMaxWindowOverInput = 64;
+// The largest rank inference makes from the length of a shape tensor (one
+// symbol per dim): a longer one is a file's absurd dim, not a shape.
+constexpr int64_t kMaxInferredRank = 64;
 Status check_window_span(const Node& n, size_t d, const Expr& span, const Expr& reach, const SymbolBounds& bounds);
 // Output extents and padding of Conv-like ops over input x: explicit pads or auto_pad.
 Result<ConvGeometry> conv_geometry(const Node& n, const Shape& x, const std::vector<Expr>& kernel,

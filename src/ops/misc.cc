@@ -950,6 +950,7 @@ Status infer_col2im(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(Shape img, input_shape(n, 1));
   auto r = img.size() == 1 ? img[0].as_const() : std::nullopt;
   if (!r || x.size() != 3) return node_unsupported(n) << "Col2Im needs input [N, C*prod(block), L] and a static image rank";
+  if (*r > kMaxInferredRank) return node_invalid(n) << "image_shape has " << *r << " dims";
   Shape out = {x[0]};
   auto block = const_ints(n, 2);
   Expr bprod(1);

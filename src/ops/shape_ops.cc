@@ -181,7 +181,6 @@ Result<std::vector<tir::ComputeDef>> lower_size(const Node& n, LowerContext& ctx
 // length: the rank of the shape it holds. A length past kMaxInferredRank (a
 // file's absurd dim) is left to run time, where the shape tensor's values
 // must exist, instead of making millions of symbols here.
-constexpr int64_t kMaxInferredRank = 64;
 std::optional<int64_t> static_length(const Node& n, size_t i) {
   if (!has_input(n, i)) return std::nullopt;
   const TensorType& t = n.input(i)->type();

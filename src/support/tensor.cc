@@ -1,6 +1,8 @@
 #include "support/tensor.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "support/memory.h"
@@ -99,32 +101,44 @@ double Tensor::get_f64(int64_t i) const {
   return 0;
 }
 
+namespace {
+// v converted to integer type T saturating (NaN to 0): the conversion of an
+// out-of-range double is undefined in C++.
+template <typename T>
+T saturate_to(double v) {
+  if (std::isnan(v)) return 0;
+  if (v <= static_cast<double>(std::numeric_limits<T>::min())) return std::numeric_limits<T>::min();
+  if (v >= static_cast<double>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
+  return static_cast<T>(v);
+}
+}  // namespace
+
 int64_t Tensor::get_i64(int64_t i) const {
   switch (dtype_) {
     case DType::kInt64: return static_cast<const int64_t*>(data_)[i];
     case DType::kUInt64: return static_cast<int64_t>(static_cast<const uint64_t*>(data_)[i]);
-    case DType::kFloat32: case DType::kFloat64: return static_cast<int64_t>(get_f64(i));
-    default: return static_cast<int64_t>(get_f64(i));
+    default: return saturate_to<int64_t>(get_f64(i));
   }
 }
 
+// Integer element types saturate (a NaN stores 0).
 void Tensor::set_f64(int64_t i, double v) {
   switch (dtype_) {
     case DType::kFloat32: static_cast<float*>(data_)[i] = static_cast<float>(v); break;
     case DType::kFloat64: static_cast<double*>(data_)[i] = v; break;
-    case DType::kInt8: static_cast<int8_t*>(data_)[i] = static_cast<int8_t>(v); break;
+    case DType::kInt8: static_cast<int8_t*>(data_)[i] = saturate_to<int8_t>(v); break;
     // 4-bit integers: one per byte (int4 sign-extended), wrapped to 4 bits like C.
     case DType::kInt4:
-      static_cast<int8_t*>(data_)[i] = static_cast<int8_t>(static_cast<int8_t>(static_cast<int64_t>(v) << 4) >> 4);
+      static_cast<int8_t*>(data_)[i] = static_cast<int8_t>(static_cast<int8_t>(saturate_to<int64_t>(v) << 4) >> 4);
       break;
-    case DType::kUInt4: static_cast<uint8_t*>(data_)[i] = static_cast<uint8_t>(static_cast<int64_t>(v) & 0x0f); break;
-    case DType::kUInt8: static_cast<uint8_t*>(data_)[i] = static_cast<uint8_t>(v); break;
-    case DType::kInt16: static_cast<int16_t*>(data_)[i] = static_cast<int16_t>(v); break;
-    case DType::kUInt16: static_cast<uint16_t*>(data_)[i] = static_cast<uint16_t>(v); break;
-    case DType::kInt32: static_cast<int32_t*>(data_)[i] = static_cast<int32_t>(v); break;
-    case DType::kUInt32: static_cast<uint32_t*>(data_)[i] = static_cast<uint32_t>(v); break;
-    case DType::kInt64: static_cast<int64_t*>(data_)[i] = static_cast<int64_t>(v); break;
-    case DType::kUInt64: static_cast<uint64_t*>(data_)[i] = static_cast<uint64_t>(v); break;
+    case DType::kUInt4: static_cast<uint8_t*>(data_)[i] = static_cast<uint8_t>(saturate_to<int64_t>(v) & 0x0f); break;
+    case DType::kUInt8: static_cast<uint8_t*>(data_)[i] = saturate_to<uint8_t>(v); break;
+    case DType::kInt16: static_cast<int16_t*>(data_)[i] = saturate_to<int16_t>(v); break;
+    case DType::kUInt16: static_cast<uint16_t*>(data_)[i] = saturate_to<uint16_t>(v); break;
+    case DType::kInt32: static_cast<int32_t*>(data_)[i] = saturate_to<int32_t>(v); break;
+    case DType::kUInt32: static_cast<uint32_t*>(data_)[i] = saturate_to<uint32_t>(v); break;
+    case DType::kInt64: static_cast<int64_t*>(data_)[i] = saturate_to<int64_t>(v); break;
+    case DType::kUInt64: static_cast<uint64_t*>(data_)[i] = saturate_to<uint64_t>(v); break;
     case DType::kBool: static_cast<uint8_t*>(data_)[i] = v != 0.0; break;
     default:
       KILN_CHECK(dtype_is_narrow_float(dtype_)) << "set_f64 on " << dtype_name(dtype_);

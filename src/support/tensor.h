@@ -47,7 +47,8 @@ class Tensor {
   template <typename T>
   const T* data_as() const { return static_cast<const T*>(data_); }
 
-  // Element i (flat index) converted to double / int64 (numeric dtypes only).
+  // Element i (flat index) converted to double / int64 (numeric dtypes only;
+  // to int64 and into integer tensors saturating, NaN as 0).
   double get_f64(int64_t i) const;
   int64_t get_i64(int64_t i) const;
   void set_f64(int64_t i, double v);
