@@ -995,8 +995,14 @@ Result<RuntimeKernel> range_kernel(const Node& n) {
     if (dtype_is_int(dt)) {
       int64_t s = in[0].get_i64(0), l = in[1].get_i64(0), d = in[2].get_i64(0);
       if (d == 0) return invalid_argument() << "Range with delta 0";
-      int64_t len = d > 0 ? (l - s + d - 1) / d : (s - l - d - 1) / -d;
-      len = std::max<int64_t>(0, len);
+      // In 128 bits: limit - start and the rounding overflow 64 (a file's INT64_MAX).
+      const __int128 span = static_cast<__int128>(l) - s, step = d;
+      __int128 len128 = 0;
+      if (d > 0 && span > 0) len128 = (span + step - 1) / step;
+      if (d < 0 && span < 0) len128 = (-span - step - 1) / -step;
+      if (len128 > std::numeric_limits<int64_t>::max())
+        return invalid_argument() << "Range from " << s << " to " << l << " by " << d << " has too many elements";
+      const int64_t len = static_cast<int64_t>(len128);
       KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(dt, {len}));
       for (int64_t i = 0; i < len; ++i) {
         int64_t v = s + i * d;

@@ -1103,8 +1103,9 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
           KILN_ASSIGN_OR_RETURN(shape, eval_shape(info.shape, env, What{"", info.name}));
         }
         int64_t n = 1;
-        for (int64_t d : shape) n *= d;
-        if (n != src.numel())
+        bool overflow = false;
+        for (int64_t d : shape) overflow |= __builtin_mul_overflow(n, d, &n);
+        if (overflow || n != src.numel())
           return invalid_argument() << in.where << ": cannot view " << src.describe() << " as "
                                     << shape_to_string(shape);
         regs[out] = src.reshaped(std::move(shape));
