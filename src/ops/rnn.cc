@@ -124,6 +124,9 @@ Result<RnnAttrs> parse_attrs(Cell cell, const Node& n) {
   RnnAttrs a;
   a.cell = cell;
   a.hidden = n.attr_int("hidden_size", 0);
+  // Gate rows are a few times hidden_size: bounded so products of them fit.
+  if (a.hidden < 0 || a.hidden > (int64_t{1} << 40))
+    return node_invalid(n) << "hidden_size " << a.hidden << " is not a valid size";
   std::string dir = n.attr_string("direction", "forward");
   if (dir == "bidirectional") {
     a.num_directions = 2;
