@@ -220,9 +220,8 @@ Status infer_cumsum(Node& n, InferContext& ctx) {
   // An axis known only at run time leaves the shape unchanged; the node then
   // runs as the runtime kernel.
   auto axis = const_ints(n, 1);
-  if (axis && axis->size() == 1) {
-    KILN_RETURN_IF_ERROR(normalize_axis(n, (*axis)[0], static_cast<int64_t>(s.size())).status());
-  }
+  if (axis && axis->size() != 1) return node_invalid(n) << "axis must hold one value, not " << axis->size();
+  if (axis) KILN_RETURN_IF_ERROR(normalize_axis(n, (*axis)[0], static_cast<int64_t>(s.size())).status());
   return infer_same_as_input(n, ctx);
 }
 
@@ -234,8 +233,8 @@ Result<std::vector<tir::ComputeDef>> lower_cumsum(const Node& n, LowerContext& c
     return node_unsupported(n) << "axis must be a constant scalar";
   }
   int64_t rank = static_cast<int64_t>(y.shape.size());
-  int64_t axis = ctx.constants[1]->get_i64(0);
-  if (axis < 0) axis += rank;
+  if (ctx.constants[1]->numel() != 1) return node_invalid(n) << "axis must hold one value";
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n, ctx.constants[1]->get_i64(0), rank));
   bool exclusive = n.attr_int("exclusive", 0) != 0, reverse = n.attr_int("reverse", 0) != 0;
   std::vector<std::string> axes = fresh_axes(ctx, y.shape.size(), "i");
   std::vector<Expr> iv = axis_vars(axes);
