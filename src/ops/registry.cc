@@ -513,7 +513,7 @@ void copy_elements(Tensor& dst, int64_t di, const Tensor& src, int64_t si, int64
 Expr const_of(DType dtype, double v) {
   if (dtype == DType::kBool) return bool_imm(v != 0);
   if (dtype_is_float(dtype)) return float_imm(v, dtype);
-  return int_imm(static_cast<int64_t>(v), dtype);
+  return int_imm(saturate_to_i64(v), dtype);
 }
 
 namespace {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "support/tensor.h"
@@ -359,6 +360,13 @@ float round_to_narrow_float(float v, DType t, bool saturate) {
     case DType::kBFloat16: return bf16_to_f32(f32_to_bf16(v));
     default: return f8_to_f32(f32_to_f8(v, t, saturate), t);
   }
+}
+
+int64_t saturate_to_i64(double v) {
+  if (std::isnan(v)) return 0;
+  if (v <= -9223372036854775808.0) return std::numeric_limits<int64_t>::min();
+  if (v >= 9223372036854775808.0) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(v);
 }
 
 }  // namespace kiln

@@ -61,6 +61,8 @@ bool dtype_is_signed(DType t);
 bool dtype_is_compilable(DType t);
 // f16, bf16 or one of the float8 types: stored narrow, computed as f32.
 bool dtype_is_narrow_float(DType t);
+// v as int64, saturating (NaN as 0): C++ leaves an out-of-range conversion undefined.
+int64_t saturate_to_i64(double v);
 
 // Bit conversions between f32 and the narrow float types. f32 -> f16 / bf16
 // round to nearest even (NaN stays NaN). The float8 conversions follow the
