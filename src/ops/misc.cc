@@ -78,7 +78,7 @@ Status infer_depth_space(Node& n, InferContext& ctx, bool to_space) {
   KILN_ASSIGN_OR_RETURN(Shape s, input_shape(n, 0));
   if (s.size() != 4) return node_invalid(n) << "input must be 4-D";
   int64_t b = n.attr_int("blocksize", 0);
-  if (b <= 0) return node_invalid(n) << "blocksize must be positive";
+  if (b <= 0 || b > (int64_t{1} << 31)) return node_invalid(n) << "blocksize " << b << " must be in [1, 2^31]";
   Shape out = s;
   if (to_space) {
     out[1] = floordiv(s[1], Expr(b * b));
