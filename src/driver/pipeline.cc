@@ -909,6 +909,20 @@ Status ProgramBuilder::emit_if(const Node* n) {
   return Status::ok();
 }
 
+// Whether the subgraph's output `out` is its input `in`, directly or through
+// Identity nodes.
+static bool body_passes_through(const Graph& body, size_t out, size_t in) {
+  if (out >= body.outputs().size() || in >= body.inputs().size()) return false;
+  const Value* v = body.outputs()[out];
+  for (size_t hops = 0; v && hops <= body.num_nodes(); ++hops) {
+    if (v == body.inputs()[in]) return true;
+    const Node* p = v->producer();
+    if (!p || p->op_type() != "Identity" || p->num_inputs() != 1) return false;
+    v = p->input(0);
+  }
+  return false;
+}
+
 // Loop, and Scan of opset 9 on (scan): the body's instructions between
 // kLoopTest and kLoopNext (runtime/vm.h).
 Status ProgramBuilder::emit_loop(const Node* n, bool scan) {
@@ -936,6 +950,15 @@ Status ProgramBuilder::emit_loop(const Node* n, bool scan) {
   for (size_t i = scan ? 0 : 2; i < n->num_inputs(); ++i)
     if (n->input(i) == nullptr) return invalid_model() << where << ": omitted input " << i;
   const size_t num_scan_out = outs.size() - carried;
+  // A Loop with no trip count whose condition is absent, or which its body
+  // passes through unchanged, never ends once it starts: refused rather than
+  // run until its scan outputs exhaust memory.
+  bool endless = false;
+  if (!scan && n->input(0) == nullptr) {
+    if (n->input(1) == nullptr)
+      return invalid_model() << where << ": neither a trip count M nor a condition, so the loop never ends";
+    endless = body_passes_through(*n->attr("body")->g, 0, 1);
+  }
   std::vector<int64_t> layout;
   if (scan) {
     KILN_ASSIGN_OR_RETURN(layout, scan_layout(n, false, num_scan_in));
@@ -968,7 +991,7 @@ Status ProgramBuilder::emit_loop(const Node* n, bool scan) {
       begin.attrs.push_back(layout[2 * j + 1]);
     }
   } else {
-    begin.attrs = {0};
+    begin.attrs = {0, endless ? 1 : 0};
     begin.inputs = {n->input(0) ? reg(n->input(0)) : -1, n->input(1) ? reg(n->input(1)) : -1};
   }
   const int p = emit(begin);

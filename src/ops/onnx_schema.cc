@@ -241,6 +241,14 @@ const OnnxSchema* onnx_schema_for(const Node& n, const std::map<std::string, int
   return find_onnx_schema(d, n.op_type(), it->second);
 }
 
+uint32_t onnx_input_tensor_types(const OnnxSchema& schema, int index) {
+  const SchemaRow& r = *schema.row;
+  if (index < 0 || r.num_inputs == 0 || index >= r.max_input) return 0;
+  const int formal = std::min(index, r.num_inputs - 1);
+  if (formal < index && kFormals[r.inputs_begin + formal].option != 2) return 0;
+  return kFormals[r.inputs_begin + formal].masks[0];
+}
+
 int onnx_first_version(const std::string& domain, const std::string& op) {
   const OnnxSchema* s = find_onnx_schema(domain, op, std::numeric_limits<int>::max());
   if (s == nullptr) return 0;

@@ -48,6 +48,11 @@ int onnx_first_version(const std::string& domain, const std::string& op);
 Status check_onnx_inputs(const Node& n, const OnnxSchema& schema);
 Status check_onnx_outputs(const Node& n, const OnnxSchema& schema);
 
+// The element types (a bit per ONNX TensorProto.DataType) that input `index`
+// of `schema` accepts as a tensor (the last formal parameter for the inputs of
+// a variadic one); 0 when there is no such input.
+uint32_t onnx_input_tensor_types(const OnnxSchema& schema, int index);
+
 // "Add-14"
 std::string onnx_schema_name(const OnnxSchema& schema);
 // The onnx package the schemas were generated from ("onnx 1.17.0").

@@ -244,7 +244,7 @@ Result<RuntimeKernel> reduce_kernel(ReduceKind kind, const Node& n) {
       kept_shape.push_back(r ? 1 : x.shape()[d]);
       if (!r || keep) out_shape.push_back(r ? 1 : x.shape()[d]);
     }
-    Tensor y(x.dtype(), out_shape);
+    KILN_ASSIGN_OR_RETURN(Tensor y, Tensor::allocate(x.dtype(), out_shape, where));
     int64_t count = 1;
     for (int64_t d = 0; d < rank; ++d)
       if (reduced[static_cast<size_t>(d)]) count *= x.shape()[d];

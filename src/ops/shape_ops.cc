@@ -1313,7 +1313,7 @@ Result<RuntimeKernel> pad_kernel(const Node& n) {
     // (one copy each: the whole interior of a constant pad) and of the fill.
     const int64_t inner = shape[rank - 1];
     const std::vector<int64_t>& last = from.back();
-    Tensor fill_row(x.dtype(), {inner});
+    KILN_ASSIGN_OR_RETURN(Tensor fill_row, Tensor::allocate(x.dtype(), {inner}));
     for (int64_t j = 0; j < inner; ++j) copy_elements(fill_row, j, fill, 0, 1);
     std::vector<int64_t> xs = row_strides(x.shape());
     std::vector<int64_t> idx(static_cast<size_t>(rank - 1), 0);

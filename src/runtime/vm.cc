@@ -388,12 +388,12 @@ void split_at(const std::vector<int64_t>& shape, int64_t axis, int64_t& outer, i
 }
 
 // A fresh tensor: slice `index` of `src` along `axis`, without that axis.
-Tensor take_slice(const Tensor& src, int64_t axis, int64_t index) {
+Result<Tensor> take_slice(const Tensor& src, int64_t axis, int64_t index, const std::string& what) {
   int64_t outer, len, inner;
   split_at(src.shape(), axis, outer, len, inner);
   std::vector<int64_t> shape = src.shape();
   shape.erase(shape.begin() + axis);
-  Tensor out(src.dtype(), std::move(shape));
+  KILN_ASSIGN_OR_RETURN(Tensor out, Tensor::allocate(src.dtype(), std::move(shape), what));
   for (int64_t o = 0; o < outer; ++o) copy_elements(src, (o * len + index) * inner, out, o * inner, inner);
   return out;
 }
@@ -417,7 +417,7 @@ Result<Tensor> stack(const std::vector<Tensor>& parts, int64_t axis, bool revers
       return invalid_argument() << what << ": scan output changes shape across iterations ("
                                 << shape_to_string(parts[0].shape()) << " vs " << shape_to_string(t.shape()) << ")";
   shape.insert(shape.begin() + axis, static_cast<int64_t>(parts.size()));
-  Tensor out(dtype, std::move(shape));
+  KILN_ASSIGN_OR_RETURN(Tensor out, Tensor::allocate(dtype, std::move(shape), what + " scan output"));
   int64_t n = static_cast<int64_t>(parts.size());
   for (int64_t i = 0; i < n; ++i) put_slice(out, parts[i], axis, reverse ? n - 1 - i : i);
   return out;
@@ -583,7 +583,10 @@ Result<std::vector<Tensor>> VM::Impl::run_scan(const Instr& in, const std::vecto
     std::vector<std::vector<Tensor>> scans(num_scan_out);
     for (int64_t t = 0; t < len; ++t) {
       std::vector<Tensor> args = state;
-      for (size_t j = 0; j < num_scan_in; ++j) args.push_back(take_slice(xs[j], in_axis(j), in_rev(j) ? len - 1 - t : t));
+      for (size_t j = 0; j < num_scan_in; ++j) {
+        KILN_ASSIGN_OR_RETURN(Tensor x, take_slice(xs[j], in_axis(j), in_rev(j) ? len - 1 - t : t, where + " scan input"));
+        args.push_back(std::move(x));
+      }
       KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, run_sub(in.subprograms[0], std::move(args), in.captures[0], regs,
                                                               where + " iteration " + std::to_string(t)));
       if (outs.size() != num_state + num_scan_out)
@@ -628,8 +631,10 @@ Result<std::vector<Tensor>> VM::Impl::run_scan(const Instr& in, const std::vecto
   std::vector<std::vector<Tensor>> finals(num_state), outs(num_scan_out);
   for (int64_t b = 0; b < batch; ++b) {
     std::vector<Tensor> state, xs;
-    for (size_t j = 0; j < num_state; ++j) state.push_back(take_slice(operand(j), 0, b));
-    for (size_t j = 0; j < num_scan_in; ++j) xs.push_back(take_slice(operand(num_state + j), 0, b));
+    for (size_t j = 0; j < num_state + num_scan_in; ++j) {
+      KILN_ASSIGN_OR_RETURN(Tensor x, take_slice(operand(j), 0, b, in.where + " operand " + std::to_string(j)));
+      (j < num_state ? state : xs).push_back(std::move(x));
+    }
     KILN_ASSIGN_OR_RETURN(int64_t steps, length_of(xs));
     int64_t len = steps;
     if (lens) {
@@ -874,7 +879,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
       }
       if (!clash) continue;
       any_staged = true;
-      staged[j] = Tensor(s.dtype(), s.shape());  // rare: a fresh copy
+      KILN_ASSIGN_OR_RETURN(staged[j], Tensor::allocate(s.dtype(), s.shape(), in.where));  // rare: a fresh copy
       std::memcpy(staged[j].data(), s.data(), static_cast<size_t>(s.nbytes()));
     }
     for (size_t i = 0; i < n; ++i) {
@@ -1184,6 +1189,10 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
             if (c.numel() != 1) return invalid_argument() << in.where << ": cond " << c.describe() << " is not a scalar";
             st.cond = truth(c);
           }
+          if (in.attrs.size() > 1 && in.attrs[1] != 0 && st.cond && st.trip == std::numeric_limits<int64_t>::max())
+            return invalid_argument() << in.where
+                                      << ": the condition is true, there is no trip count M, and the body passes the "
+                                         "condition through unchanged: the loop would never end";
         } else {  // Scan: the common length of the scan inputs along their axes
           int64_t len = -1;
           for (size_t j = 0; j < in.inputs.size(); ++j) {

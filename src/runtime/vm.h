@@ -51,7 +51,9 @@
 //   If:   kBranch cond -> else (end = join); then body; kMove outs; kJump join;
 //         else body; kMove outs; join: kEndIf
 //   Loop / Scan (opset 9+):
-//     P: kLoopBegin  Loop: inputs [M or -1, cond or -1], attrs [0]; Scan:
+//     P: kLoopBegin  Loop: inputs [M or -1, cond or -1], attrs [0, endless]
+//                    (endless: no M and the body passes cond through, so a
+//                    true cond is refused); Scan:
 //                    inputs [scan inputs...], attrs [1, (axis, reverse) per
 //                    scan input]; end = X. Starts the loop's state: trip count
 //                    or length, iteration 0, the symbol-binding mark

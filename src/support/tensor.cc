@@ -1,9 +1,11 @@
 #include "support/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "support/memory.h"
 #include "support/memory_limit.h"
@@ -106,10 +108,13 @@ namespace {
 // out-of-range double is undefined in C++.
 template <typename T>
 T saturate_to(double v) {
-  if (std::isnan(v)) return 0;
-  if (v <= static_cast<double>(std::numeric_limits<T>::min())) return std::numeric_limits<T>::min();
-  if (v >= static_cast<double>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
-  return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, uint64_t>) {
+    if (!(v > 0)) return 0;
+    return v >= 18446744073709551616.0 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(v);
+  } else {
+    return static_cast<T>(std::clamp<int64_t>(saturate_to_i64(v), std::numeric_limits<T>::min(),
+                                              std::numeric_limits<T>::max()));
+  }
 }
 }  // namespace
 

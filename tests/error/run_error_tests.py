@@ -143,9 +143,10 @@ def cases(work):
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
                       ).SerializeToString()
 
-    def loop_model(body_outputs_extra=False, gather_in_body=False):
+    def loop_model(body_outputs_extra=False, gather_in_body=False, operands=("m", "", "s0")):
         # Loop(m) over s: s + data[i] (data [3], captured); with
-        # body_outputs_extra the body returns one output too many.
+        # body_outputs_extra the body returns one output too many. `operands`
+        # ["", "c", "s0"]: no trip count, and the body passes the condition through.
         vi = helper.make_tensor_value_info
         nodes = [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
                  helper.make_node("Gather", ["data", "i"], ["picked"], name="pick", axis=0),
@@ -157,8 +158,10 @@ def cases(work):
         body = helper.make_graph(nodes, "body", [vi("i", TensorProto.INT64, []), vi("cond_in", TensorProto.BOOL, []),
                                                  vi("s_in", TensorProto.FLOAT, [])], outs)
         loop_outs = ["s"] + (["picks"] if body_outputs_extra else [])
-        return _model([helper.make_node("Loop", ["m", "", "s0"], loop_outs, name="loop_bad", body=body)],
-                      [vi("m", TensorProto.INT64, []), vi("s0", TensorProto.FLOAT, []), vi("data", TensorProto.FLOAT, [3])],
+        graph_inputs = [vi("m", TensorProto.INT64, []), vi("c", TensorProto.BOOL, []), vi("s0", TensorProto.FLOAT, []),
+                        vi("data", TensorProto.FLOAT, [3])]
+        return _model([helper.make_node("Loop", list(operands), loop_outs, name="loop_bad", body=body)],
+                      [v for v in graph_inputs if v.name in operands or v.name == "data"],
                       [vi(o, TensorProto.FLOAT, None) for o in loop_outs]).SerializeToString()
 
     def if_model():
@@ -310,6 +313,13 @@ def cases(work):
              [["loop_bad"], ["iteration 3"], ["index 3"]], when="run",
              feeds={"m": np.array(5, np.int64), "s0": np.array(0, np.float32), "data": np.ones(3, np.float32)},
              cli_args=["m=trips5", "s0=zero_f32", "data=ones3"]),
+        # A loop that could only end by an error: refused, not run until memory runs out.
+        Case("loop_without_trip_count_or_condition", lambda: loop_model(operands=("", "", "s0")),
+             [["loop_bad"], ["never ends"]], info=False),
+        Case("loop_condition_passed_through", lambda: loop_model(operands=("", "c", "s0")),
+             [["loop_bad"], ["never end"], ["no trip count"]], when="run",
+             feeds={"c": np.array(True), "s0": np.array(0, np.float32), "data": np.ones(3, np.float32)},
+             cli_args=["c=true", "s0=zero_f32", "data=ones3"]),
         Case("if_condition_not_scalar", if_model, [["if_bad"], ["not a scalar"]], when="run",
              feeds={"c": np.array([True, False]), "x": np.ones(3, np.float32)}, cli_args=["c=bool2", "x=ones3"]),
         Case("scan_input_lengths_differ", scan_model, [["scan_bad"], ["different lengths"]], when="run",
@@ -436,7 +446,7 @@ def _npy_for(spec, work):
               "overflow_shape": np.array([2**40, 2**40], np.int64),
               "f32_4x64": np.ones((4, 64), np.float32),
               "trips5": np.array(5, np.int64), "zero_f32": np.array(0, np.float32),
-              "ones3": np.ones(3, np.float32), "bool2": np.array([True, False]),
+              "ones3": np.ones(3, np.float32), "bool2": np.array([True, False]), "true": np.array(True),
               "zeros2": np.zeros(2, np.float32), "ones3x2": np.ones((3, 2), np.float32),
               "ones2x4": np.ones((2, 4), np.float32), "ones2x3": np.ones((2, 3), np.float32),
               "ones5x3": np.ones((5, 3), np.float32),

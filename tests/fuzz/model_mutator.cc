@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "ops/onnx_schema.h"
 
 namespace kiln::fuzz {
 
@@ -104,6 +105,10 @@ void refill(Rng& rng, onnx::TensorProto& t, int64_t n, int dt, size_t byte_limit
   t.set_name(name);
   for (int64_t d : dims) t.add_dims(d);
   t.set_data_type(dt);
+  if (dt == onnx::TensorProto::STRING) {
+    for (int64_t i = 0; i < n; ++i) t.add_string_data(std::string(below(rng, 4), static_cast<char>('a' + below(rng, 3))));
+    return;
+  }
   std::string raw(static_cast<size_t>(element_bytes(dt, n)), '\0');
   for (char& c : raw) c = static_cast<char>(below(rng, byte_limit));
   t.set_raw_data(raw);
@@ -340,16 +345,10 @@ bool mutate_inputs(Rng& rng, onnx::GraphProto& g, onnx::NodeProto& n, std::strin
   }
 }
 
-// Every value of one element type, in every graph (inputs, outputs,
-// value_info, initializers, Constant tensors, Cast targets), made another:
-// a model that stays consistent, with a dtype its ops may not be written for.
-bool retype_model(Rng& rng, const std::vector<onnx::GraphProto*>& graphs, std::string* what) {
-  std::vector<int> present;
-  for (onnx::GraphProto* g : graphs)
-    for (const auto& vi : g->input())
-      if (vi.type().has_tensor_type()) present.push_back(vi.type().tensor_type().elem_type());
-  if (present.empty()) return false;
-  int from = pick(rng, present), to = random_dtype(rng);
+// Every value of element type `from`, in every graph (inputs, outputs,
+// value_info, initializers, Constant tensors, Cast targets), made `to`: a
+// model that stays consistent, with a dtype its ops may not be written for.
+bool retype_model(Rng& rng, const std::vector<onnx::GraphProto*>& graphs, int from, int to, std::string* what) {
   if (from == to) return false;
   auto retype_vi = [&](onnx::ValueInfoProto& vi) {
     if (vi.type().has_tensor_type() && vi.type().tensor_type().elem_type() == from)
@@ -373,14 +372,63 @@ bool retype_model(Rng& rng, const std::vector<onnx::GraphProto*>& graphs, std::s
   return true;
 }
 
+// retype_model from an element type of a graph input to any other.
+bool retype_model_at_random(Rng& rng, const std::vector<onnx::GraphProto*>& graphs, std::string* what) {
+  std::vector<int> present;
+  for (onnx::GraphProto* g : graphs)
+    for (const auto& vi : g->input())
+      if (vi.type().has_tensor_type()) present.push_back(vi.type().tensor_type().elem_type());
+  if (present.empty()) return false;
+  return retype_model(rng, graphs, pick(rng, present), random_dtype(rng), what);
+}
+
+// retype_model from the element type of a node's tensor input to another
+// that the node's ONNX schema accepts there: most such models pass the
+// schema check and reach inference, lowering and the kernels with a dtype
+// that is legal but rare (strings, float8, 4-bit integers, complex).
+bool retype_model_by_schema(Rng& rng, const onnx::ModelProto& m, const std::vector<onnx::GraphProto*>& graphs,
+                            onnx::GraphProto& g, std::string* what) {
+  if (g.node_size() == 0) return false;
+  const onnx::NodeProto& n = g.node(static_cast<int>(below(rng, static_cast<size_t>(g.node_size()))));
+  if (n.input_size() == 0) return false;
+  const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
+  int64_t opset = -1;
+  for (const auto& o : m.opset_import())
+    if ((o.domain() == "ai.onnx" ? "" : o.domain()) == domain) opset = o.version();
+  const ops::OnnxSchema* schema = opset < 0 ? nullptr : ops::find_onnx_schema(domain, n.op_type(), opset);
+  if (!schema) return false;
+  const int k = static_cast<int>(below(rng, static_cast<size_t>(n.input_size())));
+  // The input's element type, from the graph's declared types.
+  int from = 0;
+  for (onnx::GraphProto* h : graphs) {
+    for (const auto& vi : h->input())
+      if (vi.name() == n.input(k) && vi.type().has_tensor_type()) from = vi.type().tensor_type().elem_type();
+    for (const auto& vi : h->value_info())
+      if (vi.name() == n.input(k) && vi.type().has_tensor_type()) from = vi.type().tensor_type().elem_type();
+    for (const auto& t : h->initializer())
+      if (t.name() == n.input(k)) from = t.data_type();
+  }
+  const uint32_t allowed = ops::onnx_input_tensor_types(*schema, k);
+  std::vector<int> choices;
+  for (int dt = 1; dt <= 23; ++dt)
+    if ((allowed & (1u << dt)) && dt != from) choices.push_back(dt);
+  if (from == 0 || choices.empty()) return false;
+  return retype_model(rng, graphs, from, pick(rng, choices), what);
+}
+
 bool mutate_once(Rng& rng, onnx::ModelProto& m, std::string* what) {
   std::vector<onnx::GraphProto*> graphs;
   collect_graphs(m.mutable_graph(), graphs);
   onnx::GraphProto& g = *graphs[below(rng, graphs.size())];
-  switch (below(rng, 12)) {
+  switch (below(rng, 16)) {
     case 10:
     case 11:
-      return retype_model(rng, graphs, what);
+      return retype_model_at_random(rng, graphs, what);
+    case 12:
+    case 13:
+    case 14:
+    case 15:
+      return retype_model_by_schema(rng, m, graphs, g, what);
     case 0:
       if (g.input_size() == 0) return false;
       return mutate_value_info(rng, *g.mutable_input(static_cast<int>(below(rng, static_cast<size_t>(g.input_size())))),
@@ -464,6 +512,12 @@ std::string compile_and_run(const std::string& bytes, const std::string& source_
       shape.push_back(v);
     }
     bool numeric = dtype_is_float(info.dtype) || dtype_is_int(info.dtype) || info.dtype == DType::kBool;
+    if (info.dtype == DType::kString) {
+      Tensor t(info.dtype, shape);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data_as<std::string>()[i] = std::string(small_int(rng) % 4, 'a');
+      inputs[info.name] = std::move(t);
+      continue;
+    }
     if (!numeric || !dtype_is_compilable(info.dtype)) return "input '" + info.name + "' has no random values";
     Tensor t(info.dtype, shape);
     for (int64_t i = 0; i < t.numel(); ++i) {

@@ -14,7 +14,9 @@ namespace kiln::fuzz {
 // graph input; an attribute's value or type, or its removal; a node's op
 // type; an input swapped, replaced by another value, deleted or duplicated;
 // an output deleted or duplicated; the values of a small integer initializer;
-// or, rarely, a few bytes flipped. `what` (if not null) receives a one-line
+// every value of one dtype made another (any, or one that the ONNX schema of
+// a node reading it accepts, so that the model passes the schema check with a
+// rare dtype); or, rarely, a few bytes flipped. `what` (if not null) receives a one-line
 // description. Returns the mutated bytes, or `bytes` unchanged when they do
 // not parse as a model or the result would exceed `max_size`.
 std::string mutate_model(const std::string& bytes, uint32_t seed, size_t max_size, std::string* what = nullptr);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numbers>
 
 #include "ops/registry.h"
@@ -403,6 +404,36 @@ TEST(ElementwiseNumeric, ModFmodAndFloatMod) {
   expect_close(
       run_node(*g, *fm, {make_tensor(DType::kFloat32, {6}, fav), make_tensor(DType::kFloat32, {6}, fbv)}).at(0),
       {1.5, -1.5, 1.5, -1.5, 0, 0.25}, 1e-6, "float fmod");
+}
+
+// Host kernels store doubles into integer tensors saturating, NaN as 0, and
+// truncating toward zero (a C++ conversion out of range is undefined).
+TEST(TensorElements, SetF64SaturatesIntegers) {
+  const double nan = std::nan("");
+  auto stored = [](DType dt, double v) {
+    Tensor t(dt, {1});
+    t.set_f64(0, v);
+    return t.get_f64(0);
+  };
+  EXPECT_EQ(stored(DType::kInt8, 1e30), 127);
+  EXPECT_EQ(stored(DType::kInt8, -1e30), -128);
+  EXPECT_EQ(stored(DType::kInt8, -7.9), -7);
+  EXPECT_EQ(stored(DType::kUInt8, -3), 0);
+  EXPECT_EQ(stored(DType::kUInt8, 300), 255);
+  EXPECT_EQ(stored(DType::kInt32, nan), 0);
+  EXPECT_EQ(stored(DType::kUInt32, 1e10), 4294967295.0);
+  EXPECT_EQ(stored(DType::kUInt64, -1), 0);
+  EXPECT_EQ(stored(DType::kUInt64, nan), 0);
+  EXPECT_EQ(stored(DType::kUInt64, 1e30), 18446744073709551615.0);
+  EXPECT_EQ(stored(DType::kUInt64, 1e19), 1e19);  // above INT64_MAX, in range
+  Tensor i64(DType::kInt64, {2});
+  i64.set_f64(0, 1e30);
+  i64.set_f64(1, -1e30);
+  EXPECT_EQ(i64.get_i64(0), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(i64.get_i64(1), std::numeric_limits<int64_t>::min());
+  Tensor f(DType::kFloat32, {1});
+  f.set_f64(0, -1e30);
+  EXPECT_EQ(f.get_i64(0), std::numeric_limits<int64_t>::min());
 }
 
 // Integer division never traps (SIGFPE): a zero divisor gives 0 for Div and
