@@ -196,7 +196,11 @@ Result<Shape> broadcast_shapes(const Shape& a, const Shape& b, const SymbolBound
 }
 
 std::vector<Expr> broadcast_indices(const std::vector<Expr>& out_idx, const std::vector<Expr>& in_shape) {
-  KILN_CHECK(in_shape.size() <= out_idx.size()) << "broadcast of a higher-rank input";
+  const bool ok = in_shape.size() <= out_idx.size();
+  if (!ok && ExprErrorTrap::record("broadcast of a rank-" + std::to_string(in_shape.size()) + " input to rank " +
+                                   std::to_string(out_idx.size())))
+    return std::vector<Expr>(in_shape.size());
+  KILN_CHECK(ok) << "broadcast of a higher-rank input";
   size_t offset = out_idx.size() - in_shape.size();
   std::vector<Expr> idx;
   idx.reserve(in_shape.size());
@@ -457,6 +461,8 @@ tir::ComputeDef make_stage(std::string name, DType dtype, std::vector<std::strin
   c.axes = std::move(axes);
   c.shape = std::move(shape);
   c.body = std::move(body);
+  if (c.axes.size() != c.shape.size() && ExprErrorTrap::record("stage " + c.name + ": axes and shape differ in rank"))
+    return c;
   KILN_CHECK(c.axes.size() == c.shape.size()) << "stage " << c.name << ": axes and shape differ in rank";
   bool ok = c.body.defined() && c.body.dtype() == dtype;
   std::string why = "stage " + c.name + ": body dtype " + (c.body.defined() ? dtype_name(c.body.dtype()) : "?") +
@@ -481,10 +487,12 @@ tir::ComputeDef make_reduce_stage(std::string name, DType dtype, std::vector<std
   c.init = std::move(init);
   c.body = std::move(body);
   c.finalize = std::move(finalize);
+  bool ok = c.axes.size() == c.shape.size() && c.reduce_axes.size() == c.reduce_extents.size();
+  if (!ok && ExprErrorTrap::record("stage " + c.name + ": axes and extents differ in rank")) return c;
   KILN_CHECK(c.axes.size() == c.shape.size()) << "stage " << c.name << ": axes and shape differ in rank";
   KILN_CHECK(c.reduce_axes.size() == c.reduce_extents.size()) << "stage " << c.name << ": reduce axes";
   KILN_CHECK(c.combiner != tir::Combiner::kNone) << "stage " << c.name << ": reduction without combiner";
-  bool ok = c.init.defined() && c.body.defined() && c.init.dtype() == c.body.dtype();
+  ok = c.init.defined() && c.body.defined() && c.init.dtype() == c.body.dtype();
   if (!ok && ExprErrorTrap::record("stage " + c.name + ": init and body dtypes differ")) return c;
   KILN_CHECK(ok) << "stage " << c.name << ": init/body dtype mismatch";
   ok = (c.finalize.defined() ? c.finalize.dtype() : c.body.dtype()) == dtype;
@@ -556,8 +564,11 @@ Expr load_broadcast(const LowerContext& ctx, size_t i, const std::vector<Expr>& 
   if (!present && ExprErrorTrap::record("load of omitted input " + std::to_string(i))) return Expr();
   KILN_CHECK(present) << "load of missing input " << i;
   const std::vector<Expr>& in_shape = ctx.inputs[i].shape;
-  KILN_CHECK(in_shape.size() <= out_idx.size() && out_idx.size() == out_shape.size())
-      << "broadcast of a higher-rank input";
+  const bool ranks_ok = in_shape.size() <= out_idx.size() && out_idx.size() == out_shape.size();
+  if (!ranks_ok && ExprErrorTrap::record("broadcast of input " + std::to_string(i) + " (rank " +
+                                         std::to_string(in_shape.size()) + ") to rank " + std::to_string(out_idx.size())))
+    return Expr();
+  KILN_CHECK(ranks_ok) << "broadcast of a higher-rank input";
   size_t offset = out_idx.size() - in_shape.size();
   std::vector<Expr> idx;
   idx.reserve(in_shape.size());
@@ -585,6 +596,10 @@ tir::ComputeDef reduce_over_dims(LowerContext& ctx, std::string name, DType dtyp
                                  const std::function<Expr(const std::vector<Expr>& full_idx)>& body,
                                  const std::function<Expr(const Expr& acc, const std::vector<Expr>& out_idx)>&
                                      finalize) {
+  if (reduced.size() != in_shape.size() && ExprErrorTrap::record("reduction over " + std::to_string(reduced.size()) +
+                                                                  " axes of a rank-" + std::to_string(in_shape.size()) +
+                                                                  " input"))
+    return tir::ComputeDef{};
   KILN_CHECK(reduced.size() == in_shape.size()) << "reduce_over_dims: rank mismatch";
   std::vector<std::string> axes, reduce_axes;
   std::vector<Expr> shape, reduce_extents, full_idx, out_idx;

@@ -24,8 +24,13 @@ std::optional<Tensor> constant_sym_value(const Value* v) {
   if (v->is_constant() || !v->sym_value() || !v->type().is_static()) return std::nullopt;
   if (v->dtype() != DType::kInt64 && v->dtype() != DType::kInt32) return std::nullopt;
   std::vector<int64_t> shape = v->type().static_shape();
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > static_cast<int64_t>(v->sym_value()->size()) / d)) return std::nullopt;
+    n *= d;
+  }
+  if (n != static_cast<int64_t>(v->sym_value()->size())) return std::nullopt;
   Tensor t(v->dtype(), shape);
-  if (t.numel() != static_cast<int64_t>(v->sym_value()->size())) return std::nullopt;
   for (int64_t i = 0; i < t.numel(); ++i) {
     auto c = (*v->sym_value())[i].as_const();
     if (!c) return std::nullopt;

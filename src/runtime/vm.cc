@@ -949,10 +949,19 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
     return Status::ok();
   };
   // kLoopNext: appends a scan output's slice of this iteration.
-  auto append = [&](const Instr& in, Accumulator& a, const Tensor& t, size_t k, int64_t iteration) -> Status {
+  // `trip`: the iterations certain to run (int64 max when unknown).
+  auto append = [&](const Instr& in, Accumulator& a, const Tensor& t, size_t k, int64_t iteration,
+                    int64_t trip) -> Status {
     if (a.count == 0) {
       a.shape = t.shape();
       a.slice_bytes = t.nbytes();
+      // A trip count whose scan output cannot fit fails now, not after the
+      // iterations that fill the memory.
+      const int64_t room = limit - std::min(limit, buffers.live_bytes());
+      if (trip != std::numeric_limits<int64_t>::max() && a.slice_bytes > 0 && trip > room / a.slice_bytes)
+        return resource_exhausted() << in.where << ": scan output " << k << " of " << trip << " iterations of "
+                                    << format_bytes(a.slice_bytes) << " would exceed the memory limit of "
+                                    << format_bytes(limit);
     } else if (t.shape() != a.shape) {
       return invalid_argument() << in.where << ": scan output " << k << " has shape " << shape_to_string(t.shape())
                                 << " in iteration " << iteration << ", " << shape_to_string(a.shape) << " before";
@@ -1263,8 +1272,11 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
           if (c.numel() != 1) return invalid_argument() << in.where << ": the body's condition " << c.describe() << " is not a scalar";
           st.cond = truth(c);
         }
+        // The iterations certain to run: a Scan's length, a Loop's trip count
+        // when no condition can end it sooner.
+        const int64_t runs = first == 0 || in.inputs[0] < 0 ? st.trip : std::numeric_limits<int64_t>::max();
         for (size_t k = 0; first + carried + k < in.inputs.size(); ++k)
-          KILN_RETURN_IF_ERROR(append(in, st.acc[k], regs[in.inputs[first + carried + k]], k, st.i));
+          KILN_RETURN_IF_ERROR(append(in, st.acc[k], regs[in.inputs[first + carried + k]], k, st.i, runs));
         // The next iteration binds the body's symbols afresh.
         sym_slots.forget_since(st.mark, env);
         KILN_RETURN_IF_ERROR(move_pairs(in, first, 1, carried));

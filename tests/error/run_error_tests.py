@@ -164,6 +164,18 @@ def cases(work):
                       [v for v in graph_inputs if v.name in operands or v.name == "data"],
                       [vi(o, TensorProto.FLOAT, None) for o in loop_outs]).SerializeToString()
 
+    def loop_scan_model():
+        # Loop(m) carrying s [1000] and stacking every iteration's s.
+        vi = helper.make_tensor_value_info
+        body = helper.make_graph(
+            [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Neg", ["s_in"], ["s_out"]),
+             helper.make_node("Identity", ["s_out"], ["s_scan"])],
+            "body", [vi("i", TensorProto.INT64, []), vi("cond_in", TensorProto.BOOL, []), vi("s_in", TensorProto.FLOAT, [1000])],
+            [vi("cond_out", TensorProto.BOOL, []), vi("s_out", TensorProto.FLOAT, [1000]), vi("s_scan", TensorProto.FLOAT, [1000])])
+        return _model([helper.make_node("Loop", ["m", "", "s0"], ["s", "stacked"], name="loop_huge", body=body)],
+                      [vi("m", TensorProto.INT64, []), vi("s0", TensorProto.FLOAT, [1000])],
+                      [vi("s", TensorProto.FLOAT, None), vi("stacked", TensorProto.FLOAT, None)]).SerializeToString()
+
     def if_model():
         vi = helper.make_tensor_value_info
         then_g = helper.make_graph([helper.make_node("Neg", ["x"], ["t"])], "then", [], [vi("t", TensorProto.FLOAT, [3])])
@@ -320,6 +332,10 @@ def cases(work):
              [["loop_bad"], ["never end"], ["no trip count"]], when="run",
              feeds={"c": np.array(True), "s0": np.array(0, np.float32), "data": np.ones(3, np.float32)},
              cli_args=["c=true", "s0=zero_f32", "data=ones3"]),
+        # A trip count whose stacked output cannot fit fails at the first iteration.
+        Case("loop_trip_count_exceeds_memory", loop_scan_model, [["loop_huge"], ["memory limit"], ["10000000000000"]],
+             when="run", feeds={"m": np.array(10**13, np.int64), "s0": np.ones(1000, np.float32)},
+             cli_args=["m=trips_huge", "s0=ones1000"]),
         Case("if_condition_not_scalar", if_model, [["if_bad"], ["not a scalar"]], when="run",
              feeds={"c": np.array([True, False]), "x": np.ones(3, np.float32)}, cli_args=["c=bool2", "x=ones3"]),
         Case("scan_input_lengths_differ", scan_model, [["scan_bad"], ["different lengths"]], when="run",
@@ -445,7 +461,8 @@ def _npy_for(spec, work):
               "huge_shape": np.array([100000, 100000], np.int64),
               "overflow_shape": np.array([2**40, 2**40], np.int64),
               "f32_4x64": np.ones((4, 64), np.float32),
-              "trips5": np.array(5, np.int64), "zero_f32": np.array(0, np.float32),
+              "trips5": np.array(5, np.int64), "trips_huge": np.array(10**13, np.int64),
+              "ones1000": np.ones(1000, np.float32), "zero_f32": np.array(0, np.float32),
               "ones3": np.ones(3, np.float32), "bool2": np.array([True, False]), "true": np.array(True),
               "zeros2": np.zeros(2, np.float32), "ones3x2": np.ones((3, 2), np.float32),
               "ones2x4": np.ones((2, 4), np.float32), "ones2x3": np.ones((2, 3), np.float32),
