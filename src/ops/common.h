@@ -75,6 +75,10 @@ bool same_container_shape(const TensorType& a, const TensorType& b);
 // Error builders whose message starts with the node ("Conv 'conv1': ").
 StatusBuilder node_unsupported(const Node& n);
 StatusBuilder node_invalid(const Node& n);
+// The element type that integer attribute `attr` names (ONNX's
+// TensorProto.DataType), `def` when absent; an error naming the node and the
+// attribute when it names none (0, a container, out of range).
+Result<DType> elem_type_attr(const Node& n, const char* attr, DType def);
 
 // ---- Inference helpers ----------------------------------------------------
 

@@ -57,7 +57,7 @@ Status infer_eye_like(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, input_type(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape s, input_shape(n, 0));
   if (s.size() != 2) return node_invalid(n) << "input must be 2-D";
-  DType out = n.has_attr("dtype") ? static_cast<DType>(n.attr_int("dtype", 1)) : t.dtype;
+  KILN_ASSIGN_OR_RETURN(DType out, elem_type_attr(n, "dtype", t.dtype));
   set_output(n, 0, out, s, ctx);
   return Status::ok();
 }
@@ -165,8 +165,9 @@ Result<std::vector<tir::ComputeDef>> lower_lrn(const Node& n, LowerContext& ctx)
 // ---- windows ----------------------------------------------------------------------------------
 
 Status infer_window(Node& n, InferContext& ctx) {
+  if (!has_input(n, 0)) return node_invalid(n) << "needs its input 'size'";
   auto size = const_ints(n, 0);
-  DType out = static_cast<DType>(n.attr_int("output_datatype", 1));
+  KILN_ASSIGN_OR_RETURN(DType out, elem_type_attr(n, "output_datatype", DType::kFloat32));
   set_output(n, 0, out, {dim_or_fresh(ctx, size && size->size() == 1 ? std::optional((*size)[0]) : std::nullopt)}, ctx);
   return Status::ok();
 }
@@ -175,6 +176,7 @@ Result<RuntimeKernel> window_kernel(const Node& n, std::vector<double> coeffs) {
   bool periodic = n.attr_int("periodic", 1) != 0;
   DType out_t = static_cast<DType>(n.attr_int("output_datatype", 1));
   return RuntimeKernel([=](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
+    if (in.empty() || in[0].numel() != 1) return invalid_argument() << "window size must be a scalar";
     int64_t size = in[0].get_i64(0);
     if (size < 0) return invalid_argument() << "window size must be >= 0";
     out.resize(1);

@@ -174,8 +174,9 @@ Status infer_quantize(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType st, input_type(n, 1));
   (void)st;
   KILN_RETURN_IF_ERROR(check_quant_params(n, x, ctx.bounds));
-  DType out = quantize_out_dtype(n);
   int64_t od = n.attr_int("output_dtype", 0);
+  if (od != 0) KILN_RETURN_IF_ERROR(elem_type_attr(n, "output_dtype", DType::kUInt8).status());
+  DType out = quantize_out_dtype(n);
   if (has_input(n, 2) && od != 0 && od != static_cast<int64_t>(out)) {
     return node_invalid(n) << "output_dtype differs from the zero point's dtype";
   }

@@ -137,6 +137,11 @@ Status infer_shapes(Graph& g, InferContext& ctx) {
                                     << "; " << n->op_type() << " takes tensors only";
     const bool check = n->onnx_schema_pending();
     const OnnxSchema* schema = check ? onnx_schema_for(*n, g.opsets) : nullptr;
+    if (st.is_ok() && check && !schema && !g.opsets.count(n->domain() == "ai.onnx" ? "" : n->domain()) &&
+        onnx_first_version(n->domain(), n->op_type()) > 0)
+      st = node_invalid(*n) << "the model imports no opset of "
+                            << (n->domain().empty() ? "ai.onnx" : n->domain()) << " (opset_import), so "
+                            << n->op_type() << " has no version";
     if (st.is_ok() && check && !schema)
       if (int since = onnx_first_version(n->domain(), n->op_type()); since > 0 && g.opsets.count(n->domain()))
         st = node_invalid(*n) << "not in opset " << g.opsets.at(n->domain()) << " of "
@@ -212,6 +217,13 @@ std::vector<Expr> broadcast_indices(const std::vector<Expr>& out_idx, const std:
 }
 
 // ---- common.h: errors -------------------------------------------------------------
+
+Result<DType> elem_type_attr(const Node& n, const char* attr, DType def) {
+  if (!n.has_attr(attr)) return def;
+  const int64_t v = n.attr_int(attr, 0);
+  if (v < 1 || v > kMaxDType) return node_invalid(n) << "attribute '" << attr << "' = " << v << " names no element type";
+  return static_cast<DType>(v);
+}
 
 StatusBuilder node_unsupported(const Node& n) {
   StatusBuilder b(StatusCode::kUnsupported);

@@ -288,7 +288,7 @@ Result<RuntimeKernel> stft_kernel(const Node& node) {
 // + 2) apart in mel, mapped to spectrogram bins by floor((dft_length + 1) *
 // hz / sample_rate).
 Status infer_mel(Node& n, InferContext& ctx) {
-  DType out = static_cast<DType>(n.attr_int("output_datatype", 1));
+  KILN_ASSIGN_OR_RETURN(DType out, elem_type_attr(n, "output_datatype", DType::kFloat32));
   if (!dtype_is_float(out)) return node_unsupported(n) << "output_datatype " << dtype_name(out);
   std::optional<int64_t> mel, dft;
   if (auto v = const_ints(n, 0); v && v->size() == 1) mel = (*v)[0];

@@ -367,7 +367,20 @@ def schema_cases(inconsistent):
                                helper.make_tensor_value_info("b", TensorProto.FLOAT, b_shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]).SerializeToString()
 
+    def no_opset_import():
+        m = onnx.load_from_string(op_model("Relu", ["x"])())
+        del m.opset_import[:]
+        return m.SerializeToString()
+
     return [
+        # A node of ONNX's domain in a model that imports no opset of it has no
+        # schema to check against: refused rather than guessed.
+        Case("schema_no_opset_import", no_opset_import,
+             [["{file}"], ["bad_relu"], ["opset_import"], ["ai.onnx"]], info=False),
+        # An attribute naming an element type must name one (HannWindow's
+        # output_datatype 64 is Kiln's sequence container).
+        Case("attribute_names_no_dtype", inconsistent("HannWindow", [("n", [], TensorProto.INT64)], ["y"], output_datatype=64),
+             [["{file}"], ["bad_hannwindow"], ["output_datatype"], ["64"]], info=False),
         Case("matmul_inner_dims_checked_at_run_time", two_symbolic("MatMul", [2, "k"], ["j", 3]),
              [["bad_matmul"], ["input 0"], ["4"], ["5"]], when="run",
              feeds={"a": np.ones((2, 4), np.float32), "b": np.ones((5, 3), np.float32)},
