@@ -101,11 +101,15 @@ Result<RuntimeKernel> feature_extractor_kernel(const Node&) {
 // per target: SUM, AVERAGE (over the trees), MIN or MAX, as the ONNX
 // reference; post_transform NONE, LOGISTIC, SOFTMAX and SOFTMAX_ZERO.
 
-std::vector<double> tensor_attr_values(const Node& n, const std::string& name) {
+// A tensor attribute's numbers (a file's tensor attribute may hold any dtype).
+Result<std::vector<double>> tensor_attr_values(const Node& n, const std::string& name) {
   std::vector<double> v;
   const Attribute* a = n.attr(name);
-  if (a && a->kind == Attribute::Kind::kTensor)
+  if (a && a->kind == Attribute::Kind::kTensor) {
+    if (!a->t.defined() || !dtype_is_compilable(a->t.dtype()))
+      return node_invalid(n) << "attribute '" << name << "' holds " << a->t.describe() << ", not numbers";
     for (int64_t i = 0; i < a->t.numel(); ++i) v.push_back(a->t.get_f64(i));
+  }
   else if (a && a->kind == Attribute::Kind::kFloats)
     v = a->floats;
   return v;
@@ -132,9 +136,10 @@ struct TreeModel {
 
 Result<TreeModel> tree_model(const Node& n) {
   TreeModel m;
-  m.splits = tensor_attr_values(n, "nodes_splits");
-  m.weights = tensor_attr_values(n, "leaf_weights");
-  for (double v : tensor_attr_values(n, "nodes_modes")) m.modes.push_back(static_cast<int64_t>(v));
+  KILN_ASSIGN_OR_RETURN(m.splits, tensor_attr_values(n, "nodes_splits"));
+  KILN_ASSIGN_OR_RETURN(m.weights, tensor_attr_values(n, "leaf_weights"));
+  KILN_ASSIGN_OR_RETURN(std::vector<double> modes, tensor_attr_values(n, "nodes_modes"));
+  for (double v : modes) m.modes.push_back(saturate_to_i64(v));
   m.features = n.attr_ints("nodes_featureids");
   m.true_ids = n.attr_ints("nodes_truenodeids");
   m.false_ids = n.attr_ints("nodes_falsenodeids");
@@ -170,7 +175,7 @@ Result<TreeModel> tree_model(const Node& n) {
     if (m.true_leaf[i] && m.false_leaf[i] && m.true_ids[i] == m.false_ids[i] && i >= m.weights.size())
       return node_invalid(n) << "tree root " << r << " is a leaf but there are only " << m.weights.size() << " leaves";
   }
-  std::vector<double> members = tensor_attr_values(n, "membership_values");
+  KILN_ASSIGN_OR_RETURN(std::vector<double> members, tensor_attr_values(n, "membership_values"));
   size_t next = 0;
   m.members.resize(nodes);
   for (size_t i = 0; i < nodes; ++i) {
