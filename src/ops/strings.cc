@@ -581,10 +581,12 @@ template <typename Key, typename Get>
 void count_grams(const TfIdfConfig& c, const GramTrie<Key>& root, int64_t row_len, Get token, double* freq) {
   int64_t start_len = c.min_len;
   // A skip of the row's length or more leaves no second token in the row.
-  const int64_t last_skip = std::min(c.max_skip + 1, std::max<int64_t>(row_len, 1));
+  // (max_skip_count may be INT64_MAX: no + 1 before the min.)
+  const int64_t last_skip = std::min(c.max_skip, std::max<int64_t>(row_len, 1) - 1) + 1;
   for (int64_t skip = 1; skip <= last_skip; ++skip) {
     for (int64_t first = 0; first < row_len; ++first) {
-      if (first + skip * (start_len - 1) >= row_len) break;
+      // A gram longer than the row does not fit (and skip * its length could overflow).
+      if (start_len - 1 >= row_len || first + skip * (start_len - 1) >= row_len) break;
       const GramTrie<Key>* node = &root;
       for (int64_t len = 1, at = first; !node->next.empty() && len <= c.max_len && at < row_len; ++len, at += skip) {
         auto it = node->next.find(token(at));
