@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "support/thread_pool.h"
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "kernels/machine_peak.h"
 #include "runtime/vm.h"
 

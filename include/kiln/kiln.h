@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/status.h"
@@ -58,6 +59,9 @@ struct CompileStats {
   int64_t arena_bytes = 0;      // static memory plan size (0 with symbolic shapes)
   int num_nodes_imported = 0;   // graph nodes as imported (top-level graph)
   int num_nodes = 0;            // graph nodes after the graph passes
+  // Each compile stage (import, support check, graph passes, ...) in the
+  // order it ran, with its seconds (src/driver/compile.cc).
+  std::vector<std::pair<std::string, double>> stages;
 };
 
 class Model {

@@ -5,7 +5,7 @@
 #include <sstream>
 #include <thread>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "frontend/onnx/import.h"
 #include "kiln/kiln.h"
 #include "ops/registry.h"
@@ -70,13 +70,12 @@ Result<std::unique_ptr<Model::Impl>> build_impl(const std::string& path, const s
                                          const std::string& source_name, const CompileOptions& options,
                                          bool empty_dims, const std::map<std::string, Tensor>* bind = nullptr) {
   auto import = [&] { return path.empty() ? import_onnx_bytes(bytes, source_name) : import_onnx_file(path); };
-  auto graph = import();
-  if (!graph.is_ok()) return graph.status();
-  if (empty_dims)
-    for (auto& [name, bound] : (*graph)->bounds)
-      if (bound.lo && *bound.lo > 0) bound.lo = 0;
-  if (bind) {
-    for (Value* v : (*graph)->inputs()) {
+  auto adjust = [&](Graph& g) {
+    if (empty_dims)
+      for (auto& [name, bound] : g.bounds)
+        if (bound.lo && *bound.lo > 0) bound.lo = 0;
+    if (!bind) return;
+    for (Value* v : g.inputs()) {
       if (v->is_constant()) continue;
       const Tensor& t = bind->at(v->name());
       if (is_small_int(v->dtype(), v->type().shape)) {
@@ -90,8 +89,9 @@ Result<std::unique_ptr<Model::Impl>> build_impl(const std::string& path, const s
       for (int64_t d : t.shape()) shape.push_back(Expr(d));
       v->set_type(TensorType{v->dtype(), shape});
     }
-  }
-  auto compiled = driver::compile_graph(std::move(*graph), options);
+  };
+  driver::ModelSource source{path, bytes, source_name};
+  auto compiled = driver::compile_model(source, options, adjust);
   if (!compiled.is_ok()) {
     if (bind || compiled.status().code() != StatusCode::kUnsupported) return compiled.status();
     // Deferred to run time when every op is supported, shape inference is

@@ -1,10 +1,7 @@
-// The compiler in order, on one screen (driver/pipeline.cc):
-//   import ONNX -> check every op is supported (all missing ops listed at once)
-//   -> graph passes (passes/default_pipeline.cc; symbolic shape inference is
-//   one of them) -> classify nodes (compiled / view / host
-//   kernel / shape computation) -> fuse_elementwise -> lower each group to a
-//   KernelDef, schedule, lower to loop IR -> LLVM JIT -> VM program with a
-//   static memory plan (all shapes static) or pooled allocation (symbolic).
+// The driver's stages and helpers: the support check, graph passes, kernel
+// choice (with measurement for --select=measure), and the text views of the
+// later stages that `kiln opt` prints. driver/compile.cc calls every stage in
+// order.
 #pragma once
 
 #include <memory>
@@ -13,21 +10,14 @@
 
 #include "codegen/llvm/jit.h"
 #include "graph/graph.h"
+#include "kernels/kernels.h"
 #include "kiln/kiln.h"
 #include "passes/pass_manager.h"
 #include "runtime/vm.h"
 
 namespace kiln::driver {
 
-// How one compiled kernel was implemented (kiln info --kernels).
-struct KernelChoiceInfo {
-  std::string kernel;  // kiln_k3_MatMul
-  std::string node;    // MatMul '/fc1/MatMul'
-  std::string impl;    // candidate name, "default" (no candidates) or "naive"
-  std::string knobs;   // "mr=8 nr=32"
-  std::string source;  // priority, measured, database
-  std::string why;
-};
+using KernelChoiceInfo = kernels::KernelChoiceInfo;
 
 struct CompiledProgram {
   std::unique_ptr<Graph> graph;  // after inference (types of every value)
@@ -53,8 +43,22 @@ Status check_supported(const Graph& g);
 // included where needed.
 std::vector<std::string> pipeline_for(const CompileOptions& options);
 
+// The pass select-kernels: where it ends the pass list (the default
+// pipeline), it runs as the stage kernel choice, after the graph passes.
+inline constexpr const char* kKernelChoicePass = "select-kernels";
+
+// The context the graph passes and kernel choice share: symbol bounds, the
+// evaluator of constant folding, how kernels are chosen (choice sources,
+// measurement). Errors for an unknown --select or --impl.
+Result<passes::PassContext> pass_context(const Graph& g, const CompileOptions& options, passes::Evaluator* evaluator);
+// Stage "graph passes": the pass list of pipeline_for but kernel choice.
+Status run_graph_passes(Graph& g, const CompileOptions& options, passes::PassContext& ctx);
+// Stage "kernel choice": select-kernels, where the pass list ends with it.
+Status choose_kernels(Graph& g, const CompileOptions& options, passes::PassContext& ctx);
+
 // Checks that every op is supported, then runs `pipeline` on `g` (pass
-// manager, passes/pass_manager.h) with constant folding through the compiler.
+// manager, passes/pass_manager.h) with constant folding through the
+// compiler's kernels (kiln opt).
 struct OptimizedGraph {
   std::vector<passes::PassRun> runs;
   SymbolBounds bounds;  // every symbol's bounds, fresh (data-dependent) symbols included
@@ -62,9 +66,8 @@ struct OptimizedGraph {
 Result<OptimizedGraph> optimize_graph(Graph& g, const CompileOptions& options, const std::vector<std::string>& pipeline,
                                       const passes::Instrumentation& inst = {});
 
-// Runs the pipeline on an imported graph: optimize_graph, then partitioning,
-// lowering, code generation and the VM program.
-Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOptions& options);
+// Elementwise fusion is on (not --naive, not --disable=fuse-elementwise).
+bool fusion_enabled(const CompileOptions& options);
 
 // The thread count a model runs with: CompileOptions::threads, or with 0 the
 // hardware's (1 when unknown).

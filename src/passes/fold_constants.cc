@@ -57,7 +57,7 @@ Result<int> fold_constants(Graph& g, PassContext& ctx) {
     }
   remove_unused_nodes(g);
 
-  if (!ctx.evaluate) return rewrites;
+  if (ctx.evaluator == nullptr) return rewrites;
   // Nodes computable from constants, in order.
   std::unordered_set<const Value*> known;
   std::vector<Node*> foldable;
@@ -123,7 +123,7 @@ Result<int> fold_constants(Graph& g, PassContext& ctx) {
   std::vector<Value*> outs;
   for (Value* v : frontier) outs.push_back(map.at(v));
   sub->set_outputs(outs);
-  Result<std::vector<Tensor>> values = ctx.evaluate(std::move(sub));
+  Result<std::vector<Tensor>> values = ctx.evaluator->evaluate(std::move(sub));
   if (!values.is_ok() || values->size() != frontier.size()) return rewrites;
   for (size_t i = 0; i < frontier.size(); ++i) {
     Value* v = frontier[i];

@@ -1,6 +1,6 @@
 // fold_constants: nodes whose inputs are all constants run once, at compile
 // time, through the same compiled kernels a run would use
-// (PassContext::evaluate, supplied by the driver), and their results become
+// (PassContext::evaluator, supplied by the driver), and their results become
 // constants. Values whose symbolic value is fully known and constant (the
 // Shape of a static tensor and arithmetic on it) become constants without
 // running anything.

@@ -22,15 +22,25 @@
 
 namespace kiln::passes {
 
+// Evaluates a graph without inputs (its nodes read only constants) and
+// returns its outputs. The driver's (driver/compile.h: KernelEvaluator)
+// compiles it with the stages after kernel choice, so folded values are
+// computed by the same kernels a run would use, without graph passes.
+class Evaluator {
+ public:
+  virtual ~Evaluator() = default;
+  virtual Result<std::vector<Tensor>> evaluate(std::unique_ptr<Graph> g) = 0;
+};
+
 // What a pass may use besides the graph.
 struct PassContext {
   // Bounds and the fresh-symbol counter of shape inference; the pass manager
   // re-infers shapes with it after a pass changes an inferred graph.
   ops::InferContext infer;
   bool shapes_inferred = false;
-  // Runs a graph without inputs and returns its outputs: the compiled kernels
-  // themselves (the driver supplies it). Null: fold_constants folds nothing.
-  std::function<Result<std::vector<Tensor>>(std::unique_ptr<Graph>)> evaluate;
+  // Runs a graph without inputs and returns its outputs (fold_constants).
+  // Null: fold_constants folds nothing.
+  Evaluator* evaluator = nullptr;
   // fold_constants materializes no constant larger than this (bytes).
   int64_t fold_limit_bytes = int64_t{1} << 20;
   // How select-kernels decides (choice sources, measurement); the driver fills it.

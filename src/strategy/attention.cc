@@ -8,7 +8,7 @@
 //   P = Softmax(T) over the last axis
 //   O = MatMul(P, V)                  [batch..., M, D]
 // where S, each e_i and P are read only by the next step and are no graph
-// output. passes/fuse_elementwise.h puts the nodes in one kernel with O
+// output. partition/fuse_elementwise.h puts the nodes in one kernel with O
 // (attention_nodes below), whose stages are S, the e_i, the softmax's max,
 // sum and normalized output, and O.
 //

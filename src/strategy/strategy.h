@@ -139,13 +139,13 @@ void record_choice(Node& n, const Choice& c);
 // node has no choice or the candidate has no template. With a choice, the
 // schedule ends with fuse_epilogue(stage): the kernel also holds the
 // elementwise group that reads the node when all its uses are in one
-// (passes/fuse_elementwise.h), and that group is computed in the write-back.
+// (partition/fuse_elementwise.h), and that group is computed in the write-back.
 Result<tir::Schedule> schedule_for(const tir::KernelDef& k, const std::string& stage, const Node* anchor);
 
 // For a node whose recorded choice is matmul.attention (strategy/attention.cc):
 // the nodes its kernel computes before it (the score MatMul, the elementwise
 // ops on the scores, the Softmax), producers first; empty otherwise.
-// passes/fuse_elementwise.h puts them in the node's group.
+// partition/fuse_elementwise.h puts them in the node's group.
 std::vector<const Node*> attention_nodes(const Node& anchor);
 
 // Registers the built-in candidates (idempotent; the functions above call it).

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "frontend/onnx/import.h"
 #include "support/status.h"
 

@@ -16,7 +16,7 @@
 #include <random>
 #include <string>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "runtime/vm.h"
 
 #if defined(__has_feature)

@@ -10,7 +10,7 @@
 #include <random>
 #include <thread>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "runtime/vm.h"
 
 namespace kiln::driver {

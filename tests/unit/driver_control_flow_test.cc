@@ -9,7 +9,7 @@
 #include <cstring>
 #include <random>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "runtime/vm.h"
 
 namespace kiln::driver {

@@ -10,7 +10,7 @@
 
 #include <onnx/onnx_pb.h>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "frontend/onnx/import.h"
 #include "kiln/kiln.h"
 #include "runtime/vm.h"

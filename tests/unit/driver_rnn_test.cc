@@ -11,7 +11,7 @@
 #include <random>
 #include <string>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "runtime/vm.h"
 #include "support/target.h"
 

@@ -7,7 +7,7 @@
 #include <random>
 #include <string>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "ops/registry.h"
 #include "strategy/strategy.h"
 #include "runtime/vm.h"

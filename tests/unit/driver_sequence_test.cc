@@ -6,7 +6,7 @@
 
 #include <random>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "runtime/vm.h"
 
 namespace kiln::driver {

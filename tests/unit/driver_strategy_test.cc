@@ -13,7 +13,7 @@
 #include <random>
 #include <string>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "ops/registry.h"
 #include "passes/block_layout.h"
 #include "passes/pass.h"

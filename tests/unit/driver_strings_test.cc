@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "ops/registry.h"
 #include "ops_test_harness.h"
 #include "runtime/vm.h"

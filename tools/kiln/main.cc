@@ -592,7 +592,10 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
               << ", \"num_runtime_kernels\": " << stats.num_runtime_kernels
               << ", \"arena_bytes\": " << stats.arena_bytes
               << ", \"num_nodes_imported\": " << stats.num_nodes_imported
-              << ", \"num_nodes\": " << stats.num_nodes << "}\n";
+              << ", \"num_nodes\": " << stats.num_nodes << ", \"compile_stages_s\": {";
+    for (size_t i = 0; i < stats.stages.size(); ++i)
+      std::cout << (i ? ", " : "") << json_string(stats.stages[i].first) << ": " << stats.stages[i].second;
+    std::cout << "}}\n";
   } else {
     std::cout << std::fixed << std::setprecision(3);
     std::cout << "model      " << path << "\n"
@@ -600,6 +603,13 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
               << "compile    " << compile_s << " s (" << stats.num_kernels << " kernels, "
               << stats.num_runtime_kernels << " runtime kernel calls; graph " << stats.num_nodes_imported
               << " -> " << stats.num_nodes << " nodes)\n"
+              << "stages     " << [&] {
+                   std::ostringstream os;
+                   os << std::fixed << std::setprecision(3);
+                   for (size_t i = 0; i < stats.stages.size(); ++i)
+                     os << (i ? ", " : "") << stats.stages[i].first << " " << stats.stages[i].second;
+                   return os.str();
+                 }() << " s\n"
               << "runs       " << runs << " after " << warmup << " warm-up\n"
               << "median     " << median << " ms\n"
               << "p10 / p90  " << p10 << " / " << p90 << " ms (spread "

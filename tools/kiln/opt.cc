@@ -33,7 +33,7 @@
 #include <set>
 #include <sstream>
 
-#include "driver/pipeline.h"
+#include "driver/compile.h"
 #include "frontend/onnx/export.h"
 #include "frontend/onnx/import.h"
 #include "graph/graph.h"

@@ -19,7 +19,7 @@
 
 #include "graph/graph.h"
 
-namespace kiln::passes {
+namespace kiln::partition {
 
 struct FusedGroup {
   std::vector<Node*> nodes;  // in graph order; the last one is the root
@@ -29,4 +29,4 @@ struct FusedGroup {
 // or shape computations). Groups are returned in the order of their roots.
 std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const Node*>& compiled, bool enable);
 
-}  // namespace kiln::passes
+}  // namespace kiln::partition

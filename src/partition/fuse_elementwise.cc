@@ -1,11 +1,11 @@
-#include "passes/fuse_elementwise.h"
+#include "partition/fuse_elementwise.h"
 
 #include <map>
 
 #include "ops/registry.h"
 #include "strategy/strategy.h"
 
-namespace kiln::passes {
+namespace kiln::partition {
 
 namespace {
 // Elementwise ops, and views the driver chose to compile between two of them;
@@ -110,4 +110,4 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
   return groups;
 }
 
-}  // namespace kiln::passes
+}  // namespace kiln::partition

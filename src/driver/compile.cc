@@ -1,0 +1,151 @@
+// The compiler on one screen: every stage, in order, as one plain call. Each
+// stage lives in its own folder or file; docs/architecture.md lists the same
+// stages (tests/unit/driver_stages_test.cc compares the list with what a
+// compile reports in CompileStats::stages).
+#include "driver/compile.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "bytecode/bytecode.h"
+#include "codegen/llvm/jit.h"
+#include "frontend/onnx/import.h"
+#include "kernels/kernels.h"
+#include "ops/registry.h"
+#include "partition/partition.h"
+
+namespace kiln::driver {
+
+namespace {
+
+// Times consecutive stages: each call ends the running stage and starts the next.
+class StageClock {
+ public:
+  explicit StageClock(std::vector<std::pair<std::string, double>>* out) : out_(out) {}
+  ~StageClock() { stop(); }
+  void operator()(const char* stage) {
+    stop();
+    name_ = stage;
+    t0_ = std::chrono::steady_clock::now();
+  }
+  void stop() {
+    if (name_ == nullptr || out_ == nullptr) return;
+    out_->emplace_back(name_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+    name_ = nullptr;
+  }
+
+ private:
+  std::vector<std::pair<std::string, double>>* out_;
+  const char* name_ = nullptr;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// Stage "code generation": every kernel's loop IR through LLVM into one module.
+Result<std::shared_ptr<codegen::CompiledModule>> generate_code(const kernels::KernelSet& ks, const CompileOptions& options,
+                                                              const std::string& source) {
+  if (ks.kernels.empty()) return std::shared_ptr<codegen::CompiledModule>();
+  std::vector<tir::PrimFunc> funcs;
+  for (const kernels::Kernel& k : ks.kernels) funcs.push_back(k.func);
+  codegen::CodegenOptions copts;
+  copts.dump_ir = options.dump_ir;
+  auto module = codegen::compile(funcs, copts);
+  if (!module.is_ok()) return module.status().with_context("code generation for " + source);
+  return std::shared_ptr<codegen::CompiledModule>(std::move(*module));
+}
+
+}  // namespace
+
+Result<CompiledProgram> compile_model(const ModelSource& source, const CompileOptions& options,
+                                      const std::function<void(Graph&)>& adjust) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::pair<std::string, double>> stages;
+  StageClock stage(&stages);
+  stage("import");
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, source.path.empty() ? import_onnx_bytes(source.bytes, source.name)
+                                                                       : import_onnx_file(source.path));
+  if (adjust) adjust(*g);
+  stage.stop();
+  KILN_ASSIGN_OR_RETURN(CompiledProgram out, compile_graph(std::move(g), options));
+  stages.insert(stages.end(), out.stats.stages.begin(), out.stats.stages.end());
+  out.stats.stages = std::move(stages);
+  out.stats.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOptions& options) {
+  auto t0 = std::chrono::steady_clock::now();
+  const int nodes_imported = static_cast<int>(g->num_nodes());
+  std::vector<std::pair<std::string, double>> stages;
+  StageClock stage(&stages);
+  KernelEvaluator evaluator(options);  // constant folding's
+
+  stage("support check");
+  KILN_RETURN_IF_ERROR(check_supported(*g));
+  KILN_ASSIGN_OR_RETURN(passes::PassContext ctx, pass_context(*g, options, &evaluator));
+  stage("graph passes");
+  KILN_RETURN_IF_ERROR(run_graph_passes(*g, options, ctx));
+  stage("kernel choice");
+  KILN_RETURN_IF_ERROR(choose_kernels(*g, options, ctx));
+  stage.stop();
+  if (options.dump_ir) std::fprintf(stderr, "%s\n", print_graph(*g).c_str());
+  KILN_ASSIGN_OR_RETURN(CompiledProgram out, compile_chosen(*g, ctx.infer.bounds, options, &stages));
+
+  out.stats.num_nodes_imported = nodes_imported;
+  out.stats.num_nodes = static_cast<int>(g->num_nodes());
+  out.stats.stages = std::move(stages);
+  out.graph = std::move(g);
+  out.stats.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, const CompileOptions& options,
+                                       std::vector<std::pair<std::string, double>>* stages) {
+  auto t0 = std::chrono::steady_clock::now();
+  StageClock stage(stages);
+  CompiledProgram out;
+
+  stage("partition");
+  KILN_ASSIGN_OR_RETURN(partition::Partition parts, partition::partition_graph(g, bounds, fusion_enabled(options)));
+  stage("kernel definitions");
+  KILN_ASSIGN_OR_RETURN(kernels::KernelSet ks, kernels::define_kernels(parts, bounds));
+  stage("schedules");
+  KILN_RETURN_IF_ERROR(kernels::schedule_kernels(ks, options.naive));
+  stage("loop IR lowering");
+  KILN_RETURN_IF_ERROR(kernels::lower_kernels(ks, options.dump_ir));
+  stage("code generation");
+  KILN_ASSIGN_OR_RETURN(out.module, generate_code(ks, options, g.source));
+  stage("bytecode");
+  KILN_ASSIGN_OR_RETURN(bytecode::Bytecode bc, bytecode::build_bytecode(parts, ks, bounds));
+  stage("memory plan");
+  bytecode::plan_memory(bc);
+  stage("link");
+  KILN_RETURN_IF_ERROR(bytecode::link_kernels(bc, ks, [&](const std::string& name) { return out.module->lookup(name); }));
+  stage.stop();
+
+  for (const Value* v : g.inputs())
+    if (!v->is_constant()) out.inputs.push_back(make_info(v));
+  for (const Value* v : g.outputs()) out.outputs.push_back(make_info(v));
+  for (const kernels::Kernel& k : ks.kernels) out.kernel_choices.push_back(k.info);
+  out.kernel_choices.insert(out.kernel_choices.end(), bc.host_choices.begin(), bc.host_choices.end());
+  out.stats.num_kernels = static_cast<int>(ks.kernels.size());
+  out.stats.num_runtime_kernels = bc.num_host_calls;
+  out.stats.arena_bytes = bc.program->static_plan ? bc.program->arena_bytes : 0;
+  out.program = std::move(bc.program);
+  out.stats.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+KernelEvaluator::KernelEvaluator(CompileOptions options) : options_(std::move(options)) { options_.dump_ir = false; }
+
+Result<std::vector<Tensor>> KernelEvaluator::evaluate(std::unique_ptr<Graph> g) {
+  ops::InferContext ictx;
+  ictx.graph = g.get();
+  ictx.bounds = g->bounds;
+  KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx));
+  KILN_ASSIGN_OR_RETURN(CompiledProgram p, compile_chosen(*g, ictx.bounds, options_));
+  runtime::VM vm(p.program, 1);
+  vm.set_memory_limit(options_.max_memory_bytes);
+  return vm.run({});
+}
+
+}  // namespace kiln::driver
