@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "compare.h"
+#include "db.h"
 #include "kiln/kiln.h"
 #include "npy.h"
 #include "opt.h"
@@ -76,6 +77,8 @@ const char kUsage[] =
     "      (symbols not fixed by --dim are bound to 1, 3 and 8 in turn)\n"
     "  kiln profile MODEL [--threads N] [--runs N] [--top N] [--dim NAME=VALUE] [--input NAME=FILE.npy] [--passes a,b]\n"
     "      time every instruction (kernel) over N runs; print the most expensive first\n"
+    "  kiln db stats|export|import|prune [DB] ...\n"
+    "      the tuning database (kiln db --help)\n"
     "  kiln ops\n"
     "      list the supported ONNX ops and how each runs (compiled, runtime kernel, view)\n"
     "exit codes: 0 ok, 1 outputs differ from --test-data (or --check-equiv), 2 error\n";
@@ -657,7 +660,8 @@ int main_impl(int argc, char** argv) {
   }
   using Command = Result<int> (*)(const std::vector<std::string>&);
   const std::map<std::string, Command> commands = {
-      {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}, {"profile", cmd_profile}};
+      {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}, {"profile", cmd_profile},
+      {"db", cmd_db}};
   auto it = commands.find(command);
   if (it == commands.end()) {
     std::cerr << "kiln: error: unknown command '" << command << "'\n" << kUsage;

@@ -1,0 +1,74 @@
+#include "db/database.h"
+
+#include <cstdlib>
+#include <istream>
+#include <ostream>
+
+namespace kiln::db {
+
+Result<std::unique_ptr<Database>> open_sqlite(const std::string& path, bool create);
+
+Result<std::unique_ptr<Database>> open_database(const std::string& where, bool create) {
+  if (where.empty()) return invalid_argument() << "no tuning database named";
+  if (where.rfind("postgresql://", 0) == 0 || where.rfind("postgres://", 0) == 0)
+    return unsupported() << "PostgreSQL tuning databases are not built yet (" << where.substr(0, where.find('@'))
+                         << "...); use a SQLite path";
+  return open_sqlite(where, create);
+}
+
+std::string default_database_path() {
+  if (const char* env = std::getenv("KILN_DB"); env && *env) return env;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/kiln/tuning.db";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/kiln/tuning.db";
+  return std::string();
+}
+
+std::optional<tune::Record> best_record(const std::vector<tune::Record>& records, const tune::TargetKey& host,
+                                        int threads, tune::TargetMatch* match) {
+  const tune::Record* best[2][2] = {};  // [exact?][same threads?]
+  for (const tune::Record& r : records) {
+    auto key = tune::TargetKey::parse(r.target);
+    if (!key.is_ok() || r.latencies_s.empty()) continue;
+    tune::TargetMatch m = tune::match(*key, host);
+    if (m == tune::TargetMatch::kIncompatible) continue;
+    const tune::Record*& slot = best[m == tune::TargetMatch::kExact ? 1 : 0][r.threads == threads ? 1 : 0];
+    if (slot == nullptr || r.median_s() < slot->median_s()) slot = &r;
+  }
+  // Exact before compatible; the model's thread count before others.
+  for (int exact : {1, 0})
+    for (int same : {1, 0})
+      if (best[exact][same]) {
+        if (match) *match = exact ? tune::TargetMatch::kExact : tune::TargetMatch::kCompatible;
+        return *best[exact][same];
+      }
+  return std::nullopt;
+}
+
+Status export_records(Database& db, std::ostream& out, int64_t* count) {
+  int64_t n = 0;
+  KILN_RETURN_IF_ERROR(db.for_each([&](const tune::Record& r) -> Status {
+    out << r.to_json() << "\n";
+    ++n;
+    return out ? Status::ok() : io_error() << "writing the export failed";
+  }));
+  if (count) *count = n;
+  return Status::ok();
+}
+
+Status import_records(Database& db, std::istream& in, int64_t* count) {
+  std::vector<tune::Record> records;
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto r = tune::Record::from_json(line);
+    if (!r.is_ok()) return r.status().with_context("line " + std::to_string(number));
+    records.push_back(std::move(*r));
+  }
+  KILN_RETURN_IF_ERROR(db.commit(records));
+  if (count) *count = static_cast<int64_t>(records.size());
+  return Status::ok();
+}
+
+}  // namespace kiln::db

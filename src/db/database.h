@@ -1,0 +1,73 @@
+// The tuning database: measured records (tune::Record) keyed by workload and
+// target, kept forever (history), the best per workload and target served.
+//
+// SQLite (db/sqlite.cc) is the default: one file, WAL mode, a schema version
+// in table kiln_meta with migrations from older versions, safe while several
+// processes commit at once (each commit one IMMEDIATE transaction, waiting
+// for the others up to a busy timeout). A file that is not a Kiln tuning
+// database (corrupt, truncated, another program's) is an error and is never
+// written; one of a newer schema is refused with its version.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "support/status.h"
+#include "tune/tune.h"
+
+namespace kiln::db {
+
+// The schema this Kiln writes (older ones are migrated on open).
+inline constexpr int kSchemaVersion = 1;
+
+struct Stats {
+  int64_t records = 0;
+  int64_t workloads = 0;
+  int64_t targets = 0;
+  std::map<std::string, int64_t> jobs;  // by state: queued, running, done, failed
+};
+
+class Database {
+ public:
+  virtual ~Database() = default;
+  // Where it is (a path or a URL without its password), for messages.
+  virtual std::string location() const = 0;
+  // Adds records in one transaction: all of them or none.
+  virtual Status commit(const std::vector<tune::Record>& records) = 0;
+  // Every record of a workload, on any target (the caller matches targets).
+  virtual Result<std::vector<tune::Record>> records_for(const std::string& workload) = 0;
+  // Every record, oldest first (export, the cost model's training set).
+  virtual Status for_each(const std::function<Status(const tune::Record&)>& f) = 0;
+  virtual Result<Stats> stats() = 0;
+  // Keeps, per workload, target and candidate with knobs, the `keep` fastest
+  // records; returns how many were removed.
+  virtual Result<int64_t> prune(int keep) = 0;
+};
+
+// Opens a database: a path (SQLite) or a postgresql:// URL. `create`: a
+// missing SQLite file is created (with its directory); otherwise it is an error.
+Result<std::unique_ptr<Database>> open_database(const std::string& where, bool create);
+
+// The database a compile uses when none is named: $KILN_DB, else
+// $XDG_CACHE_HOME/kiln/tuning.db (~/.cache/kiln/tuning.db).
+std::string default_database_path();
+
+// The best record for `workload` usable on `host`: the fastest on an exactly
+// equal target, else the fastest on a compatible one (*match says which);
+// none on an incompatible target. Records with other thread counts count only
+// where none has `threads`.
+std::optional<tune::Record> best_record(const std::vector<tune::Record>& records, const tune::TargetKey& host,
+                                        int threads, tune::TargetMatch* match = nullptr);
+
+// `kiln db export` / `import`: one JSON object per line (tune::Record::to_json).
+Status export_records(Database& db, std::ostream& out, int64_t* count = nullptr);
+// Reads every line first: a malformed line is an error naming its number and
+// nothing is committed.
+Status import_records(Database& db, std::istream& in, int64_t* count = nullptr);
+
+}  // namespace kiln::db

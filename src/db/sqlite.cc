@@ -1,0 +1,308 @@
+// The SQLite tuning database (db/database.h). The only file that includes sqlite3.h.
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+#include "db/database.h"
+
+namespace kiln::db {
+
+namespace {
+
+constexpr int kBusyTimeoutMs = 30000;
+
+const char* const kSchemaV1[] = {
+    "CREATE TABLE kiln_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE records ("
+    " id INTEGER PRIMARY KEY, workload TEXT NOT NULL, anchor_op TEXT NOT NULL, target TEXT NOT NULL,"
+    " candidate TEXT NOT NULL, knobs TEXT NOT NULL, schedule TEXT NOT NULL, latencies TEXT NOT NULL,"
+    " median_s REAL NOT NULL, threads INTEGER NOT NULL, host TEXT NOT NULL, kiln_version TEXT NOT NULL,"
+    " time INTEGER NOT NULL, workload_text TEXT NOT NULL)",
+    "CREATE INDEX records_by_workload ON records (workload, target, median_s)",
+    "CREATE TABLE jobs ("
+    " id INTEGER PRIMARY KEY, workload TEXT NOT NULL, target TEXT NOT NULL, anchor_op TEXT NOT NULL,"
+    " workload_text TEXT NOT NULL, model TEXT NOT NULL, state TEXT NOT NULL, worker TEXT,"
+    " lease_until INTEGER, attempts INTEGER NOT NULL DEFAULT 0, created INTEGER NOT NULL,"
+    " UNIQUE (workload, target))",
+    "INSERT INTO kiln_meta (key, value) VALUES ('application', 'kiln tuning database')",
+    "INSERT INTO kiln_meta (key, value) VALUES ('schema_version', '1')",
+};
+
+std::string latencies_text(const std::vector<double>& v) {
+  std::ostringstream os;
+  os.precision(9);
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? " " : "") << v[i];
+  return os.str();
+}
+
+std::vector<double> parse_latencies(const std::string& s) {
+  std::vector<double> out;
+  std::istringstream is(s);
+  double x = 0;
+  while (is >> x) out.push_back(x);
+  return out;
+}
+
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) { rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr); }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+  bool ok() const { return rc_ == SQLITE_OK && stmt_ != nullptr; }
+  sqlite3_stmt* get() { return stmt_; }
+  void bind(int i, const std::string& s) { sqlite3_bind_text(stmt_, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT); }
+  void bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  void bind(int i, double v) { sqlite3_bind_double(stmt_, i, v); }
+  std::string text(int col) {
+    const unsigned char* t = sqlite3_column_text(stmt_, col);
+    return t ? std::string(reinterpret_cast<const char*>(t), static_cast<size_t>(sqlite3_column_bytes(stmt_, col)))
+             : std::string();
+  }
+
+ private:
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_ = SQLITE_ERROR;
+};
+
+class SqliteDatabase : public Database {
+ public:
+  SqliteDatabase(sqlite3* db, std::string path, bool read_only) : db_(db), path_(std::move(path)), read_only_(read_only) {}
+  ~SqliteDatabase() override { sqlite3_close_v2(db_); }
+
+  std::string location() const override { return path_; }
+
+  Status error(const std::string& what) const {
+    int code = sqlite3_errcode(db_);
+    std::string msg = path_ + ": " + what + ": " + sqlite3_errmsg(db_);
+    if (code == SQLITE_FULL) return resource_exhausted() << msg;
+    if (code == SQLITE_READONLY || code == SQLITE_PERM || code == SQLITE_CANTOPEN) return io_error() << msg;
+    if (code == SQLITE_CORRUPT || code == SQLITE_NOTADB) return invalid_argument() << msg << " (the file is left as it is)";
+    return internal_error() << msg;
+  }
+
+  Status exec(const char* sql) {
+    char* err = nullptr;
+    int rc = sqlite3_exec(db_, sql, nullptr, nullptr, &err);
+    sqlite3_free(err);
+    return rc == SQLITE_OK ? Status::ok() : error(std::string("'") + sql + "'");
+  }
+
+  Status commit(const std::vector<tune::Record>& records) override {
+    if (read_only_) return io_error() << path_ << ": the tuning database is read-only; nothing was committed";
+    KILN_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE"));
+    Status st = insert_all(records);
+    if (!st.is_ok()) {
+      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      return st;
+    }
+    Status done = exec("COMMIT");
+    if (!done.is_ok()) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    return done;
+  }
+
+  Result<std::vector<tune::Record>> records_for(const std::string& workload) override {
+    Statement s(db_, "SELECT workload, anchor_op, target, candidate, knobs, schedule, latencies, threads, host,"
+                     " kiln_version, time, workload_text FROM records WHERE workload = ?1 ORDER BY median_s");
+    if (!s.ok()) return error("reading records");
+    s.bind(1, workload);
+    std::vector<tune::Record> out;
+    int rc;
+    while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) out.push_back(row(s));
+    if (rc != SQLITE_DONE) return error("reading records");
+    return out;
+  }
+
+  Status for_each(const std::function<Status(const tune::Record&)>& f) override {
+    Statement s(db_, "SELECT workload, anchor_op, target, candidate, knobs, schedule, latencies, threads, host,"
+                     " kiln_version, time, workload_text FROM records ORDER BY id");
+    if (!s.ok()) return error("reading records");
+    int rc;
+    while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) KILN_RETURN_IF_ERROR(f(row(s)));
+    if (rc != SQLITE_DONE) return error("reading records");
+    return Status::ok();
+  }
+
+  Result<Stats> stats() override {
+    Stats st;
+    auto count = [&](const char* sql, int64_t& out) -> Status {
+      Statement s(db_, sql);
+      if (!s.ok() || sqlite3_step(s.get()) != SQLITE_ROW) return error(std::string("'") + sql + "'");
+      out = sqlite3_column_int64(s.get(), 0);
+      return Status::ok();
+    };
+    KILN_RETURN_IF_ERROR(count("SELECT COUNT(*) FROM records", st.records));
+    KILN_RETURN_IF_ERROR(count("SELECT COUNT(DISTINCT workload) FROM records", st.workloads));
+    KILN_RETURN_IF_ERROR(count("SELECT COUNT(DISTINCT target) FROM records", st.targets));
+    for (const char* state : {"queued", "running", "done", "failed"}) st.jobs[state] = 0;
+    Statement s(db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
+    if (!s.ok()) return error("counting jobs");
+    int rc;
+    while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) st.jobs[s.text(0)] = sqlite3_column_int64(s.get(), 1);
+    if (rc != SQLITE_DONE) return error("counting jobs");
+    return st;
+  }
+
+  Result<int64_t> prune(int keep) override {
+    if (read_only_) return io_error() << path_ << ": the tuning database is read-only";
+    if (keep < 1) return invalid_argument() << "prune must keep at least 1 record per schedule";
+    KILN_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE"));
+    Statement s(db_,
+                "DELETE FROM records WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY"
+                " workload, target, candidate, knobs ORDER BY median_s, id) AS n FROM records) WHERE n > ?1)");
+    if (!s.ok()) {
+      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      return error("pruning");
+    }
+    s.bind(1, static_cast<int64_t>(keep));
+    if (sqlite3_step(s.get()) != SQLITE_DONE) {
+      Status st = error("pruning");
+      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      return st;
+    }
+    int64_t removed = sqlite3_changes64(db_);
+    KILN_RETURN_IF_ERROR(exec("COMMIT"));
+    return removed;
+  }
+
+ private:
+  Status insert_all(const std::vector<tune::Record>& records) {
+    Statement s(db_,
+                "INSERT INTO records (workload, anchor_op, target, candidate, knobs, schedule, latencies, median_s,"
+                " threads, host, kiln_version, time, workload_text)"
+                " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
+    if (!s.ok()) return error("preparing the insert");
+    for (const tune::Record& r : records) {
+      if (r.latencies_s.empty()) return invalid_argument() << "record of " << r.workload << " has no latencies";
+      sqlite3_reset(s.get());
+      s.bind(1, r.workload);
+      s.bind(2, r.anchor_op);
+      s.bind(3, r.target);
+      s.bind(4, r.candidate);
+      s.bind(5, r.knobs);
+      s.bind(6, r.schedule);
+      s.bind(7, latencies_text(r.latencies_s));
+      s.bind(8, r.median_s());
+      s.bind(9, static_cast<int64_t>(r.threads));
+      s.bind(10, r.host);
+      s.bind(11, r.kiln_version);
+      s.bind(12, r.time);
+      s.bind(13, r.workload_text);
+      if (sqlite3_step(s.get()) != SQLITE_DONE) return error("inserting a record");
+    }
+    return Status::ok();
+  }
+
+  static tune::Record row(Statement& s) {
+    tune::Record r;
+    r.workload = s.text(0);
+    r.anchor_op = s.text(1);
+    r.target = s.text(2);
+    r.candidate = s.text(3);
+    r.knobs = s.text(4);
+    r.schedule = s.text(5);
+    r.latencies_s = parse_latencies(s.text(6));
+    r.threads = static_cast<int>(sqlite3_column_int64(s.get(), 7));
+    r.host = s.text(8);
+    r.kiln_version = s.text(9);
+    r.time = sqlite3_column_int64(s.get(), 10);
+    r.workload_text = s.text(11);
+    return r;
+  }
+
+  sqlite3* db_;
+  std::string path_;
+  bool read_only_;
+};
+
+// Whether the file starts with SQLite's header; an empty file counts as new.
+Result<bool> is_new_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return io_error() << path << ": cannot be read";
+  char head[16] = {};
+  in.read(head, sizeof head);
+  std::streamsize n = in.gcount();
+  if (n == 0) return true;
+  if (n < 16 || std::memcmp(head, "SQLite format 3", 16) != 0)
+    return invalid_argument() << path << ": not a SQLite file, so not a Kiln tuning database (the file is left as it is)";
+  return false;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Database>> open_sqlite(const std::string& path, bool create) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  bool exists = fs::exists(path, ec);
+  if (!exists && !create) return not_found() << path << ": no tuning database here";
+  if (exists && fs::is_directory(path, ec)) return invalid_argument() << path << ": is a directory, not a tuning database";
+  bool fresh = !exists;
+  if (exists) {
+    KILN_ASSIGN_OR_RETURN(fresh, is_new_file(path));
+  } else if (fs::path parent = fs::path(path).parent_path(); !parent.empty()) {
+    fs::create_directories(parent, ec);
+    if (ec) return io_error() << path << ": cannot create its directory: " << ec.message();
+  }
+  bool read_only = exists && ::access(path.c_str(), W_OK) != 0;
+  sqlite3* raw = nullptr;
+  int flags = read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | (exists ? 0 : SQLITE_OPEN_CREATE);
+  int rc = sqlite3_open_v2(path.c_str(), &raw, flags | SQLITE_OPEN_FULLMUTEX, nullptr);
+  auto db = std::make_unique<SqliteDatabase>(raw, path, read_only);
+  if (rc != SQLITE_OK) return db->error("opening");
+  sqlite3_busy_timeout(raw, kBusyTimeoutMs);
+  sqlite3_extended_result_codes(raw, 0);
+  // A damaged file (truncated, overwritten) is found here, before anything is written.
+  if (!fresh) {
+    Statement check(raw, "PRAGMA quick_check");
+    if (!check.ok()) return db->error("checking");
+    int step = sqlite3_step(check.get());
+    if (step != SQLITE_ROW) return db->error("checking");
+    std::string verdict = check.text(0);
+    if (verdict != "ok")
+      return invalid_argument() << path << ": the tuning database is damaged (" << verdict << "); the file is left as it is";
+    // Whose is it? A Kiln database has kiln_meta with its schema version.
+    Statement meta(raw, "SELECT value FROM kiln_meta WHERE key = 'schema_version'");
+    if (!meta.ok()) {
+      Statement tables(raw, "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'");
+      bool empty = tables.ok() && sqlite3_step(tables.get()) == SQLITE_ROW && sqlite3_column_int64(tables.get(), 0) == 0;
+      if (!empty)
+        return invalid_argument() << path << ": a SQLite database of another program (no kiln_meta table), not a Kiln "
+                                  << "tuning database; the file is left as it is";
+      fresh = true;
+    } else {
+      if (sqlite3_step(meta.get()) != SQLITE_ROW) return invalid_argument() << path << ": kiln_meta has no schema_version";
+      std::string v = meta.text(0);
+      char* end = nullptr;
+      long version = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0') return invalid_argument() << path << ": schema version '" << v << "' is not a number";
+      if (version > kSchemaVersion)
+        return unsupported() << path << ": tuning database schema version " << version
+                                     << " is newer than this Kiln's (" << kSchemaVersion << "); use a newer Kiln";
+      // Versions older than kSchemaVersion would be migrated here; 1 is the first.
+    }
+  }
+  if (fresh) {
+    if (read_only) return io_error() << path << ": read-only, cannot create a tuning database in it";
+    KILN_RETURN_IF_ERROR(db->exec("PRAGMA journal_mode = WAL"));
+    KILN_RETURN_IF_ERROR(db->exec("BEGIN IMMEDIATE"));
+    for (const char* sql : kSchemaV1) {
+      Status st = db->exec(sql);
+      if (!st.is_ok()) {
+        sqlite3_exec(raw, "ROLLBACK", nullptr, nullptr, nullptr);
+        return st;
+      }
+    }
+    KILN_RETURN_IF_ERROR(db->exec("COMMIT"));
+  } else if (!read_only) {
+    KILN_RETURN_IF_ERROR(db->exec("PRAGMA journal_mode = WAL"));
+  }
+  return std::unique_ptr<Database>(std::move(db));
+}
+
+}  // namespace kiln::db
