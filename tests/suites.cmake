@@ -3,7 +3,7 @@
 #   onnx    ONNX backend node tests through the Python module (filter: tests/onnx/filter.txt)
 #   models  one test per zoo model: Kiln vs onnxruntime at 1 and 2 threads
 #   error   malformed and adversarial models through the CLI and the Python module
-set(KILN_TEST_ENV "PYTHONPATH=${CMAKE_BINARY_DIR}/python")
+set(KILN_TEST_ENV "PYTHONPATH=${CMAKE_BINARY_DIR}/python" "KILN_DB=off")
 if(KILN_SANITIZE MATCHES "address")
   # python is not instrumented: the module's ASan runtime must be preloaded.
   # Leak checking stays on for the C++ tests; CPython's own allocations at exit
@@ -95,5 +95,5 @@ foreach(kir ${KILN_IR_TESTS})
   add_test(NAME ir_${name}
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ir/run_ir_test.py ${kir}
             --kiln $<TARGET_FILE:kiln> --filecheck ${KILN_FILECHECK})
-  set_tests_properties(ir_${name} PROPERTIES LABELS ir TIMEOUT 300 ENVIRONMENT KILN_TARGET=avx512)
+  set_tests_properties(ir_${name} PROPERTIES LABELS ir TIMEOUT 300 ENVIRONMENT "KILN_TARGET=avx512;KILN_DB=off")
 endforeach()

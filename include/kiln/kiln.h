@@ -43,6 +43,13 @@ struct CompileOptions {
   // priority: "conv.panels" or with knobs "matmul.packed:mr=6 nr=64"
   // (`kiln info --kernels` lists the names). An unknown name is an error.
   std::vector<std::string> prefer_impls;
+  // The tuning database kernel choice asks first (src/db): a path or a
+  // postgresql:// URL. Empty: $KILN_DB, else ~/.cache/kiln/tuning.db where it
+  // exists. A hit uses the best record of the node's workload on this target
+  // (an exact target, else a compatible one); a miss decides as if there
+  // were none. KILN_DB=off, or no_db, asks none.
+  std::string db;
+  bool no_db = false;
 };
 
 // Description of one graph input or output. Dims print symbolically ("n", "s + 1").

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <random>
@@ -12,6 +14,7 @@
 #include <thread>
 
 #include "driver/compile.h"
+#include "driver/database_source.h"
 #include "kernels/kernels.h"
 #include "ops/registry.h"
 #include "partition/partition.h"
@@ -312,9 +315,38 @@ Status run_graph_passes(Graph& g, const CompileOptions& options, passes::PassCon
   return passes::run_passes(g, split_pass_list(options).first, ctx).status();
 }
 
+Result<std::shared_ptr<db::Database>> compile_database(const CompileOptions& options) {
+  if (options.no_db) return std::shared_ptr<db::Database>();
+  std::string where = options.db;
+  if (where.empty()) {
+    const char* env = std::getenv("KILN_DB");
+    if (env && std::string(env) == "off") return std::shared_ptr<db::Database>();
+    where = db::default_database_path();
+    // The default file is asked only where it exists; a named one must exist.
+    std::error_code ec;
+    if ((env == nullptr || *env == '\0') && !std::filesystem::exists(where, ec)) return std::shared_ptr<db::Database>();
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<db::Database> database, db::open_database(where, false));
+  return std::shared_ptr<db::Database>(std::move(database));
+}
+
 Status choose_kernels(Graph& g, const CompileOptions& options, passes::PassContext& ctx) {
   if (!split_pass_list(options).second) return Status::ok();
-  return passes::run_passes(g, {kKernelChoicePass}, ctx).status();
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<db::Database> database, compile_database(options));
+  std::shared_ptr<DatabaseSource> source;
+  if (database) {
+    std::map<const Node*, tune::Workload> workloads;
+    for (kernels::GroupWorkload& gw : kernels::candidate_workloads(g, ctx.infer.bounds, fusion_enabled(options)))
+      workloads.emplace(gw.anchor, std::move(gw.workload));
+    source = std::make_shared<DatabaseSource>(database, std::move(workloads), resolve_threads(options.threads));
+    ctx.select.sources.push_back(source);
+  }
+  Status st = passes::run_passes(g, {kKernelChoicePass}, ctx).status();
+  if (source) {
+    ctx.select.sources.pop_back();
+    if (!source->error().is_ok()) return source->error().with_context("tuning database");
+  }
+  return st;
 }
 
 Result<OptimizedGraph> optimize_graph(Graph& g, const CompileOptions& options, const std::vector<std::string>& pipeline,

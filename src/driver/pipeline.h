@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "codegen/llvm/jit.h"
+#include "db/database.h"
 #include "graph/graph.h"
 #include "kernels/kernels.h"
 #include "kiln/kiln.h"
@@ -53,7 +54,11 @@ inline constexpr const char* kKernelChoicePass = "select-kernels";
 Result<passes::PassContext> pass_context(const Graph& g, const CompileOptions& options, passes::Evaluator* evaluator);
 // Stage "graph passes": the pass list of pipeline_for but kernel choice.
 Status run_graph_passes(Graph& g, const CompileOptions& options, passes::PassContext& ctx);
-// Stage "kernel choice": select-kernels, where the pass list ends with it.
+// The tuning database a compile asks (CompileOptions::db, KILN_DB, the
+// default file where it exists); null for none.
+Result<std::shared_ptr<db::Database>> compile_database(const CompileOptions& options);
+// Stage "kernel choice": select-kernels, where the pass list ends with it,
+// with the tuning database as its first non-strict choice source.
 Status choose_kernels(Graph& g, const CompileOptions& options, passes::PassContext& ctx);
 
 // Checks that every op is supported, then runs `pipeline` on `g` (pass

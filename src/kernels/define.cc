@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ops/registry.h"
+#include "tune/tune.h"
 
 namespace kiln::kernels {
 
@@ -124,7 +125,7 @@ Result<KernelSet> define_kernels(const partition::Partition& p, const SymbolBoun
     // MatMul/Gemm/Conv), if any: its stage follows the candidate's template.
     const Node* anchor = nullptr;
     for (const Node* n : group.nodes)
-      if (n->has_attr(strategy::kImplAttr)) anchor = n;
+      if (n->has_attr(strategy::kImplAttr) || (p.candidates_are_anchors && partition::is_anchor(n, true))) anchor = n;
     std::optional<strategy::Choice> choice = anchor ? strategy::recorded_choice(*anchor) : std::nullopt;
     // Kernels are compiled in canonical form, so a schedule trace names the
     // same stages and axes whichever model the kernel comes from.
@@ -159,6 +160,31 @@ Result<KernelSet> define_kernels(const partition::Partition& p, const SymbolBoun
   });
   KILN_RETURN_IF_ERROR(st);
   return ks;
+}
+
+std::vector<GroupWorkload> candidate_workloads(Graph& g, const SymbolBounds& bounds, bool fuse) {
+  std::vector<GroupWorkload> out;
+  auto parts = partition::partition_graph(g, bounds, fuse, /*candidates_are_anchors=*/true);
+  if (!parts.is_ok()) return out;
+  auto ks = define_kernels(*parts, bounds);
+  if (!ks.is_ok()) return out;
+  // In program order (for_each_group), so a model's workloads list the same way each time.
+  (void)parts->for_each_group([&](const partition::GraphPartition&, const partition::FusedGroup& group) -> Status {
+    const GroupCall& call = ks->calls.at(&group);
+    const Kernel& k = ks->kernels[static_cast<size_t>(call.kernel)];
+    for (const Node* n : group.nodes) {
+      if (!partition::is_anchor(n, true)) continue;
+      GroupWorkload gw;
+      gw.anchor = n;
+      gw.group = group.nodes;
+      gw.inputs = call.inputs;
+      gw.outputs = call.outputs;
+      gw.workload = tune::Workload::make(n->op_type(), k.canon.text);
+      out.push_back(std::move(gw));
+    }
+    return Status::ok();
+  });
+  return out;
 }
 
 }  // namespace kiln::kernels

@@ -17,6 +17,7 @@
 #include "strategy/strategy.h"
 #include "tir/schedule.h"
 #include "tir/tir.h"
+#include "tune/tune.h"
 
 namespace kiln::kernels {
 
@@ -28,6 +29,7 @@ struct KernelChoiceInfo {
   std::string knobs;   // "mr=8 nr=32"
   std::string source;  // priority, measured, database
   std::string why;
+  std::string schedule;  // the kernel's schedule as text (tir::Schedule::to_string)
 };
 
 // One kernel: the compute definition of the groups that share it.
@@ -62,6 +64,18 @@ struct KernelSet {
 Result<KernelSet> define_kernels(const partition::Partition& p, const SymbolBounds& bounds);
 Status schedule_kernels(KernelSet& ks, bool naive);
 Status lower_kernels(KernelSet& ks, bool dump_ir);
+
+// Kernel choice's workloads: for every node that has candidates, the
+// workload of the kernel it will anchor (its group as fuse_elementwise forms
+// it once an implementation is chosen, on the weights before any
+// candidate's transform). Nodes whose kernels cannot be defined are left out.
+struct GroupWorkload {
+  const Node* anchor = nullptr;
+  std::vector<Node*> group;                   // the group's nodes in order (the anchor among them)
+  std::vector<const Value*> inputs, outputs;  // the kernel's parameters
+  tune::Workload workload;
+};
+std::vector<GroupWorkload> candidate_workloads(Graph& g, const SymbolBounds& bounds, bool fuse);
 
 // Every kernel's compute definition, schedule and loop IR as text (kiln opt --lower).
 std::string kernels_text(const KernelSet& ks);

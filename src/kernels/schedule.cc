@@ -21,11 +21,12 @@ Status schedule_kernels(KernelSet& ks, bool naive) {
     }
     if (naive) {
       k.schedule = tir::naive_schedule(k.canon.def);
-      continue;
+    } else {
+      auto s = strategy::schedule_for(k.canon.def, k.anchor_stage, k.anchor);
+      if (!s.is_ok()) return k.where->in_context(s.status().with_context(k.root->describe() + ": schedule"));
+      k.schedule = std::move(*s);
     }
-    auto s = strategy::schedule_for(k.canon.def, k.anchor_stage, k.anchor);
-    if (!s.is_ok()) return k.where->in_context(s.status().with_context(k.root->describe() + ": schedule"));
-    k.schedule = std::move(*s);
+    info.schedule = k.schedule.to_string();
   }
   return Status::ok();
 }

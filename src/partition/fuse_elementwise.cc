@@ -21,9 +21,6 @@ bool is_elementwise(const Node* n) {
   return n->domain().empty() && n->op_type() == "BatchNormalization" && n->num_outputs() == 1;
 }
 
-// A node whose implementation the operator strategy chose: its schedule
-// (strategy::schedule_for) computes an elementwise tail in the write-back.
-bool is_anchor(const Node* n) { return n->has_attr(strategy::kImplAttr) && n->num_outputs() == 1; }
 
 bool is_graph_output(const Graph& g, const Value* v) {
   for (const Value* o : g.outputs())
@@ -42,7 +39,14 @@ std::set<const Value*> captured_values(const Graph& g) {
 }
 }  // namespace
 
-std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const Node*>& compiled, bool enable) {
+bool is_anchor(const Node* n, bool candidates_are_anchors) {
+  if (n->num_outputs() != 1) return false;
+  if (n->has_attr(strategy::kImplAttr)) return true;
+  return candidates_are_anchors && !strategy::candidates_for(n->domain(), n->op_type()).empty();
+}
+
+std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const Node*>& compiled, bool enable,
+                                         bool candidates_are_anchors) {
   const std::set<const Value*> captured = captured_values(g);
   auto must_exist = [&](const Value* v) { return is_graph_output(g, v) || captured.count(v) != 0; };
   std::vector<Node*> order;
@@ -72,7 +76,7 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
       root_of[n] = root_of[ca->second];
       continue;
     }
-    if (enable && is_anchor(n)) {
+    if (enable && is_anchor(n, candidates_are_anchors)) {
       // A MatMul/Gemm/Conv with a chosen implementation joins the elementwise
       // group that reads it, when every use is in that one group: its
       // template computes the group in the tile's write-back.
@@ -82,7 +86,7 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
       bool one_group = true;
       for (const auto& use : out->uses()) {
         const Node* user = use.first;
-        if (!compiled.count(user) || !is_elementwise(user) || user->has_attr(strategy::kImplAttr)) {
+        if (!compiled.count(user) || !is_elementwise(user) || is_anchor(user, candidates_are_anchors)) {
           one_group = false;
           break;
         }

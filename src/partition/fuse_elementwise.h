@@ -27,6 +27,15 @@ struct FusedGroup {
 
 // `compiled` holds the nodes that will be lowered (not views, host kernels
 // or shape computations). Groups are returned in the order of their roots.
-std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const Node*>& compiled, bool enable);
+// `candidates_are_anchors`: a node with registered candidates counts as one
+// whose implementation was chosen (kernel choice asks for the groups its
+// choices will be compiled in, before it chooses: tune workloads).
+std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const Node*>& compiled, bool enable,
+                                         bool candidates_are_anchors = false);
+
+// A node whose implementation the operator strategy chose (kiln_impl), or,
+// with candidates_are_anchors, one that has candidates: its schedule computes
+// an elementwise tail in the write-back.
+bool is_anchor(const Node* n, bool candidates_are_anchors);
 
 }  // namespace kiln::partition

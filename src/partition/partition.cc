@@ -43,7 +43,7 @@ bool has_data_dependent_output(const Node* n, const std::set<std::string>& bound
 
 class Classifier {
  public:
-  Classifier(GraphPartition& p, bool fuse) : p_(p), g_(*p.graph), fuse_(fuse) {}
+  Classifier(GraphPartition& p, bool fuse, bool anchors) : p_(p), g_(*p.graph), fuse_(fuse), anchors_(anchors) {}
   void run();
 
  private:
@@ -51,6 +51,7 @@ class Classifier {
   GraphPartition& p_;
   Graph& g_;
   bool fuse_;
+  bool anchors_;
 };
 
 void Classifier::run() {
@@ -136,7 +137,7 @@ void Classifier::run() {
   std::set<const Node*> compiled;
   for (const auto& [n, k] : p_.kind)
     if (k == NodeKind::kCompiled) compiled.insert(n);
-  p_.groups = fuse_elementwise(g_, compiled, fuse_);
+  p_.groups = fuse_elementwise(g_, compiled, fuse_, anchors_);
   for (size_t i = 0; i < p_.groups.size(); ++i) p_.group_of_root[p_.groups[i].nodes.back()] = i;
 }
 
@@ -181,7 +182,7 @@ std::vector<std::string> subgraph_attrs(const Node* n, const SymbolBounds& bound
 }
 
 void partition_into(Partition& out, GraphPartition& p, const SymbolBounds& bounds, bool fuse) {
-  Classifier(p, fuse).run();
+  Classifier(p, fuse, out.candidates_are_anchors).run();
   for (Node* n : p.graph->nodes()) {
     if (p.kind_of(n) != NodeKind::kControl) continue;
     for (const std::string& attr : subgraph_attrs(n, bounds)) {
@@ -221,8 +222,9 @@ Status Partition::for_each_group(const std::function<Status(const GraphPartition
   return visit_groups(top(), f);
 }
 
-Result<Partition> partition_graph(Graph& g, const SymbolBounds& bounds, bool fuse) {
+Result<Partition> partition_graph(Graph& g, const SymbolBounds& bounds, bool fuse, bool candidates_are_anchors) {
   Partition out;
+  out.candidates_are_anchors = candidates_are_anchors;
   auto top = std::make_unique<GraphPartition>();
   top->graph = &g;
   GraphPartition* raw = top.get();

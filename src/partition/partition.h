@@ -67,6 +67,9 @@ struct GraphPartition {
 
 struct Partition {
   std::vector<std::unique_ptr<GraphPartition>> graphs;  // graphs[0]: the model's
+  // Nodes with candidates were grouped as if their implementation were
+  // chosen (partition_graph's candidates_are_anchors).
+  bool candidates_are_anchors = false;
   const GraphPartition& top() const { return *graphs.front(); }
   // Visits graph partitions in program order: a graph's nodes in order, with
   // a control-flow node's subgraphs where the node is (then before else).
@@ -76,6 +79,8 @@ struct Partition {
 
 // Partitions `g` and the subgraphs its live control flow runs. `fuse`:
 // elementwise fusion on (off with --naive or --disable=fuse-elementwise).
-Result<Partition> partition_graph(Graph& g, const SymbolBounds& bounds, bool fuse);
+// `candidates_are_anchors`: group nodes that have candidates as if their
+// implementation were chosen (fuse_elementwise.h), for kernel choice.
+Result<Partition> partition_graph(Graph& g, const SymbolBounds& bounds, bool fuse, bool candidates_are_anchors = false);
 
 }  // namespace kiln::partition

@@ -1,6 +1,7 @@
 #include "strategy/strategy.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <mutex>
 #include <sstream>
 
@@ -107,10 +108,6 @@ void record_choice(Node& n, const Choice& c) {
   set_string_attr(n, kSourceAttr, c.why.empty() ? c.source : c.source + ": " + c.why);
 }
 
-namespace {
-
-// The candidates of `n`'s op that apply to it (within the thread limit),
-// highest priority for this node first; *rejected gets the others with why.
 std::vector<const Candidate*> applicable_candidates(const Graph& g, const Node& n, const SelectOptions& options,
                                                     std::vector<std::string>* rejected) {
   std::vector<const Candidate*> applicable;
@@ -132,6 +129,8 @@ std::vector<const Candidate*> applicable_candidates(const Graph& g, const Node& 
   return applicable;
 }
 
+namespace {
+
 // The first choice source's record that names an applicable candidate with
 // knobs in its space (nullopt: none). A strict source's record with knobs
 // outside the space is an error naming the node; a non-strict source's
@@ -148,7 +147,17 @@ Result<std::optional<Choice>> source_choice(const Node& n, const std::vector<con
       return invalid_argument() << n.describe() << ": " << src->name() << " " << r->candidate << " with knobs '"
                                 << tir::knobs_to_string(r->knobs) << "': outside the candidate's knob space";
     }
-    if (!ok) continue;
+    if (!ok) {
+      // A record whose schedule no longer applies (a template changed, a
+      // candidate went away): skipped, and said so.
+      std::fprintf(stderr, "kiln: warning: %s: ignoring the %s record %s '%s' (%s)\n", n.describe().c_str(),
+                   src->name().c_str(), r->candidate.c_str(), tir::knobs_to_string(r->knobs).c_str(),
+                   !c ? "no such candidate"
+                   : std::find(applicable.begin(), applicable.end(), c) == applicable.end()
+                       ? "the candidate does not apply here"
+                       : "knobs outside the candidate's space");
+      continue;
+    }
     if (r->source.empty()) r->source = "database";
     if (r->why.empty()) r->why = "record of " + src->name();
     return r;

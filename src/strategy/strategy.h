@@ -130,6 +130,11 @@ Result<int> select_kernels(Graph& g, const SelectOptions& options);
 std::string unmeasured_choice(const Graph& g, const Node& n, const SelectOptions& options,
                               bool* from_source = nullptr);
 
+// The candidates of `n`'s op that apply to it (within the thread limit),
+// highest priority for this node first; *rejected gets the others with why.
+std::vector<const Candidate*> applicable_candidates(const Graph& g, const Node& n, const SelectOptions& options,
+                                                    std::vector<std::string>* rejected = nullptr);
+
 // The choice recorded on a node by select_kernels (nullopt: none).
 std::optional<Choice> recorded_choice(const Node& n);
 void record_choice(Node& n, const Choice& c);

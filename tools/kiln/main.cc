@@ -63,7 +63,10 @@ const char kUsage[] =
     "                              compile time and keep the fastest (default: priority)\n"
     "      --impl NAME[:KNOBS]     prefer an implementation where it applies (repeatable), e.g.\n"
     "                              --impl conv.panels or --impl 'matmul.packed:mr=6 nr=64'\n"
-    "      (--select and --impl also apply to bench, profile and info --kernels)\n"
+    "      --db PATH|URL           the tuning database kernel choice asks first (default: $KILN_DB,\n"
+    "                              else ~/.cache/kiln/tuning.db where it exists; KILN_DB=off: none)\n"
+    "      --no-db                 ask no tuning database\n"
+    "      (--select, --impl, --db and --no-db also apply to bench, profile and info --kernels)\n"
     "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--passes a,b] [--json] [--dump-ir]\n"
     "      compile, warm up, time repeated runs; print median, p10/p90, min\n"
     "      (--dump-ir: the loop IR and optimized LLVM IR of every kernel to stderr)\n"
@@ -77,6 +80,8 @@ const char kUsage[] =
     "      (symbols not fixed by --dim are bound to 1, 3 and 8 in turn)\n"
     "  kiln profile MODEL [--threads N] [--runs N] [--top N] [--dim NAME=VALUE] [--input NAME=FILE.npy] [--passes a,b]\n"
     "      time every instruction (kernel) over N runs; print the most expensive first\n"
+    "  kiln tune MODEL [--db PATH] [--time-budget 600|10m] [--trials N] [--threads T] [--dim NAME=VALUE]\n"
+    "      search every kernel's schedules and commit them to the tuning database (kiln tune --help)\n"
     "  kiln db stats|export|import|prune [DB] ...\n"
     "      the tuning database (kiln db --help)\n"
     "  kiln ops\n"
@@ -221,6 +226,9 @@ Result<CompileOptions> compile_options(const ParsedArgs& args) {
   }
   if (auto sel = args.get("select")) options.select = *sel;
   options.prefer_impls = args.get_all("impl");
+  if (auto d = args.get("db")) options.db = *d;
+  options.no_db = args.has("no-db");
+  if (options.no_db && !options.db.empty()) return invalid_argument() << "--db and --no-db together";
   return options;
 }
 
@@ -392,9 +400,9 @@ Status write_outputs(const std::string& dir, const std::map<std::string, Tensor>
 
 Result<int> cmd_info(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "select", "impl", "passes", "max-memory"};
+  spec.with_value = {"threads", "select", "impl", "passes", "max-memory", "db"};
   spec.repeatable = {"impl"};
-  spec.flags = {"kernels"};
+  spec.flags = {"kernels", "no-db"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "info"));
   if (args.flags.count("kernels")) {
@@ -478,9 +486,9 @@ Result<int> run_test_data(Model& model, const std::string& dir, double atol, dou
 
 Result<int> cmd_run(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"input", "dim", "test-data", "threads", "select", "impl", "atol", "rtol", "output-dir", "max-memory", "passes"};
+  spec.with_value = {"input", "dim", "test-data", "threads", "select", "impl", "atol", "rtol", "output-dir", "max-memory", "passes", "db"};
   spec.repeatable = {"input", "dim", "impl"};
-  spec.flags = {"naive"};
+  spec.flags = {"naive", "no-db"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "run"));
   KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
@@ -541,9 +549,9 @@ std::string json_string(const std::string& s) {
 
 Result<int> cmd_bench(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "select", "impl", "runs", "warmup", "dim", "input", "max-memory", "passes"};
+  spec.with_value = {"threads", "select", "impl", "runs", "warmup", "dim", "input", "max-memory", "passes", "db"};
   spec.repeatable = {"dim", "input", "impl"};
-  spec.flags = {"json", "naive", "dump-ir"};
+  spec.flags = {"json", "naive", "dump-ir", "no-db"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "bench"));
   KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
@@ -624,9 +632,9 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
 
 Result<int> cmd_profile(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "select", "impl", "runs", "dim", "input", "top", "max-memory", "passes"};
+  spec.with_value = {"threads", "select", "impl", "runs", "dim", "input", "top", "max-memory", "passes", "db"};
   spec.repeatable = {"dim", "input", "impl"};
-  spec.flags = {"naive"};
+  spec.flags = {"naive", "no-db"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "profile"));
   KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
@@ -661,7 +669,7 @@ int main_impl(int argc, char** argv) {
   using Command = Result<int> (*)(const std::vector<std::string>&);
   const std::map<std::string, Command> commands = {
       {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}, {"profile", cmd_profile},
-      {"db", cmd_db}};
+      {"db", cmd_db}, {"tune", cmd_tune}, {"tune-measure", cmd_tune_measure}};
   auto it = commands.find(command);
   if (it == commands.end()) {
     std::cerr << "kiln: error: unknown command '" << command << "'\n" << kUsage;

@@ -1,0 +1,436 @@
+#include "tune/measure.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "driver/compile.h"
+#include "ops/registry.h"
+#include "runtime/vm.h"
+#include "strategy/strategy.h"
+
+extern char** environ;
+
+namespace kiln::tune {
+
+namespace {
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else out += c;
+  }
+  return out;
+}
+
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out += s[i];
+      continue;
+    }
+    char e = s[++i];
+    out += e == 'n' ? '\n' : e == 't' ? '\t' : e;
+  }
+  return out;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, sep)) out.push_back(cur);
+  if (!s.empty() && s.back() == sep) out.push_back("");
+  return out;
+}
+
+Tensor random_tensor(const TensorType& t, uint32_t seed) {
+  std::vector<int64_t> dims;
+  for (const Expr& d : *t.shape) dims.push_back(*d.as_const());
+  Tensor x(t.dtype, dims);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  for (int64_t i = 0; i < x.numel(); ++i) x.set_f64(i, dist(rng));
+  return x;
+}
+
+struct Request {
+  int threads = 1;
+  double min_seconds = 0.2;
+  int min_repeats = 5, max_repeats = 200;
+  bool check = true;
+  size_t anchor = 0;
+  std::vector<Trial> trials;
+  std::string graph;
+};
+
+std::string request_text(const Request& r) {
+  std::ostringstream os;
+  os.precision(17);
+  os << "kiln-measure 1\nthreads " << r.threads << "\nmin_seconds " << r.min_seconds << "\nmin_repeats "
+     << r.min_repeats << "\nmax_repeats " << r.max_repeats << "\ncheck " << (r.check ? 1 : 0) << "\nanchor "
+     << r.anchor << "\ntrials " << r.trials.size() << "\n";
+  for (const Trial& t : r.trials) os << "trial " << (t.candidate.empty() ? "-" : t.candidate) << "\t" << t.knobs << "\n";
+  os << "graph\n" << r.graph;
+  return os.str();
+}
+
+Result<Request> parse_request(const std::string& text) {
+  Request r;
+  std::istringstream is(text);
+  std::string line;
+  if (!std::getline(is, line) || line != "kiln-measure 1") return invalid_argument() << "not a measurement request";
+  size_t ntrials = 0;
+  while (std::getline(is, line)) {
+    if (line == "graph") {
+      std::ostringstream rest;
+      rest << is.rdbuf();
+      r.graph = rest.str();
+      break;
+    }
+    std::istringstream ls(line);
+    std::string key;
+    ls >> key;
+    if (key == "threads") ls >> r.threads;
+    else if (key == "min_seconds") ls >> r.min_seconds;
+    else if (key == "min_repeats") ls >> r.min_repeats;
+    else if (key == "max_repeats") ls >> r.max_repeats;
+    else if (key == "check") { int c = 1; ls >> c; r.check = c != 0; }
+    else if (key == "anchor") ls >> r.anchor;
+    else if (key == "trials") ls >> ntrials;
+    else if (key == "trial") {
+      std::string rest = line.substr(6);
+      size_t tab = rest.find('\t');
+      Trial t;
+      t.candidate = rest.substr(0, tab);
+      if (t.candidate == "-") t.candidate.clear();
+      t.knobs = tab == std::string::npos ? "" : rest.substr(tab + 1);
+      r.trials.push_back(t);
+    } else {
+      return invalid_argument() << "measurement request: unknown line '" << line << "'";
+    }
+  }
+  if (r.trials.size() != ntrials || r.graph.empty()) return invalid_argument() << "measurement request is incomplete";
+  return r;
+}
+
+// The group graph parsed and inferred, with the trial's choice recorded on the
+// anchor and its transform applied.
+Result<std::unique_ptr<Graph>> prepared_graph(const Request& r, const Trial* trial, SymbolBounds* bounds) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, parse_graph(r.graph));
+  ops::InferContext ictx;
+  ictx.graph = g.get();
+  ictx.bounds = g->bounds;
+  KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx));
+  if (trial != nullptr && !trial->candidate.empty()) {
+    if (r.anchor >= g->nodes().size()) return invalid_argument() << "anchor index out of range";
+    Node* anchor = g->nodes()[r.anchor];
+    const strategy::Candidate* c = strategy::find_candidate(trial->candidate);
+    if (c == nullptr) return invalid_argument() << "no candidate '" << trial->candidate << "'";
+    KILN_ASSIGN_OR_RETURN(tir::Knobs knobs, tir::parse_knobs(trial->knobs));
+    strategy::record_choice(*anchor, strategy::Choice{trial->candidate, knobs, "tuning", ""});
+    if (c->transform) KILN_RETURN_IF_ERROR(c->transform(*g, *anchor, knobs));
+    g->remove_dead_values();
+    ops::InferContext again;
+    again.graph = g.get();
+    again.bounds = ictx.bounds;
+    KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, again));
+    ictx.bounds = again.bounds;
+  }
+  *bounds = ictx.bounds;
+  return g;
+}
+
+// Largest |a - b| over every output, and the largest |b| (the reference's scale).
+std::pair<double, double> compare(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (a[i].numel() != b[i].numel()) return {INFINITY, 0};
+    for (int64_t k = 0; k < a[i].numel(); ++k) {
+      double x = a[i].get_f64(k), y = b[i].get_f64(k);
+      err = std::max(err, std::isnan(x) != std::isnan(y) ? INFINITY : std::fabs(x - y));
+      scale = std::max(scale, std::fabs(y));
+    }
+  }
+  return {err, scale};
+}
+
+void apply_fault(const Trial& t) {
+  const char* f = std::getenv("KILN_TUNE_FAULT");
+  if (f == nullptr) return;
+  std::string spec(f);
+  if (spec == "crash:" + t.knobs) std::abort();
+  if (spec == "hang:" + t.knobs)
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+Result<TrialResult> run_trial(const Request& r, const Trial& t, const std::vector<Tensor>& feeds,
+                              const std::vector<Tensor>* reference) {
+  apply_fault(t);
+  SymbolBounds bounds;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, prepared_graph(r, &t, &bounds));
+  CompileOptions o;
+  o.threads = r.threads;
+  KILN_ASSIGN_OR_RETURN(driver::CompiledProgram p, driver::compile_chosen(*g, bounds, o));
+  runtime::VM vm(p.program, r.threads);
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> out, vm.run(feeds));
+  TrialResult res;
+  if (reference) {
+    auto [err, scale] = compare(out, *reference);
+    if (!(err <= 1e-4 + 1e-3 * scale)) {
+      std::ostringstream os;
+      os << "wrong results: largest difference " << err << " from the naive schedules' (outputs up to " << scale << ")";
+      res.error = os.str();
+      return res;
+    }
+  }
+  double total = 0;
+  while (static_cast<int>(res.latencies_s.size()) < r.max_repeats &&
+         (static_cast<int>(res.latencies_s.size()) < r.min_repeats || total < r.min_seconds)) {
+    auto t0 = std::chrono::steady_clock::now();
+    KILN_RETURN_IF_ERROR(vm.run(feeds).status());
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    res.latencies_s.push_back(s);
+    total += s;
+  }
+  for (const driver::KernelChoiceInfo& k : p.kernel_choices)
+    if (k.impl == (t.candidate.empty() ? "default" : t.candidate)) res.schedule = k.schedule;
+  res.ok = true;
+  return res;
+}
+
+}  // namespace
+
+double TrialResult::median_s() const {
+  if (latencies_s.empty()) return 0;
+  std::vector<double> v = latencies_s;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Result<std::unique_ptr<Graph>> group_graph(const Graph& parent, const kernels::GroupWorkload& gw, size_t* anchor_index) {
+  auto g = std::make_unique<Graph>();
+  g->name = "group";
+  g->source = parent.source + " (" + gw.anchor->describe() + ")";
+  g->opsets = parent.opsets;
+  std::map<const Value*, Value*> map;
+  for (const Value* v : gw.inputs) {
+    if (v->is_constant()) {
+      map[v] = g->add_constant(v->name(), v->constant());
+      continue;
+    }
+    if (!v->type().is_static())
+      return unsupported() << gw.anchor->describe() << ": input '" << v->name()
+                           << "' has a symbolic shape; bind its dims (--dim NAME=VALUE) to tune it";
+    map[v] = g->add_input(v->name(), v->type());
+  }
+  for (size_t i = 0; i < gw.group.size(); ++i) {
+    const Node* n = gw.group[i];
+    if (n == gw.anchor && anchor_index) *anchor_index = i;
+    std::vector<Value*> ins;
+    for (const Value* v : n->inputs()) {
+      if (v == nullptr) {
+        ins.push_back(nullptr);
+        continue;
+      }
+      auto it = map.find(v);
+      if (it == map.end()) return internal_error() << n->describe() << ": input '" << v->name() << "' is outside the group";
+      ins.push_back(it->second);
+    }
+    std::vector<std::string> outs;
+    for (const Value* o : n->outputs()) outs.push_back(o ? o->name() : "");
+    Node* m = g->add_node(n->op_type(), ins, outs, n->domain(), n->name());
+    for (const auto& [k, a] : n->attrs()) m->set_attr(k, a);
+    for (size_t k = 0; k < n->num_outputs(); ++k)
+      if (n->output(k)) map[n->output(k)] = m->output(k);
+  }
+  std::vector<Value*> outs;
+  for (const Value* v : gw.outputs) outs.push_back(map.at(v));
+  g->set_outputs(outs);
+  ops::InferContext ictx;
+  ictx.graph = g.get();
+  ictx.bounds = g->bounds;
+  KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx).with_context(g->source));
+  return g;
+}
+
+int measure_worker_main(const std::string& request_path, const std::string& results_path) {
+  std::ifstream in(request_path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  auto r = parse_request(text.str());
+  std::ofstream out(results_path, std::ios::app);
+  if (!r.is_ok() || !out) {
+    std::fprintf(stderr, "kiln tune-measure: %s\n", r.is_ok() ? "cannot write results" : r.status().to_string().c_str());
+    return 2;
+  }
+  // Inputs and the reference outputs, once.
+  SymbolBounds bounds;
+  auto base = prepared_graph(*r, nullptr, &bounds);
+  std::vector<Tensor> feeds, reference;
+  std::string setup_error;
+  if (!base.is_ok()) {
+    setup_error = base.status().to_string();
+  } else {
+    uint32_t seed = 1;
+    for (const Value* v : (*base)->inputs())
+      if (!v->is_constant()) feeds.push_back(random_tensor(v->type(), seed++));
+    if (r->check) {
+      CompileOptions naive;
+      naive.naive = true;
+      naive.threads = 1;
+      auto p = driver::compile_chosen(**base, bounds, naive);
+      if (!p.is_ok()) {
+        setup_error = "the naive reference: " + p.status().to_string();
+      } else {
+        runtime::VM vm(p->program, 1);
+        auto ref = vm.run(feeds);
+        if (ref.is_ok()) reference = std::move(*ref);
+        else setup_error = "the naive reference: " + ref.status().to_string();
+      }
+    }
+  }
+  for (const Trial& t : r->trials) {
+    std::string line;
+    if (!setup_error.empty()) {
+      line = "fail\t" + escape(setup_error);
+    } else {
+      auto res = run_trial(*r, t, feeds, r->check ? &reference : nullptr);
+      if (!res.is_ok()) {
+        line = "fail\t" + escape(res.status().to_string());
+      } else if (!res->ok) {
+        line = "fail\t" + escape(res->error);
+      } else {
+        std::ostringstream os;
+        os.precision(9);
+        os << "ok\t";
+        for (size_t i = 0; i < res->latencies_s.size(); ++i) os << (i ? " " : "") << res->latencies_s[i];
+        os << "\t" << escape(res->schedule);
+        line = os.str();
+      }
+    }
+    out << line << "\n";
+    out.flush();
+  }
+  return 0;
+}
+
+Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t anchor_index, const std::vector<Trial>& trials,
+                                                const MeasureOptions& options) {
+  namespace fs = std::filesystem;
+  if (options.worker.empty()) return invalid_argument() << "measurement needs the kiln binary to run trials in";
+  std::string dir = (fs::temp_directory_path() / "kiln_measure_XXXXXX").string();
+  if (mkdtemp(dir.data()) == nullptr) return io_error() << "cannot make a directory for measurement";
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  Request base;
+  base.threads = options.threads;
+  base.min_seconds = options.min_seconds;
+  base.min_repeats = options.min_repeats;
+  base.max_repeats = options.max_repeats;
+  base.check = options.check;
+  base.anchor = anchor_index;
+  PrintOptions po;
+  po.max_constant_elements = -1;
+  base.graph = print_graph(group, po);
+  std::vector<TrialResult> results(trials.size());
+  size_t next = 0;
+  const std::string req_path = dir + "/request", out_path = dir + "/results";
+  while (next < trials.size()) {
+    Request r = base;
+    r.trials.assign(trials.begin() + static_cast<long>(next), trials.end());
+    {
+      std::ofstream f(req_path, std::ios::trunc);
+      f << request_text(r);
+      if (!f) return io_error() << req_path << ": cannot be written";
+    }
+    std::ofstream(out_path, std::ios::trunc).close();
+    std::vector<std::string> args = {options.worker, "tune-measure", req_path, out_path};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, options.worker.c_str(), nullptr, nullptr, argv.data(), environ) != 0)
+      return io_error() << "cannot run " << options.worker;
+    size_t lines_seen = 0;
+    auto last_progress = std::chrono::steady_clock::now();
+    int status = 0;
+    bool timed_out = false;
+    std::vector<std::string> lines;
+    auto read_lines = [&] {
+      lines.clear();
+      std::ifstream f(out_path);
+      std::string l;
+      while (std::getline(f, l)) lines.push_back(l);
+      // A line is complete once the next has begun or the child is gone; the
+      // child writes each line whole and flushes it.
+    };
+    for (;;) {
+      pid_t w = waitpid(pid, &status, WNOHANG);
+      if (w == pid) break;
+      read_lines();
+      if (lines.size() > lines_seen) {
+        lines_seen = lines.size();
+        last_progress = std::chrono::steady_clock::now();
+      }
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - last_progress).count() > options.timeout_s) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        timed_out = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    read_lines();
+    size_t done = std::min(lines.size(), trials.size() - next);
+    for (size_t i = 0; i < done; ++i) {
+      std::vector<std::string> f = split(lines[i], '\t');
+      TrialResult& res = results[next + i];
+      if (!f.empty() && f[0] == "ok" && f.size() >= 2) {
+        std::istringstream ls(f[1]);
+        double x = 0;
+        while (ls >> x) res.latencies_s.push_back(x);
+        res.schedule = f.size() >= 3 ? unescape(f[2]) : "";
+        res.ok = !res.latencies_s.empty();
+        if (!res.ok) res.error = "no timings";
+      } else {
+        res.error = f.size() >= 2 ? unescape(f[1]) : "unreadable result";
+      }
+    }
+    next += done;
+    if (next < trials.size() && (timed_out || !(WIFEXITED(status) && WEXITSTATUS(status) == 0))) {
+      // The trial in progress took the child down.
+      std::ostringstream why;
+      if (timed_out) why << "timed out (no result in " << options.timeout_s << " s)";
+      else if (WIFSIGNALED(status)) why << "crashed (signal " << WTERMSIG(status) << ")";
+      else why << "the measuring process exited with " << WEXITSTATUS(status);
+      results[next].error = why.str();
+      ++next;
+    } else if (next < trials.size()) {
+      return internal_error() << "the measuring process ended after " << done << " of " << r.trials.size() << " trials";
+    }
+  }
+  return results;
+}
+
+}  // namespace kiln::tune

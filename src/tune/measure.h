@@ -1,0 +1,68 @@
+// Measurement: a fused group's kernel compiled under each trial (candidate
+// and knobs) and timed in a child process, so a candidate that crashes or
+// hangs costs that trial, not the tuner.
+//
+// The parent writes the group as a standalone graph (group_graph: its
+// external inputs, constants copied, its nodes, its outputs) and the trials
+// to a request file and runs `WORKER tune-measure REQUEST RESULTS` (the kiln
+// binary). The child compiles the group once with naive schedules as the
+// reference, then per trial: records the choice on the anchor, applies the
+// candidate's transform, compiles (stages 5-12), checks the outputs against
+// the reference, warms up and times repeated runs until both a minimum time
+// and a minimum count are reached, and appends one line to RESULTS. The
+// parent restarts the child after a crash (the trial in progress fails with
+// the signal) or after `timeout_s` without a result (killed; the trial fails
+// as timed out).
+//
+// Fault injection for tests: with KILN_TUNE_FAULT=crash:KNOBS (or
+// hang:KNOBS) in the child's environment, a trial whose knobs print as KNOBS
+// crashes (hangs) the child.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+#include "kernels/kernels.h"
+#include "support/status.h"
+
+namespace kiln::tune {
+
+struct Trial {
+  std::string candidate;  // empty: the default schedule (no candidate)
+  std::string knobs;      // "mr=8 nr=32"
+};
+
+struct TrialResult {
+  bool ok = false;
+  std::string error;                // why not ok: compile error, wrong results, crash, timeout
+  std::vector<double> latencies_s;  // every timed run
+  std::string schedule;             // the anchor kernel's schedule as text
+  double median_s() const;
+};
+
+struct MeasureOptions {
+  std::string worker;        // the kiln binary (`/proc/self/exe` from the CLI)
+  int threads = 1;           // the model's thread count
+  double min_seconds = 0.2;  // time repeats for at least this long ...
+  int min_repeats = 5;       // ... and at least this many times
+  int max_repeats = 200;
+  double timeout_s = 120;    // without a result for this long, the child is killed
+  bool check = true;         // compare each trial's outputs with the naive schedules'
+};
+
+// The group of `gw` as a graph of its own: its external inputs (constants
+// copied, the others graph inputs, which must have static shapes), its nodes
+// (attributes included) and the values leaving the group as outputs.
+// *anchor_index is the anchor's position among the nodes.
+Result<std::unique_ptr<Graph>> group_graph(const Graph& parent, const kernels::GroupWorkload& gw, size_t* anchor_index);
+
+// Every trial of one group, in child processes. One result per trial.
+Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t anchor_index,
+                                                const std::vector<Trial>& trials, const MeasureOptions& options);
+
+// The child's side (`kiln tune-measure REQUEST RESULTS`): returns the exit code.
+int measure_worker_main(const std::string& request_path, const std::string& results_path);
+
+}  // namespace kiln::tune

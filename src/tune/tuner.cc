@@ -1,0 +1,303 @@
+#include "tune/tuner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <iomanip>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "db/database.h"
+#include "driver/compile.h"
+#include "frontend/onnx/import.h"
+#include "kernels/kernels.h"
+#include "strategy/strategy.h"
+
+namespace kiln::tune {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+// One distinct workload of the model and what the search knows of it.
+struct Task {
+  kernels::GroupWorkload gw;          // the first group with this workload
+  int count = 0;                      // groups of the model with it
+  std::unique_ptr<Graph> graph;       // the group alone (measure.h)
+  size_t anchor_index = 0;
+  std::vector<const strategy::Candidate*> candidates;  // applicable, highest priority first
+  std::map<std::string, tir::KnobSpace> spaces;        // per candidate
+  std::set<std::pair<std::string, std::string>> tried;  // (candidate, knobs) measured or failed
+  std::vector<std::pair<double, Trial>> results;        // measured points, any order
+  double default_s = 0;  // the priority choice at its default knobs
+  int trials = 0;
+  bool exhausted = false;
+  std::string skipped;  // why it is not tuned
+
+  double best_s() const {
+    double b = 0;
+    for (const auto& [s, t] : results)
+      if (b == 0 || s < b) b = s;
+    return b;
+  }
+};
+
+std::string format_ms(double s) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(s < 1e-3 ? 4 : 3) << s * 1e3;
+  return os.str();
+}
+
+// New points for a task: half mutations of its best points, half random draws.
+std::vector<Trial> propose(Task& t, int n, std::mt19937_64& rng) {
+  std::vector<Trial> out;
+  std::vector<std::pair<double, Trial>> ranked = t.results;
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  auto fresh = [&](const Trial& tr) {
+    if (t.tried.count({tr.candidate, tr.knobs})) return false;
+    for (const Trial& o : out)
+      if (o.candidate == tr.candidate && o.knobs == tr.knobs) return false;
+    return true;
+  };
+  for (int attempt = 0; attempt < 40 * n && static_cast<int>(out.size()) < n; ++attempt) {
+    Trial tr;
+    bool mutate = !ranked.empty() && (attempt % 2 == 0);
+    if (mutate) {
+      // One of the three best, one knob moved.
+      const Trial& base = ranked[std::min<size_t>(ranked.size() - 1, rng() % 3)].second;
+      auto sp = t.spaces.find(base.candidate);
+      if (sp == t.spaces.end() || sp->second.knobs.empty()) continue;
+      auto k = tir::parse_knobs(base.knobs);
+      if (!k.is_ok()) continue;
+      const tir::Knob& knob = sp->second.knobs[rng() % sp->second.knobs.size()];
+      if (knob.values.empty()) continue;
+      (*k)[knob.name] = knob.values[rng() % knob.values.size()];
+      if (!sp->second.contains(*k)) continue;
+      tr.candidate = base.candidate;
+      tr.knobs = tir::knobs_to_string(*k);
+    } else {
+      if (t.candidates.empty()) break;
+      const strategy::Candidate* c = t.candidates[rng() % t.candidates.size()];
+      const tir::KnobSpace& sp = t.spaces[c->name];
+      if (sp.knobs.empty()) continue;
+      auto k = tir::sample_knobs(sp, rng);
+      if (!k.is_ok()) continue;
+      tr.candidate = c->name;
+      tr.knobs = tir::knobs_to_string(*k);
+    }
+    if (fresh(tr)) out.push_back(tr);
+  }
+  return out;
+}
+
+}  // namespace
+
+void request_stop() { g_stop = true; }
+
+Result<double> parse_duration(const std::string& text) {
+  if (text.empty()) return invalid_argument() << "empty duration";
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  std::string unit(end);
+  double scale = unit.empty() || unit == "s" ? 1 : unit == "m" || unit == "min" ? 60 : unit == "h" ? 3600 : -1;
+  if (end == text.c_str() || scale < 0 || !std::isfinite(v) || v <= 0)
+    return invalid_argument() << "duration '" << text << "': a positive number of seconds, or with s, m or h";
+  return v * scale;
+}
+
+Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions& options, std::ostream& log) {
+  g_stop = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  TuneSummary summary;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<db::Database> database, db::open_database(options.db, true));
+
+  // Stages 1-3 of compilation (driver/compile.cc), then the workloads kernel choice would ask for.
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(model_path));
+  if (!options.dims.empty()) {
+    std::map<std::string, Expr, std::less<>> repl;
+    for (const auto& [name, v] : options.dims) repl[name] = Expr(v);
+    for (Value* v : g->inputs()) {
+      if (v->is_constant() || !v->type().shape || v->type().is_container()) continue;
+      Shape s;
+      for (const Expr& d : *v->type().shape) s.push_back(substitute(d, repl));
+      v->set_type(TensorType{v->dtype(), s});
+    }
+  }
+  CompileOptions copts;
+  copts.threads = options.threads;
+  KILN_RETURN_IF_ERROR(driver::check_supported(*g));
+  driver::KernelEvaluator evaluator(copts);
+  KILN_ASSIGN_OR_RETURN(passes::PassContext ctx, driver::pass_context(*g, copts, &evaluator));
+  KILN_RETURN_IF_ERROR(driver::run_graph_passes(*g, copts, ctx));
+  const Target& target = Target::host();
+  const std::string target_key = TargetKey::host(target).text();
+  strategy::SelectOptions so;
+  so.target = target;
+  so.threads = options.threads;
+
+  std::vector<Task> tasks;
+  std::map<std::string, size_t> by_key;
+  for (kernels::GroupWorkload& gw : kernels::candidate_workloads(*g, ctx.infer.bounds, driver::fusion_enabled(copts))) {
+    auto it = by_key.find(gw.workload.key);
+    if (it != by_key.end()) {
+      ++tasks[it->second].count;
+      continue;
+    }
+    by_key[gw.workload.key] = tasks.size();
+    Task t;
+    t.gw = std::move(gw);
+    t.count = 1;
+    auto sub = group_graph(*g, t.gw, &t.anchor_index);
+    if (!sub.is_ok()) {
+      t.skipped = sub.status().to_string();
+    } else {
+      t.graph = std::move(*sub);
+      const Node& anchor = *t.graph->nodes()[t.anchor_index];
+      t.candidates = strategy::applicable_candidates(*t.graph, anchor, so);
+      for (const strategy::Candidate* c : t.candidates)
+        t.spaces[c->name] = c->space ? c->space(anchor, target) : tir::KnobSpace{};
+      if (t.candidates.empty()) {
+        std::vector<std::string> rejected;
+        strategy::applicable_candidates(*t.graph, anchor, so, &rejected);
+        t.skipped = "no candidate applies to the group alone";
+        for (size_t i = 0; i < rejected.size(); ++i) t.skipped += (i ? "; " : ": ") + rejected[i];
+      }
+    }
+    tasks.push_back(std::move(t));
+  }
+  summary.workloads = static_cast<int>(tasks.size());
+  log << "tuning " << model_path << ": " << tasks.size() << " workloads with candidates, " << options.threads
+      << " thread" << (options.threads == 1 ? "" : "s") << ", target " << target.name << "\n";
+
+  // What the database already holds for this target and thread count: resumed, not measured again.
+  for (Task& t : tasks) {
+    KILN_ASSIGN_OR_RETURN(std::vector<Record> recs, database->records_for(t.gw.workload.key));
+    for (const Record& r : recs) {
+      if (r.target != target_key || r.threads != options.threads) continue;
+      if (t.tried.insert({r.candidate, r.knobs}).second) {
+        t.results.push_back({r.median_s(), Trial{r.candidate, r.knobs}});
+        ++summary.resumed;
+      }
+    }
+  }
+
+  std::mt19937_64 rng(options.seed);
+  auto out_of_budget = [&] {
+    return g_stop || elapsed() >= options.time_budget_s ||
+           (options.max_trials > 0 && summary.trials >= options.max_trials);
+  };
+  auto run_batch = [&](Task& t, std::vector<Trial> batch) -> Status {
+    if (options.max_trials > 0)
+      batch.resize(std::min<size_t>(batch.size(), static_cast<size_t>(options.max_trials - summary.trials)));
+    if (batch.empty()) return Status::ok();
+    MeasureOptions mo = options.measure;
+    mo.threads = options.threads;
+    KILN_ASSIGN_OR_RETURN(std::vector<TrialResult> res, measure_trials(*t.graph, t.anchor_index, batch, mo));
+    std::vector<Record> records;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      t.tried.insert({batch[i].candidate, batch[i].knobs});
+      ++t.trials;
+      ++summary.trials;
+      if (!res[i].ok) {
+        ++summary.failed;
+        log << "  " << t.gw.anchor->describe() << ": " << batch[i].candidate << " '" << batch[i].knobs
+            << "' failed: " << res[i].error << "\n";
+        continue;
+      }
+      t.results.push_back({res[i].median_s(), batch[i]});
+      Record r;
+      r.workload = t.gw.workload.key;
+      r.anchor_op = t.gw.workload.anchor_op;
+      r.target = target_key;
+      r.candidate = batch[i].candidate;
+      r.knobs = batch[i].knobs;
+      r.schedule = res[i].schedule;
+      r.latencies_s = res[i].latencies_s;
+      r.threads = options.threads;
+      r.host = host_name();
+      r.kiln_version = kiln_version();
+      r.time = static_cast<int64_t>(std::time(nullptr));
+      r.workload_text = t.gw.workload.text;
+      records.push_back(std::move(r));
+    }
+    KILN_RETURN_IF_ERROR(database->commit(records));
+    summary.committed += static_cast<int64_t>(records.size());
+    return Status::ok();
+  };
+  auto report = [&](const char* phase) {
+    double total_default = 0, total_best = 0;
+    for (const Task& t : tasks) {
+      total_default += t.count * t.default_s;
+      total_best += t.count * (t.best_s() > 0 ? t.best_s() : t.default_s);
+    }
+    if (options.live) log << "\033[H\033[J";
+    log << std::fixed << std::setprecision(1) << "[" << elapsed() << " s] " << phase << ": " << summary.trials
+        << " trials (" << summary.failed << " failed), kernels with candidates " << format_ms(total_default)
+        << " -> " << format_ms(total_best) << " ms\n";
+    if (!options.live && std::string(phase) != "done" && std::string(phase) != "stopped") return;
+    log << "  workload      op         x  trials  default ms  best ms  share\n";
+    for (const Task& t : tasks) {
+      double share = total_best > 0 ? 100.0 * t.count * (t.best_s() > 0 ? t.best_s() : t.default_s) / total_best : 0;
+      log << "  " << t.gw.workload.key.substr(0, 12) << "  " << std::left << std::setw(10) << t.gw.workload.anchor_op
+          << std::right << std::setw(2) << t.count << std::setw(8) << t.trials << std::setw(12)
+          << format_ms(t.default_s) << std::setw(9) << format_ms(t.best_s()) << std::setw(6) << std::setprecision(0)
+          << share << "%" << std::setprecision(1) << (t.skipped.empty() ? "" : "  skipped: " + t.skipped) << "\n";
+    }
+  };
+
+  // Round 0: every candidate at its default knobs.
+  for (Task& t : tasks) {
+    if (!t.skipped.empty()) {
+      log << "  skipping " << t.gw.anchor->describe() << ": " << t.skipped << "\n";
+      continue;
+    }
+    if (out_of_budget()) break;
+    const Node& anchor = *t.graph->nodes()[t.anchor_index];
+    std::vector<Trial> batch;
+    for (const strategy::Candidate* c : t.candidates) {
+      Trial tr{c->name, tir::knobs_to_string(c->default_knobs ? c->default_knobs(anchor, target) : tir::Knobs{})};
+      if (!t.tried.count({tr.candidate, tr.knobs})) batch.push_back(tr);
+    }
+    KILN_RETURN_IF_ERROR(run_batch(t, batch));
+    // The priority choice's default time: what a compile without the database runs.
+    Trial first{t.candidates.front()->name,
+                tir::knobs_to_string(t.candidates.front()->default_knobs
+                                         ? t.candidates.front()->default_knobs(anchor, target)
+                                         : tir::Knobs{})};
+    for (const auto& [s, tr] : t.results)
+      if (tr.candidate == first.candidate && tr.knobs == first.knobs) t.default_s = s;
+    if (t.default_s == 0) t.default_s = t.best_s();
+  }
+  report("defaults");
+
+  // Search rounds, scheduled by expected gain.
+  while (!out_of_budget()) {
+    Task* pick = nullptr;
+    double best_weight = -1;
+    for (Task& t : tasks) {
+      if (!t.skipped.empty() || t.exhausted || t.results.empty()) continue;
+      double w = t.count * t.best_s() / std::sqrt(1.0 + t.trials);
+      if (w > best_weight) {
+        best_weight = w;
+        pick = &t;
+      }
+    }
+    if (pick == nullptr) break;
+    std::vector<Trial> batch = propose(*pick, options.batch, rng);
+    if (batch.empty()) {
+      pick->exhausted = true;
+      continue;
+    }
+    KILN_RETURN_IF_ERROR(run_batch(*pick, batch));
+    report("search");
+  }
+  summary.seconds = elapsed();
+  report(g_stop ? "stopped" : "done");
+  return summary;
+}
+
+}  // namespace kiln::tune

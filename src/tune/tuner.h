@@ -1,0 +1,57 @@
+// `kiln tune`: every workload of a model that has candidates is searched and
+// its measurements are committed to the tuning database.
+//
+// The model goes through the compile stages up to kernel choice (import,
+// support check, graph passes); kernels::candidate_workloads gives each node
+// with candidates the fused group its choice will compile. Per distinct
+// workload, the tuner first measures every applicable candidate at its
+// default knobs (records already in the database for this target and thread
+// count are not measured again: a second run resumes), then spends the rest of
+// the budget in rounds: the task scheduler picks the workload with the most
+// to gain (its share of the model's latency, damped by the trials it has had),
+// and a batch of new points is measured for it, half mutations of its best
+// points (one knob moved to another value of its space), half drawn at random
+// from the spaces of its candidates. Each batch is measured in a child
+// process (measure.h) and committed at once, so an interrupted run keeps
+// every batch it finished.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <string>
+
+#include "tune/measure.h"
+
+namespace kiln::tune {
+
+struct TuneOptions {
+  std::string db;                     // path or URL
+  double time_budget_s = 600;         // wall time for the whole model
+  int64_t max_trials = 0;             // 0: no limit but the time
+  int threads = 1;
+  std::map<std::string, int64_t> dims;  // symbolic input dims bound for tuning
+  int batch = 8;                      // trials per round
+  uint64_t seed = 1;
+  bool live = false;                  // redraw a table on a terminal (else one line per round)
+  MeasureOptions measure;
+};
+
+struct TuneSummary {
+  int workloads = 0;        // distinct workloads with candidates
+  int64_t trials = 0;       // measured in this run
+  int64_t failed = 0;       // of those, failed (compile error, wrong results, crash, timeout)
+  int64_t committed = 0;    // records committed
+  int64_t resumed = 0;      // points found already measured in the database
+  double seconds = 0;
+};
+
+Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions& options, std::ostream& log);
+
+// Stops tune_model after the batch in progress (Ctrl-C).
+void request_stop();
+
+// "600", "600s", "10m", "1.5h" as seconds.
+Result<double> parse_duration(const std::string& text);
+
+}  // namespace kiln::tune

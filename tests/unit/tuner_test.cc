@@ -1,0 +1,199 @@
+// The tuner end to end on small graphs: workload keys, measurement in child
+// processes (a trial that crashes or hangs costs that trial only), and a
+// tuned database whose records a compile then uses.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <random>
+
+#include "db/database.h"
+#include "driver/compile.h"
+#include "frontend/onnx/export.h"
+#include "kernels/kernels.h"
+#include "ops/registry.h"
+#include "runtime/vm.h"
+#include "tune/measure.h"
+#include "tune/tuner.h"
+
+namespace kiln::tune {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A MatMul by a constant with a Relu tail: matmul.packed and matmul.default apply.
+std::unique_ptr<Graph> mlp(const std::string& batch, int64_t k, int64_t n, uint32_t seed) {
+  auto g = std::make_unique<Graph>();
+  g->name = "mlp";
+  g->source = "mlp";
+  g->opsets[""] = 17;
+  Shape xs = {batch.empty() ? Expr(int64_t{8}) : var(batch), Expr(k)};
+  if (!batch.empty()) g->bounds[batch].lo = 1;
+  Value* x = g->add_input("x", TensorType{DType::kFloat32, xs});
+  Tensor w(DType::kFloat32, {k, n});
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data_as<float>()[i] = dist(rng);
+  Value* wv = g->add_constant("w", w);
+  Node* mm = g->add_node("MatMul", {x, wv}, {"h"}, "", "mm");
+  Node* relu = g->add_node("Relu", {mm->output(0)}, {"y"}, "", "relu");
+  g->set_outputs({relu->output(0)});
+  return g;
+}
+
+std::vector<kernels::GroupWorkload> workloads_of(Graph& g) {
+  CompileOptions o;
+  driver::KernelEvaluator ev(o);
+  auto ctx = driver::pass_context(g, o, &ev);
+  EXPECT_TRUE(ctx.is_ok());
+  EXPECT_TRUE(driver::run_graph_passes(g, o, *ctx).is_ok());
+  return kernels::candidate_workloads(g, ctx->infer.bounds, true);
+}
+
+std::string temp_dir() {
+  std::string tmpl = (fs::temp_directory_path() / "kiln_tuner_test_XXXXXX").string();
+  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+TEST(Workload, KeysFollowTheComputationNotTheNames) {
+  auto a = mlp("batch", 64, 32, 1), b = mlp("N", 64, 32, 2), c = mlp("batch", 64, 48, 1);
+  auto wa = workloads_of(*a), wb = workloads_of(*b), wc = workloads_of(*c);
+  ASSERT_EQ(wa.size(), 1u);
+  ASSERT_EQ(wb.size(), 1u);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wa[0].workload.anchor_op, "MatMul");
+  EXPECT_EQ(wa[0].workload.key.size(), 64u);
+  EXPECT_EQ(wa[0].group.size(), 2u) << "the Relu tail belongs to the MatMul's workload";
+  // Another symbol name and other weights: the same workload.
+  EXPECT_EQ(wa[0].workload.key, wb[0].workload.key);
+  // Another shape: another workload.
+  EXPECT_NE(wa[0].workload.key, wc[0].workload.key);
+  // The key hashes the canonicalizer's version with the text.
+  EXPECT_EQ(wa[0].workload.key, Workload::make("MatMul", wa[0].workload.text).key);
+  EXPECT_NE(wa[0].workload.key, Workload::make("Gemm", wa[0].workload.text).key);
+}
+
+TEST(Measure, CrashesAndHangsCostOnlyTheirTrial) {
+  auto g = mlp("", 64, 32, 3);
+  auto wl = workloads_of(*g);
+  ASSERT_EQ(wl.size(), 1u);
+  size_t anchor = 99;
+  auto group = group_graph(*g, wl[0], &anchor);
+  ASSERT_TRUE(group.is_ok()) << group.status().to_string();
+  EXPECT_EQ(anchor, 0u);
+  std::vector<Trial> trials = {{"matmul.default", ""},
+                               {"matmul.packed", "kc=0 mr=4 nr=16 prefetch=0"},
+                               {"matmul.packed", "kc=0 mr=2 nr=16 prefetch=0"},
+                               {"matmul.packed", "kc=0 mr=1 nr=16 prefetch=0"},
+                               {"no.such.candidate", ""}};
+  MeasureOptions mo;
+  mo.worker = KILN_BINARY;
+  mo.min_seconds = 0.01;
+  mo.timeout_s = 20;
+  // The child crashes on the second trial and hangs on the third.
+  ASSERT_EQ(setenv("KILN_TUNE_FAULT", "crash:kc=0 mr=4 nr=16 prefetch=0", 1), 0);
+  auto first = measure_trials(**group, anchor, {trials[0], trials[1], trials[3]}, mo);
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  EXPECT_TRUE((*first)[0].ok) << (*first)[0].error;
+  EXPECT_FALSE((*first)[1].ok);
+  EXPECT_NE((*first)[1].error.find("crashed (signal"), std::string::npos) << (*first)[1].error;
+  EXPECT_TRUE((*first)[2].ok) << "the trial after the crash runs in a new child: " << (*first)[2].error;
+  ASSERT_EQ(setenv("KILN_TUNE_FAULT", "hang:kc=0 mr=2 nr=16 prefetch=0", 1), 0);
+  mo.timeout_s = 10;  // the hang costs this much; a slow (sanitized) build must still finish a real trial within it
+  auto second = measure_trials(**group, anchor, {trials[2], trials[3], trials[4]}, mo);
+  unsetenv("KILN_TUNE_FAULT");
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  EXPECT_NE((*second)[0].error.find("timed out"), std::string::npos) << (*second)[0].error;
+  EXPECT_TRUE((*second)[1].ok) << (*second)[1].error;
+  EXPECT_GE((*second)[1].latencies_s.size(), 5u);
+  EXPECT_FALSE((*second)[1].schedule.empty());
+  EXPECT_FALSE((*second)[2].ok);
+  EXPECT_NE((*second)[2].error.find("no candidate"), std::string::npos) << (*second)[2].error;
+}
+
+TEST(Tuner, TunedRecordsAreWhatTheNextCompileUses) {
+  std::string dir = temp_dir();
+  auto g = mlp("", 128, 64, 4);
+  ops::InferContext ictx;
+  ictx.graph = g.get();
+  ASSERT_TRUE(ops::infer_shapes(*g, ictx).is_ok());
+  auto bytes = export_onnx_bytes(*g);
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+  std::string model = dir + "/mlp.onnx";
+  {
+    std::ofstream f(model, std::ios::binary);
+    f << *bytes;
+  }
+  TuneOptions to;
+  to.db = dir + "/tuning.db";
+  to.max_trials = 10;
+  to.measure.worker = KILN_BINARY;
+  to.measure.min_seconds = 0.01;
+  std::ostringstream log;
+  auto summary = tune_model(model, to, log);
+  ASSERT_TRUE(summary.is_ok()) << summary.status().to_string() << "\n" << log.str();
+  EXPECT_EQ(summary->workloads, 1);
+  EXPECT_EQ(summary->trials, 10) << log.str();
+  EXPECT_EQ(summary->committed + summary->failed, 10);
+  // Resumed: nothing measured twice.
+  auto again = tune_model(model, to, log);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(again->resumed, summary->committed);
+
+  // The compile asks the database and takes the fastest record.
+  auto database = db::open_database(to.db, false);
+  ASSERT_TRUE(database.is_ok());
+  auto wl = workloads_of(*mlp("", 128, 64, 4));
+  auto recs = (*database)->records_for(wl[0].workload.key);
+  ASSERT_TRUE(recs.is_ok());
+  ASSERT_FALSE(recs->empty());
+  auto best = db::best_record(*recs, TargetKey::host(), 1);
+  ASSERT_TRUE(best.has_value());
+  driver::ModelSource src;
+  src.path = model;
+  CompileOptions with_db;
+  with_db.threads = 1;
+  with_db.db = to.db;
+  auto tuned = driver::compile_model(src, with_db);
+  ASSERT_TRUE(tuned.is_ok()) << tuned.status().to_string();
+  ASSERT_FALSE(tuned->kernel_choices.empty());
+  const auto& k = tuned->kernel_choices[0];
+  EXPECT_EQ(k.source, "database");
+  EXPECT_EQ(k.impl, best->candidate);
+  EXPECT_EQ(k.knobs, best->knobs);
+  // Same results as without the database.
+  CompileOptions plain;
+  plain.threads = 1;
+  plain.no_db = true;
+  auto base = driver::compile_model(src, plain);
+  ASSERT_TRUE(base.is_ok());
+  EXPECT_NE(base->kernel_choices[0].source, "database");
+  Tensor x(DType::kFloat32, {8, 128});
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = d(rng);
+  runtime::VM va(tuned->program, 1), vb(base->program, 1);
+  auto ya = va.run({x}), yb = vb.run({x});
+  ASSERT_TRUE(ya.is_ok() && yb.is_ok());
+  double err = 0, scale = 0;
+  for (int64_t i = 0; i < (*ya)[0].numel(); ++i) {
+    err = std::max(err, std::fabs(double((*ya)[0].data_as<float>()[i]) - (*yb)[0].data_as<float>()[i]));
+    scale = std::max(scale, std::fabs(double((*yb)[0].data_as<float>()[i])));
+  }
+  EXPECT_GT(scale, 1.0) << "outputs without spread prove nothing";
+  EXPECT_LE(err, 1e-4 * scale);
+  // A named database that is not there is an error, not a silent priority compile.
+  CompileOptions missing;
+  missing.db = dir + "/absent.db";
+  EXPECT_FALSE(driver::compile_model(src, missing).is_ok());
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+}  // namespace
+}  // namespace kiln::tune
