@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""What tuning buys: Kiln with the strategy's defaults, tuned, and ONNX Runtime, side by side.
+
+For every model (default resnet50, mobilenet_v2, efficientnet_b0 and the BERT-style encoder) at
+--threads (default 1), in one run on one machine:
+
+  1. `kiln tune MODEL --db DB --time-budget B --threads T` into a fresh database (B per model,
+     default 600 s), recording its wall time, trials, and the kernels' summed latency after each
+     round (to find when 95% of the final kernel-level gain was reached);
+  2. latency, alternating over --rounds and keeping each side's fastest median: ONNX Runtime
+     (ORT_ENABLE_ALL), `kiln bench --no-db` (the defaults) and `kiln bench --db DB` (tuned);
+  3. zero-shot (the cost model's pick trained on the other models' records): not built yet, so
+     the column says so.
+
+Prints a Markdown table (host and versions above it); --write-doc replaces the table between the
+markers in docs/tuning.md.
+
+    bench_tuning.py [--kiln BUILD/bin/kiln] [--models a,b] [--threads 1] [--budget 600]
+                    [--runs 20] [--warmup 3] [--rounds 2] [--db PATH] [--write-doc] [--json FILE]
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "models"))
+sys.path.insert(0, HERE)
+import model_zoo  # noqa: E402
+from bench_models import bench_kiln, bench_ort  # noqa: E402
+from export_models import ensure_exported  # noqa: E402
+
+DEFAULT_KILN = os.path.join(model_zoo.REPO_ROOT, "build", "bin", "kiln")
+DOC = os.path.join(model_zoo.REPO_ROOT, "docs", "tuning.md")
+BEGIN, END = "<!-- bench_tuning: begin -->", "<!-- bench_tuning: end -->"
+ROUND = re.compile(r"^\[(?P<t>[0-9.]+) s\] (?P<phase>\w+): (?P<trials>\d+) trials .* -> (?P<ms>[0-9.]+) ms")
+DONE = re.compile(r"tuned (?P<w>\d+) workloads in (?P<s>[0-9.e+]+) s: (?P<trials>\d+) trials \((?P<failed>\d+) failed\)")
+
+
+def host_name():
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def tune(kiln, path, db, budget, threads):
+    cmd = [kiln, "tune", path, "--db", db, "--time-budget", str(budget), "--threads", str(threads)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip() or f"kiln tune exited with {proc.returncode}")
+    rounds = [(float(m["t"]), float(m["ms"])) for m in map(ROUND.match, proc.stdout.splitlines()) if m]
+    done = [m for m in map(DONE.search, proc.stdout.splitlines()) if m]
+    trials = int(done[-1]["trials"]) if done else None
+    workloads = int(done[-1]["w"]) if done else None
+    # When the kernels' summed latency first came within 5% of the final gain.
+    t95 = None
+    if rounds:
+        first, last = rounds[0][1], rounds[-1][1]
+        for t, ms in rounds:
+            if first - ms >= 0.95 * (first - last):
+                t95 = t
+                break
+    return {"wall_s": wall, "trials": trials, "workloads": workloads, "t95_s": t95,
+            "kernels_default_ms": rounds[0][1] if rounds else None,
+            "kernels_tuned_ms": rounds[-1][1] if rounds else None}
+
+
+def fmt(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kiln", default=DEFAULT_KILN)
+    parser.add_argument("--models", default="resnet50,mobilenet_v2,efficientnet_b0,bert")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--budget", type=float, default=600, help="tuning seconds per model")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--db", default=None, help="tuning database (default: a fresh one in a temporary folder)")
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--write-doc", action="store_true", help="replace the table in docs/tuning.md")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    names = args.models.split(",")
+    unknown = [n for n in names if n not in model_zoo.MODELS_BY_NAME]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}")
+    work = tempfile.mkdtemp(prefix="kiln_bench_tuning_")
+    db = args.db or os.path.join(work, "tuning.db")
+
+    results = []
+    for name in names:
+        spec = model_zoo.MODELS_BY_NAME[name]
+        path = ensure_exported(spec, args.cache_dir)
+        feeds = model_zoo.make_inputs(spec, None)
+        print(f"[bench_tuning] {name}: tuning for {args.budget:.0f} s", file=sys.stderr, flush=True)
+        t = tune(args.kiln, path, db, args.budget, args.threads)
+        ort_r = default_r = tuned_r = None
+        for _ in range(args.rounds):
+            o = bench_ort(path, feeds, args.threads, args.runs, args.warmup)
+            d = bench_kiln(args.kiln, path, feeds, args.threads, args.runs, args.warmup, work, ["--no-db"])
+            k = bench_kiln(args.kiln, path, feeds, args.threads, args.runs, args.warmup, work, ["--db", db])
+            ort_r = o if ort_r is None or o["median_ms"] < ort_r["median_ms"] else ort_r
+            default_r = d if default_r is None or d["median_ms"] < default_r["median_ms"] else default_r
+            tuned_r = k if tuned_r is None or k["median_ms"] < tuned_r["median_ms"] else tuned_r
+        results.append({"model": name, "threads": args.threads, "ort_ms": ort_r["median_ms"],
+                        "default_ms": default_r["median_ms"], "tuned_ms": tuned_r["median_ms"], **t})
+        print(f"[bench_tuning] {name}: ort {ort_r['median_ms']:.2f} ms, default {default_r['median_ms']:.2f} ms, "
+              f"tuned {tuned_r['median_ms']:.2f} ms", file=sys.stderr, flush=True)
+
+    import onnxruntime
+    lines = [f"Host: {host_name()} ({os.cpu_count()} cores), {args.threads} thread(s); ONNX Runtime "
+             f"{onnxruntime.__version__}; tuning budget {args.budget:.0f} s per model; median of {args.runs} runs, "
+             f"fastest of {args.rounds} alternating rounds.",
+             "",
+             "| model | ORT ms | default ms | zero-shot ms | tuned ms | tuned / default | tuned / ORT "
+             "| tuning wall s | trials | 95% of gain at s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['model']} | {fmt(r['ort_ms'])} | {fmt(r['default_ms'])} | not built | {fmt(r['tuned_ms'])} "
+                     f"| {fmt(r['tuned_ms'] / r['default_ms'], 3)} | {fmt(r['tuned_ms'] / r['ort_ms'], 3)} "
+                     f"| {fmt(r['wall_s'], 0)} | {r['trials']} | {fmt(r['t95_s'], 0)} |")
+    geo = math.exp(sum(math.log(r["tuned_ms"] / r["default_ms"]) for r in results) / len(results))
+    lines += ["", f"Geometric mean of tuned / default: {geo:.3f} (below 1: tuning made the model faster)."]
+    table = "\n".join(lines)
+    print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    if args.write_doc:
+        doc = open(DOC).read()
+        if BEGIN not in doc or END not in doc:
+            sys.exit(f"{DOC} lacks the markers {BEGIN} / {END}")
+        head, rest = doc.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        with open(DOC, "w") as f:
+            f.write(head + BEGIN + "\n" + table + "\n" + END + tail)
+
+
+if __name__ == "__main__":
+    main()
