@@ -4,19 +4,22 @@
 For every model (default resnet50, mobilenet_v2, efficientnet_b0 and the BERT-style encoder) at
 --threads (default 1), in one run on one machine:
 
-  1. `kiln tune MODEL --db DB --time-budget B --threads T` into a fresh database (B per model,
+  1. `kiln tune MODEL --db DB --time-budget B --threads T` into a fresh database per model (B per model,
      default 600 s), recording its wall time, trials, and the kernels' summed latency after each
      round (to find when 95% of the final kernel-level gain was reached);
-  2. latency, alternating over --rounds and keeping each side's fastest median: ONNX Runtime
-     (ORT_ENABLE_ALL), `kiln bench --no-db` (the defaults) and `kiln bench --db DB` (tuned);
-  3. zero-shot (the cost model's pick trained on the other models' records): not built yet, so
-     the column says so.
+  2. zero-shot: per model, a database holding only the other models' records and a cost model
+     trained on them (both objectives are first evaluated on the held-out model's records with
+     `kiln db evaluate`, and the one with the better mean peak@5 is kept); every kernel of the model
+     is then a miss, and kernel choice takes the model's pick;
+  3. latency, alternating over --rounds and keeping each side's fastest median: ONNX Runtime
+     (ORT_ENABLE_ALL), `kiln bench --no-db` (defaults), `--db` the zero-shot database, `--db` the
+     tuned one.
 
 Prints a Markdown table (host and versions above it); --write-doc replaces the table between the
 markers in docs/tuning.md.
 
     bench_tuning.py [--kiln BUILD/bin/kiln] [--models a,b] [--threads 1] [--budget 600]
-                    [--runs 20] [--warmup 3] [--rounds 2] [--db PATH] [--write-doc] [--json FILE]
+                    [--runs 20] [--warmup 3] [--rounds 2] [--write-doc] [--json FILE]
 """
 
 import argparse
@@ -92,7 +95,6 @@ def main():
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--db", default=None, help="tuning database (default: a fresh one in a temporary folder)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--write-doc", action="store_true", help="replace the table in docs/tuning.md")
     parser.add_argument("--json", default=None)
@@ -102,42 +104,108 @@ def main():
     if unknown:
         parser.error(f"unknown model(s) {unknown}")
     work = tempfile.mkdtemp(prefix="kiln_bench_tuning_")
-    db = args.db or os.path.join(work, "tuning.db")
+    print(f"[bench_tuning] databases in {work}", file=sys.stderr)
 
-    results = []
+    def run(cmd):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    # 1. Tune every model into its own database.
+    models = {}
     for name in names:
         spec = model_zoo.MODELS_BY_NAME[name]
         path = ensure_exported(spec, args.cache_dir)
-        feeds = model_zoo.make_inputs(spec, None)
+        db = os.path.join(work, f"{name}.db")
         print(f"[bench_tuning] {name}: tuning for {args.budget:.0f} s", file=sys.stderr, flush=True)
-        t = tune(args.kiln, path, db, args.budget, args.threads)
-        ort_r = default_r = tuned_r = None
+        models[name] = {"path": path, "db": db, "feeds": model_zoo.make_inputs(spec, None),
+                        "tune": tune(args.kiln, path, db, args.budget, args.threads)}
+    # 2. Zero-shot: per model, a database of the other models' records and a cost
+    #    model trained on them alone; first both objectives are evaluated on the
+    #    held-out model's records, and the one with the better mean peak@5 kept.
+    evaluations = {}
+    for name in names:
+        others = [models[o]["db"] for o in names if o != name]
+        if not others:
+            continue
+        evaluations[name] = json.loads(run([args.kiln, "db", "evaluate", models[name]["db"], "--train",
+                                            ",".join(others), "--json"]).strip().splitlines()[-1])
+    objective = "regression"
+    if evaluations:
+        mean = {o: sum(e[o]["peak5"] for e in evaluations.values()) / len(evaluations)
+                for o in ("reg:squarederror", "rank:pairwise")}
+        objective = "rank" if mean["rank:pairwise"] > mean["reg:squarederror"] else "regression"
+    for name in names:
+        zs = os.path.join(work, f"zero_shot_{name}.db")
+        models[name]["zero_shot_db"] = None
+        others = [models[o]["db"] for o in names if o != name]
+        if not others:
+            continue
+        for o in others:
+            exported = run([args.kiln, "db", "export", o])
+            with open(zs + ".jsonl", "a") as f:
+                f.write(exported)
+        run([args.kiln, "db", "import", zs, zs + ".jsonl"])
+        run([args.kiln, "db", "train", zs, "--objective", objective])
+        models[name]["zero_shot_db"] = zs
+    # 3. Latency, every side in each round.
+    results = []
+    for name in names:
+        m = models[name]
+        path, feeds = m["path"], m["feeds"]
+        best = {}
         for _ in range(args.rounds):
-            o = bench_ort(path, feeds, args.threads, args.runs, args.warmup)
-            d = bench_kiln(args.kiln, path, feeds, args.threads, args.runs, args.warmup, work, ["--no-db"])
-            k = bench_kiln(args.kiln, path, feeds, args.threads, args.runs, args.warmup, work, ["--db", db])
-            ort_r = o if ort_r is None or o["median_ms"] < ort_r["median_ms"] else ort_r
-            default_r = d if default_r is None or d["median_ms"] < default_r["median_ms"] else default_r
-            tuned_r = k if tuned_r is None or k["median_ms"] < tuned_r["median_ms"] else tuned_r
-        results.append({"model": name, "threads": args.threads, "ort_ms": ort_r["median_ms"],
-                        "default_ms": default_r["median_ms"], "tuned_ms": tuned_r["median_ms"], **t})
-        print(f"[bench_tuning] {name}: ort {ort_r['median_ms']:.2f} ms, default {default_r['median_ms']:.2f} ms, "
-              f"tuned {tuned_r['median_ms']:.2f} ms", file=sys.stderr, flush=True)
+            sides = {"ort": lambda: bench_ort(path, feeds, args.threads, args.runs, args.warmup),
+                     "default": lambda: bench_kiln(args.kiln, path, feeds, args.threads, args.runs, args.warmup, work,
+                                                   ["--no-db"]),
+                     "tuned": lambda: bench_kiln(args.kiln, path, feeds, args.threads, args.runs, args.warmup, work,
+                                                 ["--db", m["db"]])}
+            if m["zero_shot_db"]:
+                sides["zero_shot"] = lambda: bench_kiln(args.kiln, path, feeds, args.threads, args.runs, args.warmup,
+                                                        work, ["--db", m["zero_shot_db"]])
+            for side, f in sides.items():
+                r = f()
+                if side not in best or r["median_ms"] < best[side]["median_ms"]:
+                    best[side] = r
+        results.append({"model": name, "threads": args.threads, "ort_ms": best["ort"]["median_ms"],
+                        "default_ms": best["default"]["median_ms"], "tuned_ms": best["tuned"]["median_ms"],
+                        "zero_shot_ms": best["zero_shot"]["median_ms"] if "zero_shot" in best else None,
+                        "cost_model": evaluations.get(name), **m["tune"]})
+        print(f"[bench_tuning] {name}: " + ", ".join(f"{k} {v['median_ms']:.2f} ms" for k, v in best.items()),
+              file=sys.stderr, flush=True)
 
     import onnxruntime
     lines = [f"Host: {host_name()} ({os.cpu_count()} cores), {args.threads} thread(s); ONNX Runtime "
              f"{onnxruntime.__version__}; tuning budget {args.budget:.0f} s per model; median of {args.runs} runs, "
-             f"fastest of {args.rounds} alternating rounds.",
+             f"fastest of {args.rounds} alternating rounds. Zero-shot: the cost model ({objective}) trained only on "
+             f"the other models' records, no record of this model.",
              "",
-             "| model | ORT ms | default ms | zero-shot ms | tuned ms | tuned / default | tuned / ORT "
-             "| tuning wall s | trials | 95% of gain at s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | ORT ms | default ms | zero-shot ms | tuned ms | tuned / default | zero-shot / tuned "
+             "| tuned / ORT | tuning wall s | trials | 95% of gain at s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r['model']} | {fmt(r['ort_ms'])} | {fmt(r['default_ms'])} | not built | {fmt(r['tuned_ms'])} "
-                     f"| {fmt(r['tuned_ms'] / r['default_ms'], 3)} | {fmt(r['tuned_ms'] / r['ort_ms'], 3)} "
+        zs = r["zero_shot_ms"]
+        lines.append(f"| {r['model']} | {fmt(r['ort_ms'])} | {fmt(r['default_ms'])} | {fmt(zs)} | {fmt(r['tuned_ms'])} "
+                     f"| {fmt(r['tuned_ms'] / r['default_ms'], 3)} | {fmt(zs / r['tuned_ms'] if zs else None, 3)} "
+                     f"| {fmt(r['tuned_ms'] / r['ort_ms'], 3)} "
                      f"| {fmt(r['wall_s'], 0)} | {r['trials']} | {fmt(r['t95_s'], 0)} |")
-    geo = math.exp(sum(math.log(r["tuned_ms"] / r["default_ms"]) for r in results) / len(results))
-    lines += ["", f"Geometric mean of tuned / default: {geo:.3f} (below 1: tuning made the model faster)."]
+
+    def geo(xs):
+        xs = [x for x in xs if x]
+        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+    lines += ["", f"Geometric means: tuned / default {fmt(geo([r['tuned_ms'] / r['default_ms'] for r in results]), 3)}, "
+              f"zero-shot / tuned {fmt(geo([r['zero_shot_ms'] / r['tuned_ms'] for r in results if r['zero_shot_ms']]), 3)}, "
+              f"zero-shot / default {fmt(geo([r['zero_shot_ms'] / r['default_ms'] for r in results if r['zero_shot_ms']]), 3)}."]
+    if evaluations:
+        lines += ["", "Cost model on each held-out model's records (trained on the other models' only):", "",
+                  "| held-out model | objective | train records | test records | workloads | pairwise | top-1 | top-5 "
+                  "| peak@1 | peak@5 |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, e in evaluations.items():
+            for o, v in e.items():
+                lines.append(f"| {name} | {o} | {v['train_records']} | {v['test_records']} | {v['workloads']} "
+                             f"| {v['pairwise']:.3f} | {v['top1']:.3f} | {v['top5']:.3f} | {v['peak1']:.3f} "
+                             f"| {v['peak5']:.3f} |")
     table = "\n".join(lines)
     print(table)
     if args.json:

@@ -23,7 +23,7 @@
 namespace kiln::db {
 
 // The schema this Kiln writes (older ones are migrated on open).
-inline constexpr int kSchemaVersion = 1;
+inline constexpr int kSchemaVersion = 2;  // 2: records' cost-model features, stored cost models
 
 struct Stats {
   int64_t records = 0;
@@ -47,6 +47,10 @@ class Database {
   // Keeps, per workload, target and candidate with knobs, the `keep` fastest
   // records; returns how many were removed.
   virtual Result<int64_t> prune(int keep) = 0;
+  // The cost model trained on this database's records (tune/cost_model.h),
+  // by name; an empty blob when there is none.
+  virtual Status save_model(const std::string& name, const std::string& blob, int64_t trained_on) = 0;
+  virtual Result<std::string> load_model(const std::string& name, int64_t* trained_on = nullptr) = 0;
 };
 
 // Opens a database: a path (SQLite) or a postgresql:// URL. `create`: a

@@ -34,6 +34,30 @@ const char* const kSchemaV1[] = {
     "INSERT INTO kiln_meta (key, value) VALUES ('schema_version', '1')",
 };
 
+// Version 1 to 2: the cost model's features per record (space-separated
+// floats, empty where unknown) and the stored cost models.
+const char* const kMigrateV1toV2[] = {
+    "ALTER TABLE records ADD COLUMN features TEXT NOT NULL DEFAULT ''",
+    "CREATE TABLE cost_models (name TEXT PRIMARY KEY, blob BLOB NOT NULL, trained_on INTEGER NOT NULL,"
+    " time INTEGER NOT NULL)",
+    "UPDATE kiln_meta SET value = '2' WHERE key = 'schema_version'",
+};
+
+std::string floats_text(const std::vector<float>& v) {
+  std::ostringstream os;
+  os.precision(7);
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? " " : "") << v[i];
+  return os.str();
+}
+
+std::vector<float> parse_floats(const std::string& s) {
+  std::vector<float> out;
+  std::istringstream is(s);
+  float x = 0;
+  while (is >> x) out.push_back(x);
+  return out;
+}
+
 std::string latencies_text(const std::vector<double>& v) {
   std::ostringstream os;
   os.precision(9);
@@ -94,6 +118,33 @@ class SqliteDatabase : public Database {
     return rc == SQLITE_OK ? Status::ok() : error(std::string("'") + sql + "'");
   }
 
+  // Brings a database of schema `from` to kSchemaVersion, one transaction per
+  // step; another process migrating at the same time finds the step done.
+  Status migrate(int from) {
+    for (int v = from; v < kSchemaVersion; ++v) {
+      KILN_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE"));
+      Statement cur(db_, "SELECT value FROM kiln_meta WHERE key = 'schema_version'");
+      if (!cur.ok() || sqlite3_step(cur.get()) != SQLITE_ROW) {
+        sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+        return error("reading the schema version");
+      }
+      bool done = std::atoi(cur.text(0).c_str()) > v;
+      sqlite3_reset(cur.get());
+      Status st;
+      if (!done && v == 1)
+        for (const char* sql : kMigrateV1toV2) {
+          st = exec(sql);
+          if (!st.is_ok()) break;
+        }
+      if (!st.is_ok()) {
+        sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+        return st.with_context("migrating schema " + std::to_string(v) + " to " + std::to_string(v + 1));
+      }
+      KILN_RETURN_IF_ERROR(exec("COMMIT"));
+    }
+    return Status::ok();
+  }
+
   Status commit(const std::vector<tune::Record>& records) override {
     if (read_only_) return io_error() << path_ << ": the tuning database is read-only; nothing was committed";
     KILN_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE"));
@@ -109,7 +160,7 @@ class SqliteDatabase : public Database {
 
   Result<std::vector<tune::Record>> records_for(const std::string& workload) override {
     Statement s(db_, "SELECT workload, anchor_op, target, candidate, knobs, schedule, latencies, threads, host,"
-                     " kiln_version, time, workload_text FROM records WHERE workload = ?1 ORDER BY median_s");
+                     " kiln_version, time, workload_text, features FROM records WHERE workload = ?1 ORDER BY median_s");
     if (!s.ok()) return error("reading records");
     s.bind(1, workload);
     std::vector<tune::Record> out;
@@ -121,7 +172,7 @@ class SqliteDatabase : public Database {
 
   Status for_each(const std::function<Status(const tune::Record&)>& f) override {
     Statement s(db_, "SELECT workload, anchor_op, target, candidate, knobs, schedule, latencies, threads, host,"
-                     " kiln_version, time, workload_text FROM records ORDER BY id");
+                     " kiln_version, time, workload_text, features FROM records ORDER BY id");
     if (!s.ok()) return error("reading records");
     int rc;
     while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) KILN_RETURN_IF_ERROR(f(row(s)));
@@ -147,6 +198,31 @@ class SqliteDatabase : public Database {
     while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) st.jobs[s.text(0)] = sqlite3_column_int64(s.get(), 1);
     if (rc != SQLITE_DONE) return error("counting jobs");
     return st;
+  }
+
+  Status save_model(const std::string& name, const std::string& blob, int64_t trained_on) override {
+    if (read_only_) return io_error() << path_ << ": the tuning database is read-only; the cost model was not stored";
+    Statement s(db_, "INSERT OR REPLACE INTO cost_models (name, blob, trained_on, time) VALUES (?1, ?2, ?3,"
+                     " strftime('%s', 'now'))");
+    if (!s.ok()) return error("storing the cost model");
+    sqlite3_bind_blob(s.get(), 2, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+    s.bind(1, name);
+    s.bind(3, trained_on);
+    if (sqlite3_step(s.get()) != SQLITE_DONE) return error("storing the cost model");
+    return Status::ok();
+  }
+
+  Result<std::string> load_model(const std::string& name, int64_t* trained_on) override {
+    Statement s(db_, "SELECT blob, trained_on FROM cost_models WHERE name = ?1");
+    if (!s.ok()) return error("reading the cost model");
+    s.bind(1, name);
+    int rc = sqlite3_step(s.get());
+    if (rc == SQLITE_DONE) return std::string();
+    if (rc != SQLITE_ROW) return error("reading the cost model");
+    const void* p = sqlite3_column_blob(s.get(), 0);
+    int n = sqlite3_column_bytes(s.get(), 0);
+    if (trained_on) *trained_on = sqlite3_column_int64(s.get(), 1);
+    return std::string(static_cast<const char*>(p), static_cast<size_t>(n));
   }
 
   Result<int64_t> prune(int keep) override {
@@ -175,8 +251,8 @@ class SqliteDatabase : public Database {
   Status insert_all(const std::vector<tune::Record>& records) {
     Statement s(db_,
                 "INSERT INTO records (workload, anchor_op, target, candidate, knobs, schedule, latencies, median_s,"
-                " threads, host, kiln_version, time, workload_text)"
-                " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
+                " threads, host, kiln_version, time, workload_text, features)"
+                " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)");
     if (!s.ok()) return error("preparing the insert");
     for (const tune::Record& r : records) {
       if (r.latencies_s.empty()) return invalid_argument() << "record of " << r.workload << " has no latencies";
@@ -194,6 +270,7 @@ class SqliteDatabase : public Database {
       s.bind(11, r.kiln_version);
       s.bind(12, r.time);
       s.bind(13, r.workload_text);
+      s.bind(14, floats_text(r.features));
       if (sqlite3_step(s.get()) != SQLITE_DONE) return error("inserting a record");
     }
     return Status::ok();
@@ -213,6 +290,7 @@ class SqliteDatabase : public Database {
     r.kiln_version = s.text(9);
     r.time = sqlite3_column_int64(s.get(), 10);
     r.workload_text = s.text(11);
+    r.features = parse_floats(s.text(12));
     return r;
   }
 
@@ -284,7 +362,11 @@ Result<std::unique_ptr<Database>> open_sqlite(const std::string& path, bool crea
       if (version > kSchemaVersion)
         return unsupported() << path << ": tuning database schema version " << version
                                      << " is newer than this Kiln's (" << kSchemaVersion << "); use a newer Kiln";
-      // Versions older than kSchemaVersion would be migrated here; 1 is the first.
+      if (version < 1) return invalid_argument() << path << ": schema version " << version << " is not one Kiln wrote";
+      if (version < kSchemaVersion) {
+        if (read_only) return io_error() << path << ": schema version " << version << " needs migrating, but the file is read-only";
+        KILN_RETURN_IF_ERROR(db->migrate(static_cast<int>(version)));
+      }
     }
   }
   if (fresh) {
@@ -299,6 +381,7 @@ Result<std::unique_ptr<Database>> open_sqlite(const std::string& path, bool crea
       }
     }
     KILN_RETURN_IF_ERROR(db->exec("COMMIT"));
+    KILN_RETURN_IF_ERROR(db->migrate(1));
   } else if (!read_only) {
     KILN_RETURN_IF_ERROR(db->exec("PRAGMA journal_mode = WAL"));
   }

@@ -335,10 +335,9 @@ Status choose_kernels(Graph& g, const CompileOptions& options, passes::PassConte
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<db::Database> database, compile_database(options));
   std::shared_ptr<DatabaseSource> source;
   if (database) {
-    std::map<const Node*, tune::Workload> workloads;
-    for (kernels::GroupWorkload& gw : kernels::candidate_workloads(g, ctx.infer.bounds, fusion_enabled(options)))
-      workloads.emplace(gw.anchor, std::move(gw.workload));
-    source = std::make_shared<DatabaseSource>(database, std::move(workloads), resolve_threads(options.threads));
+    source = std::make_shared<DatabaseSource>(database, g,
+                                              kernels::candidate_workloads(g, ctx.infer.bounds, fusion_enabled(options)),
+                                              resolve_threads(options.threads));
     ctx.select.sources.push_back(source);
   }
   Status st = passes::run_passes(g, {kKernelChoicePass}, ctx).status();

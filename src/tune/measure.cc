@@ -19,6 +19,8 @@
 #include "ops/registry.h"
 #include "runtime/vm.h"
 #include "strategy/strategy.h"
+#include "partition/partition.h"
+#include "tune/features.h"
 
 extern char** environ;
 
@@ -129,33 +131,6 @@ Result<Request> parse_request(const std::string& text) {
   return r;
 }
 
-// The group graph parsed and inferred, with the trial's choice recorded on the
-// anchor and its transform applied.
-Result<std::unique_ptr<Graph>> prepared_graph(const Request& r, const Trial* trial, SymbolBounds* bounds) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, parse_graph(r.graph));
-  ops::InferContext ictx;
-  ictx.graph = g.get();
-  ictx.bounds = g->bounds;
-  KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx));
-  if (trial != nullptr && !trial->candidate.empty()) {
-    if (r.anchor >= g->nodes().size()) return invalid_argument() << "anchor index out of range";
-    Node* anchor = g->nodes()[r.anchor];
-    const strategy::Candidate* c = strategy::find_candidate(trial->candidate);
-    if (c == nullptr) return invalid_argument() << "no candidate '" << trial->candidate << "'";
-    KILN_ASSIGN_OR_RETURN(tir::Knobs knobs, tir::parse_knobs(trial->knobs));
-    strategy::record_choice(*anchor, strategy::Choice{trial->candidate, knobs, "tuning", ""});
-    if (c->transform) KILN_RETURN_IF_ERROR(c->transform(*g, *anchor, knobs));
-    g->remove_dead_values();
-    ops::InferContext again;
-    again.graph = g.get();
-    again.bounds = ictx.bounds;
-    KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, again));
-    ictx.bounds = again.bounds;
-  }
-  *bounds = ictx.bounds;
-  return g;
-}
-
 // Largest |a - b| over every output, and the largest |b| (the reference's scale).
 std::pair<double, double> compare(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   double err = 0, scale = 0;
@@ -179,11 +154,11 @@ void apply_fault(const Trial& t) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-Result<TrialResult> run_trial(const Request& r, const Trial& t, const std::vector<Tensor>& feeds,
+Result<TrialResult> run_trial(const Request& r, const Graph& base, const Trial& t, const std::vector<Tensor>& feeds,
                               const std::vector<Tensor>* reference) {
   apply_fault(t);
   SymbolBounds bounds;
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, prepared_graph(r, &t, &bounds));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, trial_graph(base, r.anchor, &t, &bounds));
   CompileOptions o;
   o.threads = r.threads;
   KILN_ASSIGN_OR_RETURN(driver::CompiledProgram p, driver::compile_chosen(*g, bounds, o));
@@ -210,6 +185,7 @@ Result<TrialResult> run_trial(const Request& r, const Trial& t, const std::vecto
   }
   for (const driver::KernelChoiceInfo& k : p.kernel_choices)
     if (k.impl == (t.candidate.empty() ? "default" : t.candidate)) res.schedule = k.schedule;
+  if (auto f = trial_features(base, r.anchor, t, r.threads); f.is_ok()) res.features = std::move(*f);
   res.ok = true;
   return res;
 }
@@ -221,52 +197,6 @@ double TrialResult::median_s() const {
   std::vector<double> v = latencies_s;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-Result<std::unique_ptr<Graph>> group_graph(const Graph& parent, const kernels::GroupWorkload& gw, size_t* anchor_index) {
-  auto g = std::make_unique<Graph>();
-  g->name = "group";
-  g->source = parent.source + " (" + gw.anchor->describe() + ")";
-  g->opsets = parent.opsets;
-  std::map<const Value*, Value*> map;
-  for (const Value* v : gw.inputs) {
-    if (v->is_constant()) {
-      map[v] = g->add_constant(v->name(), v->constant());
-      continue;
-    }
-    if (!v->type().is_static())
-      return unsupported() << gw.anchor->describe() << ": input '" << v->name()
-                           << "' has a symbolic shape; bind its dims (--dim NAME=VALUE) to tune it";
-    map[v] = g->add_input(v->name(), v->type());
-  }
-  for (size_t i = 0; i < gw.group.size(); ++i) {
-    const Node* n = gw.group[i];
-    if (n == gw.anchor && anchor_index) *anchor_index = i;
-    std::vector<Value*> ins;
-    for (const Value* v : n->inputs()) {
-      if (v == nullptr) {
-        ins.push_back(nullptr);
-        continue;
-      }
-      auto it = map.find(v);
-      if (it == map.end()) return internal_error() << n->describe() << ": input '" << v->name() << "' is outside the group";
-      ins.push_back(it->second);
-    }
-    std::vector<std::string> outs;
-    for (const Value* o : n->outputs()) outs.push_back(o ? o->name() : "");
-    Node* m = g->add_node(n->op_type(), ins, outs, n->domain(), n->name());
-    for (const auto& [k, a] : n->attrs()) m->set_attr(k, a);
-    for (size_t k = 0; k < n->num_outputs(); ++k)
-      if (n->output(k)) map[n->output(k)] = m->output(k);
-  }
-  std::vector<Value*> outs;
-  for (const Value* v : gw.outputs) outs.push_back(map.at(v));
-  g->set_outputs(outs);
-  ops::InferContext ictx;
-  ictx.graph = g.get();
-  ictx.bounds = g->bounds;
-  KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx).with_context(g->source));
-  return g;
 }
 
 int measure_worker_main(const std::string& request_path, const std::string& results_path) {
@@ -281,7 +211,9 @@ int measure_worker_main(const std::string& request_path, const std::string& resu
   }
   // Inputs and the reference outputs, once.
   SymbolBounds bounds;
-  auto base = prepared_graph(*r, nullptr, &bounds);
+  auto parsed = parse_graph(r->graph);
+  Result<std::unique_ptr<Graph>> base = parsed.is_ok() ? trial_graph(**parsed, r->anchor, nullptr, &bounds)
+                                                      : Result<std::unique_ptr<Graph>>(parsed.status());
   std::vector<Tensor> feeds, reference;
   std::string setup_error;
   if (!base.is_ok()) {
@@ -310,7 +242,7 @@ int measure_worker_main(const std::string& request_path, const std::string& resu
     if (!setup_error.empty()) {
       line = "fail\t" + escape(setup_error);
     } else {
-      auto res = run_trial(*r, t, feeds, r->check ? &reference : nullptr);
+      auto res = run_trial(*r, **base, t, feeds, r->check ? &reference : nullptr);
       if (!res.is_ok()) {
         line = "fail\t" + escape(res.status().to_string());
       } else if (!res->ok) {
@@ -320,7 +252,8 @@ int measure_worker_main(const std::string& request_path, const std::string& resu
         os.precision(9);
         os << "ok\t";
         for (size_t i = 0; i < res->latencies_s.size(); ++i) os << (i ? " " : "") << res->latencies_s[i];
-        os << "\t" << escape(res->schedule);
+        os << "\t" << escape(res->schedule) << "\t";
+        for (size_t i = 0; i < res->features.size(); ++i) os << (i ? " " : "") << res->features[i];
         line = os.str();
       }
     }
@@ -411,6 +344,11 @@ Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t ancho
         double x = 0;
         while (ls >> x) res.latencies_s.push_back(x);
         res.schedule = f.size() >= 3 ? unescape(f[2]) : "";
+        if (f.size() >= 4) {
+          std::istringstream fs(f[3]);
+          float v = 0;
+          while (fs >> v) res.features.push_back(v);
+        }
         res.ok = !res.latencies_s.empty();
         if (!res.ok) res.error = "no timings";
       } else {

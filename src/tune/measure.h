@@ -24,21 +24,17 @@
 #include <vector>
 
 #include "graph/graph.h"
-#include "kernels/kernels.h"
 #include "support/status.h"
+#include "tune/trial.h"
 
 namespace kiln::tune {
-
-struct Trial {
-  std::string candidate;  // empty: the default schedule (no candidate)
-  std::string knobs;      // "mr=8 nr=32"
-};
 
 struct TrialResult {
   bool ok = false;
   std::string error;                // why not ok: compile error, wrong results, crash, timeout
   std::vector<double> latencies_s;  // every timed run
   std::string schedule;             // the anchor kernel's schedule as text
+  std::vector<float> features;      // the cost model's features of the anchor kernel (features.h)
   double median_s() const;
 };
 
@@ -51,12 +47,6 @@ struct MeasureOptions {
   double timeout_s = 120;    // without a result for this long, the child is killed
   bool check = true;         // compare each trial's outputs with the naive schedules'
 };
-
-// The group of `gw` as a graph of its own: its external inputs (constants
-// copied, the others graph inputs, which must have static shapes), its nodes
-// (attributes included) and the values leaving the group as outputs.
-// *anchor_index is the anchor's position among the nodes.
-Result<std::unique_ptr<Graph>> group_graph(const Graph& parent, const kernels::GroupWorkload& gw, size_t* anchor_index);
 
 // Every trial of one group, in child processes. One result per trial.
 Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t anchor_index,

@@ -347,7 +347,9 @@ std::string Record::to_json() const {
   field("kiln_version", kiln_version);
   os << ", \"time\": " << time;
   field("workload_text", workload_text);
-  os << "}";
+  os << ", \"features\": [";
+  for (size_t i = 0; i < features.size(); ++i) os << (i ? ", " : "") << features[i];
+  os << "]}";
   return os.str();
 }
 
@@ -385,6 +387,8 @@ Result<Record> Record::from_json(const std::string& line) {
     r.threads = static_cast<int>(t->second);
   }
   if (auto t = n.find("time"); t != n.end()) r.time = static_cast<int64_t>(t->second);
+  if (auto f = a.find("features"); f != a.end())
+    for (double x : f->second) r.features.push_back(static_cast<float>(x));
   return r;
 }
 

@@ -71,6 +71,7 @@ struct Record {
   std::string kiln_version;  // of the Kiln that measured it
   int64_t time = 0;          // seconds since the epoch
   std::string workload_text;  // the canonical text (kept for the cost model and for inspection)
+  std::vector<float> features;  // the cost model's features of the measured kernel (features.h); empty: unknown
 
   double median_s() const;
   // One JSON object on one line (the export format of `kiln db export`).

@@ -15,6 +15,7 @@
 #include "frontend/onnx/import.h"
 #include "kernels/kernels.h"
 #include "strategy/strategy.h"
+#include "tune/cost_model.h"
 
 namespace kiln::tune {
 
@@ -185,6 +186,22 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     }
   }
 
+  // The cost model, trained on every record of the database that has
+  // features (other models' too: what was learned there carries over), and
+  // retrained as this run's records arrive.
+  std::vector<Sample> samples;
+  KILN_RETURN_IF_ERROR(database->for_each([&](const Record& r) -> Status {
+    if (!r.features.empty() && !r.latencies_s.empty())
+      samples.push_back(Sample{r.workload + "|" + r.target + "|" + std::to_string(r.threads), r.features, r.median_s()});
+    return Status::ok();
+  }));
+  CostModel model;
+  size_t trained_on = 0;
+  auto retrain = [&] {
+    if (samples.size() < 32 || samples.size() < trained_on + trained_on / 4 + 8) return;
+    if (model.train(samples, options.objective).is_ok()) trained_on = samples.size();
+  };
+  retrain();
   std::mt19937_64 rng(options.seed);
   auto out_of_budget = [&] {
     return g_stop || elapsed() >= options.time_budget_s ||
@@ -222,6 +239,8 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
       r.kiln_version = kiln_version();
       r.time = static_cast<int64_t>(std::time(nullptr));
       r.workload_text = t.gw.workload.text;
+      r.features = res[i].features;
+      if (!r.features.empty()) samples.push_back(Sample{r.workload + "|" + r.target + "|" + std::to_string(r.threads), r.features, r.median_s()});
       records.push_back(std::move(r));
     }
     KILN_RETURN_IF_ERROR(database->commit(records));
@@ -287,13 +306,44 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
       }
     }
     if (pick == nullptr) break;
-    std::vector<Trial> batch = propose(*pick, options.batch, rng);
+    std::vector<Trial> batch;
+    if (model.trained()) {
+      // Many proposals, the model's best measured (two drawn blind, to keep exploring).
+      std::vector<Trial> pool = propose(*pick, options.batch * 8, rng);
+      std::vector<std::vector<float>> feats;
+      std::vector<Trial> scored;
+      for (const Trial& tr : pool) {
+        auto f = trial_features(*pick->graph, pick->anchor_index, tr, options.threads);
+        if (f.is_ok()) {
+          feats.push_back(std::move(*f));
+          scored.push_back(tr);
+        }
+      }
+      auto pred = model.predict(feats);
+      std::vector<size_t> order(scored.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      if (pred.is_ok())
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return (*pred)[a] > (*pred)[b]; });
+      const size_t want = std::min<size_t>(static_cast<size_t>(options.batch), order.size());
+      const size_t top = want > 2 ? want - 2 : want;
+      for (size_t i = 0; i < top; ++i) batch.push_back(scored[order[i]]);
+      std::vector<size_t> rest(order.begin() + static_cast<long>(top), order.end());
+      std::shuffle(rest.begin(), rest.end(), rng);
+      for (size_t i = 0; batch.size() < want && i < rest.size(); ++i) batch.push_back(scored[rest[i]]);
+    } else {
+      batch = propose(*pick, options.batch, rng);
+    }
     if (batch.empty()) {
       pick->exhausted = true;
       continue;
     }
     KILN_RETURN_IF_ERROR(run_batch(*pick, batch));
+    retrain();
     report("search");
+  }
+  // The model goes with the database it was trained on.
+  if (model.trained()) {
+    if (auto blob = model.save(); blob.is_ok()) (void)database->save_model("cost_model", *blob, static_cast<int64_t>(trained_on));
   }
   summary.seconds = elapsed();
   report(g_stop ? "stopped" : "done");

@@ -21,6 +21,7 @@
 #include <ostream>
 #include <string>
 
+#include "tune/cost_model.h"
 #include "tune/measure.h"
 
 namespace kiln::tune {
@@ -34,6 +35,7 @@ struct TuneOptions {
   int batch = 8;                      // trials per round
   uint64_t seed = 1;
   bool live = false;                  // redraw a table on a terminal (else one line per round)
+  Objective objective = Objective::kRegression;  // the cost model's (cost_model.h)
   MeasureOptions measure;
 };
 

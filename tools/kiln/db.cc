@@ -5,6 +5,9 @@
 #include <iostream>
 
 #include "db/database.h"
+#include "tune/cost_model.h"
+
+#include <sstream>
 
 namespace kiln::cli {
 
@@ -15,6 +18,10 @@ const char kDbUsage[] =
     "       kiln db export [DB] [-o FILE.jsonl]     (default: standard output)\n"
     "       kiln db import [DB] FILE.jsonl          (one record per line; '-' reads standard input)\n"
     "       kiln db prune [DB] [--keep N]           (per workload, target and schedule, keep the N fastest; default 1)\n"
+    "       kiln db train [DB] [--objective regression|rank]\n"
+    "                                              (train the cost model on every record with features; store it in DB)\n"
+    "       kiln db evaluate TEST_DB --train DB[,DB...] [--json]\n"
+    "                                              (train on the --train databases, rank TEST_DB's records, both objectives)\n"
     "  DB is a path or a postgresql:// URL; default $KILN_DB, else ~/.cache/kiln/tuning.db.\n"
     "  example: kiln db stats ~/.cache/kiln/tuning.db --json\n";
 
@@ -30,6 +37,7 @@ Result<int> cmd_db(const std::vector<std::string>& args_in) {
   args.erase(args.begin());
   bool json = false;
   int keep = 1;
+  std::string objective = "regression", train_from;
   std::string out_path;
   std::vector<std::string> positional;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -42,6 +50,12 @@ Result<int> cmd_db(const std::vector<std::string>& args_in) {
       } catch (...) {
         return invalid_argument() << "--keep needs a number, not '" << args[i] << "'";
       }
+    } else if (a == "--objective" && i + 1 < args.size()) {
+      objective = args[++i];
+      if (objective != "regression" && objective != "rank")
+        return invalid_argument() << "--objective is regression or rank, not '" << objective << "'";
+    } else if (a == "--train" && i + 1 < args.size()) {
+      train_from = args[++i];
     } else if (a == "-o" && i + 1 < args.size()) {
       out_path = args[++i];
     } else if (a == "--help" || a == "-h") {
@@ -121,6 +135,60 @@ Result<int> cmd_db(const std::vector<std::string>& args_in) {
     KILN_ASSIGN_OR_RETURN(auto database, db::open_database(where, false));
     KILN_ASSIGN_OR_RETURN(int64_t removed, database->prune(keep));
     std::cout << "removed " << removed << " records\n";
+    return 0;
+  }
+  auto samples_in = [](db::Database& d) -> Result<std::vector<tune::Sample>> {
+    std::vector<tune::Record> recs;
+    KILN_RETURN_IF_ERROR(d.for_each([&](const tune::Record& r) -> Status {
+      recs.push_back(r);
+      return Status::ok();
+    }));
+    return tune::samples_of(recs);
+  };
+  if (sub == "train") {
+    KILN_ASSIGN_OR_RETURN(auto database, db::open_database(where, false));
+    KILN_ASSIGN_OR_RETURN(std::vector<tune::Sample> samples, samples_in(*database));
+    tune::CostModel model;
+    KILN_RETURN_IF_ERROR(model.train(samples, objective == "rank" ? tune::Objective::kRank : tune::Objective::kRegression));
+    KILN_ASSIGN_OR_RETURN(std::string blob, model.save());
+    KILN_RETURN_IF_ERROR(database->save_model("cost_model", blob, static_cast<int64_t>(samples.size())));
+    std::cout << "trained the cost model (" << tune::objective_name(model.objective()) << ") on " << samples.size()
+              << " records; stored in " << database->location() << "\n";
+    return 0;
+  }
+  if (sub == "evaluate") {
+    if (train_from.empty()) return invalid_argument() << "kiln db evaluate needs --train DB[,DB...]\n" << kDbUsage;
+    KILN_ASSIGN_OR_RETURN(auto test_db, db::open_database(where, false));
+    KILN_ASSIGN_OR_RETURN(std::vector<tune::Sample> test, samples_in(*test_db));
+    std::vector<tune::Sample> train;
+    std::string item;
+    std::istringstream list(train_from);
+    while (std::getline(list, item, ',')) {
+      if (item.empty()) continue;
+      KILN_ASSIGN_OR_RETURN(auto d, db::open_database(item, false));
+      KILN_ASSIGN_OR_RETURN(std::vector<tune::Sample> s, samples_in(*d));
+      train.insert(train.end(), s.begin(), s.end());
+    }
+    if (json) std::cout << "{";
+    bool first = true;
+    for (tune::Objective o : {tune::Objective::kRegression, tune::Objective::kRank}) {
+      tune::CostModel model;
+      KILN_RETURN_IF_ERROR(model.train(train, o));
+      KILN_ASSIGN_OR_RETURN(tune::Evaluation e, tune::evaluate(model, test));
+      if (json) {
+        std::cout << (first ? "" : ", ") << "\"" << tune::objective_name(o) << "\": {\"train_records\": " << train.size()
+                  << ", \"test_records\": " << test.size() << ", \"workloads\": " << e.workloads
+                  << ", \"pairs\": " << e.pairs << ", \"pairwise\": " << e.pairwise << ", \"top1\": " << e.top1
+                  << ", \"top5\": " << e.top5 << ", \"peak1\": " << e.peak1 << ", \"peak5\": " << e.peak5 << "}";
+      } else {
+        std::cout << tune::objective_name(o) << ": trained on " << train.size() << " records, tested on " << test.size()
+                  << " (" << e.workloads << " workloads, " << e.pairs << " pairs): pairwise " << e.pairwise
+                  << ", top-1 recall " << e.top1 << ", top-5 recall " << e.top5 << ", peak@1 " << e.peak1
+                  << ", peak@5 " << e.peak5 << "\n";
+      }
+      first = false;
+    }
+    if (json) std::cout << "}\n";
     return 0;
   }
   return invalid_argument() << "kiln db: unknown subcommand '" << sub << "'\n" << kDbUsage;
