@@ -305,7 +305,8 @@ class CompiledModel {
 };
 
 kiln::CompileOptions make_options(int threads, bool naive, int64_t max_memory,
-                                  const std::optional<std::vector<std::string>>& passes) {
+                                  const std::optional<std::vector<std::string>>& passes,
+                                  const std::optional<std::string>& db) {
   if (threads < 0) throw py::value_error("threads must be >= 0 (0: all hardware threads)");
   if (max_memory < 0) throw py::value_error("max_memory must be >= 0 (0: 80% of physical memory)");
   kiln::CompileOptions options;
@@ -313,12 +314,19 @@ kiln::CompileOptions make_options(int threads, bool naive, int64_t max_memory,
   options.naive = naive;
   options.max_memory_bytes = max_memory;
   options.passes = passes;
+  // db: None asks the default database ($KILN_DB, ~/.cache/kiln/tuning.db
+  // where it exists), "" none, else that path or URL.
+  if (db) {
+    if (db->empty()) options.no_db = true;
+    else options.db = *db;
+  }
   return options;
 }
 
 std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads, bool naive, int64_t max_memory,
-                                            const std::optional<std::vector<std::string>>& passes) {
-  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes);
+                                            const std::optional<std::vector<std::string>>& passes,
+                                            const std::optional<std::string>& db) {
+  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes, db);
   std::optional<kiln::Result<kiln::Model>> model;
   {
     py::gil_scoped_release release;
@@ -330,8 +338,9 @@ std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads
 
 std::unique_ptr<CompiledModel> compile_bytes(const py::bytes& data, int threads, bool naive,
                                              const std::string& source_name, int64_t max_memory,
-                                             const std::optional<std::vector<std::string>>& passes) {
-  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes);
+                                             const std::optional<std::vector<std::string>>& passes,
+                                             const std::optional<std::string>& db) {
+  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes, db);
   std::string bytes = data;
   std::optional<kiln::Result<kiln::Model>> model;
   {
@@ -375,9 +384,10 @@ PYBIND11_MODULE(_kiln, m) {
       .def("graph_text", &CompiledModel::graph_text);
 
   m.def("compile_file", &compile_file, py::arg("path"), py::arg("threads") = 0,
-        py::arg("naive") = false, py::arg("max_memory") = 0, py::arg("passes") = py::none());
+        py::arg("naive") = false, py::arg("max_memory") = 0, py::arg("passes") = py::none(),
+        py::arg("db") = py::none());
   m.def("compile_bytes", &compile_bytes, py::arg("data"), py::arg("threads") = 0,
         py::arg("naive") = false, py::arg("source_name") = "<bytes>", py::arg("max_memory") = 0,
-        py::arg("passes") = py::none());
+        py::arg("passes") = py::none(), py::arg("db") = py::none());
   m.def("describe_model_file", &describe_model_file, py::arg("path"));
 }

@@ -15,7 +15,7 @@ PKGS=(
   libgtest-dev libgmock-dev pybind11-dev
   pkg-config libjpeg62-turbo-dev libpng-dev libtiff-dev libwebp-dev libopenjp2-7-dev
   clang libclang-rt-14-dev
-  libsqlite3-dev libxgboost-dev
+  libsqlite3-dev libxgboost-dev libpq-dev postgresql
   python3 python3-dev python3-venv python3-numpy
   python3-torch python3-torchvision
 )

@@ -80,6 +80,13 @@ if(KILN_BUILD_PYTHON)
             --kiln $<TARGET_FILE:kiln>)
   set_tests_properties(error_models PROPERTIES
     LABELS error ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 900)
+
+  # The tuning database on a PostgreSQL server the test starts itself
+  # (Debian's postgresql, installed by scripts/install_deps.sh), with two
+  # workers sharing its job queue.
+  add_test(NAME db_postgres
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/db/postgres_test.py $<TARGET_FILE:kiln>)
+  set_tests_properties(db_postgres PROPERTIES LABELS db ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 900)
 endif()
 
 # ir: textual before/after tests of compiler steps (tests/ir/*.kir, RUN lines

@@ -7,12 +7,11 @@
 namespace kiln::db {
 
 Result<std::unique_ptr<Database>> open_sqlite(const std::string& path, bool create);
+Result<std::unique_ptr<Database>> open_postgres(const std::string& url);
 
 Result<std::unique_ptr<Database>> open_database(const std::string& where, bool create) {
   if (where.empty()) return invalid_argument() << "no tuning database named";
-  if (where.rfind("postgresql://", 0) == 0 || where.rfind("postgres://", 0) == 0)
-    return unsupported() << "PostgreSQL tuning databases are not built yet (" << where.substr(0, where.find('@'))
-                         << "...); use a SQLite path";
+  if (where.rfind("postgresql://", 0) == 0 || where.rfind("postgres://", 0) == 0) return open_postgres(where);
   return open_sqlite(where, create);
 }
 

@@ -32,6 +32,22 @@ struct Stats {
   std::map<std::string, int64_t> jobs;  // by state: queued, running, done, failed
 };
 
+// A tuning job: one workload of a model to tune on one target. Workers on
+// machines of that target claim jobs; `model` is the model file (and
+// --dim bindings, as "path|name=value,...") a worker reads, so workers
+// must reach the same path.
+struct JobSpec {
+  std::string workload, target, anchor_op, model;
+};
+struct Job {
+  int64_t id = 0;
+  std::string workload, target, model;
+  int attempts = 0;
+};
+// A job whose worker stops heartbeating is claimed again when its lease
+// expires; after this many claims it is marked failed.
+inline constexpr int kMaxJobAttempts = 3;
+
 class Database {
  public:
   virtual ~Database() = default;
@@ -51,6 +67,16 @@ class Database {
   // by name; an empty blob when there is none.
   virtual Status save_model(const std::string& name, const std::string& blob, int64_t trained_on) = 0;
   virtual Result<std::string> load_model(const std::string& name, int64_t* trained_on = nullptr) = 0;
+
+  // The job queue. enqueue: jobs not yet queued, running or done for their
+  // workload and target are queued (a failed one again); returns how many.
+  virtual Result<int64_t> enqueue(const std::vector<JobSpec>& jobs) = 0;
+  // Claims the oldest queued job of `target` (or one whose lease expired),
+  // for `lease_s` seconds; none when the queue is empty.
+  virtual Result<std::optional<Job>> claim(const std::string& worker, const std::string& target, int lease_s) = 0;
+  // Extends the lease; an error when the job is no longer this worker's.
+  virtual Status heartbeat(int64_t job, const std::string& worker, int lease_s) = 0;
+  virtual Status finish(int64_t job, const std::string& worker, bool ok) = 0;
 };
 
 // Opens a database: a path (SQLite) or a postgresql:// URL. `create`: a

@@ -225,6 +225,99 @@ class SqliteDatabase : public Database {
     return std::string(static_cast<const char*>(p), static_cast<size_t>(n));
   }
 
+  Result<int64_t> enqueue(const std::vector<JobSpec>& jobs) override {
+    if (read_only_) return io_error() << path_ << ": the tuning database is read-only; nothing was queued";
+    KILN_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE"));
+    Statement s(db_,
+                "INSERT INTO jobs (workload, target, anchor_op, workload_text, model, state, created)"
+                " VALUES (?1, ?2, ?3, '', ?4, 'queued', strftime('%s', 'now'))"
+                " ON CONFLICT (workload, target) DO UPDATE SET state = 'queued', attempts = 0, model = excluded.model"
+                " WHERE jobs.state = 'failed'");
+    int64_t n = 0;
+    Status st = s.ok() ? Status::ok() : error("queueing jobs");
+    for (size_t i = 0; st.is_ok() && i < jobs.size(); ++i) {
+      sqlite3_reset(s.get());
+      s.bind(1, jobs[i].workload);
+      s.bind(2, jobs[i].target);
+      s.bind(3, jobs[i].anchor_op);
+      s.bind(4, jobs[i].model);
+      if (sqlite3_step(s.get()) != SQLITE_DONE) st = error("queueing a job");
+      else n += sqlite3_changes(db_);
+    }
+    if (!st.is_ok()) {
+      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      return st;
+    }
+    KILN_RETURN_IF_ERROR(exec("COMMIT"));
+    return n;
+  }
+
+  Result<std::optional<Job>> claim(const std::string& worker, const std::string& target, int lease_s) override {
+    if (read_only_) return io_error() << path_ << ": the tuning database is read-only";
+    // One IMMEDIATE transaction: no other process writes between the pick and the update.
+    KILN_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE"));
+    auto fail = [&](const char* what) {
+      Status st = error(what);
+      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      return st;
+    };
+    {
+      Statement dead(db_, "UPDATE jobs SET state = 'failed' WHERE state = 'running' AND lease_until < strftime('%s', 'now')"
+                          " AND attempts >= ?1");
+      if (!dead.ok()) return fail("expiring jobs");
+      dead.bind(1, static_cast<int64_t>(kMaxJobAttempts));
+      if (sqlite3_step(dead.get()) != SQLITE_DONE) return fail("expiring jobs");
+    }
+    Statement pick(db_, "SELECT id, workload, target, model, attempts FROM jobs WHERE target = ?1 AND (state = 'queued'"
+                        " OR (state = 'running' AND lease_until < strftime('%s', 'now'))) ORDER BY id LIMIT 1");
+    if (!pick.ok()) return fail("claiming a job");
+    pick.bind(1, target);
+    int rc = sqlite3_step(pick.get());
+    if (rc == SQLITE_DONE) {
+      KILN_RETURN_IF_ERROR(exec("COMMIT"));
+      return std::optional<Job>();
+    }
+    if (rc != SQLITE_ROW) return fail("claiming a job");
+    Job job;
+    job.id = sqlite3_column_int64(pick.get(), 0);
+    job.workload = pick.text(1);
+    job.target = pick.text(2);
+    job.model = pick.text(3);
+    job.attempts = static_cast<int>(sqlite3_column_int64(pick.get(), 4)) + 1;
+    Statement take(db_, "UPDATE jobs SET state = 'running', worker = ?1, lease_until = strftime('%s', 'now') + ?2,"
+                        " attempts = attempts + 1 WHERE id = ?3");
+    if (!take.ok()) return fail("claiming a job");
+    take.bind(1, worker);
+    take.bind(2, static_cast<int64_t>(lease_s));
+    take.bind(3, job.id);
+    if (sqlite3_step(take.get()) != SQLITE_DONE) return fail("claiming a job");
+    KILN_RETURN_IF_ERROR(exec("COMMIT"));
+    return std::optional<Job>(job);
+  }
+
+  Status heartbeat(int64_t job, const std::string& worker, int lease_s) override {
+    Statement s(db_, "UPDATE jobs SET lease_until = strftime('%s', 'now') + ?1 WHERE id = ?2 AND worker = ?3"
+                     " AND state = 'running'");
+    if (!s.ok()) return error("renewing a lease");
+    s.bind(1, static_cast<int64_t>(lease_s));
+    s.bind(2, job);
+    s.bind(3, worker);
+    if (sqlite3_step(s.get()) != SQLITE_DONE) return error("renewing a lease");
+    if (sqlite3_changes(db_) != 1) return io_error() << path_ << ": job " << job << " is no longer " << worker << "'s";
+    return Status::ok();
+  }
+
+  Status finish(int64_t job, const std::string& worker, bool ok) override {
+    Statement s(db_, "UPDATE jobs SET state = ?1, lease_until = NULL WHERE id = ?2 AND worker = ?3 AND state = 'running'");
+    if (!s.ok()) return error("finishing a job");
+    s.bind(1, std::string(ok ? "done" : "failed"));
+    s.bind(2, job);
+    s.bind(3, worker);
+    if (sqlite3_step(s.get()) != SQLITE_DONE) return error("finishing a job");
+    if (sqlite3_changes(db_) != 1) return io_error() << path_ << ": job " << job << " is no longer " << worker << "'s";
+    return Status::ok();
+  }
+
   Result<int64_t> prune(int keep) override {
     if (read_only_) return io_error() << path_ << ": the tuning database is read-only";
     if (keep < 1) return invalid_argument() << "prune must keep at least 1 record per schedule";

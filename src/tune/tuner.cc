@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "db/database.h"
 #include "driver/compile.h"
@@ -109,14 +110,12 @@ Result<double> parse_duration(const std::string& text) {
   return v * scale;
 }
 
-Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions& options, std::ostream& log) {
-  g_stop = false;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  TuneSummary summary;
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<db::Database> database, db::open_database(options.db, true));
+namespace {
 
-  // Stages 1-3 of compilation (driver/compile.cc), then the workloads kernel choice would ask for.
+// Stages 1-3 of compilation (driver/compile.cc) with --dim bindings: the
+// graph kernel choice would see, and its symbol bounds.
+Result<std::pair<std::unique_ptr<Graph>, SymbolBounds>> graph_before_choice(const std::string& model_path,
+                                                                           const TuneOptions& options) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(model_path));
   if (!options.dims.empty()) {
     std::map<std::string, Expr, std::less<>> repl;
@@ -134,6 +133,110 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
   driver::KernelEvaluator evaluator(copts);
   KILN_ASSIGN_OR_RETURN(passes::PassContext ctx, driver::pass_context(*g, copts, &evaluator));
   KILN_RETURN_IF_ERROR(driver::run_graph_passes(*g, copts, ctx));
+  SymbolBounds bounds = ctx.infer.bounds;
+  return std::make_pair(std::move(g), std::move(bounds));
+}
+
+std::string job_model(const std::string& path, const std::map<std::string, int64_t>& dims) {
+  std::string out = path;
+  char sep = '|';
+  for (const auto& [name, v] : dims) {
+    out += sep + name + "=" + std::to_string(v);
+    sep = ',';
+  }
+  return out;
+}
+
+Status parse_job_model(const std::string& text, std::string* path, std::map<std::string, int64_t>* dims) {
+  size_t bar = text.find('|');
+  *path = text.substr(0, bar);
+  if (bar == std::string::npos) return Status::ok();
+  std::istringstream is(text.substr(bar + 1));
+  std::string item;
+  while (std::getline(is, item, ',')) {
+    size_t eq = item.find('=');
+    if (eq == std::string::npos) return invalid_argument() << "job model '" << text << "': bad binding '" << item << "'";
+    (*dims)[item.substr(0, eq)] = std::atoll(item.c_str() + eq + 1);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<int64_t> enqueue_model(const std::string& model_path, const TuneOptions& options, std::ostream& log) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<db::Database> database, db::open_database(options.db, true));
+  KILN_ASSIGN_OR_RETURN(auto prepared, graph_before_choice(model_path, options));
+  const std::string target = TargetKey::host(Target::host()).text();
+  std::vector<db::JobSpec> jobs;
+  std::set<std::string> seen;
+  for (kernels::GroupWorkload& gw : kernels::candidate_workloads(*prepared.first, prepared.second, true))
+    if (seen.insert(gw.workload.key).second)
+      jobs.push_back(db::JobSpec{gw.workload.key, target, gw.workload.anchor_op, job_model(model_path, options.dims)});
+  KILN_ASSIGN_OR_RETURN(int64_t queued, database->enqueue(jobs));
+  log << "queued " << queued << " of " << jobs.size() << " workloads of " << model_path << " in "
+      << database->location() << "\n";
+  return queued;
+}
+
+Result<WorkerSummary> run_worker(const WorkerOptions& options, std::ostream& log) {
+  g_stop = false;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<db::Database> database, db::open_database(options.tune.db, false));
+  const std::string target = TargetKey::host(Target::host()).text();
+  WorkerSummary summary;
+  while (!g_stop) {
+    KILN_ASSIGN_OR_RETURN(std::optional<db::Job> job, database->claim(options.name, target, options.lease_s));
+    if (!job) {
+      if (options.exit_when_idle) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(options.idle_poll_s * 1000)));
+      continue;
+    }
+    log << options.name << ": job " << job->id << " (workload " << job->workload.substr(0, 12) << ", attempt "
+        << job->attempts << ")\n";
+    TuneOptions to = options.tune;
+    to.only_workloads = {job->workload};
+    std::string path;
+    Status st = parse_job_model(job->model, &path, &to.dims);
+    // The lease is renewed while the job runs, on the worker's own connection.
+    std::atomic<bool> done{false};
+    std::atomic<bool> lost{false};
+    std::thread beat([&] {
+      auto db2 = db::open_database(options.tune.db, false);
+      while (!done) {
+        for (int i = 0; i < options.lease_s * 10 / 3 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (done || !db2.is_ok()) break;
+        if (!(*db2)->heartbeat(job->id, options.name, options.lease_s).is_ok()) lost = true;
+      }
+    });
+    std::ostringstream quiet;
+    Result<TuneSummary> r = st.is_ok() ? tune_model(path, to, quiet) : Result<TuneSummary>(st);
+    done = true;
+    beat.join();
+    if (r.is_ok()) summary.trials += r->trials;
+    if (!r.is_ok()) log << options.name << ": job " << job->id << " failed: " << r.status().to_string() << "\n";
+    if (lost) {
+      log << options.name << ": job " << job->id << " was taken back (lease lost); its committed records stay\n";
+      continue;
+    }
+    KILN_RETURN_IF_ERROR(database->finish(job->id, options.name, r.is_ok()));
+    ++summary.jobs;
+    if (!r.is_ok()) ++summary.failed;
+  }
+  return summary;
+}
+
+Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions& options, std::ostream& log) {
+  g_stop = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  TuneSummary summary;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<db::Database> database, db::open_database(options.db, true));
+
+  // Stages 1-3 of compilation (driver/compile.cc), then the workloads kernel choice would ask for.
+  KILN_ASSIGN_OR_RETURN(auto prepared, graph_before_choice(model_path, options));
+  std::unique_ptr<Graph> g = std::move(prepared.first);
+  CompileOptions copts;
+  copts.threads = options.threads;
+  const SymbolBounds bounds = std::move(prepared.second);
   const Target& target = Target::host();
   const std::string target_key = TargetKey::host(target).text();
   strategy::SelectOptions so;
@@ -142,7 +245,8 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
 
   std::vector<Task> tasks;
   std::map<std::string, size_t> by_key;
-  for (kernels::GroupWorkload& gw : kernels::candidate_workloads(*g, ctx.infer.bounds, driver::fusion_enabled(copts))) {
+  for (kernels::GroupWorkload& gw : kernels::candidate_workloads(*g, bounds, driver::fusion_enabled(copts))) {
+    if (!options.only_workloads.empty() && !options.only_workloads.count(gw.workload.key)) continue;
     auto it = by_key.find(gw.workload.key);
     if (it != by_key.end()) {
       ++tasks[it->second].count;

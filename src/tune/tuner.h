@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <ostream>
 #include <string>
 
@@ -36,6 +37,7 @@ struct TuneOptions {
   uint64_t seed = 1;
   bool live = false;                  // redraw a table on a terminal (else one line per round)
   Objective objective = Objective::kRegression;  // the cost model's (cost_model.h)
+  std::set<std::string> only_workloads;  // non-empty: tune these workload keys only (a worker's job)
   MeasureOptions measure;
 };
 
@@ -49,6 +51,29 @@ struct TuneSummary {
 };
 
 Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions& options, std::ostream& log);
+
+// `kiln tune MODEL --db URL --enqueue`: every workload of the model with
+// candidates becomes a job for this host's target (db::JobSpec; the model
+// field is "PATH" or "PATH|name=value,..." with the --dim bindings).
+// Returns how many were queued (those already queued, running or done are not).
+Result<int64_t> enqueue_model(const std::string& model_path, const TuneOptions& options, std::ostream& log);
+
+// `kiln tune-worker`: claims jobs of this host's target one at a time, tunes
+// the job's workload (TuneOptions' budget or trials per job), commits, and
+// marks the job done (failed on an error), renewing its lease while it works.
+// A worker that dies loses only uncommitted work; its job returns to the
+// queue when the lease expires.
+struct WorkerOptions {
+  TuneOptions tune;          // db, threads, per-job time_budget_s / max_trials, measure
+  std::string name;          // this worker's name in the queue (host:pid by default)
+  int lease_s = 120;
+  bool exit_when_idle = false;
+  double idle_poll_s = 5;
+};
+struct WorkerSummary {
+  int64_t jobs = 0, failed = 0, trials = 0;
+};
+Result<WorkerSummary> run_worker(const WorkerOptions& options, std::ostream& log);
 
 // Stops tune_model after the batch in progress (Ctrl-C).
 void request_stop();

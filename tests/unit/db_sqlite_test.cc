@@ -274,6 +274,54 @@ TEST(TuningDatabase, NewerSchemaIsRefusedWithItsVersion) {
   EXPECT_NE(r.status().to_string().find("schema version 7"), std::string::npos) << r.status().to_string();
 }
 
+TEST(TuningDatabase, SchemaOneIsMigratedKeepingItsRecords) {
+  std::string path = temp_dir() + "/v1.db";
+  {
+    auto db = open_database(path, true);
+    ASSERT_TRUE(db.is_ok());
+    ASSERT_TRUE((*db)->commit({record(1, 1e-3)}).is_ok());
+  }
+  // Back to what schema 1 was: no features column, no cost models.
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(raw,
+                         "ALTER TABLE records DROP COLUMN features; DROP TABLE cost_models;"
+                         " UPDATE kiln_meta SET value = '1' WHERE key = 'schema_version'",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(raw);
+  sqlite3_close(raw);
+  auto db = open_database(path, false);
+  ASSERT_TRUE(db.is_ok()) << db.status().to_string();
+  auto recs = (*db)->records_for(record(1, 1).workload);
+  ASSERT_TRUE(recs.is_ok()) << recs.status().to_string();
+  ASSERT_EQ(recs->size(), 1u);
+  EXPECT_TRUE((*recs)[0].features.empty());
+  tune::Record with = record(2, 1e-3);
+  with.features = {1.5f, -2.f, 0.f};
+  ASSERT_TRUE((*db)->commit({with}).is_ok());
+  auto back = (*db)->records_for(with.workload);
+  ASSERT_EQ(back->size(), 1u);
+  EXPECT_EQ((*back)[0].features, with.features);
+  // Cost models are stored and read back whole (bytes, zeros included).
+  const std::string blob("G{\"x\":\0\1}", 9);
+  ASSERT_TRUE((*db)->save_model("cost_model", blob, 42).is_ok());
+  int64_t trained_on = 0;
+  auto loaded = (*db)->load_model("cost_model", &trained_on);
+  ASSERT_TRUE(loaded.is_ok());
+  EXPECT_EQ(*loaded, blob);
+  EXPECT_EQ(trained_on, 42);
+  EXPECT_TRUE((*db)->load_model("other")->empty());
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(raw, "SELECT value FROM kiln_meta WHERE key = 'schema_version'", -1, &st, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(sqlite3_column_text(st, 0))), std::to_string(kSchemaVersion));
+  sqlite3_finalize(st);
+  sqlite3_close(raw);
+}
+
 TEST(TuningDatabase, PruneKeepsTheFastest) {
   auto db = open_database(temp_dir() + "/prune.db", true);
   ASSERT_TRUE(db.is_ok());

@@ -82,6 +82,8 @@ const char kUsage[] =
     "      time every instruction (kernel) over N runs; print the most expensive first\n"
     "  kiln tune MODEL [--db PATH] [--time-budget 600|10m] [--trials N] [--threads T] [--dim NAME=VALUE]\n"
     "      search every kernel's schedules and commit them to the tuning database (kiln tune --help)\n"
+    "  kiln tune MODEL --db URL --enqueue;  kiln tune-worker --db URL [--threads T] [--exit-when-idle]\n"
+    "      queue a model's workloads as jobs; workers on machines of one target claim and tune them\n"
     "  kiln db stats|export|import|prune [DB] ...\n"
     "      the tuning database (kiln db --help)\n"
     "  kiln ops\n"
@@ -669,7 +671,8 @@ int main_impl(int argc, char** argv) {
   using Command = Result<int> (*)(const std::vector<std::string>&);
   const std::map<std::string, Command> commands = {
       {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}, {"profile", cmd_profile},
-      {"db", cmd_db}, {"tune", cmd_tune}, {"tune-measure", cmd_tune_measure}};
+      {"db", cmd_db}, {"tune", cmd_tune}, {"tune-measure", cmd_tune_measure},
+      {"tune-worker", cmd_tune_worker}};
   auto it = commands.find(command);
   if (it == commands.end()) {
     std::cerr << "kiln: error: unknown command '" << command << "'\n" << kUsage;

@@ -22,36 +22,51 @@ const char kTuneUsage[] =
     "  --trials N      stop after N measured trials\n"
     "  --threads T     the thread count the model will run with (default 1)\n"
     "  --dim NAME=V    bind a symbolic input dim (kernels with symbolic shapes are skipped otherwise)\n"
+    "  --enqueue       queue the model's workloads as jobs for kiln tune-worker instead of tuning them here\n"
     "  example: kiln tune resnet50.onnx --db tuning.db --time-budget 10m\n";
 
 void on_sigint(int) { tune::request_stop(); }
+
+// The options kiln tune and kiln tune-worker share (--db, --time-budget,
+// --trials, --threads), taking their value from args[i + 1]; false: not one of them.
+Result<bool> shared_option(const std::vector<std::string>& args, size_t& i, tune::TuneOptions& options) {
+  const std::string& a = args[i];
+  if (a != "--db" && a != "--time-budget" && a != "--trials" && a != "--threads") return false;
+  if (i + 1 >= args.size()) return invalid_argument() << a << " needs a value";
+  const std::string& v = args[++i];
+  if (a == "--db") {
+    options.db = v;
+  } else if (a == "--time-budget") {
+    KILN_ASSIGN_OR_RETURN(options.time_budget_s, tune::parse_duration(v));
+  } else {
+    char* end = nullptr;
+    long long n = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < 1 || n > (1 << 30)) return invalid_argument() << a << " needs a positive integer, not '" << v << "'";
+    if (a == "--trials") options.max_trials = n;
+    else options.threads = static_cast<int>(n);
+  }
+  return true;
+}
 
 }  // namespace
 
 Result<int> cmd_tune(const std::vector<std::string>& args) {
   tune::TuneOptions options;
   std::string model;
+  bool enqueue = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> Result<std::string> {
       if (i + 1 >= args.size()) return invalid_argument() << a << " needs a value";
       return args[++i];
     };
+    KILN_ASSIGN_OR_RETURN(bool shared, shared_option(args, i, options));
+    if (shared) continue;
     if (a == "--help" || a == "-h") {
       std::cout << kTuneUsage;
       return 0;
-    } else if (a == "--db") {
-      KILN_ASSIGN_OR_RETURN(options.db, value());
-    } else if (a == "--time-budget") {
-      KILN_ASSIGN_OR_RETURN(std::string v, value());
-      KILN_ASSIGN_OR_RETURN(options.time_budget_s, tune::parse_duration(v));
-    } else if (a == "--trials" || a == "--threads") {
-      KILN_ASSIGN_OR_RETURN(std::string v, value());
-      char* end = nullptr;
-      long long n = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 1 || n > (1 << 30)) return invalid_argument() << a << " needs a positive integer, not '" << v << "'";
-      if (a == "--trials") options.max_trials = n;
-      else options.threads = static_cast<int>(n);
+    } else if (a == "--enqueue") {
+      enqueue = true;
     } else if (a == "--dim") {
       KILN_ASSIGN_OR_RETURN(std::string v, value());
       size_t eq = v.find('=');
@@ -71,11 +86,59 @@ Result<int> cmd_tune(const std::vector<std::string>& args) {
   if (options.db.empty()) options.db = db::default_database_path();
   options.live = isatty(STDOUT_FILENO) != 0;
   options.measure.worker = "/proc/self/exe";
+  if (enqueue) {
+    KILN_RETURN_IF_ERROR(tune::enqueue_model(model, options, std::cout).status());
+    return 0;
+  }
   std::signal(SIGINT, on_sigint);
   KILN_ASSIGN_OR_RETURN(tune::TuneSummary s, tune::tune_model(model, options, std::cout));
   std::cout << "tuned " << s.workloads << " workloads in " << s.seconds << " s: " << s.trials << " trials ("
             << s.failed << " failed), " << s.committed << " records committed, " << s.resumed
             << " found in the database\n";
+  return 0;
+}
+
+Result<int> cmd_tune_worker(const std::vector<std::string>& args) {
+  static const char kUsage[] =
+      "usage: kiln tune-worker [--db PATH|URL] [--threads T] [--trials N] [--time-budget S] [--exit-when-idle] [--name NAME]\n"
+      "                        [--lease SECONDS]   (a job not renewed for this long returns to the queue; default 120)\n"
+      "  claim tuning jobs of this machine's target (queued by kiln tune MODEL --enqueue), tune each job's workload\n"
+      "  (--trials / --time-budget per job; default 64 trials), commit, repeat; without --exit-when-idle, wait for jobs.\n"
+      "  example: kiln tune-worker --db postgresql://tuner@db.local/kiln --exit-when-idle\n";
+  tune::WorkerOptions options;
+  options.tune.max_trials = 64;
+  options.tune.time_budget_s = 3600;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  options.name = std::string(host) + ":" + std::to_string(getpid());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> Result<std::string> {
+      if (i + 1 >= args.size()) return invalid_argument() << a << " needs a value";
+      return args[++i];
+    };
+    KILN_ASSIGN_OR_RETURN(bool shared, shared_option(args, i, options.tune));
+    if (shared) continue;
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      return 0;
+    } else if (a == "--name") {
+      KILN_ASSIGN_OR_RETURN(options.name, value());
+    } else if (a == "--exit-when-idle") {
+      options.exit_when_idle = true;
+    } else if (a == "--lease") {
+      KILN_ASSIGN_OR_RETURN(std::string v, value());
+      options.lease_s = std::atoi(v.c_str());
+      if (options.lease_s < 1) return invalid_argument() << "--lease needs a positive number of seconds";
+    } else {
+      return invalid_argument() << "kiln tune-worker: unknown argument '" << a << "'\n" << kUsage;
+    }
+  }
+  if (options.tune.db.empty()) options.tune.db = db::default_database_path();
+  options.tune.measure.worker = "/proc/self/exe";
+  std::signal(SIGINT, on_sigint);
+  KILN_ASSIGN_OR_RETURN(tune::WorkerSummary s, tune::run_worker(options, std::cout));
+  std::cout << options.name << ": " << s.jobs << " jobs (" << s.failed << " failed), " << s.trials << " trials\n";
   return 0;
 }
 
