@@ -146,7 +146,8 @@ Result<Evaluation> evaluate(const CostModel& model, const std::vector<Sample>& t
     if (s.features.size() == static_cast<size_t>(kNumFeatures) && s.seconds > 0) by_workload[s.workload].push_back(&s);
   Evaluation e;
   int64_t right = 0;
-  for (const auto& [w, rows] : by_workload) {
+  for (const auto& entry : by_workload) {
+    const std::vector<const Sample*>& rows = entry.second;
     if (rows.size() < 2) continue;
     std::vector<std::vector<float>> f;
     for (const Sample* s : rows) f.push_back(s->features);
