@@ -10,7 +10,9 @@ namespace kiln::driver {
 
 namespace {
 // Points drawn from each candidate's space for a zero-shot pick, besides its default.
-constexpr int kZeroShotDraws = 3;
+constexpr int kZeroShotDraws = 8;
+// The default point stays while fewer than this many points score above it.
+constexpr int kZeroShotTrust = 3;
 }  // namespace
 
 DatabaseSource::DatabaseSource(std::shared_ptr<db::Database> db, const Graph& graph,
@@ -39,14 +41,16 @@ std::optional<strategy::Choice> DatabaseSource::predict(const Node& n, const ker
                         db_->location().c_str(), st.to_string().c_str());
     }
   }
-  if (!model_) return std::nullopt;
+  if (!model_ || applicable.empty()) return std::nullopt;
   size_t anchor = 0;
   auto group = tune::group_graph(graph_, gw, &anchor);
   if (!group.is_ok()) return std::nullopt;
-  // Each candidate's default point and a few drawn from its space.
+  // The priority candidate's default point and a few drawn from its space.
+  // Switching candidates is left to measurement (a record): loop-IR features
+  // compare knob points of one template better than different algorithms.
   std::mt19937_64 rng(std::stoull(gw.workload.key.substr(0, 15), nullptr, 16));
   std::vector<tune::Trial> trials;
-  for (const strategy::Candidate* c : applicable) {
+  for (const strategy::Candidate* c : {applicable.front()}) {
     tir::Knobs def = c->default_knobs ? c->default_knobs(n, target) : tir::Knobs{};
     trials.push_back({c->name, tir::knobs_to_string(def)});
     tir::KnobSpace space = c->space ? c->space(n, target) : tir::KnobSpace{};
@@ -65,14 +69,28 @@ std::optional<strategy::Choice> DatabaseSource::predict(const Node& n, const ker
   size_t best = 0;
   for (size_t i = 1; i < pred->size(); ++i)
     if ((*pred)[i] > (*pred)[best]) best = i;
+  // The priority choice's default point (trials[0]) stays unless the model
+  // ranks it below its top few: on workloads it never saw, the model orders
+  // pairs of points less reliably than it finds a good few.
+  bool kept_default = false;
+  if (!scored.empty() && scored[0] == &trials[0] && best != 0) {
+    int above = 0;
+    for (size_t i = 1; i < pred->size(); ++i)
+      if ((*pred)[i] > (*pred)[0]) ++above;
+    if (above < kZeroShotTrust) {
+      best = 0;
+      kept_default = true;
+    }
+  }
   auto knobs = tir::parse_knobs(scored[best]->knobs);
   if (!knobs.is_ok()) return std::nullopt;
   strategy::Choice c;
   c.candidate = scored[best]->candidate;
   c.knobs = *knobs;
   c.source = "predicted";
-  c.why = "cost model's best of " + std::to_string(scored.size()) + " points, no record of workload " +
-          gw.workload.key.substr(0, 12);
+  c.why = (kept_default ? "the default point, in the cost model's top " + std::to_string(kZeroShotTrust) + " of "
+                         : "cost model's best of ") +
+          std::to_string(scored.size()) + " points, no record of workload " + gw.workload.key.substr(0, 12);
   return c;
 }
 

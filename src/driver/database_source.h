@@ -1,10 +1,11 @@
 // The tuning database as a choice source of kernel choice (strategy.h): the
 // best record of each node's workload on this target (tune/tune.h), exact
 // target first, then a compatible one. For a miss, where the database holds a
-// trained cost model (tune/cost_model.h), the model's pick among each
-// applicable candidate's default point and a few points drawn from its space
+// trained cost model (tune/cost_model.h), the model's pick among the
+// priority candidate's default point and a few points drawn from its space
 // (seeded by the workload, so a compile is repeatable), without measuring:
-// the source is then "predicted".
+// the source is then "predicted". The default point stays unless at least
+// three points score above it.
 #pragma once
 
 #include <map>
