@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 
+#include "db/columns.h"
 #include "db/database.h"
 
 namespace kiln::db {
@@ -38,22 +39,6 @@ struct ResultDeleter {
   void operator()(PGresult* r) const { PQclear(r); }
 };
 using PgResult = std::unique_ptr<PGresult, ResultDeleter>;
-
-std::string floats_text(const std::vector<float>& v) {
-  std::ostringstream os;
-  os.precision(7);
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? " " : "") << v[i];
-  return os.str();
-}
-
-template <typename T>
-std::vector<T> parse_numbers(const char* s) {
-  std::vector<T> out;
-  std::istringstream is(s ? s : "");
-  T x{};
-  while (is >> x) out.push_back(x);
-  return out;
-}
 
 std::string without_password(const std::string& url) {
   size_t at = url.find('@');
@@ -131,17 +116,15 @@ class PostgresDatabase : public Database {
         rollback();
         return invalid_argument() << "record of " << r.workload << " has no latencies";
       }
-      std::ostringstream lat, med;
-      lat.precision(9);
+      std::ostringstream med;
       med.precision(17);
-      for (size_t i = 0; i < r.latencies_s.size(); ++i) lat << (i ? " " : "") << r.latencies_s[i];
       med << r.median_s();
       auto st = run("INSERT INTO kiln_records (workload, anchor_op, target, candidate, knobs, schedule, latencies, median_s,"
                     " threads, host, kiln_version, time, workload_text, features)"
                     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-                    {r.workload, r.anchor_op, r.target, r.candidate, r.knobs, r.schedule, lat.str(), med.str(),
+                    {r.workload, r.anchor_op, r.target, r.candidate, r.knobs, r.schedule, numbers_text(r.latencies_s, 9), med.str(),
                      std::to_string(r.threads), r.host, r.kiln_version, std::to_string(r.time), r.workload_text,
-                     floats_text(r.features)});
+                     numbers_text(r.features, 7)});
       if (!st.is_ok()) {
         rollback();
         return st.status();

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "db/columns.h"
 #include "db/database.h"
 
 namespace kiln::db {
@@ -43,35 +44,9 @@ const char* const kMigrateV1toV2[] = {
     "UPDATE kiln_meta SET value = '2' WHERE key = 'schema_version'",
 };
 
-std::string floats_text(const std::vector<float>& v) {
-  std::ostringstream os;
-  os.precision(7);
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? " " : "") << v[i];
-  return os.str();
-}
 
-std::vector<float> parse_floats(const std::string& s) {
-  std::vector<float> out;
-  std::istringstream is(s);
-  float x = 0;
-  while (is >> x) out.push_back(x);
-  return out;
-}
 
-std::string latencies_text(const std::vector<double>& v) {
-  std::ostringstream os;
-  os.precision(9);
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? " " : "") << v[i];
-  return os.str();
-}
 
-std::vector<double> parse_latencies(const std::string& s) {
-  std::vector<double> out;
-  std::istringstream is(s);
-  double x = 0;
-  while (is >> x) out.push_back(x);
-  return out;
-}
 
 class Statement {
  public:
@@ -356,14 +331,14 @@ class SqliteDatabase : public Database {
       s.bind(4, r.candidate);
       s.bind(5, r.knobs);
       s.bind(6, r.schedule);
-      s.bind(7, latencies_text(r.latencies_s));
+      s.bind(7, numbers_text(r.latencies_s, 9));
       s.bind(8, r.median_s());
       s.bind(9, static_cast<int64_t>(r.threads));
       s.bind(10, r.host);
       s.bind(11, r.kiln_version);
       s.bind(12, r.time);
       s.bind(13, r.workload_text);
-      s.bind(14, floats_text(r.features));
+      s.bind(14, numbers_text(r.features, 7));
       if (sqlite3_step(s.get()) != SQLITE_DONE) return error("inserting a record");
     }
     return Status::ok();
@@ -377,13 +352,13 @@ class SqliteDatabase : public Database {
     r.candidate = s.text(3);
     r.knobs = s.text(4);
     r.schedule = s.text(5);
-    r.latencies_s = parse_latencies(s.text(6));
+    r.latencies_s = parse_numbers<double>(s.text(6));
     r.threads = static_cast<int>(sqlite3_column_int64(s.get(), 7));
     r.host = s.text(8);
     r.kiln_version = s.text(9);
     r.time = sqlite3_column_int64(s.get(), 10);
     r.workload_text = s.text(11);
-    r.features = parse_floats(s.text(12));
+    r.features = parse_numbers<float>(s.text(12));
     return r;
   }
 

@@ -49,11 +49,15 @@ Matrix matrix_of(const std::vector<Sample>& samples) {
 
 const char* objective_name(Objective o) { return o == Objective::kRank ? "rank:pairwise" : "reg:squarederror"; }
 
+std::optional<Sample> sample_of(const Record& r) {
+  if (r.features.size() != static_cast<size_t>(kNumFeatures) || r.latencies_s.empty()) return std::nullopt;
+  return Sample{r.workload + "|" + r.target + "|" + std::to_string(r.threads), r.features, r.median_s()};
+}
+
 std::vector<Sample> samples_of(const std::vector<Record>& records) {
   std::vector<Sample> out;
   for (const Record& r : records)
-    if (r.features.size() == static_cast<size_t>(kNumFeatures) && !r.latencies_s.empty())
-      out.push_back(Sample{r.workload + "|" + r.target + "|" + std::to_string(r.threads), r.features, r.median_s()});
+    if (auto s = sample_of(r)) out.push_back(std::move(*s));
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <cpuid.h>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -386,9 +387,17 @@ Result<Record> Record::from_json(const std::string& line) {
     if (t->second < 1 || t->second > 1 << 16) return invalid_argument() << "record has " << t->second << " threads";
     r.threads = static_cast<int>(t->second);
   }
-  if (auto t = n.find("time"); t != n.end()) r.time = static_cast<int64_t>(t->second);
+  if (auto t = n.find("time"); t != n.end()) {
+    // Seconds since the epoch; anything outside +-2^53 is not a time (and would not convert).
+    if (!(std::fabs(t->second) <= 9007199254740992.0)) return invalid_argument() << "record has a time of " << t->second;
+    r.time = static_cast<int64_t>(t->second);
+  }
   if (auto f = a.find("features"); f != a.end())
-    for (double x : f->second) r.features.push_back(static_cast<float>(x));
+    for (double x : f->second) {
+      if (!(std::fabs(x) <= std::numeric_limits<float>::max()))
+        return invalid_argument() << "record has a feature of " << x << ", outside float's range";
+      r.features.push_back(static_cast<float>(x));
+    }
   return r;
 }
 

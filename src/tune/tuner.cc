@@ -295,8 +295,7 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
   // retrained as this run's records arrive.
   std::vector<Sample> samples;
   KILN_RETURN_IF_ERROR(database->for_each([&](const Record& r) -> Status {
-    if (!r.features.empty() && !r.latencies_s.empty())
-      samples.push_back(Sample{r.workload + "|" + r.target + "|" + std::to_string(r.threads), r.features, r.median_s()});
+    if (auto sample = sample_of(r)) samples.push_back(std::move(*sample));
     return Status::ok();
   }));
   CostModel model;
@@ -344,7 +343,7 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
       r.time = static_cast<int64_t>(std::time(nullptr));
       r.workload_text = t.gw.workload.text;
       r.features = res[i].features;
-      if (!r.features.empty()) samples.push_back(Sample{r.workload + "|" + r.target + "|" + std::to_string(r.threads), r.features, r.median_s()});
+      if (auto sample = sample_of(r)) samples.push_back(std::move(*sample));
       records.push_back(std::move(r));
     }
     KILN_RETURN_IF_ERROR(database->commit(records));

@@ -107,8 +107,13 @@ TEST(TuningDatabase, ExportImportRoundTripAndBadLines) {
   EXPECT_EQ((*back)[0].schedule, odd.schedule);
   EXPECT_EQ((*back)[0].to_json(), odd.to_json());
   // A bad line is named and nothing of the file is committed.
+  // A time or a feature no number type holds is refused (it would not convert).
+  std::string huge_time = record(7, 1e-3).to_json();
+  huge_time.replace(huge_time.find("\"time\": 1700000000"), 18, "\"time\": 1e300");
+  std::string huge_feature = record(7, 1e-3).to_json();
+  huge_feature.replace(huge_feature.find("\"features\": []"), 14, "\"features\": [1e300]");
   for (const std::string& bad : {std::string("{\"workload\": \"abc\"}"), std::string("{\"workload\": "),
-                                 std::string("not json"), std::string("{}")}) {
+                                 std::string("not json"), std::string("{}"), huge_time, huge_feature}) {
     std::stringstream mixed(record(9, 1e-3).to_json() + "\n" + bad + "\n");
     Status st = import_records(**b, mixed, &n);
     EXPECT_FALSE(st.is_ok()) << bad;
