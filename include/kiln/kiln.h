@@ -50,6 +50,11 @@ struct CompileOptions {
   // were none. KILN_DB=off, or no_db, asks none.
   std::string db;
   bool no_db = false;
+  // Kernels the database has no record of (for this target and thread
+  // count) are queued there as tuning jobs for `kiln tune-worker`: those of
+  // a model read from a file, with static shapes. The compile itself still
+  // takes the cost model's pick or the priority choice.
+  bool tune_missing = false;
 };
 
 // Description of one graph input or output. Dims print symbolically ("n", "s + 1").

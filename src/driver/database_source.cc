@@ -100,57 +100,111 @@ std::optional<strategy::Choice> DatabaseSource::lookup(const Node& n,
   auto w = workloads_.find(&n);
   if (w == workloads_.end() || !error_.is_ok()) return std::nullopt;
   const tune::Workload& workload = w->second.workload;
-  auto it = records_.find(workload.key);
-  if (it == records_.end()) {
-    auto recs = db_->records_for(workload.key);
-    if (!recs.is_ok()) {
-      error_ = recs.status();
-      return std::nullopt;
-    }
-    it = records_.emplace(workload.key, std::move(*recs)).first;
-  }
+  const std::vector<tune::Record>& recs = records(workload.key);
+  if (!error_.is_ok()) return std::nullopt;
   // Only records of candidates that apply here compete.
   std::vector<tune::Record> usable;
-  for (const tune::Record& r : it->second)
+  for (const tune::Record& r : recs)
     for (const strategy::Candidate* c : applicable)
       if (c->name == r.candidate) usable.push_back(r);
   tune::TargetMatch match = tune::TargetMatch::kIncompatible;
   std::optional<tune::Record> best = db::best_record(usable, tune::TargetKey::host(target), threads_, &match);
-  if (!best) return predict(n, w->second, applicable, target);
-  // A record replaces the priority choice's own default point only when it
-  // is faster by more than that point's measurement noise (the spread of its
-  // middle half, at least 2%): a kernel timed alone and found 1% faster is as
-  // likely to be 1% slower in the model.
+  if (!best) {
+    add_miss(w->second, target);
+    return predict(n, w->second, applicable, target);
+  }
   if (!applicable.empty()) {
     const strategy::Candidate* first = applicable.front();
-    const std::string def = tir::knobs_to_string(first->default_knobs ? first->default_knobs(n, target) : tir::Knobs{});
-    std::vector<tune::Record> same_target;
-    for (const tune::Record& r : usable)
-      if (r.candidate == first->name && r.knobs == def && r.target == best->target && r.threads == best->threads)
-        same_target.push_back(r);
-    if (!same_target.empty() && !(best->candidate == first->name && best->knobs == def)) {
-      const tune::Record& d = same_target.front();
-      std::vector<double> v = d.latencies_s;
-      std::sort(v.begin(), v.end());
-      const double median = d.median_s();
-      const double spread = median > 0 ? (v[v.size() * 3 / 4] - v[v.size() / 4]) / median : 0;
-      if (best->median_s() > median * (1 - std::max(0.02, spread))) best = d;
+    keep_default_within_noise(
+        usable, first->name, tir::knobs_to_string(first->default_knobs ? first->default_knobs(n, target) : tir::Knobs{}),
+        *best);
+  }
+  return choice_of(*best, match, n.describe(), workload);
+}
+
+std::optional<strategy::Choice> DatabaseSource::lookup_generic(const kernels::GroupWorkload& gw, const Target& target) {
+  if (!error_.is_ok()) return std::nullopt;
+  const tir::KnobSpace space = strategy::generic_space(gw.def, target, threads_);
+  if (space.knobs.empty()) return std::nullopt;
+  // A record whose point left the space (the rules that build it changed) is skipped.
+  std::vector<tune::Record> usable;
+  for (const tune::Record& r : records(gw.workload.key)) {
+    if (r.candidate != strategy::kGenericCandidate) continue;
+    auto k = tir::parse_knobs(r.knobs);
+    if (k.is_ok() && space.contains(*k)) {
+      usable.push_back(r);
+    } else if (warned_.insert(r.workload + r.knobs).second) {
+      std::fprintf(stderr, "kiln: warning: %s: ignoring the database record generic '%s' (not in the kernel's space)\n",
+                   gw.anchor->describe().c_str(), r.knobs.c_str());
     }
   }
-  auto knobs = tir::parse_knobs(best->knobs);
+  tune::TargetMatch match = tune::TargetMatch::kIncompatible;
+  std::optional<tune::Record> best = db::best_record(usable, tune::TargetKey::host(target), threads_, &match);
+  if (!best) {
+    add_miss(gw, target);
+    return std::nullopt;
+  }
+  keep_default_within_noise(usable, strategy::kGenericCandidate,
+                            tir::knobs_to_string(strategy::generic_defaults(space)), *best);
+  return choice_of(*best, match, gw.anchor->describe(), gw.workload);
+}
+
+void DatabaseSource::add_miss(const kernels::GroupWorkload& gw, const Target& target) {
+  for (const Value* v : gw.inputs)
+    if (!v->is_constant() && !v->type().is_static()) {
+      ++symbolic_misses_;
+      return;
+    }
+  for (const db::JobSpec& j : misses_)
+    if (j.workload == gw.workload.key) return;
+  misses_.push_back(db::JobSpec{gw.workload.key, tune::TargetKey::host(target).text(), gw.workload.anchor_op, ""});
+}
+
+const std::vector<tune::Record>& DatabaseSource::records(const std::string& key) {
+  auto it = records_.find(key);
+  if (it == records_.end()) {
+    auto recs = db_->records_for(key);
+    if (!recs.is_ok()) error_ = recs.status();
+    it = records_.emplace(key, recs.is_ok() ? std::move(*recs) : std::vector<tune::Record>{}).first;
+  }
+  return it->second;
+}
+
+// A record replaces a candidate's own default point only when it is faster
+// by more than that point's measurement noise (the spread of its middle
+// half, at least 2%): a kernel timed alone and found 1% faster is as likely
+// to be 1% slower in the model.
+void DatabaseSource::keep_default_within_noise(const std::vector<tune::Record>& usable, const std::string& candidate,
+                                               const std::string& default_knobs, tune::Record& best) {
+  if (best.candidate == candidate && best.knobs == default_knobs) return;
+  for (const tune::Record& d : usable) {
+    if (d.candidate != candidate || d.knobs != default_knobs || d.target != best.target || d.threads != best.threads)
+      continue;
+    std::vector<double> v = d.latencies_s;
+    std::sort(v.begin(), v.end());
+    const double median = d.median_s();
+    const double spread = median > 0 ? (v[v.size() * 3 / 4] - v[v.size() / 4]) / median : 0;
+    if (best.median_s() > median * (1 - std::max(0.02, spread))) best = d;
+    return;
+  }
+}
+
+std::optional<strategy::Choice> DatabaseSource::choice_of(const tune::Record& best, tune::TargetMatch match,
+                                                          const std::string& where, const tune::Workload& workload) {
+  auto knobs = tir::parse_knobs(best.knobs);
   if (!knobs.is_ok()) {
-    std::fprintf(stderr, "kiln: warning: %s: ignoring the database record %s '%s' (%s)\n", n.describe().c_str(),
-                 best->candidate.c_str(), best->knobs.c_str(), knobs.status().to_string().c_str());
+    std::fprintf(stderr, "kiln: warning: %s: ignoring the database record %s '%s' (%s)\n", where.c_str(),
+                 best.candidate.c_str(), best.knobs.c_str(), knobs.status().to_string().c_str());
     return std::nullopt;
   }
   strategy::Choice c;
-  c.candidate = best->candidate;
+  c.candidate = best.candidate;
   c.knobs = *knobs;
   c.source = match == tune::TargetMatch::kExact ? "database" : "database (compatible target)";
   char ms[64];
-  std::snprintf(ms, sizeof ms, "%.3f ms", best->median_s() * 1e3);
-  c.why = std::string("record ") + ms + " at " + std::to_string(best->threads) + " thread" +
-          (best->threads == 1 ? "" : "s") + " on " + best->host + ", workload " + workload.key.substr(0, 12);
+  std::snprintf(ms, sizeof ms, "%.3f ms", best.median_s() * 1e3);
+  c.why = std::string("record ") + ms + " at " + std::to_string(best.threads) + " thread" +
+          (best.threads == 1 ? "" : "s") + " on " + best.host + ", workload " + workload.key.substr(0, 12);
   return c;
 }
 

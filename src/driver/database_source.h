@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "db/database.h"
@@ -28,11 +29,25 @@ class DatabaseSource : public strategy::ChoiceSource {
   std::string name() const override { return "database"; }
   std::optional<strategy::Choice> lookup(const Node& n, const std::vector<const strategy::Candidate*>& applicable,
                                          const Target& target) override;
+  // The best record of a kernel without a candidate (generic_workloads'),
+  // with the same rules; nullopt for a miss (the default schedule: no
+  // zero-shot pick in the generic space).
+  std::optional<strategy::Choice> lookup_generic(const kernels::GroupWorkload& gw, const Target& target);
+  // The workloads looked up without a record (exact or compatible target),
+  // as jobs for this target (db::JobSpec, the model left empty); those whose
+  // group has a symbolic input shape, which a worker cannot tune, are only counted.
+  const std::vector<db::JobSpec>& misses() const { return misses_; }
+  int symbolic_misses() const { return symbolic_misses_; }
   // Errors met reading the database (reported by the compile that owns it).
   const Status& error() const { return error_; }
 
  private:
   std::shared_ptr<db::Database> db_;
+  const std::vector<tune::Record>& records(const std::string& key);  // read once per key
+  static void keep_default_within_noise(const std::vector<tune::Record>& usable, const std::string& candidate,
+                                        const std::string& default_knobs, tune::Record& best);
+  static std::optional<strategy::Choice> choice_of(const tune::Record& best, tune::TargetMatch match,
+                                                   const std::string& where, const tune::Workload& workload);
   std::optional<strategy::Choice> predict(const Node& n, const kernels::GroupWorkload& gw,
                                           const std::vector<const strategy::Candidate*>& applicable, const Target& target);
   const Graph& graph_;
@@ -41,6 +56,10 @@ class DatabaseSource : public strategy::ChoiceSource {
   std::unique_ptr<tune::CostModel> model_;  // loaded on the first miss
   bool model_loaded_ = false;
   std::map<std::string, std::vector<tune::Record>> records_;  // by workload key, read once
+  void add_miss(const kernels::GroupWorkload& gw, const Target& target);
+  std::vector<db::JobSpec> misses_;
+  int symbolic_misses_ = 0;
+  std::set<std::string> warned_;  // stale generic records reported
   Status error_;
 };
 

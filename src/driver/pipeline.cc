@@ -330,6 +330,33 @@ Result<std::shared_ptr<db::Database>> compile_database(const CompileOptions& opt
   return std::shared_ptr<db::Database>(std::move(database));
 }
 
+namespace {
+// --tune-missing: the source's misses become jobs naming the model's file.
+Status queue_misses(const Graph& g, db::Database& database, const DatabaseSource& source, const CompileOptions& options) {
+  std::vector<db::JobSpec> jobs = source.misses();
+  std::error_code ec;
+  if (jobs.empty() && source.symbolic_misses() == 0) return Status::ok();
+  if (g.source.empty() || !std::filesystem::is_regular_file(g.source, ec)) {
+    std::fprintf(stderr, "kiln: %zu kernel%s no tuning record; not queued (the model was not read from a file)\n",
+                 jobs.size(), jobs.size() == 1 ? " has" : "s have");
+    return Status::ok();
+  }
+  const std::string model = std::filesystem::absolute(g.source, ec).string();
+  for (db::JobSpec& j : jobs) j.model = model;
+  auto queued_or = database.enqueue(jobs);
+  if (!queued_or.is_ok()) return queued_or.status().with_context("tuning database: --tune-missing");
+  const int64_t queued = *queued_or;
+  std::fprintf(stderr, "kiln: %zu kernel%s no tuning record at %d thread%s: %lld queued in %s", jobs.size(),
+               jobs.size() == 1 ? " has" : "s have", resolve_threads(options.threads),
+               resolve_threads(options.threads) == 1 ? "" : "s",
+               static_cast<long long>(queued), database.location().c_str());
+  if (source.symbolic_misses() > 0)
+    std::fprintf(stderr, " (%d more have symbolic shapes: kiln tune --dim binds them)", source.symbolic_misses());
+  std::fprintf(stderr, "; kiln tune-worker --db %s tunes them\n", database.location().c_str());
+  return Status::ok();
+}
+}  // namespace
+
 Status choose_kernels(Graph& g, const CompileOptions& options, passes::PassContext& ctx) {
   if (!split_pass_list(options).second) return Status::ok();
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<db::Database> database, compile_database(options));
@@ -343,7 +370,14 @@ Status choose_kernels(Graph& g, const CompileOptions& options, passes::PassConte
   Status st = passes::run_passes(g, {kKernelChoicePass}, ctx).status();
   if (source) {
     ctx.select.sources.pop_back();
+    // Kernels without a candidate: the database's point of their generic
+    // space, on each group's last node (define_kernels reads it).
+    if (st.is_ok())
+      for (kernels::GroupWorkload& gw :
+           kernels::generic_workloads(g, ctx.infer.bounds, fusion_enabled(options), /*before_choice=*/false))
+        if (auto c = source->lookup_generic(gw, ctx.select.target)) strategy::record_generic_choice(*gw.group.back(), *c);
     if (!source->error().is_ok()) return source->error().with_context("tuning database");
+    if (st.is_ok() && options.tune_missing) KILN_RETURN_IF_ERROR(queue_misses(g, *database, *source, options));
   }
   return st;
 }

@@ -126,7 +126,10 @@ Result<KernelSet> define_kernels(const partition::Partition& p, const SymbolBoun
     const Node* anchor = nullptr;
     for (const Node* n : group.nodes)
       if (n->has_attr(strategy::kImplAttr) || (p.candidates_are_anchors && partition::is_anchor(n, true))) anchor = n;
-    std::optional<strategy::Choice> choice = anchor ? strategy::recorded_choice(*anchor) : std::nullopt;
+    // Without one, a generic-space choice recorded on the group's last node
+    // (strategy.h: the database's, or a tuning trial's).
+    std::optional<strategy::Choice> choice =
+        anchor ? strategy::recorded_choice(*anchor) : strategy::recorded_generic_choice(*root);
     // Kernels are compiled in canonical form, so a schedule trace names the
     // same stages and axes whichever model the kernel comes from.
     tir::CanonicalKernel canon = tir::canonicalize(defined->def, &bounds);
@@ -162,9 +165,15 @@ Result<KernelSet> define_kernels(const partition::Partition& p, const SymbolBoun
   return ks;
 }
 
-std::vector<GroupWorkload> candidate_workloads(Graph& g, const SymbolBounds& bounds, bool fuse) {
+namespace {
+// The groups of `g`'s partition with their kernels' workloads: every node
+// that would anchor a candidate's kernel (`generic` false), or every group
+// that has none (true: its last node stands for it, with its canonical
+// kernel definition).
+std::vector<GroupWorkload> group_workloads(Graph& g, const SymbolBounds& bounds, bool fuse,
+                                           bool candidates_are_anchors, bool generic) {
   std::vector<GroupWorkload> out;
-  auto parts = partition::partition_graph(g, bounds, fuse, /*candidates_are_anchors=*/true);
+  auto parts = partition::partition_graph(g, bounds, fuse, candidates_are_anchors);
   if (!parts.is_ok()) return out;
   auto ks = define_kernels(*parts, bounds);
   if (!ks.is_ok()) return out;
@@ -172,19 +181,36 @@ std::vector<GroupWorkload> candidate_workloads(Graph& g, const SymbolBounds& bou
   (void)parts->for_each_group([&](const partition::GraphPartition&, const partition::FusedGroup& group) -> Status {
     const GroupCall& call = ks->calls.at(&group);
     const Kernel& k = ks->kernels[static_cast<size_t>(call.kernel)];
-    for (const Node* n : group.nodes) {
-      if (!partition::is_anchor(n, true)) continue;
+    std::vector<const Node*> anchors;
+    if (!generic) {
+      for (const Node* n : group.nodes)
+        if (partition::is_anchor(n, true)) anchors.push_back(n);
+    } else if (k.anchor == nullptr) {
+      anchors.push_back(group.nodes.back());
+    }
+    for (const Node* n : anchors) {
       GroupWorkload gw;
       gw.anchor = n;
       gw.group = group.nodes;
       gw.inputs = call.inputs;
       gw.outputs = call.outputs;
       gw.workload = tune::Workload::make(n->op_type(), k.canon.text);
+      if (generic) gw.def = k.canon.def;
+      gw.generic = generic;
       out.push_back(std::move(gw));
     }
     return Status::ok();
   });
   return out;
+}
+}  // namespace
+
+std::vector<GroupWorkload> candidate_workloads(Graph& g, const SymbolBounds& bounds, bool fuse) {
+  return group_workloads(g, bounds, fuse, /*candidates_are_anchors=*/true, /*generic=*/false);
+}
+
+std::vector<GroupWorkload> generic_workloads(Graph& g, const SymbolBounds& bounds, bool fuse, bool before_choice) {
+  return group_workloads(g, bounds, fuse, before_choice, /*generic=*/true);
 }
 
 }  // namespace kiln::kernels

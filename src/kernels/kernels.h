@@ -74,8 +74,15 @@ struct GroupWorkload {
   std::vector<Node*> group;                   // the group's nodes in order (the anchor among them)
   std::vector<const Value*> inputs, outputs;  // the kernel's parameters
   tune::Workload workload;
+  bool generic = false;  // a group without a candidate: `anchor` is its last node
+  tir::KernelDef def;    // generic: the kernel's canonical definition (its space's)
 };
 std::vector<GroupWorkload> candidate_workloads(Graph& g, const SymbolBounds& bounds, bool fuse);
+// The workloads of the kernels without a candidate (the generic space's,
+// strategy.h), one per group, its last node as the anchor. `before_choice`:
+// grouped as candidate_workloads groups (for `kiln tune`, before kernel
+// choice); else as the graph's recorded choices group it.
+std::vector<GroupWorkload> generic_workloads(Graph& g, const SymbolBounds& bounds, bool fuse, bool before_choice);
 
 // Every kernel's compute definition, schedule and loop IR as text (kiln opt --lower).
 std::string kernels_text(const KernelSet& ks);

@@ -21,6 +21,8 @@ Status schedule_kernels(KernelSet& ks, bool naive) {
     }
     if (naive) {
       k.schedule = tir::naive_schedule(k.canon.def);
+    } else if (k.choice && k.choice->candidate == strategy::kGenericCandidate) {
+      k.schedule = strategy::generic_schedule(k.canon.def, k.choice->knobs);
     } else {
       auto s = strategy::schedule_for(k.canon.def, k.anchor_stage, k.anchor);
       if (!s.is_ok()) return k.where->in_context(s.status().with_context(k.root->describe() + ": schedule"));

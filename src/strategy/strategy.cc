@@ -89,23 +89,46 @@ std::vector<const Candidate*> all_candidates() {
   return out;
 }
 
+namespace {
+// A choice's source and why as one attribute, "database: record 1.2 ms ...".
+void split_source(const std::string& text, Choice& c) {
+  size_t colon = text.find(": ");
+  c.source = text.substr(0, colon);
+  if (colon != std::string::npos) c.why = text.substr(colon + 2);
+}
+std::string joined_source(const Choice& c) { return c.why.empty() ? c.source : c.source + ": " + c.why; }
+}  // namespace
+
 std::optional<Choice> recorded_choice(const Node& n) {
   if (!n.has_attr(kImplAttr)) return std::nullopt;
   Choice c;
   c.candidate = n.attr_string(kImplAttr, "");
   auto knobs = tir::parse_knobs(n.attr_string(kKnobsAttr, ""));
   if (knobs.is_ok()) c.knobs = *knobs;
-  std::string src = n.attr_string(kSourceAttr, "");
-  size_t colon = src.find(": ");
-  c.source = src.substr(0, colon);
-  if (colon != std::string::npos) c.why = src.substr(colon + 2);
+  split_source(n.attr_string(kSourceAttr, ""), c);
   return c;
 }
 
 void record_choice(Node& n, const Choice& c) {
   set_string_attr(n, kImplAttr, c.candidate);
   set_string_attr(n, kKnobsAttr, tir::knobs_to_string(c.knobs));
-  set_string_attr(n, kSourceAttr, c.why.empty() ? c.source : c.source + ": " + c.why);
+  set_string_attr(n, kSourceAttr, joined_source(c));
+}
+
+std::optional<Choice> recorded_generic_choice(const Node& n) {
+  if (!n.has_attr(kGenericKnobsAttr)) return std::nullopt;
+  auto knobs = tir::parse_knobs(n.attr_string(kGenericKnobsAttr, ""));
+  if (!knobs.is_ok()) return std::nullopt;
+  Choice c;
+  c.candidate = kGenericCandidate;
+  c.knobs = *knobs;
+  split_source(n.attr_string(kGenericSourceAttr, ""), c);
+  return c;
+}
+
+void record_generic_choice(Node& n, const Choice& c) {
+  set_string_attr(n, kGenericKnobsAttr, tir::knobs_to_string(c.knobs));
+  set_string_attr(n, kGenericSourceAttr, joined_source(c));
 }
 
 std::vector<const Candidate*> applicable_candidates(const Graph& g, const Node& n, const SelectOptions& options,

@@ -153,6 +153,25 @@ Result<tir::Schedule> schedule_for(const tir::KernelDef& k, const std::string& s
 // partition/fuse_elementwise.h puts them in the node's group.
 std::vector<const Node*> attention_nodes(const Node& anchor);
 
+// Kernels without a candidate (elementwise groups, reductions, Softmax,
+// LayerNormalization, pools, layout conversions) are tuned in a generic
+// space (generic.cc): knobs that edit tir::default_schedule per stage
+// (vector length, unrolling, which loop is parallel, the reduction's
+// schedule), each value kept only where it changes the kernel's schedule.
+// Its default point is the default schedule. A choice for such a kernel is
+// recorded on its group's last node (the database's at kernel choice, a
+// trial's when tuning) and define_kernels gives it to the kernel as the
+// candidate "generic".
+inline constexpr const char* kGenericCandidate = "generic";
+inline constexpr const char* kGenericKnobsAttr = "kiln_generic_knobs";
+inline constexpr const char* kGenericSourceAttr = "kiln_generic_source";  // "database: record ...", "tuning"
+tir::KnobSpace generic_space(const tir::KernelDef& k, const Target& t, int threads);
+tir::Knobs generic_defaults(const tir::KnobSpace& space);
+tir::Schedule generic_schedule(const tir::KernelDef& k, const tir::Knobs& knobs);
+// The generic choice recorded on a group's last node (nullopt: none or unparsable).
+std::optional<Choice> recorded_generic_choice(const Node& n);
+void record_generic_choice(Node& n, const Choice& c);
+
 // Registers the built-in candidates (idempotent; the functions above call it).
 void register_builtin_candidates();
 

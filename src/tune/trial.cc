@@ -97,7 +97,12 @@ Result<std::unique_ptr<Graph>> trial_graph(const Graph& group, size_t anchor_ind
   ictx.graph = g.get();
   ictx.bounds = g->bounds;
   KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ictx));
-  if (trial != nullptr && !trial->candidate.empty()) {
+  if (trial != nullptr && trial->candidate == strategy::kGenericCandidate) {
+    // A kernel without a candidate: the point of the generic space, on the group's last node.
+    if (anchor_index >= g->nodes().size()) return invalid_argument() << "anchor index out of range";
+    KILN_ASSIGN_OR_RETURN(tir::Knobs knobs, tir::parse_knobs(trial->knobs));
+    strategy::record_generic_choice(*g->nodes()[anchor_index], strategy::Choice{trial->candidate, knobs, "tuning", ""});
+  } else if (trial != nullptr && !trial->candidate.empty()) {
     if (anchor_index >= g->nodes().size()) return invalid_argument() << "anchor index out of range";
     Node* anchor = g->nodes()[anchor_index];
     const strategy::Candidate* c = strategy::find_candidate(trial->candidate);

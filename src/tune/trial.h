@@ -16,7 +16,7 @@
 namespace kiln::tune {
 
 struct Trial {
-  std::string candidate;  // empty: the default schedule (no candidate)
+  std::string candidate;  // empty: the default schedule (no candidate); "generic": strategy.h's generic space
   std::string knobs;      // "mr=8 nr=32"
 };
 

@@ -81,13 +81,12 @@ std::vector<Trial> propose(Task& t, int n, std::mt19937_64& rng) {
       tr.candidate = base.candidate;
       tr.knobs = tir::knobs_to_string(*k);
     } else {
-      if (t.candidates.empty()) break;
-      const strategy::Candidate* c = t.candidates[rng() % t.candidates.size()];
-      const tir::KnobSpace& sp = t.spaces[c->name];
-      if (sp.knobs.empty()) continue;
-      auto k = tir::sample_knobs(sp, rng);
+      if (t.spaces.empty()) break;
+      auto sp = std::next(t.spaces.begin(), static_cast<long>(rng() % t.spaces.size()));
+      if (sp->second.knobs.empty()) continue;
+      auto k = tir::sample_knobs(sp->second, rng);
       if (!k.is_ok()) continue;
-      tr.candidate = c->name;
+      tr.candidate = sp->first;
       tr.knobs = tir::knobs_to_string(*k);
     }
     if (fresh(tr)) out.push_back(tr);
@@ -161,6 +160,16 @@ Status parse_job_model(const std::string& text, std::string* path, std::map<std:
   return Status::ok();
 }
 
+// What `kiln tune` searches: every node with candidates (its group's
+// workload), then every group without one whose generic space holds more
+// than its default schedule.
+std::vector<kernels::GroupWorkload> tuning_workloads(Graph& g, const SymbolBounds& bounds, bool fuse) {
+  std::vector<kernels::GroupWorkload> out = kernels::candidate_workloads(g, bounds, fuse);
+  for (kernels::GroupWorkload& gw : kernels::generic_workloads(g, bounds, fuse, /*before_choice=*/true))
+    out.push_back(std::move(gw));
+  return out;
+}
+
 }  // namespace
 
 Result<int64_t> enqueue_model(const std::string& model_path, const TuneOptions& options, std::ostream& log) {
@@ -169,8 +178,9 @@ Result<int64_t> enqueue_model(const std::string& model_path, const TuneOptions& 
   const std::string target = TargetKey::host(Target::host()).text();
   std::vector<db::JobSpec> jobs;
   std::set<std::string> seen;
-  for (kernels::GroupWorkload& gw : kernels::candidate_workloads(*prepared.first, prepared.second, true))
-    if (seen.insert(gw.workload.key).second)
+  for (kernels::GroupWorkload& gw : tuning_workloads(*prepared.first, prepared.second, true))
+    if ((!gw.generic || !strategy::generic_space(gw.def, Target::host(), options.threads).knobs.empty()) &&
+        seen.insert(gw.workload.key).second)
       jobs.push_back(db::JobSpec{gw.workload.key, target, gw.workload.anchor_op, job_model(model_path, options.dims)});
   KILN_ASSIGN_OR_RETURN(int64_t queued, database->enqueue(jobs));
   log << "queued " << queued << " of " << jobs.size() << " workloads of " << model_path << " in "
@@ -245,21 +255,30 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
 
   std::vector<Task> tasks;
   std::map<std::string, size_t> by_key;
-  for (kernels::GroupWorkload& gw : kernels::candidate_workloads(*g, bounds, driver::fusion_enabled(copts))) {
+  int single_point = 0;  // generic kernels whose space holds only the default schedule
+  for (kernels::GroupWorkload& gw : tuning_workloads(*g, bounds, driver::fusion_enabled(copts))) {
     if (!options.only_workloads.empty() && !options.only_workloads.count(gw.workload.key)) continue;
     auto it = by_key.find(gw.workload.key);
     if (it != by_key.end()) {
       ++tasks[it->second].count;
       continue;
     }
-    by_key[gw.workload.key] = tasks.size();
     Task t;
     t.gw = std::move(gw);
     t.count = 1;
+    if (t.gw.generic) {
+      tir::KnobSpace space = strategy::generic_space(t.gw.def, target, options.threads);
+      if (space.knobs.empty()) {
+        ++single_point;
+        continue;
+      }
+      t.spaces[strategy::kGenericCandidate] = std::move(space);
+    }
+    by_key[t.gw.workload.key] = tasks.size();
     auto sub = group_graph(*g, t.gw, &t.anchor_index);
     if (!sub.is_ok()) {
       t.skipped = sub.status().to_string();
-    } else {
+    } else if (!t.gw.generic) {
       t.graph = std::move(*sub);
       const Node& anchor = *t.graph->nodes()[t.anchor_index];
       t.candidates = strategy::applicable_candidates(*t.graph, anchor, so);
@@ -271,11 +290,14 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
         t.skipped = "no candidate applies to the group alone";
         for (size_t i = 0; i < rejected.size(); ++i) t.skipped += (i ? "; " : ": ") + rejected[i];
       }
+    } else {
+      t.graph = std::move(*sub);
     }
     tasks.push_back(std::move(t));
   }
   summary.workloads = static_cast<int>(tasks.size());
-  log << "tuning " << model_path << ": " << tasks.size() << " workloads with candidates, " << options.threads
+  log << "tuning " << model_path << ": " << tasks.size() << " workloads (" << single_point
+      << " more without a candidate have one schedule), " << options.threads
       << " thread" << (options.threads == 1 ? "" : "s") << ", target " << target.name << "\n";
 
   // What the database already holds for this target and thread count: resumed, not measured again.
@@ -358,7 +380,7 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     }
     if (options.live) log << "\033[H\033[J";
     log << std::fixed << std::setprecision(1) << "[" << elapsed() << " s] " << phase << ": " << summary.trials
-        << " trials (" << summary.failed << " failed), kernels with candidates " << format_ms(total_default)
+        << " trials (" << summary.failed << " failed), kernels tuned " << format_ms(total_default)
         << " -> " << format_ms(total_best) << " ms\n";
     if (!options.live && std::string(phase) != "done" && std::string(phase) != "stopped") return;
     log << "  workload      op         x  trials  default ms  best ms  share\n";
@@ -379,17 +401,18 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     }
     if (out_of_budget()) break;
     const Node& anchor = *t.graph->nodes()[t.anchor_index];
+    std::vector<Trial> defaults;
+    for (const strategy::Candidate* c : t.candidates)
+      defaults.push_back({c->name, tir::knobs_to_string(c->default_knobs ? c->default_knobs(anchor, target) : tir::Knobs{})});
+    if (t.gw.generic)
+      defaults.push_back({strategy::kGenericCandidate,
+                          tir::knobs_to_string(strategy::generic_defaults(t.spaces[strategy::kGenericCandidate]))});
     std::vector<Trial> batch;
-    for (const strategy::Candidate* c : t.candidates) {
-      Trial tr{c->name, tir::knobs_to_string(c->default_knobs ? c->default_knobs(anchor, target) : tir::Knobs{})};
+    for (const Trial& tr : defaults)
       if (!t.tried.count({tr.candidate, tr.knobs})) batch.push_back(tr);
-    }
     KILN_RETURN_IF_ERROR(run_batch(t, batch));
     // The priority choice's default time: what a compile without the database runs.
-    Trial first{t.candidates.front()->name,
-                tir::knobs_to_string(t.candidates.front()->default_knobs
-                                         ? t.candidates.front()->default_knobs(anchor, target)
-                                         : tir::Knobs{})};
+    const Trial& first = defaults.front();
     for (const auto& [s, tr] : t.results)
       if (tr.candidate == first.candidate && tr.knobs == first.knobs) t.default_s = s;
     if (t.default_s == 0) t.default_s = t.best_s();

@@ -55,6 +55,20 @@ std::vector<kernels::GroupWorkload> workloads_of(Graph& g) {
   return kernels::candidate_workloads(g, ctx->infer.bounds, true);
 }
 
+// `g` inferred and written as DIR/NAME; its path ("" on an error, reported).
+std::string write_model(Graph& g, const std::string& dir, const std::string& name) {
+  ops::InferContext ictx;
+  ictx.graph = &g;
+  EXPECT_TRUE(ops::infer_shapes(g, ictx).is_ok());
+  auto bytes = export_onnx_bytes(g);
+  EXPECT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+  if (!bytes.is_ok()) return "";
+  std::string path = dir + "/" + name;
+  std::ofstream f(path, std::ios::binary);
+  f << *bytes;
+  return path;
+}
+
 std::string temp_dir() {
   std::string tmpl = (fs::temp_directory_path() / "kiln_tuner_test_XXXXXX").string();
   EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
@@ -120,16 +134,8 @@ TEST(Measure, CrashesAndHangsCostOnlyTheirTrial) {
 TEST(Tuner, TunedRecordsAreWhatTheNextCompileUses) {
   std::string dir = temp_dir();
   auto g = mlp("", 128, 64, 4);
-  ops::InferContext ictx;
-  ictx.graph = g.get();
-  ASSERT_TRUE(ops::infer_shapes(*g, ictx).is_ok());
-  auto bytes = export_onnx_bytes(*g);
-  ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
-  std::string model = dir + "/mlp.onnx";
-  {
-    std::ofstream f(model, std::ios::binary);
-    f << *bytes;
-  }
+  std::string model = write_model(*g, dir, "mlp.onnx");
+  ASSERT_FALSE(model.empty());
   TuneOptions to;
   to.db = dir + "/tuning.db";
   to.max_trials = 10;
@@ -188,16 +194,8 @@ TEST(Tuner, TunedRecordsAreWhatTheNextCompileUses) {
 TEST(Tuner, CompileTakesTheFastestRecordBeyondNoise) {
   std::string dir = temp_dir();
   auto g = mlp("", 128, 64, 6);
-  ops::InferContext ictx;
-  ictx.graph = g.get();
-  ASSERT_TRUE(ops::infer_shapes(*g, ictx).is_ok());
-  std::string model = dir + "/mlp.onnx";
-  {
-    auto bytes = export_onnx_bytes(*g);
-    ASSERT_TRUE(bytes.is_ok());
-    std::ofstream f(model, std::ios::binary);
-    f << *bytes;
-  }
+  std::string model = write_model(*g, dir, "mlp.onnx");
+  ASSERT_FALSE(model.empty());
   auto shaped = mlp("", 128, 64, 6);
   auto wl = workloads_of(*shaped);
   ASSERT_EQ(wl.size(), 1u);
@@ -248,6 +246,143 @@ TEST(Tuner, CompileTakesTheFastestRecordBeyondNoise) {
   EXPECT_EQ(pick({rec(def, 2.0, here), rec(other, 1.99, here)}), std::make_pair(def, std::string("database")));
   // A target this host cannot run is never used, however fast; nothing else: priority.
   EXPECT_EQ(pick({rec(other, 0.1, elsewhere)}).second, "priority");
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// A kernel without a candidate (a Softmax) is tuned in the generic space,
+// and the next compile serves its record; a record whose point is not in
+// the kernel's space is skipped with a warning.
+TEST(Tuner, GenericKernelsAreTunedAndServed) {
+  std::string dir = temp_dir();
+  auto g = std::make_unique<Graph>();
+  g->name = "softmax";
+  g->source = "softmax";
+  g->opsets[""] = 17;
+  Value* x = g->add_input("x", TensorType{DType::kFloat32, Shape{Expr(int64_t{16}), Expr(int64_t{200})}});
+  Node* sm = g->add_node("Softmax", {x}, {"y"}, "", "sm");
+  g->set_outputs({sm->output(0)});
+  std::string model = write_model(*g, dir, "softmax.onnx");
+  ASSERT_FALSE(model.empty());
+  TuneOptions to;
+  to.db = dir + "/tuning.db";
+  to.max_trials = 4;
+  to.measure.worker = KILN_BINARY;
+  to.measure.min_seconds = 0.01;
+  std::ostringstream log;
+  auto summary = tune_model(model, to, log);
+  ASSERT_TRUE(summary.is_ok()) << summary.status().to_string() << "\n" << log.str();
+  EXPECT_EQ(summary->workloads, 1) << log.str();
+  EXPECT_EQ(summary->committed, 4) << log.str();
+  auto database = db::open_database(to.db, false);
+  ASSERT_TRUE(database.is_ok());
+  std::vector<Record> all;
+  ASSERT_TRUE((*database)->for_each([&](const Record& r) -> Status {
+    all.push_back(r);
+    return Status::ok();
+  }).is_ok());
+  ASSERT_EQ(all.size(), 4u);
+  for (const Record& r : all) {
+    EXPECT_EQ(r.candidate, strategy::kGenericCandidate);
+    EXPECT_EQ(r.anchor_op, "Softmax");
+    EXPECT_FALSE(r.schedule.empty());
+  }
+
+  driver::ModelSource src;
+  src.path = model;
+  auto compile = [&](bool with_db) {
+    CompileOptions o;
+    o.threads = 1;
+    if (with_db) o.db = to.db;
+    else o.no_db = true;
+    return driver::compile_model(src, o);
+  };
+  auto tuned = compile(true), plain = compile(false);
+  ASSERT_TRUE(tuned.is_ok()) << tuned.status().to_string();
+  ASSERT_TRUE(plain.is_ok());
+  ASSERT_EQ(tuned->kernel_choices.size(), 1u);
+  EXPECT_EQ(tuned->kernel_choices[0].impl, strategy::kGenericCandidate);
+  EXPECT_EQ(tuned->kernel_choices[0].source, "database");
+  EXPECT_EQ(plain->kernel_choices[0].impl, "default");
+  Tensor in(DType::kFloat32, {16, 200});
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.f, 3.f);
+  for (int64_t i = 0; i < in.numel(); ++i) in.data_as<float>()[i] = d(rng);
+  runtime::VM va(tuned->program, 1), vb(plain->program, 1);
+  auto ya = va.run({in}), yb = vb.run({in});
+  ASSERT_TRUE(ya.is_ok() && yb.is_ok());
+  float lo = 1, hi = 0;
+  for (int64_t i = 0; i < (*yb)[0].numel(); ++i) {
+    float a = (*ya)[0].data_as<float>()[i], b = (*yb)[0].data_as<float>()[i];
+    lo = std::min(lo, b);
+    hi = std::max(hi, b);
+    ASSERT_LE(std::fabs(a - b), 1e-6f) << i;
+  }
+  EXPECT_GT(hi - lo, 0.1f) << "outputs without spread prove nothing";
+
+  // A record far faster than the others, at a point the space does not hold.
+  Record stale = all[0];
+  stale.knobs = "vec=3";
+  stale.latencies_s = {1e-9, 1e-9, 1e-9};
+  ASSERT_TRUE((*database)->commit({stale}).is_ok());
+  auto again = compile(true);
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(again->kernel_choices[0].source, "database") << "the stale record is skipped, the others still serve";
+  EXPECT_NE(again->kernel_choices[0].knobs, "vec=3");
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// --tune-missing: a compile queues what the database lacks; a worker tunes
+// it; the next compile is served from the database and queues nothing.
+TEST(Tuner, TuneMissingQueuesJobsThatAWorkerFills) {
+  std::string dir = temp_dir();
+  auto g = mlp("", 96, 48, 8);
+  std::string model = write_model(*g, dir, "mlp.onnx");
+  ASSERT_FALSE(model.empty());
+  const std::string path = dir + "/tuning.db";
+  ASSERT_TRUE(db::open_database(path, true).is_ok());
+  driver::ModelSource src;
+  src.path = model;
+  CompileOptions o;
+  o.threads = 1;
+  o.db = path;
+  o.tune_missing = true;
+  auto first = driver::compile_model(src, o);
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  EXPECT_NE(first->kernel_choices[0].source, "database");
+  auto stats = [&] {
+    auto database = db::open_database(path, false);
+    EXPECT_TRUE(database.is_ok());
+    auto st = (*database)->stats();
+    EXPECT_TRUE(st.is_ok());
+    return st.is_ok() ? *st : db::Stats{};
+  };
+  EXPECT_EQ(stats().jobs["queued"], 1) << "one kernel, one job";
+  // Compiling again before a worker ran queues nothing new.
+  ASSERT_TRUE(driver::compile_model(src, o).is_ok());
+  EXPECT_EQ(stats().jobs["queued"], 1);
+
+  WorkerOptions wo;
+  wo.tune.db = path;
+  wo.tune.max_trials = 3;
+  wo.tune.measure.worker = KILN_BINARY;
+  wo.tune.measure.min_seconds = 0.01;
+  wo.exit_when_idle = true;
+  wo.name = "test-worker";
+  std::ostringstream log;
+  auto w = run_worker(wo, log);
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string() << "\n" << log.str();
+  EXPECT_EQ(w->jobs, 1) << log.str();
+  EXPECT_EQ(w->failed, 0) << log.str();
+  db::Stats after = stats();
+  EXPECT_EQ(after.jobs["done"], 1);
+  EXPECT_EQ(after.jobs["queued"], 0);
+  EXPECT_EQ(after.records, 3);
+  auto second = driver::compile_model(src, o);
+  ASSERT_TRUE(second.is_ok());
+  EXPECT_EQ(second->kernel_choices[0].source, "database");
+  EXPECT_EQ(stats().jobs["queued"], 0) << "a hit queues nothing";
   std::error_code ec;
   fs::remove_all(dir, ec);
 }

@@ -66,7 +66,10 @@ const char kUsage[] =
     "      --db PATH|URL           the tuning database kernel choice asks first (default: $KILN_DB,\n"
     "                              else ~/.cache/kiln/tuning.db where it exists; KILN_DB=off: none)\n"
     "      --no-db                 ask no tuning database\n"
-    "      (--select, --impl, --db and --no-db also apply to bench, profile and info --kernels)\n"
+    "      --tune-missing          queue the kernels the database has no record of as jobs for\n"
+    "                              kiln tune-worker (the compile still runs without waiting)\n"
+    "      (--select, --impl, --db, --no-db and --tune-missing also apply to bench, profile and\n"
+    "       info --kernels)\n"
     "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--passes a,b] [--json] [--dump-ir]\n"
     "      compile, warm up, time repeated runs; print median, p10/p90, min\n"
     "      (--dump-ir: the loop IR and optimized LLVM IR of every kernel to stderr)\n"
@@ -231,6 +234,8 @@ Result<CompileOptions> compile_options(const ParsedArgs& args) {
   if (auto d = args.get("db")) options.db = *d;
   options.no_db = args.has("no-db");
   if (options.no_db && !options.db.empty()) return invalid_argument() << "--db and --no-db together";
+  options.tune_missing = args.has("tune-missing");
+  if (options.tune_missing && options.no_db) return invalid_argument() << "--tune-missing needs a database (not --no-db)";
   return options;
 }
 
@@ -404,7 +409,7 @@ Result<int> cmd_info(const std::vector<std::string>& argv) {
   OptionSpec spec;
   spec.with_value = {"threads", "select", "impl", "passes", "max-memory", "db"};
   spec.repeatable = {"impl"};
-  spec.flags = {"kernels", "no-db"};
+  spec.flags = {"kernels", "no-db", "tune-missing"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "info"));
   if (args.flags.count("kernels")) {
@@ -490,7 +495,7 @@ Result<int> cmd_run(const std::vector<std::string>& argv) {
   OptionSpec spec;
   spec.with_value = {"input", "dim", "test-data", "threads", "select", "impl", "atol", "rtol", "output-dir", "max-memory", "passes", "db"};
   spec.repeatable = {"input", "dim", "impl"};
-  spec.flags = {"naive", "no-db"};
+  spec.flags = {"naive", "no-db", "tune-missing"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "run"));
   KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
@@ -553,7 +558,7 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
   OptionSpec spec;
   spec.with_value = {"threads", "select", "impl", "runs", "warmup", "dim", "input", "max-memory", "passes", "db"};
   spec.repeatable = {"dim", "input", "impl"};
-  spec.flags = {"json", "naive", "dump-ir", "no-db"};
+  spec.flags = {"json", "naive", "dump-ir", "no-db", "tune-missing"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "bench"));
   KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
@@ -636,7 +641,7 @@ Result<int> cmd_profile(const std::vector<std::string>& argv) {
   OptionSpec spec;
   spec.with_value = {"threads", "select", "impl", "runs", "dim", "input", "top", "max-memory", "passes", "db"};
   spec.repeatable = {"dim", "input", "impl"};
-  spec.flags = {"naive", "no-db"};
+  spec.flags = {"naive", "no-db", "tune-missing"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "profile"));
   KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
