@@ -85,6 +85,7 @@ tir::KnobSpace gemm_packed_space(const Node& n, const Target& t) {
   s.knobs.push_back(nr);
   s.knobs.push_back(tir::Knob{"prefetch", {0, 1}});
   s.knobs.push_back(tir::Knob{"kc", {0, 128, 256, 512, 1024, 2048}});
+  s.knobs.push_back(tir::Knob{"order", {0, 1}, 0});
   // Three-vector panels only for one row: LLVM legalizes a register tile of
   // several <48 x float> rows through per-element inserts and spills (256 x
   // 256 x 480, 1 thread: mr 6 nr 48 15.9 ms against 0.55 with nr 32).
@@ -101,8 +102,8 @@ tir::Knobs gemm_packed_defaults(const Node& n, const Target& t) {
   if (rows && *rows == 1) {
     // Matrix-vector: one row, the widest panel (independent accumulators per vector).
     for (int64_t v : {4 * lanes, 3 * lanes, 2 * lanes, lanes})
-      if (cols % v == 0) return {{"mr", 1}, {"nr", v}, {"prefetch", 0}, {"kc", 0}};
-    return {{"mr", 1}, {"nr", 4 * lanes}, {"prefetch", 0}, {"kc", 0}};
+      if (cols % v == 0) return {{"mr", 1}, {"nr", v}, {"prefetch", 0}, {"kc", 0}, {"order", 0}};
+    return {{"mr", 1}, {"nr", 4 * lanes}, {"prefetch", 0}, {"kc", 0}, {"order", 0}};
   }
   // Two vectors of columns (16 accumulators with mr = 8 on AVX-512; one
   // vector leaves 8, too few to hide the FMA latency) unless padding N to
@@ -114,7 +115,7 @@ tir::Knobs gemm_packed_defaults(const Node& n, const Target& t) {
   int64_t mr = std::min<int64_t>(8, acc / (nr / lanes));
   // Several row tiles use each panel: the first would otherwise wait on
   // memory for all of it (weights that do not stay in cache between runs).
-  return {{"mr", mr}, {"nr", nr}, {"prefetch", 1}, {"kc", 0}};
+  return {{"mr", mr}, {"nr", nr}, {"prefetch", 1}, {"kc", 0}, {"order", 0}};
 }
 
 // B [K, N] (or [N, K] with transB) -> panels [ceil(N / nr), K, nr], the
@@ -194,13 +195,27 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
     outer.push_back(st.axes[i]);
     counts.push_back(st.shape[i].as_const());
   }
-  if (!n_outer.empty()) {
+  // Knob order: 0 walks the panels outermost (each panel, or its kc block,
+  // stays in cache while every row tile uses it); 1 the row tiles outermost
+  // (each row tile of A, or its kc block, stays in cache while every panel
+  // streams past it).
+  const bool rows_outer = knobs.count("order") && knobs.at("order") == 1;
+  auto push_n = [&] {
+    if (n_outer.empty()) return;
     outer.push_back(n_outer);
     counts.push_back(n_ext ? std::optional<int64_t>((*n_ext + nr - 1) / nr) : std::nullopt);
-  }
-  if (!m_outer.empty()) {
+  };
+  auto push_m = [&] {
+    if (m_outer.empty()) return;
     outer.push_back(m_outer);
     counts.push_back(m_ext ? std::optional<int64_t>((*m_ext + mr - 1) / mr) : std::nullopt);
+  };
+  if (rows_outer) {
+    push_m();
+    push_n();
+  } else {
+    push_n();
+    push_m();
   }
   if (outer.empty()) return tir::default_schedule(k);  // one tile: nothing to block; the default schedule handles it
   std::vector<std::string> order = outer;
@@ -213,9 +228,9 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   if (int par = tir::choose_parallel(counts); par >= 0)
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
   if (block_k) {
+    // The block loop just outside the innermost tile loop.
     std::vector<std::string> args = {st.reduce_axes[0] + ".o"};
-    auto mo = std::find(outer.begin(), outer.end(), m_outer);
-    if (mo != outer.begin()) args.push_back(*(mo - 1));
+    if (outer.size() >= 2) args.push_back(outer[outer.size() - 2]);
     prims.push_back(prim("split", stage, {st.reduce_axes[0]}, kc));
     prims.push_back(prim("hoist_reduce", stage, args));
   }

@@ -12,13 +12,16 @@ int64_t KnobSpace::size() const {
 }
 
 bool KnobSpace::contains(const Knobs& point) const {
-  if (point.size() != knobs.size()) return false;
+  Knobs full = point;
+  for (const Knob& k : knobs)
+    if (k.absent && !full.count(k.name)) full[k.name] = *k.absent;
+  if (full.size() != knobs.size()) return false;
   for (const Knob& k : knobs) {
-    auto it = point.find(k.name);
-    if (it == point.end() || std::find(k.values.begin(), k.values.end(), it->second) == k.values.end())
+    auto it = full.find(k.name);
+    if (it == full.end() || std::find(k.values.begin(), k.values.end(), it->second) == k.values.end())
       return false;
   }
-  return !valid || valid(point);
+  return !valid || valid(full);
 }
 
 std::string knobs_to_string(const Knobs& k) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -22,6 +23,10 @@ using Knobs = std::map<std::string, int64_t, std::less<>>;
 struct Knob {
   std::string name;
   std::vector<int64_t> values;
+  // A knob added to a template after points were recorded without it: the
+  // value those points mean (the template's behaviour before the knob).
+  // contains() takes a point that lacks it as having this value.
+  std::optional<int64_t> absent;
 };
 
 struct KnobSpace {

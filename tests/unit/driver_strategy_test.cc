@@ -345,16 +345,20 @@ TEST(StrategyCandidates, GemmKBlocksMatchNaive) {
     Tensor x = random_tensor(c.a_run, seed++);
     auto want = run(gemm_graph(c, b, bias), true, x, 1, std::nullopt, nullptr);
     ASSERT_TRUE(want.is_ok()) << want.status().to_string();
-    for (int64_t kc : {128, 256}) {
+    // Both loop orders; a choice recorded before the knob `order` existed (-1 here) is order 0.
+    for (int64_t kc : {128, 256})
+    for (int64_t order : {-1, 0, 1}) {
       for (int threads : {1, 2}) {
         std::string name = c.op == "Gemm" ? "gemm.packed" : "matmul.packed";
-        strategy::Choice choice{name, {{"kc", kc}, {"mr", 4}, {"nr", 16}, {"prefetch", 1}}, "database", ""};
+        tir::Knobs knobs = {{"kc", kc}, {"mr", 4}, {"nr", 16}, {"prefetch", 1}};
+        if (order >= 0) knobs["order"] = order;
+        strategy::Choice choice{name, knobs, "database", ""};
         std::string impl;
         auto got = run(gemm_graph(c, b, bias), false, x, threads, choice, &impl, *Target::named("avx512"));
-        std::string what = c.op + " K " + std::to_string(k) + " kc " + std::to_string(kc) + " threads " +
-                           std::to_string(threads);
+        std::string what = c.op + " K " + std::to_string(k) + " kc " + std::to_string(kc) + " order " +
+                           std::to_string(order) + " threads " + std::to_string(threads);
         ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
-        EXPECT_EQ(impl, name + " kc=" + std::to_string(kc) + " mr=4 nr=16 prefetch=1") << what;
+        EXPECT_EQ(impl, name + " " + tir::knobs_to_string(knobs)) << what;
         ASSERT_EQ(got->shape(), want->shape()) << what;
         if (int64_t i = first_mismatch(*got, *want, k); i >= 0)
           ADD_FAILURE() << what << ", element " << i << ": " << got->data_as<float>()[i] << " vs naive "
@@ -1058,6 +1062,17 @@ TEST(StrategyCandidates, KnobSpacesSampleAndParse) {
   EXPECT_FALSE(tir::parse_knobs("mr=1 mr=2").is_ok());
   EXPECT_FALSE(tir::parse_knobs("=3").is_ok());
   EXPECT_FALSE(s.contains({{"mr", 3}, {"nr", 16}}));
+  // A knob added later with the value older points mean: they stay in the
+  // space as that value, and the constraint sees it.
+  s.knobs.push_back(tir::Knob{"order", {0, 1}, 0});
+  s.valid = [](const tir::Knobs& k) { return k.at("mr") * k.at("nr") <= 64 && (k.at("order") == 0 || k.at("mr") > 1); };
+  EXPECT_TRUE(s.contains({{"mr", 2}, {"nr", 16}}));
+  EXPECT_TRUE(s.contains({{"mr", 2}, {"nr", 16}, {"order", 1}}));
+  EXPECT_FALSE(s.contains({{"mr", 1}, {"nr", 16}, {"order", 1}}));
+  EXPECT_FALSE(s.contains({{"mr", 2}, {"nr", 16}, {"order", 2}}));
+  EXPECT_FALSE(s.contains({{"mr", 2}, {"nr", 16}, {"other", 0}}));
+  s.knobs.push_back(tir::Knob{"kc", {0, 128}});  // no value for its absence: required
+  EXPECT_FALSE(s.contains({{"mr", 2}, {"nr", 16}}));
 }
 
 }  // namespace
