@@ -13,6 +13,8 @@ namespace {
 constexpr int kZeroShotDraws = 8;
 // The default point stays while fewer than this many points score above it.
 constexpr int kZeroShotTrust = 3;
+// The held-out pairwise accuracy a stored model needs to pick at all.
+constexpr double kZeroShotMinPairwise = 0.85;
 }  // namespace
 
 DatabaseSource::DatabaseSource(std::shared_ptr<db::Database> db, const Graph& graph,
@@ -29,12 +31,18 @@ std::optional<strategy::Choice> DatabaseSource::predict(const Node& n, const ker
                                                         const Target& target) {
   if (!model_loaded_) {
     model_loaded_ = true;
-    auto blob = db_->load_model("cost_model");
+    auto blob = db_->load_model(tune::kModelName);
     if (!blob.is_ok()) {
       error_ = blob.status();
       return std::nullopt;
     }
-    if (!blob->empty()) {
+    // The model picks only where, on workloads held out of its training,
+    // it ordered pairs of points as well as TenSet's model did on its CPU
+    // data; otherwise the priority choice stands (a database with few
+    // workloads, or a model that does not carry over).
+    auto heldout = db_->load_model(tune::kHeldoutName);
+    std::optional<tune::Evaluation> trust = heldout.is_ok() ? tune::parse_heldout(*heldout) : std::nullopt;
+    if (!blob->empty() && trust && trust->pairwise >= kZeroShotMinPairwise) {
       auto m = std::make_unique<tune::CostModel>();
       if (Status st = m->load(*blob); st.is_ok()) model_ = std::move(m);
       else std::fprintf(stderr, "kiln: warning: %s: the stored cost model does not load (%s)\n",

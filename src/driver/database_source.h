@@ -5,7 +5,9 @@
 // priority candidate's default point and a few points drawn from its space
 // (seeded by the workload, so a compile is repeatable), without measuring:
 // the source is then "predicted". The default point stays unless at least
-// three points score above it.
+// three points score above it, and the model picks nothing unless its
+// held-out pairwise accuracy, stored with it (tune::store_model), is at
+// least 0.85.
 #pragma once
 
 #include <map>

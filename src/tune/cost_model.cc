@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <numeric>
 
+#include "db/database.h"
 #include "tune/features.h"
 
 namespace kiln::tune {
@@ -189,6 +191,68 @@ Result<Evaluation> evaluate(const CostModel& model, const std::vector<Sample>& t
   e.peak1 /= e.workloads;
   e.peak5 /= e.workloads;
   return e;
+}
+
+Result<Evaluation> cross_validate(const std::vector<Sample>& samples, Objective objective, int folds) {
+  if (folds < 2) return invalid_argument() << "cross-validation needs at least 2 folds";
+  // A workload's fold from its key (the sample's workload up to '|'), so its
+  // records on every target and thread count are held out together.
+  auto fold_of = [folds](const Sample& s) {
+    const std::string key = s.workload.substr(0, s.workload.find('|'));
+    uint64_t h = 1469598103934665603ull;
+    for (char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    return static_cast<int>(h % static_cast<uint64_t>(folds));
+  };
+  Evaluation total;
+  double right = 0;
+  for (int f = 0; f < folds; ++f) {
+    std::vector<Sample> train, test;
+    for (const Sample& s : samples) (fold_of(s) == f ? test : train).push_back(s);
+    if (train.empty() || test.empty()) continue;
+    CostModel m;
+    KILN_RETURN_IF_ERROR(m.train(train, objective));
+    auto e = evaluate(m, test);
+    if (!e.is_ok()) continue;  // no workload of this fold has two points
+    total.workloads += e->workloads;
+    total.pairs += e->pairs;
+    right += e->pairwise * static_cast<double>(e->pairs);
+    total.top1 += e->top1 * e->workloads;
+    total.top5 += e->top5 * e->workloads;
+    total.peak1 += e->peak1 * e->workloads;
+    total.peak5 += e->peak5 * e->workloads;
+  }
+  if (total.workloads == 0) return invalid_argument() << "no held-out workload has two measured points";
+  total.pairwise = total.pairs ? right / static_cast<double>(total.pairs) : 0;
+  total.top1 /= total.workloads;
+  total.top5 /= total.workloads;
+  total.peak1 /= total.workloads;
+  total.peak5 /= total.workloads;
+  return total;
+}
+
+std::string heldout_text(const Evaluation& e) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "pairwise=%.4f peak1=%.4f peak5=%.4f workloads=%d", e.pairwise, e.peak1, e.peak5,
+                e.workloads);
+  return buf;
+}
+
+std::optional<Evaluation> parse_heldout(const std::string& text) {
+  Evaluation e;
+  if (std::sscanf(text.c_str(), "pairwise=%lf peak1=%lf peak5=%lf workloads=%d", &e.pairwise, &e.peak1, &e.peak5,
+                  &e.workloads) != 4 ||
+      !(e.pairwise >= 0 && e.pairwise <= 1) || e.workloads < 0)
+    return std::nullopt;
+  return e;
+}
+
+Status store_model(db::Database& database, const CostModel& model, const std::vector<Sample>& samples) {
+  KILN_ASSIGN_OR_RETURN(std::string blob, model.save());
+  // The held-out figures first: a model is never served with another's.
+  auto cv = cross_validate(samples, model.objective());
+  KILN_RETURN_IF_ERROR(database.save_model(kHeldoutName, cv.is_ok() ? heldout_text(*cv) : std::string(),
+                                           static_cast<int64_t>(samples.size())));
+  return database.save_model(kModelName, blob, static_cast<int64_t>(samples.size()));
 }
 
 }  // namespace kiln::tune

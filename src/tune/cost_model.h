@@ -16,6 +16,10 @@
 #include "support/status.h"
 #include "tune/tune.h"
 
+namespace kiln::db {
+class Database;
+}
+
 namespace kiln::tune {
 
 enum class Objective { kRegression, kRank };
@@ -66,5 +70,20 @@ struct Evaluation {
   double pairwise = 0, top1 = 0, top5 = 0, peak1 = 0, peak5 = 0;
 };
 Result<Evaluation> evaluate(const CostModel& model, const std::vector<Sample>& test);
+
+// The same figures on workloads held out of training: the samples'
+// workloads split into `folds` groups, a model trained on the others
+// evaluated on each, pooled. An error when no held-out workload has two points.
+Result<Evaluation> cross_validate(const std::vector<Sample>& samples, Objective objective, int folds = 4);
+
+// The database's model and its held-out figures (stored beside it as
+// "pairwise=0.8123 peak1=0.9100 peak5=0.9700 workloads=40"; empty when
+// there were too few workloads to hold any out).
+inline constexpr const char* kModelName = "cost_model";
+inline constexpr const char* kHeldoutName = "cost_model.heldout";
+std::string heldout_text(const Evaluation& e);
+std::optional<Evaluation> parse_heldout(const std::string& text);
+// Stores `model`, trained on `samples`, with its held-out figures (cross_validate).
+Status store_model(db::Database& database, const CostModel& model, const std::vector<Sample>& samples);
 
 }  // namespace kiln::tune

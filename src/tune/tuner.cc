@@ -469,7 +469,9 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
   }
   // The model goes with the database it was trained on.
   if (model.trained()) {
-    if (auto blob = model.save(); blob.is_ok()) (void)database->save_model("cost_model", *blob, static_cast<int64_t>(trained_on));
+    std::vector<Sample> used(samples.begin(), samples.begin() + static_cast<long>(trained_on));
+    if (Status st = store_model(*database, model, used); !st.is_ok())
+      log << "the cost model was not stored: " << st.to_string() << "\n";
   }
   summary.seconds = elapsed();
   report(g_stop ? "stopped" : "done");

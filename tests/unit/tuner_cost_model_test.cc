@@ -125,5 +125,31 @@ TEST(CostModel, LearnsAnOrderAndKeepsItThroughSaveAndLoad) {
   EXPECT_FALSE(m.predict({std::vector<float>(3, 0.f)}).is_ok());
 }
 
+// Held-out figures: high where the order carries over to unseen workloads,
+// near chance where latencies have nothing to do with the features.
+TEST(CostModel, CrossValidationHoldsOutWorkloads) {
+  std::vector<Sample> learnable = synthetic(16, 20, 3, "w");
+  auto good = cross_validate(learnable, Objective::kRegression);
+  ASSERT_TRUE(good.is_ok()) << good.status().to_string();
+  EXPECT_EQ(good->workloads, 16) << "every workload is held out once";
+  EXPECT_GT(good->pairwise, 0.85);
+  std::vector<Sample> noise = learnable;
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<double> u(1e-3, 2e-3);
+  for (Sample& s : noise) s.seconds = u(rng);
+  auto bad = cross_validate(noise, Objective::kRegression);
+  ASSERT_TRUE(bad.is_ok());
+  EXPECT_LT(bad->pairwise, 0.65);
+  // One workload cannot be held out from itself.
+  EXPECT_FALSE(cross_validate(synthetic(1, 20, 5, "one"), Objective::kRegression).is_ok());
+  auto back = parse_heldout(heldout_text(*good));
+  ASSERT_TRUE(back.has_value());
+  EXPECT_NEAR(back->pairwise, good->pairwise, 1e-4);
+  EXPECT_EQ(back->workloads, 16);
+  EXPECT_FALSE(parse_heldout("").has_value());
+  EXPECT_FALSE(parse_heldout("pairwise=1.5 peak1=1 peak5=1 workloads=3").has_value());
+  EXPECT_FALSE(parse_heldout("pairwise=x").has_value());
+}
+
 }  // namespace
 }  // namespace kiln::tune

@@ -18,6 +18,8 @@
 #include "ops/registry.h"
 #include "runtime/vm.h"
 #include "strategy/strategy.h"
+#include "tune/cost_model.h"
+#include "tune/features.h"
 #include "tune/measure.h"
 #include "tune/tuner.h"
 
@@ -383,6 +385,52 @@ TEST(Tuner, TuneMissingQueuesJobsThatAWorkerFills) {
   ASSERT_TRUE(second.is_ok());
   EXPECT_EQ(second->kernel_choices[0].source, "database");
   EXPECT_EQ(stats().jobs["queued"], 0) << "a hit queues nothing";
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// A miss is the stored cost model's pick only when the model's held-out
+// pairwise accuracy, stored beside it, reaches the bar.
+TEST(Tuner, ZeroShotNeedsAModelThatCarriesOver) {
+  std::string dir = temp_dir();
+  auto g = mlp("", 128, 64, 10);
+  std::string model = write_model(*g, dir, "mlp.onnx");
+  ASSERT_FALSE(model.empty());
+  // A model trained on made-up samples: it scores any features.
+  std::vector<Sample> samples;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(0, 1);
+  for (int w = 0; w < 8; ++w)
+    for (int p = 0; p < 10; ++p) {
+      Sample s;
+      s.workload = "w" + std::to_string(w);
+      s.features.assign(kNumFeatures, 0.f);
+      for (float& f : s.features) f = u(rng);
+      s.seconds = 1e-3 * (1 + s.features[0]);
+      samples.push_back(s);
+    }
+  CostModel cm;
+  ASSERT_TRUE(cm.train(samples, Objective::kRegression).is_ok());
+  auto blob = cm.save();
+  ASSERT_TRUE(blob.is_ok());
+  auto source_with = [&](const std::string& heldout) {
+    std::string path = dir + "/zs" + std::to_string(std::rand()) + ".db";
+    auto database = db::open_database(path, true);
+    EXPECT_TRUE(database.is_ok());
+    EXPECT_TRUE((*database)->save_model(kHeldoutName, heldout, 80).is_ok());
+    EXPECT_TRUE((*database)->save_model(kModelName, *blob, 80).is_ok());
+    driver::ModelSource src;
+    src.path = model;
+    CompileOptions o;
+    o.threads = 1;
+    o.db = path;
+    auto c = driver::compile_model(src, o);
+    EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+    return c.is_ok() ? c->kernel_choices[0].source : std::string();
+  };
+  EXPECT_EQ(source_with("pairwise=0.9000 peak1=0.9 peak5=0.95 workloads=30"), "predicted");
+  EXPECT_EQ(source_with("pairwise=0.6000 peak1=0.9 peak5=0.95 workloads=30"), "priority");
+  EXPECT_EQ(source_with(""), "priority") << "a model without held-out figures does not pick";
   std::error_code ec;
   fs::remove_all(dir, ec);
 }

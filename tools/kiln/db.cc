@@ -150,10 +150,11 @@ Result<int> cmd_db(const std::vector<std::string>& args_in) {
     KILN_ASSIGN_OR_RETURN(std::vector<tune::Sample> samples, samples_in(*database));
     tune::CostModel model;
     KILN_RETURN_IF_ERROR(model.train(samples, objective == "rank" ? tune::Objective::kRank : tune::Objective::kRegression));
-    KILN_ASSIGN_OR_RETURN(std::string blob, model.save());
-    KILN_RETURN_IF_ERROR(database->save_model("cost_model", blob, static_cast<int64_t>(samples.size())));
+    KILN_RETURN_IF_ERROR(tune::store_model(*database, model, samples));
+    KILN_ASSIGN_OR_RETURN(std::string heldout, database->load_model(tune::kHeldoutName));
     std::cout << "trained the cost model (" << tune::objective_name(model.objective()) << ") on " << samples.size()
-              << " records; stored in " << database->location() << "\n";
+              << " records; stored in " << database->location() << "\n"
+              << "held out (4 folds of workloads): " << (heldout.empty() ? "too few workloads" : heldout) << "\n";
     return 0;
   }
   if (sub == "evaluate") {
