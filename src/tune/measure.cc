@@ -76,6 +76,7 @@ struct Request {
   double min_seconds = 0.2;
   int min_repeats = 5, max_repeats = 200;
   bool check = true;
+  int64_t flush_bytes = 0;  // 0: no eviction between runs
   size_t anchor = 0;
   std::vector<Trial> trials;
   std::string graph;
@@ -85,7 +86,8 @@ std::string request_text(const Request& r) {
   std::ostringstream os;
   os.precision(17);
   os << "kiln-measure 1\nthreads " << r.threads << "\nmin_seconds " << r.min_seconds << "\nmin_repeats "
-     << r.min_repeats << "\nmax_repeats " << r.max_repeats << "\ncheck " << (r.check ? 1 : 0) << "\nanchor "
+     << r.min_repeats << "\nmax_repeats " << r.max_repeats << "\ncheck " << (r.check ? 1 : 0) << "\nflush_bytes "
+     << r.flush_bytes << "\nanchor "
      << r.anchor << "\ntrials " << r.trials.size() << "\n";
   for (const Trial& t : r.trials) os << "trial " << (t.candidate.empty() ? "-" : t.candidate) << "\t" << t.knobs << "\n";
   os << "graph\n" << r.graph;
@@ -113,6 +115,7 @@ Result<Request> parse_request(const std::string& text) {
     else if (key == "min_repeats") ls >> r.min_repeats;
     else if (key == "max_repeats") ls >> r.max_repeats;
     else if (key == "check") { int c = 1; ls >> c; r.check = c != 0; }
+    else if (key == "flush_bytes") ls >> r.flush_bytes;
     else if (key == "anchor") ls >> r.anchor;
     else if (key == "trials") ls >> ntrials;
     else if (key == "trial") {
@@ -154,6 +157,21 @@ void apply_fault(const Trial& t) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+// Writes every cache line of a buffer of `bytes` (evicting what the caches
+// held), then reads every line of `inputs` back into them.
+void evict_caches(int64_t bytes, const std::vector<Tensor>& inputs) {
+  static std::vector<unsigned char> scratch;
+  if (static_cast<int64_t>(scratch.size()) != bytes) scratch.assign(static_cast<size_t>(bytes), 0);
+  for (size_t i = 0; i < scratch.size(); i += 64) scratch[i] = static_cast<unsigned char>(scratch[i] + 1);
+  unsigned sum = 0;
+  for (const Tensor& t : inputs) {
+    const unsigned char* p = static_cast<const unsigned char*>(t.data());
+    for (int64_t i = 0; i < t.nbytes(); i += 64) sum += p[i];
+  }
+  static volatile unsigned sink;
+  sink = sum;
+}
+
 Result<TrialResult> run_trial(const Request& r, const Graph& base, const Trial& t, const std::vector<Tensor>& feeds,
                               const std::vector<Tensor>* reference) {
   apply_fault(t);
@@ -175,13 +193,16 @@ Result<TrialResult> run_trial(const Request& r, const Graph& base, const Trial& 
     }
   }
   double total = 0;
+  const auto start = std::chrono::steady_clock::now();
   while (static_cast<int>(res.latencies_s.size()) < r.max_repeats &&
          (static_cast<int>(res.latencies_s.size()) < r.min_repeats || total < r.min_seconds)) {
+    if (r.flush_bytes > 0) evict_caches(r.flush_bytes, feeds);
     auto t0 = std::chrono::steady_clock::now();
     KILN_RETURN_IF_ERROR(vm.run(feeds).status());
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto t1 = std::chrono::steady_clock::now();
+    double s = std::chrono::duration<double>(t1 - t0).count();
     res.latencies_s.push_back(s);
-    total += s;
+    total = r.flush_bytes > 0 ? std::chrono::duration<double>(t1 - start).count() : total + s;
   }
   for (const driver::KernelChoiceInfo& k : p.kernel_choices)
     if (k.impl == (t.candidate.empty() ? "default" : t.candidate)) res.schedule = k.schedule;
@@ -282,6 +303,10 @@ Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t ancho
   base.min_repeats = options.min_repeats;
   base.max_repeats = options.max_repeats;
   base.check = options.check;
+  if (options.flush) {
+    const int64_t llc = TargetKey::host(Target::host()).l3_bytes;
+    base.flush_bytes = 2 * (llc > 0 ? llc : int64_t{32} << 20);
+  }
   base.anchor = anchor_index;
   PrintOptions po;
   po.max_constant_elements = -1;

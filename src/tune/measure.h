@@ -46,6 +46,12 @@ struct MeasureOptions {
   int max_repeats = 200;
   double timeout_s = 120;    // without a result for this long, the child is killed
   bool check = true;         // compare each trial's outputs with the naive schedules'
+  // Before each timed run, evict the caches (a write to every line of twice
+  // the host's last-level cache), then read the group's inputs back: the
+  // constants (weights) come from memory and the activations from cache, as
+  // in a model whose other layers ran in between. Repeats then stop once
+  // their wall time, evictions included, reaches min_seconds.
+  bool flush = true;
 };
 
 // Every trial of one group, in child processes. One result per trial.

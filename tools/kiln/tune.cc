@@ -16,21 +16,28 @@ namespace {
 
 const char kTuneUsage[] =
     "usage: kiln tune MODEL [--db PATH] [--time-budget SECONDS|10m] [--trials N] [--threads T] [--dim NAME=VALUE ...]\n"
-    "  measure the schedules of every kernel of MODEL that has candidates and commit them to the tuning database\n"
+    "  measure the schedules of every kernel of MODEL and commit them to the tuning database\n"
     "  (default $KILN_DB, else ~/.cache/kiln/tuning.db); Ctrl-C keeps every committed record, running again resumes.\n"
     "  --time-budget   wall time for the model (default 600 s)\n"
     "  --trials N      stop after N measured trials\n"
     "  --threads T     the thread count the model will run with (default 1)\n"
     "  --dim NAME=V    bind a symbolic input dim (kernels with symbolic shapes are skipped otherwise)\n"
     "  --enqueue       queue the model's workloads as jobs for kiln tune-worker instead of tuning them here\n"
+    "  --warm-caches   time repeated runs back to back (default: the caches are evicted before each run and\n"
+    "                  the kernel's inputs read back, so weights come from memory as in the model)\n"
     "  example: kiln tune resnet50.onnx --db tuning.db --time-budget 10m\n";
 
 void on_sigint(int) { tune::request_stop(); }
 
 // The options kiln tune and kiln tune-worker share (--db, --time-budget,
-// --trials, --threads), taking their value from args[i + 1]; false: not one of them.
+// --trials, --threads, taking their value from args[i + 1], and
+// --warm-caches); false: not one of them.
 Result<bool> shared_option(const std::vector<std::string>& args, size_t& i, tune::TuneOptions& options) {
   const std::string& a = args[i];
+  if (a == "--warm-caches") {
+    options.measure.flush = false;
+    return true;
+  }
   if (a != "--db" && a != "--time-budget" && a != "--trials" && a != "--threads") return false;
   if (i + 1 >= args.size()) return invalid_argument() << a << " needs a value";
   const std::string& v = args[++i];
@@ -102,6 +109,7 @@ Result<int> cmd_tune_worker(const std::vector<std::string>& args) {
   static const char kUsage[] =
       "usage: kiln tune-worker [--db PATH|URL] [--threads T] [--trials N] [--time-budget S] [--exit-when-idle] [--name NAME]\n"
       "                        [--lease SECONDS]   (a job not renewed for this long returns to the queue; default 120)\n"
+      "                        [--warm-caches]     (as kiln tune's)\n"
       "  claim tuning jobs of this machine's target (queued by kiln tune MODEL --enqueue), tune each job's workload\n"
       "  (--trials / --time-budget per job; default 64 trials), commit, repeat; without --exit-when-idle, wait for jobs.\n"
       "  example: kiln tune-worker --db postgresql://tuner@db.local/kiln --exit-when-idle\n";
