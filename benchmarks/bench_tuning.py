@@ -10,7 +10,9 @@ For every model (default resnet50, mobilenet_v2, efficientnet_b0 and the BERT-st
   2. zero-shot: per model, a database holding only the other models' records and a cost model
      trained on them (both objectives are first evaluated on the held-out model's records with
      `kiln db evaluate`, and the one with the better mean peak@5 is kept); every kernel of the model
-     is then a miss, and kernel choice takes the model's pick;
+     is then a miss, and kernel choice takes the model's pick where the model's held-out pairwise
+     accuracy (cross-validated over the other models' workloads by `kiln db train`) reaches 0.85,
+     the defaults otherwise;
   3. latency, alternating over --rounds and keeping each side's fastest median: ONNX Runtime
      (ORT_ENABLE_ALL), `kiln bench --no-db` (defaults), `--db` the zero-shot database, `--db` the
      tuned one.
@@ -42,6 +44,8 @@ from export_models import ensure_exported  # noqa: E402
 
 DEFAULT_KILN = os.path.join(model_zoo.REPO_ROOT, "build", "bin", "kiln")
 DOC = os.path.join(model_zoo.REPO_ROOT, "docs", "tuning.md")
+# driver/database_source.cc: kZeroShotMinPairwise.
+ZERO_SHOT_BAR = 0.85
 BEGIN, END = "<!-- bench_tuning: begin -->", "<!-- bench_tuning: end -->"
 ROUND = re.compile(r"^\[(?P<t>[0-9.]+) s\] (?P<phase>\w+): (?P<trials>\d+) trials .* (?P<base>[0-9.]+) -> (?P<ms>[0-9.]+) ms")
 DONE = re.compile(r"tuned (?P<w>\d+) workloads in (?P<s>[0-9.e+]+) s: (?P<trials>\d+) trials \((?P<failed>\d+) failed\)")
@@ -150,7 +154,9 @@ def main():
             with open(zs + ".jsonl", "a") as f:
                 f.write(exported)
         run([args.kiln, "db", "import", zs, zs + ".jsonl"])
-        run([args.kiln, "db", "train", zs, "--objective", objective])
+        trained = run([args.kiln, "db", "train", zs, "--objective", objective])
+        held = re.search(r"pairwise=([0-9.]+)", trained)
+        models[name]["zero_shot_heldout"] = float(held.group(1)) if held else None
         models[name]["zero_shot_db"] = zs
     # 3. Latency, every side in each round.
     results = []
@@ -174,7 +180,8 @@ def main():
         results.append({"model": name, "threads": args.threads, "ort_ms": best["ort"]["median_ms"],
                         "default_ms": best["default"]["median_ms"], "tuned_ms": best["tuned"]["median_ms"],
                         "zero_shot_ms": best["zero_shot"]["median_ms"] if "zero_shot" in best else None,
-                        "cost_model": evaluations.get(name), **m["tune"]})
+                        "cost_model": evaluations.get(name), "zero_shot_heldout": m.get("zero_shot_heldout"),
+                        **m["tune"]})
         print(f"[bench_tuning] {name}: " + ", ".join(f"{k} {v['median_ms']:.2f} ms" for k, v in best.items()),
               file=sys.stderr, flush=True)
 
@@ -200,6 +207,10 @@ def main():
     lines += ["", f"Geometric means: tuned / default {fmt(geo([r['tuned_ms'] / r['default_ms'] for r in results]), 3)}, "
               f"zero-shot / tuned {fmt(geo([r['zero_shot_ms'] / r['tuned_ms'] for r in results if r['zero_shot_ms']]), 3)}, "
               f"zero-shot / default {fmt(geo([r['zero_shot_ms'] / r['default_ms'] for r in results if r['zero_shot_ms']]), 3)}."]
+    held = [f"{r['model']} {fmt(r['zero_shot_heldout'], 3)}" for r in results if "zero_shot_heldout" in r]
+    if held:
+        lines += ["", "Held-out pairwise accuracy of each zero-shot database's model (4 folds of the other models' "
+                  f"workloads; it picks only at {ZERO_SHOT_BAR} or more): " + ", ".join(held) + "."]
     if evaluations:
         lines += ["", "Cost model on each held-out model's records (trained on the other models' only):", "",
                   "| held-out model | objective | train records | test records | workloads | pairwise | top-1 | top-5 "

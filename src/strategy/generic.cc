@@ -134,7 +134,9 @@ tir::KnobSpace generic_space(const tir::KernelDef& k, const Target& t, int threa
   const std::string plain = generic_schedule(k, base).to_string();
   tir::KnobSpace space;
   for (const tir::Knob& knob : wide) {
-    tir::Knob kept{knob.name, {knob.name == "unroll" ? int64_t{1} : int64_t{0}}};
+    // A point without the knob (one tuned at another thread count, say) has its default.
+    const int64_t def = knob.name == "unroll" ? 1 : 0;
+    tir::Knob kept{knob.name, {def}, def};
     for (int64_t value : knob.values) {
       if (value == kept.values[0] || value <= 0) continue;
       tir::Knobs at = base;

@@ -136,6 +136,10 @@ TEST(GenericSpace, EveryPointMatchesNaive) {
             << what;
         if (threads == 1) {
           for (const tir::Knob& knob : space.knobs) EXPECT_NE(knob.name, "par") << what << ": one thread has no choice of parallel loop";
+        } else {
+          // A point tuned at one thread (no par) is in the space of two, as par's default.
+          tir::KnobSpace one = strategy::generic_space(k, target, 1);
+          for (const tir::Knobs& p : tir::enumerate_knobs(one)) EXPECT_TRUE(space.contains(p)) << what << " " << tir::knobs_to_string(p);
         }
         if (space.knobs.empty()) continue;
         ++spaces;
