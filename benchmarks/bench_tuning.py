@@ -89,6 +89,17 @@ def tune(kiln, path, db, budget, threads):
             "kernels_tuned_ms": rounds[-1][1] if rounds else None}
 
 
+def write_table(doc_path, begin, end, table):
+    """Replaces what lies between the markers `begin` and `end` in `doc_path` with `table`."""
+    doc = open(doc_path).read()
+    if begin not in doc or end not in doc:
+        sys.exit(f"{doc_path} lacks the markers {begin} / {end}")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(doc_path, "w") as f:
+        f.write(head + begin + "\n" + table + "\n" + end + tail)
+
+
 def fmt(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -226,13 +237,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     if args.write_doc:
-        doc = open(DOC).read()
-        if BEGIN not in doc or END not in doc:
-            sys.exit(f"{DOC} lacks the markers {BEGIN} / {END}")
-        head, rest = doc.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        with open(DOC, "w") as f:
-            f.write(head + BEGIN + "\n" + table + "\n" + END + tail)
+        write_table(DOC, BEGIN, END, table)
 
 
 if __name__ == "__main__":

@@ -12,19 +12,18 @@ started again (everything still there).
     postgres_test.py KILN_BINARY
 """
 
-import glob
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from pg_server import PgServer
 
 KILN = sys.argv[1]
 failures = []
@@ -63,30 +62,13 @@ def stats(url):
 
 
 def main():
-    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not bins:
-        sys.exit("PostgreSQL server binaries not found (Debian's postgresql package; scripts/install_deps.sh installs it)")
-    bindir = os.path.dirname(bins[-1])
-    work = tempfile.mkdtemp(prefix="kiln_pg_test_")
-    os.chmod(work, 0o777)
-    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    data, sock, port = os.path.join(work, "data"), work, str(54000 + os.getpid() % 1000)
     env = dict(os.environ, KILN_DB="off")
-
-    def pg(*args):
-        return subprocess.run([*as_postgres, os.path.join(bindir, args[0]), *args[1:]], capture_output=True, text=True)
-
-    r = pg("initdb", "-D", data, "-A", "trust", "-U", "kiln")
-    if r.returncode != 0:
-        sys.exit(f"initdb failed: {r.stderr}")
-    start = lambda: pg("pg_ctl", "-D", data, "-w", "-l", os.path.join(work, "log"), "-o",
-                       f"-p {port} -k {sock} -c listen_addresses=''", "start")
     try:
-        r = start()
-        if r.returncode != 0:
-            sys.exit(f"pg_ctl start failed: {r.stderr}")
-        url = f"postgresql://kiln@/postgres?host={sock}&port={port}"
-
+        server = PgServer()
+    except RuntimeError as e:
+        sys.exit(str(e))
+    with server as pg:
+        url, work = pg.url, pg.work
         s = stats(url)
         check(s["records"] == 0 and s["jobs"] == {"done": 0, "failed": 0, "queued": 0, "running": 0},
               f"an empty database: {s}")
@@ -145,14 +127,11 @@ def main():
         check(s["records"] >= committed, "nothing the killed worker committed was lost")
 
         # The server goes away, then comes back.
-        pg("pg_ctl", "-D", data, "-w", "-m", "fast", "stop")
+        pg.stop(mode="fast")
         r = kiln("db", "stats", url, "--json", check_rc=False)
         check(r.returncode == 2 and "cannot connect to PostgreSQL" in r.stderr, f"a stopped server is an error: {r.stderr.strip()}")
-        start()
+        pg.start()
         check(stats(url)["records"] == s["records"], "after a restart every record is there")
-    finally:
-        pg("pg_ctl", "-D", data, "-w", "-m", "immediate", "stop")
-        shutil.rmtree(work, ignore_errors=True)
     if failures:
         sys.exit(f"{len(failures)} check(s) failed")
 
