@@ -261,7 +261,7 @@ int measure_worker_main(const std::string& request_path, const std::string& resu
   for (const Trial& t : r->trials) {
     std::string line;
     if (!setup_error.empty()) {
-      line = "fail\t" + escape(setup_error);
+      line = "fail\t" + escape(kGroupUnmeasurable + setup_error);
     } else {
       auto res = run_trial(*r, **base, t, feeds, r->check ? &reference : nullptr);
       if (!res.is_ok()) {

@@ -54,6 +54,11 @@ struct MeasureOptions {
   bool flush = true;
 };
 
+// The start of every trial's error when the group itself cannot be set up
+// (its graph, its inputs, or the naive reference failed): no trial of it can
+// succeed, and the tuner stops spending trials on it.
+inline constexpr const char* kGroupUnmeasurable = "the group cannot be measured alone: ";
+
 // Every trial of one group, in child processes. One result per trial.
 Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t anchor_index,
                                                 const std::vector<Trial>& trials, const MeasureOptions& options);

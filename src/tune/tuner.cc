@@ -346,6 +346,7 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
       ++summary.trials;
       if (!res[i].ok) {
         ++summary.failed;
+        if (res[i].error.rfind(kGroupUnmeasurable, 0) == 0) t.skipped = res[i].error;
         log << "  " << t.gw.anchor->describe() << ": " << batch[i].candidate << " '" << batch[i].knobs
             << "' failed: " << res[i].error << "\n";
         continue;
