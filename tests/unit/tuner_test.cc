@@ -71,11 +71,18 @@ std::string write_model(Graph& g, const std::string& dir, const std::string& nam
   return path;
 }
 
-std::string temp_dir() {
-  std::string tmpl = (fs::temp_directory_path() / "kiln_tuner_test_XXXXXX").string();
-  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
-}
+// A fresh directory, removed with everything in it when the test ends
+// (an ASSERT that returns early included).
+struct TempDir {
+  std::string path;
+  TempDir() : path((fs::temp_directory_path() / "kiln_tuner_test_XXXXXX").string()) {
+    EXPECT_NE(mkdtemp(path.data()), nullptr);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
 
 TEST(Workload, KeysFollowTheComputationNotTheNames) {
   auto a = mlp("batch", 64, 32, 1), b = mlp("N", 64, 32, 2), c = mlp("batch", 64, 48, 1);
@@ -134,7 +141,8 @@ TEST(Measure, CrashesAndHangsCostOnlyTheirTrial) {
 }
 
 TEST(Tuner, TunedRecordsAreWhatTheNextCompileUses) {
-  std::string dir = temp_dir();
+  TempDir temp;
+  const std::string& dir = temp.path;
   auto g = mlp("", 128, 64, 4);
   std::string model = write_model(*g, dir, "mlp.onnx");
   ASSERT_FALSE(model.empty());
@@ -188,13 +196,12 @@ TEST(Tuner, TunedRecordsAreWhatTheNextCompileUses) {
   CompileOptions missing;
   missing.db = dir + "/absent.db";
   EXPECT_FALSE(driver::compile_model(src, missing).is_ok());
-  std::error_code ec;
-  fs::remove_all(dir, ec);
 }
 
 // Which record a compile takes, on records of known latencies (no timing involved).
 TEST(Tuner, CompileTakesTheFastestRecordBeyondNoise) {
-  std::string dir = temp_dir();
+  TempDir temp;
+  const std::string& dir = temp.path;
   auto g = mlp("", 128, 64, 6);
   std::string model = write_model(*g, dir, "mlp.onnx");
   ASSERT_FALSE(model.empty());
@@ -248,15 +255,14 @@ TEST(Tuner, CompileTakesTheFastestRecordBeyondNoise) {
   EXPECT_EQ(pick({rec(def, 2.0, here), rec(other, 1.99, here)}), std::make_pair(def, std::string("database")));
   // A target this host cannot run is never used, however fast; nothing else: priority.
   EXPECT_EQ(pick({rec(other, 0.1, elsewhere)}).second, "priority");
-  std::error_code ec;
-  fs::remove_all(dir, ec);
 }
 
 // A kernel without a candidate (a Softmax) is tuned in the generic space,
 // and the next compile serves its record; a record whose point is not in
 // the kernel's space is skipped with a warning.
 TEST(Tuner, GenericKernelsAreTunedAndServed) {
-  std::string dir = temp_dir();
+  TempDir temp;
+  const std::string& dir = temp.path;
   auto g = std::make_unique<Graph>();
   g->name = "softmax";
   g->source = "softmax";
@@ -331,14 +337,13 @@ TEST(Tuner, GenericKernelsAreTunedAndServed) {
   ASSERT_TRUE(again.is_ok()) << again.status().to_string();
   EXPECT_EQ(again->kernel_choices[0].source, "database") << "the stale record is skipped, the others still serve";
   EXPECT_NE(again->kernel_choices[0].knobs, "vec=3");
-  std::error_code ec;
-  fs::remove_all(dir, ec);
 }
 
 // --tune-missing: a compile queues what the database lacks; a worker tunes
 // it; the next compile is served from the database and queues nothing.
 TEST(Tuner, TuneMissingQueuesJobsThatAWorkerFills) {
-  std::string dir = temp_dir();
+  TempDir temp;
+  const std::string& dir = temp.path;
   auto g = mlp("", 96, 48, 8);
   std::string model = write_model(*g, dir, "mlp.onnx");
   ASSERT_FALSE(model.empty());
@@ -385,14 +390,13 @@ TEST(Tuner, TuneMissingQueuesJobsThatAWorkerFills) {
   ASSERT_TRUE(second.is_ok());
   EXPECT_EQ(second->kernel_choices[0].source, "database");
   EXPECT_EQ(stats().jobs["queued"], 0) << "a hit queues nothing";
-  std::error_code ec;
-  fs::remove_all(dir, ec);
 }
 
 // A miss is the stored cost model's pick only when the model's held-out
 // pairwise accuracy, stored beside it, reaches the bar.
 TEST(Tuner, ZeroShotNeedsAModelThatCarriesOver) {
-  std::string dir = temp_dir();
+  TempDir temp;
+  const std::string& dir = temp.path;
   auto g = mlp("", 128, 64, 10);
   std::string model = write_model(*g, dir, "mlp.onnx");
   ASSERT_FALSE(model.empty());
@@ -431,8 +435,6 @@ TEST(Tuner, ZeroShotNeedsAModelThatCarriesOver) {
   EXPECT_EQ(source_with("pairwise=0.9000 peak1=0.9 peak5=0.95 workloads=30"), "predicted");
   EXPECT_EQ(source_with("pairwise=0.6000 peak1=0.9 peak5=0.95 workloads=30"), "priority");
   EXPECT_EQ(source_with(""), "priority") << "a model without held-out figures does not pick";
-  std::error_code ec;
-  fs::remove_all(dir, ec);
 }
 
 }  // namespace
