@@ -58,13 +58,12 @@ std::optional<strategy::Choice> DatabaseSource::predict(const Node& n, const ker
   // compare knob points of one template better than different algorithms.
   std::mt19937_64 rng(std::stoull(gw.workload.key.substr(0, 15), nullptr, 16));
   std::vector<tune::Trial> trials;
-  for (const strategy::Candidate* c : {applicable.front()}) {
-    tir::Knobs def = c->default_knobs ? c->default_knobs(n, target) : tir::Knobs{};
-    trials.push_back({c->name, tir::knobs_to_string(def)});
-    tir::KnobSpace space = c->space ? c->space(n, target) : tir::KnobSpace{};
-    for (int i = 0; i < kZeroShotDraws && !space.knobs.empty(); ++i)
-      if (auto k = tir::sample_knobs(space, rng); k.is_ok()) trials.push_back({c->name, tir::knobs_to_string(*k)});
-  }
+  const strategy::Candidate* first = applicable.front();
+  trials.push_back(
+      {first->name, tir::knobs_to_string(first->default_knobs ? first->default_knobs(n, target) : tir::Knobs{})});
+  const tir::KnobSpace space = first->space ? first->space(n, target) : tir::KnobSpace{};
+  for (int i = 0; i < kZeroShotDraws && !space.knobs.empty(); ++i)
+    if (auto k = tir::sample_knobs(space, rng); k.is_ok()) trials.push_back({first->name, tir::knobs_to_string(*k)});
   std::vector<std::vector<float>> feats;
   std::vector<const tune::Trial*> scored;
   for (const tune::Trial& t : trials)

@@ -22,6 +22,9 @@ namespace kiln::strategy {
 
 namespace {
 
+// Every knob's default, the default schedule's (also the value of its absence).
+int64_t default_of(const std::string& knob) { return knob == "unroll" ? 1 : 0; }
+
 bool has_prim(const std::vector<tir::Primitive>& ps, const char* kind) {
   return std::any_of(ps.begin(), ps.end(), [&](const tir::Primitive& p) { return p.kind == kind; });
 }
@@ -60,7 +63,7 @@ std::vector<tir::Primitive> edit_stage(const tir::ComputeDef& st, std::vector<ti
                                        const tir::Knobs& knobs) {
   auto get = [&](const char* name) {
     auto it = knobs.find(name);
-    return it == knobs.end() ? int64_t{0} : it->second;
+    return it == knobs.end() ? default_of(name) : it->second;
   };
   const size_t n = st.axes.size();
   if (n == 0 || has_prim(ps, "inline")) return ps;
@@ -68,17 +71,9 @@ std::vector<tir::Primitive> edit_stage(const tir::ComputeDef& st, std::vector<ti
   const auto inner = st.shape[n - 1].as_const();
   if (!st.reduce_axes.empty()) {
     if (get("red") == 1 && (has_prim(ps, "rfactor") || has_prim(ps, "reorder"))) {
-      ps.clear();
-      size_t limit = n;
-      if (n >= 2 && (!inner || *inner >= 8)) {
-        ps.push_back(prim("cache_write", st.name, {st.axes[n - 2]}));
-        ps.push_back(prim("vectorize", st.name, {x}));
-        limit = n - 1;
-      }
-      std::vector<std::optional<int64_t>> counts;
-      for (size_t a = 0; a < limit; ++a) counts.push_back(st.shape[a].as_const());
-      int par = tir::choose_parallel(counts);
-      ps.push_back(prim("parallel", st.name, {st.axes[par < 0 ? 0 : static_cast<size_t>(par)]}));
+      tir::Schedule plain;
+      tir::plain_reduction_schedule(st, plain);
+      ps = std::move(plain.prims);
     }
     edit_parallel(st, ps, get("par"));
     return ps;
@@ -116,7 +111,7 @@ tir::Schedule generic_schedule(const tir::KernelDef& k, const tir::Knobs& knobs)
 
 tir::Knobs generic_defaults(const tir::KnobSpace& space) {
   tir::Knobs out;
-  for (const tir::Knob& k : space.knobs) out[k.name] = k.name == "unroll" ? 1 : 0;
+  for (const tir::Knob& k : space.knobs) out[k.name] = default_of(k.name);
   return out;
 }
 
@@ -130,15 +125,16 @@ tir::KnobSpace generic_space(const tir::KernelDef& k, const Target& t, int threa
   };
   // Each knob keeps the values that change the schedule with the others at
   // their defaults (unroll: with the narrowest vectors that apply).
-  tir::Knobs base = {{"vec", 0}, {"unroll", 1}, {"par", 0}, {"red", 0}};
+  tir::Knobs base;
+  for (const tir::Knob& knob : wide) base[knob.name] = default_of(knob.name);
   const std::string plain = generic_schedule(k, base).to_string();
   tir::KnobSpace space;
   for (const tir::Knob& knob : wide) {
     // A point without the knob (one tuned at another thread count, say) has its default.
-    const int64_t def = knob.name == "unroll" ? 1 : 0;
+    const int64_t def = default_of(knob.name);
     tir::Knob kept{knob.name, {def}, def};
     for (int64_t value : knob.values) {
-      if (value == kept.values[0] || value <= 0) continue;
+      if (value == def || value <= 0) continue;
       tir::Knobs at = base;
       at[knob.name] = value;
       std::string without;
@@ -159,10 +155,9 @@ tir::KnobSpace generic_space(const tir::KernelDef& k, const Target& t, int threa
   space.valid = [k](const tir::Knobs& p) {
     const std::string at = generic_schedule(k, p).to_string();
     for (const auto& [name, value] : p) {
-      const int64_t def = name == "unroll" ? 1 : 0;
-      if (value == def) continue;
+      if (value == default_of(name)) continue;
       tir::Knobs q = p;
-      q[name] = def;
+      q[name] = default_of(name);
       if (generic_schedule(k, q).to_string() == at) return false;
     }
     return true;

@@ -448,6 +448,23 @@ Result<Schedule> parse_schedule(std::string_view text) {
 
 Schedule naive_schedule(const KernelDef&) { return Schedule(); }
 
+void plain_reduction_schedule(const ComputeDef& st, Schedule& s) {
+  const size_t n = st.axes.size();
+  if (n == 0) return;
+  const auto inner_extent = st.shape[n - 1].as_const();
+  size_t limit = n;
+  if (n >= 2 && (!inner_extent || *inner_extent >= 8)) {
+    s.prims.push_back(prim("cache_write", st.name, {st.axes[n - 2]}));
+    s.prims.push_back(prim("vectorize", st.name, {st.axes[n - 1]}));
+    limit = n - 1;
+  }
+  // Parallel over an axis with more than one iteration (a batch of 1 is not).
+  std::vector<std::optional<int64_t>> counts;
+  for (size_t a = 0; a < limit; ++a) counts.push_back(st.shape[a].as_const());
+  int par = choose_parallel(counts);
+  s.prims.push_back(prim("parallel", st.name, {st.axes[par < 0 ? 0 : static_cast<size_t>(par)]}));
+}
+
 Schedule default_schedule(const KernelDef& k) {
   Schedule s;
   std::set<std::string> params;
@@ -464,17 +481,7 @@ Schedule default_schedule(const KernelDef& k) {
     auto inner_extent = st.shape[n - 1].as_const();
     if (is_reduction(st)) {
       if (rfactor_reduction(st, s) || tile_reduction(k, st, s)) continue;
-      size_t limit = n;
-      if (n >= 2 && (!inner_extent || *inner_extent >= 8)) {
-        s.prims.push_back(prim("cache_write", st.name, {st.axes[n - 2]}));
-        s.prims.push_back(prim("vectorize", st.name, {innermost}));
-        limit = n - 1;
-      }
-      // Parallel over an axis with more than one iteration (a batch of 1 is not).
-      std::vector<std::optional<int64_t>> counts;
-      for (size_t a = 0; a < limit; ++a) counts.push_back(st.shape[a].as_const());
-      int par = choose_parallel(counts);
-      s.prims.push_back(prim("parallel", st.name, {st.axes[par < 0 ? 0 : static_cast<size_t>(par)]}));
+      plain_reduction_schedule(st, s);
     } else {
       // A padded copy read by a window (kept, not inlined) whose rows are not
       // a power of two wide: vectors of 16 lanes, the last overlapping the one

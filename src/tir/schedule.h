@@ -127,6 +127,14 @@ Schedule naive_schedule(const KernelDef& k);
 // (rows x 16 vector lanes accumulated in a local tile, reduce loops outside it).
 Schedule default_schedule(const KernelDef& k);
 
+// Appends the default schedule's plain form of reduction stage `st` to `s`:
+// the innermost two axes' tile accumulated in registers (cache_write) with
+// the innermost spatial axis vectorized, where it has at least 8 points,
+// and the first outer loop with work parallel. The default schedule uses it
+// where neither lane-split (rfactor) nor register-tiled reductions apply;
+// the generic space (strategy/generic.cc) offers it in their place.
+void plain_reduction_schedule(const ComputeDef& st, Schedule& s);
+
 // Picks the loop to run in parallel among `loops` (outermost first, each with
 // its iteration count when known): the first with a known count of at least
 // 2, else the first with an unknown count (a symbolic batch is often 1 at run

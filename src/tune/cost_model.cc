@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -198,10 +199,8 @@ Result<Evaluation> cross_validate(const std::vector<Sample>& samples, Objective 
   // A workload's fold from its key (the sample's workload up to '|'), so its
   // records on every target and thread count are held out together.
   auto fold_of = [folds](const Sample& s) {
-    const std::string key = s.workload.substr(0, s.workload.find('|'));
-    uint64_t h = 1469598103934665603ull;
-    for (char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    return static_cast<int>(h % static_cast<uint64_t>(folds));
+    return static_cast<int>(std::hash<std::string>{}(s.workload.substr(0, s.workload.find('|'))) %
+                            static_cast<size_t>(folds));
   };
   Evaluation total;
   double right = 0;
@@ -248,11 +247,14 @@ std::optional<Evaluation> parse_heldout(const std::string& text) {
 
 Status store_model(db::Database& database, const CostModel& model, const std::vector<Sample>& samples) {
   KILN_ASSIGN_OR_RETURN(std::string blob, model.save());
-  // The held-out figures first: a model is never served with another's.
   auto cv = cross_validate(samples, model.objective());
-  KILN_RETURN_IF_ERROR(database.save_model(kHeldoutName, cv.is_ok() ? heldout_text(*cv) : std::string(),
-                                           static_cast<int64_t>(samples.size())));
-  return database.save_model(kModelName, blob, static_cast<int64_t>(samples.size()));
+  // Figures cleared, model, figures: a reader (or a write that fails
+  // between them) sees no figures, so no picks, rather than one model's
+  // figures beside another model.
+  const int64_t n = static_cast<int64_t>(samples.size());
+  KILN_RETURN_IF_ERROR(database.save_model(kHeldoutName, std::string(), n));
+  KILN_RETURN_IF_ERROR(database.save_model(kModelName, blob, n));
+  return database.save_model(kHeldoutName, cv.is_ok() ? heldout_text(*cv) : std::string(), n);
 }
 
 }  // namespace kiln::tune

@@ -255,7 +255,7 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
 
   std::vector<Task> tasks;
   std::map<std::string, size_t> by_key;
-  int single_point = 0;  // generic kernels whose space holds only the default schedule
+  std::set<std::string> single_point;  // workloads of generic kernels whose space holds only the default schedule
   for (kernels::GroupWorkload& gw : tuning_workloads(*g, bounds, driver::fusion_enabled(copts))) {
     if (!options.only_workloads.empty() && !options.only_workloads.count(gw.workload.key)) continue;
     auto it = by_key.find(gw.workload.key);
@@ -263,13 +263,14 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
       ++tasks[it->second].count;
       continue;
     }
+    if (single_point.count(gw.workload.key)) continue;
     Task t;
     t.gw = std::move(gw);
     t.count = 1;
     if (t.gw.generic) {
       tir::KnobSpace space = strategy::generic_space(t.gw.def, target, options.threads);
       if (space.knobs.empty()) {
-        ++single_point;
+        single_point.insert(t.gw.workload.key);
         continue;
       }
       t.spaces[strategy::kGenericCandidate] = std::move(space);
@@ -296,7 +297,7 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     tasks.push_back(std::move(t));
   }
   summary.workloads = static_cast<int>(tasks.size());
-  log << "tuning " << model_path << ": " << tasks.size() << " workloads (" << single_point
+  log << "tuning " << model_path << ": " << tasks.size() << " workloads (" << single_point.size()
       << " more without a candidate have one schedule), " << options.threads
       << " thread" << (options.threads == 1 ? "" : "s") << ", target " << target.name << "\n";
 
