@@ -115,10 +115,105 @@ std::vector<TensorInfoView> info_views(const std::vector<kiln::TensorInfo>& info
   return out;
 }
 
+// DLPack's C ABI (the structs a "dltensor" capsule points to), as far as
+// this module reads it: another library's tensor lent without a copy.
+namespace dl {
+struct Device {
+  int32_t type;  // 1: CPU
+  int32_t id;
+};
+struct DataType {
+  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct Tensor {
+  void* data;
+  Device device;
+  int32_t ndim;
+  DataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements; null: row-major contiguous
+  uint64_t byte_offset;
+};
+struct Managed {
+  Tensor tensor;
+  void* manager_ctx;
+  void (*deleter)(Managed*);
+};
+constexpr int32_t kCPU = 1;
+}  // namespace dl
+
+// An object with __dlpack__ (a torch tensor, say) that is not a numpy array.
+bool is_dlpack(const py::handle& v) { return !py::isinstance<py::array>(v) && py::hasattr(v, "__dlpack__"); }
+
+kiln::DType dtype_from_dlpack(const dl::DataType& t) {
+  using kiln::DType;
+  if (t.lanes != 1) return DType::kUndefined;
+  switch (t.code) {
+    case 0: return t.bits == 8 ? DType::kInt8 : t.bits == 16 ? DType::kInt16 : t.bits == 32 ? DType::kInt32
+                 : t.bits == 64 ? DType::kInt64 : DType::kUndefined;
+    case 1: return t.bits == 8 ? DType::kUInt8 : t.bits == 16 ? DType::kUInt16 : t.bits == 32 ? DType::kUInt32
+                 : t.bits == 64 ? DType::kUInt64 : DType::kUndefined;
+    case 2: return t.bits == 16 ? DType::kFloat16 : t.bits == 32 ? DType::kFloat32 : t.bits == 64 ? DType::kFloat64
+                 : DType::kUndefined;
+    case 4: return t.bits == 16 ? DType::kBFloat16 : DType::kUndefined;
+    case 5: return t.bits == 64 ? DType::kComplex64 : t.bits == 128 ? DType::kComplex128 : DType::kUndefined;
+    case 6: return t.bits == 8 ? DType::kBool : DType::kUndefined;
+    default: return DType::kUndefined;
+  }
+}
+
+// A tensor lent through DLPack: the capsule's tensor, released (its
+// deleter called) when the last holder drops it.
+struct Lent {
+  std::shared_ptr<dl::Managed> managed;
+  kiln::Tensor tensor;
+  bool contiguous = true;
+};
+
+Lent from_dlpack(const std::string& what, const py::handle& obj) {
+  if (py::hasattr(obj, "__dlpack_device__")) {
+    py::tuple dev = obj.attr("__dlpack_device__")();
+    int type = dev[0].cast<int>();
+    if (type != dl::kCPU)
+      raise_kiln_error(what + " is on DLPack device type " + std::to_string(type) + "; Kiln runs on the CPU (type 1)");
+  }
+  py::object capsule = obj.attr("__dlpack__")();
+  if (!PyCapsule_IsValid(capsule.ptr(), "dltensor"))
+    raise_kiln_error(what + ": __dlpack__ did not return a DLPack capsule (\"dltensor\")");
+  auto* m = static_cast<dl::Managed*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  // Taken: the capsule no longer frees the tensor, the Lent does.
+  PyCapsule_SetName(capsule.ptr(), "used_dltensor");
+  Lent lent;
+  lent.managed = std::shared_ptr<dl::Managed>(m, [](dl::Managed* p) {
+    if (p->deleter != nullptr) p->deleter(p);
+  });
+  const dl::Tensor& t = m->tensor;
+  if (t.device.type != dl::kCPU)
+    raise_kiln_error(what + " is on DLPack device type " + std::to_string(t.device.type) + "; Kiln runs on the CPU (type 1)");
+  kiln::DType dtype = dtype_from_dlpack(t.dtype);
+  if (dtype == kiln::DType::kUndefined) {
+    raise_kiln_error(what + ": unsupported DLPack dtype (code " + std::to_string(t.dtype.code) + ", " +
+                     std::to_string(t.dtype.bits) + " bits, " + std::to_string(t.dtype.lanes) + " lanes)");
+  }
+  std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
+  if (t.strides != nullptr) {
+    int64_t expect = 1;
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      if (shape[d] != 1 && t.strides[d] != expect) lent.contiguous = false;
+      expect *= shape[d];
+    }
+  }
+  lent.tensor = kiln::Tensor::borrow(dtype, std::move(shape), static_cast<char*>(t.data) + t.byte_offset);
+  return lent;
+}
+
 // A numpy array converted to a kiln Tensor. Numeric arrays are borrowed (the array is
 // kept alive in `owner`); string arrays are copied.
 struct InputTensor {
-  py::array owner;
+  py::object owner;                    // the numpy array
+  std::shared_ptr<dl::Managed> lent;   // or the DLPack tensor
   kiln::Tensor tensor;
 };
 
@@ -159,7 +254,18 @@ InputTensor to_container(const std::string& name, const py::handle& value, kiln:
 InputTensor to_tensor(const std::string& name, const py::handle& value, kiln::DType expected) {
   if (kiln::dtype_is_container(expected)) return to_container(name, value, expected);
   py::module_ np = py::module_::import("numpy");
-  py::array arr = np.attr("asarray")(value);
+  if (is_dlpack(value)) {
+    // Borrowed without a copy when contiguous (a misaligned one is copied
+    // by the VM: kernels assume 64-byte alignment); else through numpy.
+    Lent lent = from_dlpack("input '" + name + "'", value);
+    if (lent.contiguous) {
+      InputTensor in;
+      in.lent = std::move(lent.managed);
+      in.tensor = std::move(lent.tensor);
+      return in;
+    }
+  }
+  py::array arr = is_dlpack(value) ? py::array(np.attr("from_dlpack")(value)) : py::array(np.attr("asarray")(value));
   kiln::DType dtype = dtype_from_numpy(arr.dtype());
   if (is_bits_of(expected, dtype)) dtype = expected;
   // 4-bit integers come as int8 / uint8 arrays (one value per byte), each in range.
@@ -245,36 +351,55 @@ class CompiledModel {
  public:
   explicit CompiledModel(kiln::Model model) : model_(std::move(model)) {}
 
-  py::dict run(const py::dict& feeds) {
+  // outputs: name -> a caller's buffer (a writable C-contiguous numpy array,
+  // or a contiguous DLPack tensor on the CPU) of the output's dtype and shape.
+  py::dict run(const py::dict& feeds, const std::optional<py::dict>& outputs) {
     std::vector<InputTensor> held;
-    std::map<std::string, kiln::Tensor> inputs;
-    for (auto item : feeds) {
-      if (!py::isinstance<py::str>(item.first)) {
-        throw py::type_error("input names must be str, got " +
-                             py::str(py::type::of(item.first)).cast<std::string>());
+    std::map<std::string, kiln::Tensor> inputs = convert_inputs(feeds, held);
+    std::map<std::string, kiln::Tensor> into;
+    std::vector<std::shared_ptr<dl::Managed>> lent_outputs;
+    if (outputs) {
+      for (auto item : *outputs) {
+        if (!py::isinstance<py::str>(item.first)) {
+          throw py::type_error("output names must be str, got " +
+                               py::str(py::type::of(item.first)).cast<std::string>());
+        }
+        std::string name = item.first.cast<std::string>();
+        into[name] = output_buffer(name, item.second, lent_outputs);
       }
-      std::string name = item.first.cast<std::string>();
-      bool known = false;
-      kiln::DType expected = kiln::DType::kUndefined;
-      std::string names;
-      for (const auto& info : model_.inputs()) {
-        if (info.name == name) expected = info.dtype;
-        known = known || info.name == name;
-        names += (names.empty() ? "" : ", ") + info.name;
-      }
-      if (!known) raise_kiln_error("the model has no input '" + name + "' (inputs: " + names + ")");
-      held.push_back(to_tensor(name, item.second, expected));
-      inputs[name] = held.back().tensor;
     }
-    auto result = run_without_gil(inputs);
-    if (!result) raise_status(result.status());
+    std::optional<kiln::Status> status;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mutex_);
+      status.emplace(model_.run_into(inputs, into));
+    }
+    if (!status->is_ok()) raise_status(*status);
     py::dict out;
     for (const auto& info : model_.outputs()) {
-      auto it = result->find(info.name);
-      if (it == result->end()) raise_kiln_error("the model produced no value for output '" + info.name + "'");
+      if (outputs && outputs->contains(py::str(info.name))) {
+        out[py::str(info.name)] = (*outputs)[py::str(info.name)];
+        continue;
+      }
+      auto it = into.find(info.name);
+      if (it == into.end()) raise_kiln_error("the model produced no value for output '" + info.name + "'");
       out[py::str(info.name)] = to_numpy(info.name, it->second);
     }
     return out;
+  }
+
+  std::string profile(const py::dict& feeds, int runs) {
+    if (runs < 1) throw py::value_error("runs must be >= 1");
+    std::vector<InputTensor> held;
+    std::map<std::string, kiln::Tensor> inputs = convert_inputs(feeds, held);
+    std::optional<kiln::Result<std::string>> report;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mutex_);
+      report.emplace(model_.profile(inputs, runs));
+    }
+    if (!*report) raise_status(report->status());
+    return **report;
   }
 
   std::vector<TensorInfoView> inputs() const { return info_views(model_.inputs()); }
@@ -293,11 +418,67 @@ class CompiledModel {
   }
 
  private:
-  kiln::Result<std::map<std::string, kiln::Tensor>> run_without_gil(
-      const std::map<std::string, kiln::Tensor>& inputs) {
-    py::gil_scoped_release release;
-    std::lock_guard<std::mutex> lock(mutex_);
-    return model_.run(inputs);
+  // Inputs by name, checked against the model's; `held` keeps what they borrow alive.
+  std::map<std::string, kiln::Tensor> convert_inputs(const py::dict& feeds, std::vector<InputTensor>& held) {
+    std::map<std::string, kiln::Tensor> inputs;
+    held.reserve(feeds.size());
+    for (auto item : feeds) {
+      if (!py::isinstance<py::str>(item.first)) {
+        throw py::type_error("input names must be str, got " +
+                             py::str(py::type::of(item.first)).cast<std::string>());
+      }
+      std::string name = item.first.cast<std::string>();
+      bool known = false;
+      kiln::DType expected = kiln::DType::kUndefined;
+      std::string names;
+      for (const auto& info : model_.inputs()) {
+        if (info.name == name) expected = info.dtype;
+        known = known || info.name == name;
+        names += (names.empty() ? "" : ", ") + info.name;
+      }
+      if (!known) raise_kiln_error("the model has no input '" + name + "' (inputs: " + names + ")");
+      held.push_back(to_tensor(name, item.second, expected));
+      inputs[name] = held.back().tensor;
+    }
+    return inputs;
+  }
+
+  // A caller's buffer for output `name`, borrowed: written in place (or
+  // filled with a copy when it is not 64-byte aligned).
+  kiln::Tensor output_buffer(const std::string& name, const py::handle& value,
+                             std::vector<std::shared_ptr<dl::Managed>>& lent) {
+    const kiln::TensorInfo* info = nullptr;
+    std::string names;
+    for (const auto& i : model_.outputs()) {
+      if (i.name == name) info = &i;
+      names += (names.empty() ? "" : ", ") + i.name;
+    }
+    if (info == nullptr) raise_kiln_error("the model has no output '" + name + "' (outputs: " + names + ")");
+    if (info->dtype == kiln::DType::kString || kiln::dtype_is_container(info->dtype))
+      raise_kiln_error("output '" + name + "' has dtype " + kiln::dtype_name(info->dtype) +
+                       ": it cannot be written into a caller's buffer");
+    std::string what = "output '" + name + "'";
+    if (is_dlpack(value)) {
+      Lent l = from_dlpack(what, value);
+      if (!l.contiguous) raise_kiln_error(what + ": the buffer given is not contiguous");
+      lent.push_back(std::move(l.managed));
+      return l.tensor;
+    }
+    if (!py::isinstance<py::array>(value)) {
+      throw py::type_error(what + ": a buffer is a numpy array or an object with __dlpack__, got " +
+                           py::str(py::type::of(value)).cast<std::string>());
+    }
+    py::array arr = py::reinterpret_borrow<py::array>(value);
+    if (!arr.writeable()) raise_kiln_error(what + ": the array given is read-only");
+    if (!(arr.flags() & py::array::c_style)) raise_kiln_error(what + ": the array given is not C-contiguous");
+    if (!arr.dtype().attr("isnative").cast<bool>()) raise_kiln_error(what + ": the array given is not in native byte order");
+    kiln::DType dtype = dtype_from_numpy(arr.dtype());
+    if (is_bits_of(info->dtype, dtype)) dtype = info->dtype;
+    if (dtype == kiln::DType::kUndefined) {
+      raise_kiln_error(what + ": unsupported numpy dtype " + py::str(arr.dtype()).cast<std::string>());
+    }
+    std::vector<int64_t> shape(arr.shape(), arr.shape() + arr.ndim());
+    return kiln::Tensor::borrow(dtype, std::move(shape), arr.mutable_data());
   }
 
   kiln::Model model_;
@@ -306,7 +487,8 @@ class CompiledModel {
 
 kiln::CompileOptions make_options(int threads, bool naive, int64_t max_memory,
                                   const std::optional<std::vector<std::string>>& passes,
-                                  const std::optional<std::string>& db) {
+                                  const std::optional<std::string>& db, const std::string& select,
+                                  const std::vector<std::string>& prefer) {
   if (threads < 0) throw py::value_error("threads must be >= 0 (0: all hardware threads)");
   if (max_memory < 0) throw py::value_error("max_memory must be >= 0 (0: 80% of physical memory)");
   kiln::CompileOptions options;
@@ -314,6 +496,8 @@ kiln::CompileOptions make_options(int threads, bool naive, int64_t max_memory,
   options.naive = naive;
   options.max_memory_bytes = max_memory;
   options.passes = passes;
+  options.select = select;
+  options.prefer_impls = prefer;
   // db: None asks the default database ($KILN_DB, ~/.cache/kiln/tuning.db
   // where it exists), "" none, else that path or URL.
   if (db) {
@@ -325,8 +509,9 @@ kiln::CompileOptions make_options(int threads, bool naive, int64_t max_memory,
 
 std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads, bool naive, int64_t max_memory,
                                             const std::optional<std::vector<std::string>>& passes,
-                                            const std::optional<std::string>& db) {
-  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes, db);
+                                            const std::optional<std::string>& db, const std::string& select,
+                                            const std::vector<std::string>& prefer) {
+  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes, db, select, prefer);
   std::optional<kiln::Result<kiln::Model>> model;
   {
     py::gil_scoped_release release;
@@ -339,8 +524,9 @@ std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads
 std::unique_ptr<CompiledModel> compile_bytes(const py::bytes& data, int threads, bool naive,
                                              const std::string& source_name, int64_t max_memory,
                                              const std::optional<std::vector<std::string>>& passes,
-                                             const std::optional<std::string>& db) {
-  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes, db);
+                                             const std::optional<std::string>& db, const std::string& select,
+                                             const std::vector<std::string>& prefer) {
+  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes, db, select, prefer);
   std::string bytes = data;
   std::optional<kiln::Result<kiln::Model>> model;
   {
@@ -361,6 +547,7 @@ std::string describe_model_file(const std::string& path) {
 
 PYBIND11_MODULE(_kiln, m) {
   m.doc() = "Kiln: compile and run ONNX models (extension module; use the `kiln` package)";
+  m.attr("__version__") = KILN_VERSION;
 
   static py::exception<std::runtime_error> kiln_error(m, "KilnError", PyExc_RuntimeError);
   g_kiln_error = kiln_error;
@@ -376,8 +563,11 @@ PYBIND11_MODULE(_kiln, m) {
       });
 
   py::class_<CompiledModel>(m, "CompiledModel")
-      .def("run", &CompiledModel::run, py::arg("inputs"),
-           "Runs the model on a dict name -> numpy array; returns a dict name -> numpy array.")
+      .def("run", &CompiledModel::run, py::arg("inputs"), py::arg("outputs") = py::none(),
+           "Runs the model on a dict name -> array (numpy, or anything with __dlpack__ on the CPU);\n"
+           "returns a dict name -> numpy array. outputs: name -> the caller's buffer to write into\n"
+           "(a writable C-contiguous numpy array or a __dlpack__ tensor of the output's dtype and shape).")
+      .def("_profile", &CompiledModel::profile, py::arg("inputs"), py::arg("runs"))
       .def_property_readonly("inputs", &CompiledModel::inputs)
       .def_property_readonly("outputs", &CompiledModel::outputs)
       .def_property_readonly("stats", &CompiledModel::stats)
@@ -385,9 +575,11 @@ PYBIND11_MODULE(_kiln, m) {
 
   m.def("compile_file", &compile_file, py::arg("path"), py::arg("threads") = 0,
         py::arg("naive") = false, py::arg("max_memory") = 0, py::arg("passes") = py::none(),
-        py::arg("db") = py::none());
+        py::arg("db") = py::none(), py::arg("select") = "priority",
+        py::arg("prefer") = std::vector<std::string>{});
   m.def("compile_bytes", &compile_bytes, py::arg("data"), py::arg("threads") = 0,
         py::arg("naive") = false, py::arg("source_name") = "<bytes>", py::arg("max_memory") = 0,
-        py::arg("passes") = py::none(), py::arg("db") = py::none());
+        py::arg("passes") = py::none(), py::arg("db") = py::none(), py::arg("select") = "priority",
+        py::arg("prefer") = std::vector<std::string>{});
   m.def("describe_model_file", &describe_model_file, py::arg("path"));
 }

@@ -35,4 +35,11 @@ if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
+# The wheels Kiln's own package depends on (numpy, as pinned above), for the
+# test that installs Kiln's wheel into a fresh environment offline.
+numpy_pin=$(grep -E '^numpy==' requirements.txt)
+if ! ls .venv/wheelhouse/"numpy-${numpy_pin#numpy==}"-*.whl >/dev/null 2>&1; then
+  .venv/bin/python -m pip download -q --disable-pip-version-check --only-binary=:all: --no-deps \
+    -d .venv/wheelhouse "$numpy_pin"
+fi
 echo "[install_deps] done"

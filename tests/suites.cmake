@@ -3,6 +3,7 @@
 #   onnx    ONNX backend node tests through the Python module (filter: tests/onnx/filter.txt)
 #   models  one test per zoo model: Kiln vs onnxruntime at 1 and 2 threads
 #   error   malformed and adversarial models through the CLI and the Python module
+#   package the Python API, and the wheel `pip install .` builds in a fresh virtual environment
 set(KILN_TEST_ENV "PYTHONPATH=${CMAKE_BINARY_DIR}/python" "KILN_DB=off")
 if(KILN_SANITIZE MATCHES "address")
   # python is not instrumented: the module's ASan runtime must be preloaded.
@@ -20,7 +21,7 @@ if(KILN_BUILD_PYTHON)
             --json ${CMAKE_CURRENT_BINARY_DIR}/onnx_backend_results.json)
   set_tests_properties(onnx_backend_node PROPERTIES
     LABELS onnx ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 3600)
-  # The same cases through ONNX Runtime 1.31.1: its failures must be those
+  # The same cases through ONNX Runtime (requirements.txt pins the version): its failures must be those
   # tests/onnx/ort_failures.txt lists (the list Kiln's run checks its own
   # failures against: a case ORT passes must pass in Kiln).
   add_test(NAME onnx_backend_ort
@@ -80,6 +81,19 @@ if(KILN_BUILD_PYTHON)
             --kiln $<TARGET_FILE:kiln>)
   set_tests_properties(error_models PROPERTIES
     LABELS error ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 900)
+
+  # The Python API: every kind of model kiln.compile takes, DLPack inputs,
+  # outputs written into the caller's buffers, profile, and their errors.
+  add_test(NAME package_python_api
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/package/run_api_test.py)
+  set_tests_properties(package_python_api PROPERTIES LABELS package ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
+
+  # pip install: the wheel built from this tree, installed into a fresh
+  # virtual environment, `import kiln` and the `kiln` command used from there.
+  add_test(NAME package_wheel
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/package/run_wheel_test.py
+            --wheelhouse ${CMAKE_SOURCE_DIR}/.venv/wheelhouse)
+  set_tests_properties(package_wheel PROPERTIES LABELS package TIMEOUT 2400)
 
   # The tuning database on a PostgreSQL server the test starts itself
   # (Debian's postgresql, installed by scripts/install_deps.sh), with two

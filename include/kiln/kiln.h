@@ -99,6 +99,14 @@ class Model {
   // to run one model in parallel, compile it once per thread.
   Result<std::map<std::string, Tensor>> run(const std::map<std::string, Tensor>& inputs);
 
+  // Runs the model into the caller's buffers: `outputs` maps output names to
+  // tensors whose memory the caller owns (Tensor::borrow). The kernels write
+  // into a buffer of the output's dtype that is 64-byte aligned; any other is
+  // filled with a copy. Outputs not in the map are allocated by Kiln and
+  // added to it. A buffer whose dtype or shape is not the output's, an
+  // unknown output name, or a buffer that overlaps an input is an error.
+  Status run_into(const std::map<std::string, Tensor>& inputs, std::map<std::string, Tensor>& outputs);
+
   // Text of the optimized graph (graph IR printer).
   std::string graph_text() const;
 
@@ -115,11 +123,15 @@ class Model {
 
  private:
   explicit Model(std::unique_ptr<Impl> impl);
-  Result<std::map<std::string, Tensor>> run_specialized(const std::map<std::string, Tensor>& inputs);
+  Result<std::map<std::string, Tensor>> run_specialized(const std::map<std::string, Tensor>& inputs,
+                                                        const std::map<std::string, Tensor>* into);
   // Shared: a profile keeps the one it times alive while concurrent runs
   // evict it from the cache.
   Result<std::shared_ptr<Impl>> specialization(const std::map<std::string, Tensor>& inputs);
-  static Result<std::map<std::string, Tensor>> run_on(Impl& spec, const std::map<std::string, Tensor>& inputs);
+  static Result<std::map<std::string, Tensor>> run_on(Impl& spec, const std::map<std::string, Tensor>& inputs,
+                                                      const std::map<std::string, Tensor>* into = nullptr);
+  Result<std::map<std::string, Tensor>> run_checked(const std::map<std::string, Tensor>& inputs,
+                                                    const std::map<std::string, Tensor>* into);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,53 +1,204 @@
-"""Kiln: compile an ONNX model and run it on numpy arrays.
+"""Kiln: compile an ONNX model and run it on numpy arrays or DLPack tensors.
 
     import kiln
     model = kiln.compile("resnet18.onnx", threads=2)
     outputs = model.run({"input": x})        # dict name -> numpy array
     model.inputs, model.outputs              # names, dtypes, dims (symbolic dims as text)
-    print(model.graph_text())
+    print(model.profile())                   # time per kernel, most expensive first
 
-Every error Kiln reports (bad or unsupported model, wrong input at run time) raises
-kiln.KilnError, a RuntimeError whose message names the file, node, op or input.
+A model is a path, the model's bytes, an onnx.ModelProto, or a torch.nn.Module with
+example inputs (exported to ONNX for you). Every error Kiln reports (bad or unsupported model,
+wrong input at run time) raises kiln.KilnError, a RuntimeError whose message names the file,
+node, op or input.
 """
 
+import io
 import os
 
-from ._kiln import CompiledModel, KilnError, TensorInfo  # noqa: F401
+from ._kiln import KilnError, TensorInfo, __version__  # noqa: F401
 from . import _kiln
 
-__all__ = ["compile", "describe_model_file", "CompiledModel", "KilnError", "TensorInfo"]
+__all__ = ["compile", "describe_model_file", "CompiledModel", "KilnError", "TensorInfo", "__version__"]
+
+# Kiln compiles in float32; the precisions it accepts.
+PRECISIONS = ("fp32",)
 
 
-def compile(model, threads=0, naive=False, max_memory=0, passes=None, db=None):  # noqa: A001 (the API's name)
-    """Compiles an ONNX model given as a path (str or os.PathLike) or as serialized bytes.
+def _check_str_list(name, value):
+    if value is None:
+        return None
+    if isinstance(value, str) or not all(isinstance(p, str) for p in value):
+        raise TypeError(f"{name} must be a list of str")
+    return list(value)
 
-    threads: worker threads, 0 for all hardware threads. naive: reference schedules.
-    max_memory: bytes one run may allocate (0: 80% of physical memory); more is a KilnError.
+
+def _export_torch(module, example_inputs, input_names, opset):
+    """A torch.nn.Module exported to ONNX bytes with torch.onnx.export."""
+    import torch  # only when a module is given
+
+    if example_inputs is None:
+        raise TypeError("kiln.compile(torch.nn.Module) needs example_inputs (a tensor or a tuple of tensors)")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    if input_names is None:
+        input_names = [f"input_{i}" for i in range(len(example_inputs))]
+    buf = io.BytesIO()
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            torch.onnx.export(module, example_inputs, buf, input_names=list(input_names),
+                              opset_version=opset, do_constant_folding=False)
+    finally:
+        module.train(was_training)
+    return buf.getvalue()
+
+
+def compile(model, threads=0, precision="fp32", db=None, select="priority", prefer=None,  # noqa: A001
+            passes=None, max_memory=0, naive=False, example_inputs=None, input_names=None, opset=17):
+    """Compiles a model; returns a CompiledModel.
+
+    model: a path (str or os.PathLike), the model's bytes, an onnx.ModelProto, or a
+        torch.nn.Module, exported with `example_inputs` (a tensor or a tuple of them;
+        `input_names` names them, default input_0, input_1, ...; `opset` the ONNX opset).
+    threads: worker threads, 0 for all hardware threads.
+    precision: "fp32" (the only one Kiln compiles today).
+    db: the tuning database kernel choice asks first (a path or a postgresql:// URL;
+        `kiln tune` fills it); None for the default ($KILN_DB, else
+        ~/.cache/kiln/tuning.db where it exists), "" for none.
+    select: "priority" (the operator strategy's choice) or "measure" (time every applicable
+        implementation of each MatMul/Gemm/Conv at compile time, keep the fastest).
+    prefer: implementations preferred where they apply, e.g. ["conv.panels",
+        "matmul.packed:mr=6 nr=64"] (`kiln info MODEL --kernels` lists the names).
     passes: graph passes by name (`kiln opt --list-passes`), in order; None for the
-    default pipeline, [] for none (shape inference always runs).
-    db: the tuning database kernel choice asks first (a path; `kiln tune` fills it); None for
-    the default ($KILN_DB, else ~/.cache/kiln/tuning.db where it exists), "" for none.
+        default pipeline, [] for none (shape inference always runs).
+    max_memory: bytes one run may allocate (0: 80% of physical memory); more is a KilnError.
+    naive: reference schedules (no fusion of loops, serial).
+
     Any number of compiled models may run at once from any number of threads; calls
     to one model from several threads are serialized.
     """
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int, got {type(threads).__name__}")
-    if passes is not None:
-        if isinstance(passes, str) or not all(isinstance(p, str) for p in passes):
-            raise TypeError("passes must be a list of pass names")
-        passes = list(passes)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not supported: Kiln compiles in float32 "
+                         f"(precision='fp32')")
+    if select not in ("priority", "measure"):
+        raise ValueError(f"select must be 'priority' or 'measure', not {select!r}")
+    passes = _check_str_list("passes", passes)
+    prefer = _check_str_list("prefer", prefer) or []
     if db is not None:
         if not isinstance(db, (str, os.PathLike)):
-            raise TypeError(f"db must be a path, got {type(db).__name__}")
+            raise TypeError(f"db must be a path or URL, got {type(db).__name__}")
         db = os.fspath(db)
+    kwargs = dict(threads=threads, naive=bool(naive), max_memory=int(max_memory), passes=passes, db=db,
+                  select=select, prefer=prefer)
+    source_name = "<bytes>"
+    if type(model).__name__ == "ModelProto" and hasattr(model, "SerializeToString"):
+        model, source_name = model.SerializeToString(), "<onnx.ModelProto>"
+    elif _is_torch_module(model):
+        source_name = f"<torch {type(model).__name__}>"
+        model = _export_torch(model, example_inputs, input_names, opset)
     if isinstance(model, (bytes, bytearray, memoryview)):
-        return _kiln.compile_bytes(bytes(model), threads=threads, naive=bool(naive),
-                                   max_memory=int(max_memory), passes=passes, db=db)
+        return CompiledModel(_kiln.compile_bytes(bytes(model), source_name=source_name, **kwargs))
     if isinstance(model, (str, os.PathLike)):
-        return _kiln.compile_file(os.fspath(model), threads=threads, naive=bool(naive),
-                                  max_memory=int(max_memory), passes=passes, db=db)
-    raise TypeError("kiln.compile expects a path or the model's bytes, got "
-                    f"{type(model).__name__}")
+        return CompiledModel(_kiln.compile_file(os.fspath(model), **kwargs))
+    raise TypeError("kiln.compile expects a path, the model's bytes, an onnx.ModelProto or a "
+                    f"torch.nn.Module, got {type(model).__name__}")
+
+
+def _is_torch_module(obj):
+    for cls in type(obj).__mro__:
+        if cls.__module__ == "torch.nn.modules.module" and cls.__name__ == "Module":
+            return True
+    return False
+
+
+class CompiledModel:
+    """A compiled model. `run` it on arrays; `inputs` / `outputs` describe its signature."""
+
+    def __init__(self, impl):
+        self._impl = impl
+
+    @property
+    def inputs(self):
+        return self._impl.inputs
+
+    @property
+    def outputs(self):
+        return self._impl.outputs
+
+    @property
+    def stats(self):
+        return self._impl.stats
+
+    def graph_text(self):
+        """The optimized graph in Kiln's text IR."""
+        return self._impl.graph_text()
+
+    def run(self, inputs, outputs=None):
+        """Runs the model.
+
+        inputs: dict name -> array: a numpy array (or anything numpy.asarray takes), or an
+            object with __dlpack__ on the CPU (a torch tensor), read without a copy when
+            contiguous. A model with one input also takes the array itself.
+        outputs: dict name -> the caller's buffer (a writable C-contiguous numpy array, or a
+            contiguous __dlpack__ tensor) of that output's dtype and shape: the kernels write
+            into it (a buffer not 64-byte aligned gets the result copied in). Outputs not named
+            are returned as new numpy arrays.
+        Returns a dict name -> array (the caller's buffer where one was given).
+        """
+        if not isinstance(inputs, dict):
+            if len(self.inputs) != 1:
+                raise TypeError("run expects a dict name -> array (the model has "
+                                f"{len(self.inputs)} inputs)")
+            inputs = {self.inputs[0].name: inputs}
+        if outputs is not None and not isinstance(outputs, dict):
+            raise TypeError(f"outputs must be a dict name -> buffer, got {type(outputs).__name__}")
+        return self._impl.run(inputs, outputs)
+
+    def random_inputs(self, seed=0, dims=None):
+        """Random inputs for every input (standard normal floats, small non-negative integers,
+        random booleans); `dims` binds symbolic dims by name (default 1)."""
+        import numpy as np
+
+        dims = dict(dims or {})
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for info in self.inputs:
+            shape = []
+            for d in info.dims:
+                if d.lstrip("-").isdigit():
+                    shape.append(int(d))
+                elif d in dims:
+                    shape.append(int(dims[d]))
+                else:
+                    shape.append(1)
+            dtype = np.dtype(info.dtype) if info.dtype not in ("object",) else None
+            if dtype is None:
+                raise KilnError(f"input '{info.name}': no random values for dtype {info.dtype}; pass inputs")
+            if dtype.kind == "f":
+                feeds[info.name] = rng.standard_normal(shape).astype(dtype)
+            elif dtype.kind in "iu":
+                feeds[info.name] = rng.integers(0, 2, shape).astype(dtype)
+            elif dtype.kind == "b":
+                feeds[info.name] = rng.integers(0, 2, shape).astype(bool)
+            else:
+                raise KilnError(f"input '{info.name}': no random values for dtype {info.dtype}; pass inputs")
+        return feeds
+
+    def profile(self, inputs=None, runs=10, path=None):
+        """Runs the model `runs` times timing every instruction; returns the report (kernels by
+        total time). inputs: as for run; None for random_inputs(). path: also write a Chrome
+        trace / Perfetto JSON of every kernel call there."""
+        if inputs is None:
+            inputs = self.random_inputs()
+        elif not isinstance(inputs, dict):
+            inputs = {self.inputs[0].name: inputs}
+        if path is None:
+            return self._impl._profile(inputs, int(runs))
+        return self._impl._profile_trace(inputs, int(runs), os.fspath(path))
 
 
 def describe_model_file(path):

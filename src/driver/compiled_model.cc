@@ -167,7 +167,63 @@ const std::vector<TensorInfo>& Model::outputs() const { return impl_->compiled.o
 const CompileStats& Model::stats() const { return impl_->compiled.stats; }
 std::string Model::graph_text() const { return print_graph(*impl_->compiled.graph); }
 
+namespace {
+
+// The caller's output buffers by position of `outputs` (undefined where none
+// is given), for runtime::VM::run.
+std::vector<Tensor> buffers_by_position(const std::vector<TensorInfo>& outputs,
+                                        const std::map<std::string, Tensor>* into) {
+  std::vector<Tensor> v(outputs.size());
+  if (into != nullptr)
+    for (size_t i = 0; i < outputs.size(); ++i)
+      if (auto it = into->find(outputs[i].name); it != into->end()) v[i] = it->second;
+  return v;
+}
+
+std::map<std::string, Tensor> by_name(const std::vector<TensorInfo>& outputs, std::vector<Tensor> values) {
+  std::map<std::string, Tensor> result;
+  for (size_t i = 0; i < values.size(); ++i) result[outputs[i].name] = std::move(values[i]);
+  return result;
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  auto a0 = reinterpret_cast<uintptr_t>(a.data()), b0 = reinterpret_cast<uintptr_t>(b.data());
+  return a0 < b0 + static_cast<uintptr_t>(b.nbytes()) && b0 < a0 + static_cast<uintptr_t>(a.nbytes());
+}
+
+}  // namespace
+
 Result<std::map<std::string, Tensor>> Model::run(const std::map<std::string, Tensor>& inputs) {
+  return run_checked(inputs, nullptr);
+}
+
+Status Model::run_into(const std::map<std::string, Tensor>& inputs, std::map<std::string, Tensor>& outputs) {
+  const auto& outs = impl_->compiled.outputs;
+  for (const auto& [name, buffer] : outputs) {
+    bool known = false;
+    for (const TensorInfo& info : outs) known |= info.name == name;
+    if (!known) {
+      std::ostringstream os;
+      for (size_t i = 0; i < outs.size(); ++i) os << (i ? ", " : "") << "'" << outs[i].name << "'";
+      return invalid_argument() << "unknown output '" << name << "' (the model's outputs: " << os.str() << ")";
+    }
+    if (!buffer.defined()) return invalid_argument() << "output '" << name << "': no buffer given";
+    for (const auto& [in_name, in] : inputs)
+      if (in.defined() && !dtype_is_container(in.dtype()) && overlaps(buffer, in))
+        return invalid_argument() << "output '" << name << "': the buffer given overlaps input '" << in_name << "'";
+    for (const auto& [other_name, other] : outputs)
+      if (other_name < name && other.defined() && overlaps(buffer, other))
+        return invalid_argument() << "output '" << name << "': the buffer given overlaps output '" << other_name << "'";
+  }
+  KILN_ASSIGN_OR_RETURN(auto result, run_checked(inputs, &outputs));
+  for (auto& [name, t] : result)
+    if (!outputs.count(name)) outputs[name] = std::move(t);
+  return Status::ok();
+}
+
+Result<std::map<std::string, Tensor>> Model::run_checked(const std::map<std::string, Tensor>& inputs,
+                                                         const std::map<std::string, Tensor>* into) {
   const auto& infos = impl_->compiled.inputs;
   std::vector<Tensor> ordered;
   for (const TensorInfo& info : infos) {
@@ -185,7 +241,7 @@ Result<std::map<std::string, Tensor>> Model::run(const std::map<std::string, Ten
     }
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->specialize) return run_specialized(inputs);
+  if (impl_->specialize) return run_specialized(inputs, into);
   runtime::VM* vm = impl_->vm.get();
   if (below_lower_bounds(*impl_->compiled.program, ordered)) {
     if (!impl_->empty_dims) {
@@ -195,10 +251,9 @@ Result<std::map<std::string, Tensor>> Model::run(const std::map<std::string, Ten
     }
     vm = impl_->empty_dims->vm.get();
   }
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, vm->run(ordered));
-  std::map<std::string, Tensor> result;
-  for (size_t i = 0; i < outs.size(); ++i) result[impl_->compiled.outputs[i].name] = std::move(outs[i]);
-  return result;
+  std::vector<Tensor> buffers = buffers_by_position(impl_->compiled.outputs, into);
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, vm->run(ordered, into ? &buffers : nullptr));
+  return by_name(impl_->compiled.outputs, std::move(outs));
 }
 
 // A model whose shapes depend on input values (Impl::specialize): the
@@ -253,19 +308,20 @@ Result<std::shared_ptr<Model::Impl>> Model::specialization(const std::map<std::s
   return it->second;
 }
 
-Result<std::map<std::string, Tensor>> Model::run_specialized(const std::map<std::string, Tensor>& inputs) {
+Result<std::map<std::string, Tensor>> Model::run_specialized(const std::map<std::string, Tensor>& inputs,
+                                                             const std::map<std::string, Tensor>* into) {
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<Impl> spec, specialization(inputs));
-  return run_on(*spec, inputs);
+  return run_on(*spec, inputs, into);
 }
 
 // Runs a specialization's program (the caller holds the model's mutex).
-Result<std::map<std::string, Tensor>> Model::run_on(Impl& spec, const std::map<std::string, Tensor>& inputs) {
+Result<std::map<std::string, Tensor>> Model::run_on(Impl& spec, const std::map<std::string, Tensor>& inputs,
+                                                    const std::map<std::string, Tensor>* into) {
   std::vector<Tensor> ordered;
   for (const TensorInfo& info : spec.compiled.inputs) ordered.push_back(inputs.at(info.name));
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, spec.vm->run(ordered));
-  std::map<std::string, Tensor> result;
-  for (size_t i = 0; i < outs.size(); ++i) result[spec.compiled.outputs[i].name] = std::move(outs[i]);
-  return result;
+  std::vector<Tensor> buffers = buffers_by_position(spec.compiled.outputs, into);
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, spec.vm->run(ordered, into ? &buffers : nullptr));
+  return by_name(spec.compiled.outputs, std::move(outs));
 }
 
 std::string Model::kernels_text() const {

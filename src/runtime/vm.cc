@@ -490,7 +490,8 @@ struct VM::Impl {
   // outer: the symbols bound in the calling program (a sub-program's captured
   // values may have dims such as min(n, 300) + min(m, 300) over them, which
   // only those bindings can evaluate); the ones this program uses are bound first.
-  Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs, const Env* outer = nullptr);
+  Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs, const Env* outer = nullptr,
+                                  const std::vector<Tensor>* into = nullptr);
   // The symbols this program's register shapes and kernels name (computed once).
   const std::vector<std::string>& used_symbols();
   std::optional<std::vector<std::string>> used_symbols_;
@@ -683,7 +684,9 @@ void VM::set_memory_limit(int64_t bytes) { impl_->memory_limit = bytes > 0 ? byt
 
 VM::~VM() = default;
 
-Result<std::vector<Tensor>> VM::run(const std::vector<Tensor>& inputs) { return impl_->run(inputs); }
+Result<std::vector<Tensor>> VM::run(const std::vector<Tensor>& inputs, const std::vector<Tensor>* into) {
+  return impl_->run(inputs, nullptr, into);
+}
 
 void VM::set_profiling(bool enabled) {
   impl_->profiling = enabled;
@@ -708,8 +711,24 @@ const std::vector<std::string>& VM::Impl::used_symbols() {
   return *used_symbols_;
 }
 
-Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, const Env* outer) {
+Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, const Env* outer,
+                                          const std::vector<Tensor>* into) {
   const Program& p = *prog;
+  if (into != nullptr && into->size() != p.output_registers.size())
+    return invalid_argument() << "expected " << p.output_registers.size() << " output buffers, got " << into->size();
+  // The caller's buffer an output register is allocated in (see allocate):
+  // one the register's dtype, 64-byte aligned as kernels assume, of a plain
+  // dtype. Any other given buffer gets the output copied in at the end.
+  auto given_for = [&](int r) -> const Tensor* {
+    if (into == nullptr || !p.registers[r].is_output) return nullptr;
+    for (size_t i = 0; i < p.output_registers.size(); ++i) {
+      const Tensor& g = (*into)[i];
+      if (p.output_registers[i] == r && g.defined() && g.dtype() == p.registers[r].dtype &&
+          reinterpret_cast<uintptr_t>(g.data()) % kAlign == 0)
+        return &g;
+    }
+    return nullptr;
+  };
   const int64_t limit = memory_limit > 0 ? memory_limit : current_memory_limit();
   ScopedMemoryLimit scoped_limit(limit);
   if (p.static_plan && p.arena_bytes > 0 && !arena) {
@@ -816,8 +835,16 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
     std::vector<int64_t> shape =
         regs[r].defined() ? regs[r].release_shape() : std::move(spare_shapes[static_cast<size_t>(r)]);
     KILN_RETURN_IF_ERROR(eval_shape_into(info.shape, env, what, shape));
+    const Tensor* given = object_dtype ? nullptr : given_for(r);
+    if (given != nullptr && given->shape() != shape) {
+      return invalid_argument() << "output '" << info.name << "': the buffer given is " << dtype_name(given->dtype())
+                                << shape_to_string(given->shape()) << ", the output is " << dtype_name(info.dtype)
+                                << shape_to_string(shape);
+    }
     if (object_dtype) {
       KILN_ASSIGN_OR_RETURN(regs[r], Tensor::allocate(info.dtype, std::move(shape), what.str()));
+    } else if (given != nullptr) {
+      regs[r] = Tensor::borrow(info.dtype, std::move(shape), const_cast<void*>(given->data()));
     } else if (info.arena_offset >= 0 && !info.is_output) {
       regs[r] = Tensor::borrow(info.dtype, std::move(shape), static_cast<char*>(arena.get()) + info.arena_offset);
     } else {
@@ -1341,16 +1368,47 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
     return st;
   }
 
+  // A caller's buffer gets the value (written in place by the kernels, else
+  // copied in) and stands for the output.
+  auto deliver = [&](size_t i, const Tensor& v) -> Result<Tensor> {
+    const Tensor& g = (*into)[i];
+    const std::string& name = p.registers[p.output_registers[i]].name;
+    if (g.dtype() != v.dtype() || g.shape() != v.shape()) {
+      return invalid_argument() << "output '" << name << "': the buffer given is " << dtype_name(g.dtype())
+                                << shape_to_string(g.shape()) << ", the output is " << dtype_name(v.dtype())
+                                << shape_to_string(v.shape());
+    }
+    if (v.data() != g.data()) {
+      if (v.dtype() == DType::kString || dtype_is_container(v.dtype())) {
+        return invalid_argument() << "output '" << name << "' has dtype " << dtype_name(v.dtype())
+                                  << ", which cannot be written into a caller's buffer";
+      }
+      if (v.nbytes() > 0) std::memcpy(const_cast<void*>(g.data()), v.data(), static_cast<size_t>(v.nbytes()));
+    }
+    return g;
+  };
   std::vector<Tensor> outputs;
   outputs.reserve(p.output_registers.size());
   for (size_t i = 0; i < p.output_registers.size(); ++i) {
     int r = p.output_registers[i];
+    bool to_caller = into != nullptr && (*into)[i].defined();
     auto first = std::find(p.output_registers.begin(), p.output_registers.begin() + static_cast<long>(i), r);
     if (first != p.output_registers.begin() + static_cast<long>(i)) {
-      outputs.push_back(outputs[static_cast<size_t>(first - p.output_registers.begin())]);
+      const Tensor& v = outputs[static_cast<size_t>(first - p.output_registers.begin())];
+      if (!to_caller) {
+        outputs.push_back(v);
+        continue;
+      }
+      KILN_ASSIGN_OR_RETURN(Tensor g, deliver(i, v));
+      outputs.push_back(std::move(g));
       continue;
     }
     if (!regs[r].defined()) return internal_error() << "output '" << p.registers[r].name << "' was not computed";
+    if (to_caller) {
+      KILN_ASSIGN_OR_RETURN(Tensor g, deliver(i, regs[r]));
+      outputs.push_back(std::move(g));
+      continue;
+    }
     // Moved out unless the register is kept (a constant output is copied).
     outputs.push_back(p.registers[r].is_constant || in_arena(regs[r]) ? regs[r] : std::move(regs[r]));
   }

@@ -197,7 +197,11 @@ class VM {
   // Inputs by position of Program::input_registers. Checks dtype and shape
   // (static dims equal, symbolic dims bound consistently) and names the input
   // in errors. Returns the outputs by position of Program::output_registers.
-  Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs);
+  // `into`, when given, holds a caller's buffer per output (undefined: the VM
+  // allocates it): the kernels write into a buffer of the output's dtype that
+  // is 64-byte aligned, any other gets the output copied in; a buffer whose
+  // dtype or shape is not the output's is an error naming the output.
+  Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs, const std::vector<Tensor>* into = nullptr);
 
   // Per-instruction timing, accumulated over runs while enabled (for `kiln profile`).
   struct InstrProfile {

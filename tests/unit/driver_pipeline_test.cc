@@ -410,6 +410,55 @@ TEST(Pipeline, SymbolicBatchRunsAtSeveralSizes) {
   EXPECT_NE(bad.status().message().find("input 'x'"), std::string::npos) << bad.status().message();
 }
 
+// Outputs into the caller's buffers: an aligned buffer of the output's dtype
+// is written in place (the VM allocates nothing: it runs under a memory limit
+// smaller than the output), a misaligned one gets the output copied in (so
+// it needs the allocation), and a buffer of another shape is an error naming
+// the output.
+TEST(Pipeline, OutputsAreWrittenIntoTheCallersBuffers) {
+  Tensor w = random_tensor({7, 19}, 11), b = random_tensor({19}, 12);
+  auto compiled = compile_graph(mlp_graph(var("batch"), w, b), CompileOptions{});
+  ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+  Tensor x = random_tensor({5, 7}, 13);
+  std::vector<float> want = mlp_reference(x, w, b);
+  const int64_t out_bytes = 5 * 19 * 4;
+  Tensor storage(DType::kFloat32, {5 * 19 + 64});
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(storage.data()) % 64, 0u);
+  for (int64_t i = 0; i < storage.numel(); ++i) storage.data_as<float>()[i] = NAN;
+  runtime::VM vm(compiled->program, 1);
+  vm.set_memory_limit(out_bytes / 2);
+  auto plain = vm.run({x});
+  ASSERT_FALSE(plain.is_ok());
+  EXPECT_EQ(plain.status().code(), StatusCode::kResourceExhausted) << plain.status().to_string();
+
+  std::vector<Tensor> into{Tensor::borrow(DType::kFloat32, {5, 19}, storage.data())};
+  auto in_place = vm.run({x}, &into);
+  ASSERT_TRUE(in_place.is_ok()) << in_place.status().to_string();
+  EXPECT_EQ((*in_place)[0].data(), storage.data());
+  expect_close(into[0], want);
+
+  // 16 bytes past the boundary: computed in the VM's memory, then copied.
+  std::vector<Tensor> misaligned{Tensor::borrow(DType::kFloat32, {5, 19}, storage.data_as<float>() + 4)};
+  EXPECT_FALSE(vm.run({x}, &misaligned).is_ok());
+  vm.set_memory_limit(0);
+  auto copied = vm.run({x}, &misaligned);
+  ASSERT_TRUE(copied.is_ok()) << copied.status().to_string();
+  EXPECT_EQ((*copied)[0].data(), misaligned[0].data());
+  expect_close(misaligned[0], want);
+
+  std::vector<Tensor> wrong{Tensor::borrow(DType::kFloat32, {5, 18}, storage.data())};
+  auto bad = vm.run({x}, &wrong);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("output 'y': the buffer given is f32[5,18], the output is f32[5,19]"),
+            std::string::npos)
+      << bad.status().message();
+  // Outputs without a buffer are still allocated by the VM.
+  std::vector<Tensor> none(1);
+  auto fresh = vm.run({x}, &none);
+  ASSERT_TRUE(fresh.is_ok()) << fresh.status().to_string();
+  expect_close((*fresh)[0], want);
+}
+
 // Two groups computing the same thing over differently named symbols (x is
 // [a, 8], y is [b, 8]) share one compiled kernel (the workload key is the
 // canonical kernel, symbols by position), each call passing its own symbol:

@@ -1,0 +1,221 @@
+"""The Python API (python/kiln/__init__.py) as a user calls it: kiln.compile on every kind of
+model it takes, run on numpy arrays and DLPack tensors (torch), outputs written into the caller's
+buffers, profile, and the errors of each.
+
+    PYTHONPATH=build/python run_api_test.py
+"""
+import os
+import sys
+import tempfile
+import traceback
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+
+FAILURES = []
+
+
+def case(fn):
+    try:
+        fn()
+        print("ok  ", fn.__name__)
+    except Exception:  # noqa: BLE001 (each case reports its own failure)
+        FAILURES.append(fn.__name__)
+        print("FAIL", fn.__name__)
+        traceback.print_exc()
+    return fn
+
+
+def expect_error(kind, fragment, fn):
+    try:
+        fn()
+    except kind as e:
+        assert fragment in str(e), f"{kind.__name__} without {fragment!r}: {e}"
+        return
+    raise AssertionError(f"no {kind.__name__} ({fragment!r})")
+
+
+RNG = np.random.default_rng(7)
+W = (RNG.standard_normal((64, 48)) / 8).astype(np.float32)
+B = RNG.standard_normal(48).astype(np.float32)
+X = RNG.standard_normal((6, 64)).astype(np.float32)
+
+
+def dense_model():
+    """y = relu(x @ W + B), and z = y * 2 (two outputs)."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["pre"]),
+         helper.make_node("Relu", ["pre"], ["y"]), helper.make_node("Mul", ["y", "two"], ["z"])],
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 48]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [6, 48])],
+        [numpy_helper.from_array(W, "w"), numpy_helper.from_array(B, "b"),
+         numpy_helper.from_array(np.array(2, np.float32), "two")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def reference(x):
+    y = np.maximum(x @ W + B, 0)
+    return y, y * 2
+
+
+MODEL = dense_model()
+Y, Z = reference(X)
+assert Y.std() > 0.1 and (Y > 0).mean() > 0.2, "the reference must have spread"
+
+
+def aligned_empty(shape, dtype, offset=0):
+    """An array whose data starts `offset` bytes past a 64-byte boundary."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(n + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    return raw[start:start + n].view(dtype).reshape(shape)
+
+
+@case
+def compile_every_kind_of_model():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "dense.onnx")
+        onnx.save(MODEL, path)
+        for model in (path, MODEL.SerializeToString(), MODEL, bytearray(MODEL.SerializeToString())):
+            m = kiln.compile(model, threads=1, db="")
+            out = m.run({"x": X})
+            np.testing.assert_allclose(out["y"], Y, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(out["z"], Z, rtol=1e-4, atol=1e-4)
+    expect_error(TypeError, "expects a path", lambda: kiln.compile(42))
+
+
+@case
+def compile_a_torch_module():
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                 torch.nn.Flatten(), torch.nn.Linear(8 * 5 * 5, 4))
+    x = torch.randn(2, 3, 5, 5)
+    m = kiln.compile(module, example_inputs=(x,), threads=1, db="")
+    assert [i.name for i in m.inputs] == ["input_0"], m.inputs
+    want = module(x).detach().numpy()
+    assert want.std() > 0.05
+    got = m.run(x)[m.outputs[0].name]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    named = kiln.compile(module, example_inputs=x, input_names=["image"], threads=1, db="")
+    assert [i.name for i in named.inputs] == ["image"]
+    expect_error(TypeError, "example_inputs", lambda: kiln.compile(module))
+
+
+@case
+def options_are_checked():
+    expect_error(ValueError, "precision", lambda: kiln.compile(MODEL, precision="bf16"))
+    expect_error(ValueError, "select", lambda: kiln.compile(MODEL, select="fastest"))
+    expect_error(TypeError, "prefer", lambda: kiln.compile(MODEL, prefer="matmul.packed"))
+    expect_error(kiln.KilnError, "nosuch.impl", lambda: kiln.compile(MODEL, prefer=["nosuch.impl"], db=""))
+    m = kiln.compile(MODEL, threads=1, select="measure", prefer=["matmul.packed:mr=4"], db="")
+    np.testing.assert_allclose(m.run(X)["y"], Y, rtol=1e-4, atol=1e-4)
+
+
+@case
+def dlpack_inputs_are_read_like_numpy():
+    m = kiln.compile(MODEL, threads=1, db="")
+    from_numpy = m.run({"x": X})
+    from_torch = m.run({"x": torch.from_numpy(X.copy())})
+    np.testing.assert_array_equal(from_torch["y"], from_numpy["y"])
+    # A transposed (non-contiguous) tensor is read through a copy.
+    xt = torch.from_numpy(X.T.copy()).t()
+    assert not xt.is_contiguous()
+    np.testing.assert_array_equal(m.run({"x": xt})["y"], from_numpy["y"])
+    expect_error(kiln.KilnError, "dtype", lambda: m.run({"x": torch.from_numpy(X.astype(np.float64))}))
+
+
+@case
+def outputs_are_written_into_the_callers_buffers():
+    m = kiln.compile(MODEL, threads=1, db="")
+    want = m.run({"x": X})
+    for offset in (0, 16):  # in place, and copied in (not 64-byte aligned)
+        y = aligned_empty((6, 48), np.float32, offset)
+        y.fill(np.nan)
+        out = m.run({"x": X}, outputs={"y": y})
+        assert out["y"] is y
+        np.testing.assert_array_equal(y, want["y"])
+        np.testing.assert_array_equal(out["z"], want["z"])
+    t = torch.full((6, 48), float("nan"))
+    z = torch.full((6, 48), float("nan"))
+    out = m.run({"x": torch.from_numpy(X)}, outputs={"y": t, "z": z})
+    assert out["y"] is t and out["z"] is z
+    np.testing.assert_array_equal(t.numpy(), want["y"])
+    np.testing.assert_array_equal(z.numpy(), want["z"])
+
+
+@case
+def output_buffer_errors_name_the_output():
+    m = kiln.compile(MODEL, threads=1, db="")
+    good = np.empty((6, 48), np.float32)
+    expect_error(kiln.KilnError, "output 'y': the buffer given is f32[6,47]",
+                 lambda: m.run(X, outputs={"y": np.empty((6, 47), np.float32)}))
+    expect_error(kiln.KilnError, "output 'y': the buffer given is f64[6,48]",
+                 lambda: m.run(X, outputs={"y": np.empty((6, 48), np.float64)}))
+    expect_error(kiln.KilnError, "not C-contiguous",
+                 lambda: m.run(X, outputs={"y": np.empty((48, 6), np.float32).T}))
+    ro = np.empty((6, 48), np.float32)
+    ro.flags.writeable = False
+    expect_error(kiln.KilnError, "read-only", lambda: m.run(X, outputs={"y": ro}))
+    expect_error(kiln.KilnError, "no output 'w'", lambda: m.run(X, outputs={"w": good}))
+    expect_error(TypeError, "numpy array or an object with __dlpack__", lambda: m.run(X, outputs={"y": [0.0]}))
+    expect_error(kiln.KilnError, "not contiguous", lambda: m.run(X, outputs={"y": torch.empty(48, 6).t()}))
+    shared = np.empty((6, 48), np.float32)
+    expect_error(kiln.KilnError, "overlaps output", lambda: m.run(X, outputs={"y": shared, "z": shared}))
+
+
+@case
+def an_output_buffer_may_not_overlap_an_input():
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16])])
+    m = kiln.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), threads=1, db="")
+    x = aligned_empty((8, 16), np.float32)
+    x[...] = RNG.standard_normal((8, 16))
+    expect_error(kiln.KilnError, "overlaps input 'x'", lambda: m.run({"x": x}, outputs={"y": x}))
+
+
+@case
+def data_dependent_outputs_are_copied_in():
+    # NonZero's output shape is known only after it ran: the buffer gets a copy.
+    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["idx"])], "nz",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                              [helper.make_tensor_value_info("idx", TensorProto.INT64, [2, "n"])])
+    m = kiln.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), threads=1, db="")
+    x = np.array([[0, 1, 0, 2], [3, 0, 0, 0], [0, 0, 4, 5]], np.float32)
+    want = np.array(np.nonzero(x), np.int64)
+    buf = aligned_empty(want.shape, np.int64)
+    out = m.run({"x": x}, outputs={"idx": buf})
+    assert out["idx"] is buf
+    np.testing.assert_array_equal(buf, want)
+    expect_error(kiln.KilnError, "output 'idx': the buffer given is i64[2,4]",
+                 lambda: m.run({"x": x}, outputs={"idx": np.empty((2, 4), np.int64)}))
+
+
+@case
+def profile_reports_the_kernels():
+    m = kiln.compile(MODEL, threads=1, db="")
+    report = m.profile(runs=2)
+    assert "ms/run" in report and "kiln_k" in report, report
+    assert m.profile({"x": X}, runs=1).startswith("total")
+    feeds = m.random_inputs(seed=3)
+    assert feeds["x"].shape == (6, 64) and feeds["x"].dtype == np.float32
+    expect_error(ValueError, "runs", lambda: m.profile(runs=0))
+
+
+def main():
+    print("kiln", kiln.__version__, "from", os.path.dirname(kiln.__file__))
+    if FAILURES:
+        print("failed:", ", ".join(FAILURES))
+        sys.exit(1)
+    print("all cases passed")
+
+
+if __name__ == "__main__":
+    main()
