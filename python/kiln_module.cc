@@ -388,7 +388,7 @@ class CompiledModel {
     return out;
   }
 
-  std::string profile(const py::dict& feeds, int runs) {
+  std::string profile(const py::dict& feeds, int runs, const std::string& trace_path) {
     if (runs < 1) throw py::value_error("runs must be >= 1");
     std::vector<InputTensor> held;
     std::map<std::string, kiln::Tensor> inputs = convert_inputs(feeds, held);
@@ -396,7 +396,7 @@ class CompiledModel {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mutex_);
-      report.emplace(model_.profile(inputs, runs));
+      report.emplace(model_.profile(inputs, runs, trace_path));
     }
     if (!*report) raise_status(report->status());
     return **report;
@@ -567,7 +567,7 @@ PYBIND11_MODULE(_kiln, m) {
            "Runs the model on a dict name -> array (numpy, or anything with __dlpack__ on the CPU);\n"
            "returns a dict name -> numpy array. outputs: name -> the caller's buffer to write into\n"
            "(a writable C-contiguous numpy array or a __dlpack__ tensor of the output's dtype and shape).")
-      .def("_profile", &CompiledModel::profile, py::arg("inputs"), py::arg("runs"))
+      .def("_profile", &CompiledModel::profile, py::arg("inputs"), py::arg("runs"), py::arg("trace_path") = "")
       .def_property_readonly("inputs", &CompiledModel::inputs)
       .def_property_readonly("outputs", &CompiledModel::outputs)
       .def_property_readonly("stats", &CompiledModel::stats)

@@ -85,7 +85,7 @@ if(KILN_BUILD_PYTHON)
   # The Python API: every kind of model kiln.compile takes, DLPack inputs,
   # outputs written into the caller's buffers, profile, and their errors.
   add_test(NAME package_python_api
-    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/package/run_api_test.py)
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/package/run_api_test.py --kiln $<TARGET_FILE:kiln>)
   set_tests_properties(package_python_api PROPERTIES LABELS package ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
 
   # pip install: the wheel built from this tree, installed into a fresh

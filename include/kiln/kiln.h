@@ -117,7 +117,12 @@ class Model {
 
   // Runs the model `runs` times with per-instruction timing and returns a
   // report: instructions by total time (kernel, node, calls, ms, share).
-  Result<std::string> profile(const std::map<std::string, Tensor>& inputs, int runs);
+  // `trace_path`, when not empty, also gets a Chrome trace / Perfetto JSON
+  // file: a span per instruction of every timed run on the calling thread
+  // (kernels with their node, implementation, knobs and workload key), and a
+  // span per chunk each worker thread ran of a kernel's parallel loops.
+  Result<std::string> profile(const std::map<std::string, Tensor>& inputs, int runs,
+                              const std::string& trace_path = "");
 
   struct Impl;  // opaque (driver/compiled_model.cc)
 

@@ -196,9 +196,7 @@ class CompiledModel:
             inputs = self.random_inputs()
         elif not isinstance(inputs, dict):
             inputs = {self.inputs[0].name: inputs}
-        if path is None:
-            return self._impl._profile(inputs, int(runs))
-        return self._impl._profile_trace(inputs, int(runs), os.fspath(path))
+        return self._impl._profile(inputs, int(runs), "" if path is None else os.fspath(path))
 
 
 def describe_model_file(path):

@@ -85,10 +85,11 @@ Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOpt
   stage("graph passes");
   KILN_RETURN_IF_ERROR(run_graph_passes(*g, options, ctx));
   stage("kernel choice");
-  KILN_RETURN_IF_ERROR(choose_kernels(*g, options, ctx));
+  std::map<const Node*, std::string> workload_keys;
+  KILN_RETURN_IF_ERROR(choose_kernels(*g, options, ctx, &workload_keys));
   stage.stop();
   if (options.dump_ir) std::fprintf(stderr, "%s\n", print_graph(*g).c_str());
-  KILN_ASSIGN_OR_RETURN(CompiledProgram out, compile_chosen(*g, ctx.infer.bounds, options, &stages));
+  KILN_ASSIGN_OR_RETURN(CompiledProgram out, compile_chosen(*g, ctx.infer.bounds, options, &stages, &workload_keys));
 
   out.stats.num_nodes_imported = nodes_imported;
   out.stats.num_nodes = static_cast<int>(g->num_nodes());
@@ -99,7 +100,8 @@ Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOpt
 }
 
 Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, const CompileOptions& options,
-                                       std::vector<std::pair<std::string, double>>* stages) {
+                                       std::vector<std::pair<std::string, double>>* stages,
+                                       const std::map<const Node*, std::string>* workload_keys) {
   auto t0 = std::chrono::steady_clock::now();
   StageClock stage(stages);
   CompiledProgram out;
@@ -110,6 +112,10 @@ Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, con
   KILN_ASSIGN_OR_RETURN(kernels::KernelSet ks, kernels::define_kernels(parts, bounds));
   stage("schedules");
   KILN_RETURN_IF_ERROR(kernels::schedule_kernels(ks, options.naive));
+  if (workload_keys)
+    for (kernels::Kernel& k : ks.kernels)
+      if (auto it = workload_keys->find(k.anchor ? k.anchor : k.root); it != workload_keys->end())
+        k.info.workload = it->second;
   stage("loop IR lowering");
   KILN_RETURN_IF_ERROR(kernels::lower_kernels(ks, options.dump_ir));
   stage("code generation");

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,11 @@ Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOpt
 // The stages after kernel choice (partition .. link) on a graph whose shapes
 // are inferred and whose kernels are chosen: what constant folding and
 // measurement compile. `stages` (may be null) gets each stage's name and seconds.
+// `workload_keys` (may be null): choose_kernels' keys, copied into each
+// kernel's KernelChoiceInfo::workload.
 Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, const CompileOptions& options,
-                                       std::vector<std::pair<std::string, double>>* stages = nullptr);
+                                       std::vector<std::pair<std::string, double>>* stages = nullptr,
+                                       const std::map<const Node*, std::string>* workload_keys = nullptr);
 
 // Constant folding's evaluator: shape inference, then compile_chosen, then
 // one run (on one thread, under the options' memory limit).

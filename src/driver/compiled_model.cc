@@ -1,7 +1,9 @@
 // kiln::Model (include/kiln/kiln.h): import, compile, run.
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -9,7 +11,9 @@
 #include "frontend/onnx/import.h"
 #include "kiln/kiln.h"
 #include "ops/registry.h"
+#include "support/json.h"
 #include "support/target.h"
+#include "support/trace.h"
 
 namespace kiln {
 
@@ -344,7 +348,73 @@ std::string Model::kernels_text() const {
   return os.str();
 }
 
-Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, int runs) {
+namespace {
+
+// What an instruction is, for the profile's table and the trace's span names.
+std::string instruction_label(const runtime::Program& prog, const runtime::Instr& in) {
+  switch (in.op) {
+    case runtime::OpCode::kCall: return prog.kernels[in.callee].name;
+    case runtime::OpCode::kCallHost: return "host kernel";
+    case runtime::OpCode::kView: return "view";
+    case runtime::OpCode::kBind: return "in place";
+    case runtime::OpCode::kShapeOf: return "shape";
+    case runtime::OpCode::kCopy: return "copy";
+    case runtime::OpCode::kCheckIndices: return "index check";
+    case runtime::OpCode::kCheckBroadcast: return "broadcast check";
+    default: return "control";
+  }
+}
+
+// The Chrome trace event format ("X" complete events, microseconds), which
+// chrome://tracing and Perfetto open.
+Status write_trace(const std::string& path, const runtime::Program& prog,
+                   const std::vector<driver::KernelChoiceInfo>& choices, const std::vector<trace::Span>& spans) {
+  std::map<std::string, const driver::KernelChoiceInfo*> by_kernel;
+  for (const auto& c : choices) by_kernel[c.kernel] = &c;
+  int64_t origin = spans.empty() ? 0 : spans.front().begin_ns;
+  for (const trace::Span& s : spans) origin = std::min(origin, s.begin_ns);
+  std::ostringstream os;
+  os << std::fixed;
+  os.precision(3);
+  os << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  std::set<std::pair<int32_t, bool>> threads;
+  bool first = true;
+  for (const trace::Span& s : spans) {
+    const runtime::Instr& in = prog.instrs[static_cast<size_t>(s.label)];
+    std::string name = instruction_label(prog, in);
+    threads.insert({s.thread, s.worker});
+    os << (first ? "" : ",\n") << "{\"name\": " << json_quote(name) << ", \"cat\": \""
+       << (in.op == runtime::OpCode::kCall ? "kernel" : "runtime") << (s.worker ? " chunk" : "")
+       << "\", \"ph\": \"X\", \"pid\": 1, \"tid\": " << s.thread << ", \"ts\": " << (s.begin_ns - origin) / 1e3
+       << ", \"dur\": " << (s.end_ns - s.begin_ns) / 1e3 << ", \"args\": {\"node\": " << json_quote(in.where);
+    auto it = in.op == runtime::OpCode::kCall ? by_kernel.find(name) : by_kernel.end();
+    if (it != by_kernel.end()) {
+      const driver::KernelChoiceInfo& c = *it->second;
+      os << ", \"impl\": " << json_quote(c.impl) << ", \"knobs\": " << json_quote(c.knobs)
+         << ", \"source\": " << json_quote(c.source) << ", \"workload\": " << json_quote(c.workload);
+    }
+    os << "}}";
+    first = false;
+  }
+  for (const auto& [tid, worker] : threads) {
+    os << (first ? "" : ",\n") << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": " << tid
+       << ", \"args\": {\"name\": " << json_quote(worker ? "worker " + std::to_string(tid) : "caller " + std::to_string(tid))
+       << "}}";
+    first = false;
+  }
+  os << "\n]}\n";
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return invalid_argument() << "cannot write the trace to '" << path << "'";
+  f << os.str();
+  f.close();
+  if (!f) return invalid_argument() << "writing the trace to '" << path << "' failed";
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, int runs,
+                                   const std::string& trace_path) {
   // Warm up once without timing.
   KILN_RETURN_IF_ERROR(run(inputs).status());
   runtime::VM* vm = impl_->vm.get();
@@ -358,9 +428,11 @@ Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, 
     KILN_ASSIGN_OR_RETURN(spec, specialization(inputs));
     vm = spec->vm.get();
   }
+  trace::Recorder recorder;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     vm->set_profiling(true);
+    if (!trace_path.empty()) vm->set_trace(&recorder);
   }
   for (int i = 0; i < runs; ++i) {
     Status st = Status::ok();
@@ -373,6 +445,7 @@ Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, 
     if (!st.is_ok()) {
       std::lock_guard<std::mutex> lock(impl_->mu);
       vm->set_profiling(false);
+      vm->set_trace(nullptr);
       return st;
     }
   }
@@ -380,6 +453,11 @@ Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, 
   const runtime::Program& prog = vm->program();
   std::vector<runtime::VM::InstrProfile> prof = vm->profile();
   vm->set_profiling(false);
+  vm->set_trace(nullptr);
+  if (!trace_path.empty()) {
+    const auto& choices = spec ? spec->compiled.kernel_choices : impl_->compiled.kernel_choices;
+    KILN_RETURN_IF_ERROR(write_trace(trace_path, prog, choices, recorder.take()));
+  }
   std::vector<size_t> order(prof.size());
   double total = 0;
   for (size_t i = 0; i < prof.size(); ++i) {
@@ -396,18 +474,7 @@ Result<std::string> Model::profile(const std::map<std::string, Tensor>& inputs, 
   for (size_t i : order) {
     if (prof[i].calls == 0) continue;
     const runtime::Instr& in = prog.instrs[i];
-    std::string what;
-    switch (in.op) {
-      case runtime::OpCode::kCall: what = prog.kernels[in.callee].name; break;
-      case runtime::OpCode::kCallHost: what = "host kernel"; break;
-      case runtime::OpCode::kView: what = "view"; break;
-      case runtime::OpCode::kBind: what = "in place"; break;
-      case runtime::OpCode::kShapeOf: what = "shape"; break;
-      case runtime::OpCode::kCopy: what = "copy"; break;
-      case runtime::OpCode::kCheckIndices: what = "index check"; break;
-      case runtime::OpCode::kCheckBroadcast: what = "broadcast check"; break;
-      default: what = "control"; break;
-    }
+    std::string what = instruction_label(prog, in);
     double ms = prof[i].seconds * 1e3 / std::max(runs, 1);
     os.width(8);
     os << ms << "  ";

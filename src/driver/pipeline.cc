@@ -357,25 +357,35 @@ Status queue_misses(const Graph& g, db::Database& database, const DatabaseSource
 }
 }  // namespace
 
-Status choose_kernels(Graph& g, const CompileOptions& options, passes::PassContext& ctx) {
+Status choose_kernels(Graph& g, const CompileOptions& options, passes::PassContext& ctx,
+                      std::map<const Node*, std::string>* workload_keys) {
   if (!split_pass_list(options).second) return Status::ok();
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<db::Database> database, compile_database(options));
   std::shared_ptr<DatabaseSource> source;
-  if (database) {
-    source = std::make_shared<DatabaseSource>(database, g,
-                                              kernels::candidate_workloads(g, ctx.infer.bounds, fusion_enabled(options)),
-                                              resolve_threads(options.threads));
-    ctx.select.sources.push_back(source);
+  if (database || workload_keys) {
+    // Keyed before the choice: on the weights before any candidate's transform.
+    std::vector<kernels::GroupWorkload> workloads =
+        kernels::candidate_workloads(g, ctx.infer.bounds, fusion_enabled(options));
+    if (workload_keys)
+      for (const kernels::GroupWorkload& gw : workloads) (*workload_keys)[gw.anchor] = gw.workload.key;
+    if (database) {
+      source = std::make_shared<DatabaseSource>(database, g, std::move(workloads), resolve_threads(options.threads));
+      ctx.select.sources.push_back(source);
+    }
   }
   Status st = passes::run_passes(g, {kKernelChoicePass}, ctx).status();
+  if (st.is_ok() && (source || workload_keys)) {
+    for (kernels::GroupWorkload& gw :
+         kernels::generic_workloads(g, ctx.infer.bounds, fusion_enabled(options), /*before_choice=*/false)) {
+      if (workload_keys) (*workload_keys)[gw.anchor] = gw.workload.key;
+      // Kernels without a candidate: the database's point of their generic
+      // space, on each group's last node (define_kernels reads it).
+      if (source)
+        if (auto c = source->lookup_generic(gw, ctx.select.target)) strategy::record_generic_choice(*gw.group.back(), *c);
+    }
+  }
   if (source) {
     ctx.select.sources.pop_back();
-    // Kernels without a candidate: the database's point of their generic
-    // space, on each group's last node (define_kernels reads it).
-    if (st.is_ok())
-      for (kernels::GroupWorkload& gw :
-           kernels::generic_workloads(g, ctx.infer.bounds, fusion_enabled(options), /*before_choice=*/false))
-        if (auto c = source->lookup_generic(gw, ctx.select.target)) strategy::record_generic_choice(*gw.group.back(), *c);
     if (!source->error().is_ok()) return source->error().with_context("tuning database");
     if (st.is_ok() && options.tune_missing) KILN_RETURN_IF_ERROR(queue_misses(g, *database, *source, options));
   }

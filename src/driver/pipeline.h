@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,10 @@ Status run_graph_passes(Graph& g, const CompileOptions& options, passes::PassCon
 Result<std::shared_ptr<db::Database>> compile_database(const CompileOptions& options);
 // Stage "kernel choice": select-kernels, where the pass list ends with it,
 // with the tuning database as its first non-strict choice source.
-Status choose_kernels(Graph& g, const CompileOptions& options, passes::PassContext& ctx);
+// `workload_keys` (may be null) gets the tuning workload key of every kernel
+// to be, by its anchor node (a candidate's node, or a generic group's last).
+Status choose_kernels(Graph& g, const CompileOptions& options, passes::PassContext& ctx,
+                      std::map<const Node*, std::string>* workload_keys = nullptr);
 
 // Checks that every op is supported, then runs `pipeline` on `g` (pass
 // manager, passes/pass_manager.h) with constant folding through the

@@ -30,6 +30,7 @@ struct KernelChoiceInfo {
   std::string source;  // priority, measured, database
   std::string why;
   std::string schedule;  // the kernel's schedule as text (tir::Schedule::to_string)
+  std::string workload;  // its tuning workload's key (tune::Workload), where kernel choice computed it
 };
 
 // One kernel: the compute definition of the groups that share it.

@@ -1,5 +1,7 @@
 #include "runtime/vm.h"
 
+#include "support/trace.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -449,6 +451,7 @@ struct VM::Impl {
   int64_t memory_limit = 0;  // bytes; 0: the limit of the calling thread
   bool profiling = false;
   std::vector<VM::InstrProfile> profile;
+  trace::Recorder* tracer = nullptr;  // set_trace
   std::vector<std::unique_ptr<VM>> subvms;  // by Program::subprograms index, created on first use
   // Kept across runs (see run): the registers, whether the constants are
   // bound in them, and the argument arrays of kernel and host calls.
@@ -688,6 +691,8 @@ Result<std::vector<Tensor>> VM::run(const std::vector<Tensor>& inputs, const std
   return impl_->run(inputs, nullptr, into);
 }
 
+void VM::set_trace(trace::Recorder* recorder) { impl_->tracer = recorder; }
+
 void VM::set_profiling(bool enabled) {
   impl_->profiling = enabled;
   impl_->profile.assign(impl_->prog->instrs.size(), InstrProfile{});
@@ -773,6 +778,9 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
         for (Accumulator& a : st->acc) a.objects.clear();
   };
   ScopeExit<decltype(drop_transient)> drop(drop_transient);
+  // The calling thread's trace scope as it was (an instruction sets its own).
+  auto restore_trace = [saved = trace::current()] { trace::current() = saved; };
+  ScopeExit<decltype(restore_trace)> restore(restore_trace);
   Env env;
   sym_slots.reset(p);
   current_env = &env;
@@ -1052,6 +1060,11 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
     const Instr& in = p.instrs[pc];
     size_t next = pc + 1;
     auto started = profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    int64_t span_begin = 0;
+    if (tracer != nullptr) {
+      trace::current() = trace::Scope{tracer, static_cast<int32_t>(pc)};
+      span_begin = trace::now_ns();
+    }
     switch (in.op) {
       case OpCode::kCall: {
         const CompiledKernel& k = p.kernels[in.callee];
@@ -1355,6 +1368,14 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
     if (profiling) {
       profile[pc].calls += 1;
       profile[pc].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    }
+    if (tracer != nullptr) {
+      trace::Span span;
+      span.begin_ns = span_begin;
+      span.end_ns = trace::now_ns();
+      span.thread = trace::thread_id();
+      span.label = static_cast<int32_t>(pc);
+      tracer->add(span);
     }
     pc = next;
   }

@@ -112,6 +112,10 @@
 #include "support/status.h"
 #include "support/tensor.h"
 
+namespace kiln::trace {
+class Recorder;
+}
+
 namespace kiln::runtime {
 
 using KernelFn = void (*)(void** buffers, const int64_t* syms);
@@ -209,6 +213,11 @@ class VM {
     double seconds = 0;
   };
   void set_profiling(bool enabled);
+  // Records a span per instruction (its index as the label) on the calling
+  // thread, and the thread pool one per chunk its workers run (support/trace.h).
+  // Null: none. Subprograms (If branches, Loop bodies run by a sub-VM) are
+  // one span of the instruction that runs them.
+  void set_trace(trace::Recorder* recorder);
   // Bytes a run may allocate (support/memory_limit.h); 0: the calling thread's limit.
   void set_memory_limit(int64_t bytes);
   const std::vector<InstrProfile>& profile() const;

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/trace.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -48,6 +50,9 @@ struct ThreadPool::Impl {
   std::atomic<int64_t> n{0};
   std::atomic<int64_t> chunk{1};
   std::atomic<int64_t> done{0};
+  // The caller's trace scope (support/trace.h): workers record their chunks into it.
+  std::atomic<trace::Recorder*> trace_recorder{nullptr};
+  std::atomic<int32_t> trace_label{0};
 
   // Held by the caller that owns the workers for one job. Callers that find
   // the pool busy run their loop serially instead of waiting (see parallel_for).
@@ -69,7 +74,19 @@ struct ThreadPool::Impl {
       if (!ticket.compare_exchange_weak(t, next, std::memory_order_acq_rel)) continue;
       int64_t b = c * size;
       int64_t end = b + size < total ? b + size : total;
-      f(b, end, e);
+      trace::Recorder* rec = from_back ? trace_recorder.load(std::memory_order_relaxed) : nullptr;
+      if (rec != nullptr) {
+        trace::Span span;
+        span.begin_ns = trace::now_ns();
+        f(b, end, e);
+        span.end_ns = trace::now_ns();
+        span.thread = trace::thread_id();
+        span.label = trace_label.load(std::memory_order_relaxed);
+        span.worker = true;
+        rec->add(span);
+      } else {
+        f(b, end, e);
+      }
       done.fetch_add(1, std::memory_order_release);
     }
   }
@@ -141,6 +158,9 @@ void ThreadPool::parallel_for(int64_t n, void (*fn)(int64_t, int64_t, void*), vo
   s.n.store(n, std::memory_order_relaxed);
   s.chunk.store(chunk, std::memory_order_relaxed);
   s.done.store(0, std::memory_order_relaxed);
+  const trace::Scope& scope = trace::current();
+  s.trace_recorder.store(scope.recorder, std::memory_order_relaxed);
+  s.trace_label.store(scope.label, std::memory_order_relaxed);
   uint64_t epoch = (s.ticket.load(std::memory_order_relaxed) >> Impl::kEpochShift) + 1;
   {
     std::lock_guard<std::mutex> lock(s.mu);

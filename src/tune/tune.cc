@@ -1,5 +1,7 @@
 #include "tune/tune.h"
 
+#include "support/json.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cpuid.h>
@@ -175,27 +177,7 @@ double Record::median_s() const {
 
 namespace {
 
-void put_string(std::ostringstream& os, const std::string& s) {
-  os << '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': os << "\\\""; break;
-      case '\\': os << "\\\\"; break;
-      case '\n': os << "\\n"; break;
-      case '\t': os << "\\t"; break;
-      case '\r': os << "\\r"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          os << buf;
-        } else {
-          os << c;
-        }
-    }
-  }
-  os << '"';
-}
+void put_string(std::ostringstream& os, const std::string& s) { os << json_quote(s); }
 
 // A flat JSON object of strings, numbers and arrays of numbers: what
 // Record::to_json writes. Anything else is an error naming the position.

@@ -2,9 +2,13 @@
 model it takes, run on numpy arrays and DLPack tensors (torch), outputs written into the caller's
 buffers, profile, and the errors of each.
 
-    PYTHONPATH=build/python run_api_test.py
+    PYTHONPATH=build/python run_api_test.py --kiln build/bin/kiln
 """
+import argparse
+import json
 import os
+import re
+import subprocess
 import sys
 import tempfile
 import traceback
@@ -38,6 +42,10 @@ def expect_error(kind, fragment, fn):
         return
     raise AssertionError(f"no {kind.__name__} ({fragment!r})")
 
+
+PARSER = argparse.ArgumentParser()
+PARSER.add_argument("--kiln", required=True, help="the kiln command line")
+ARGS = PARSER.parse_args()
 
 RNG = np.random.default_rng(7)
 W = (RNG.standard_normal((64, 48)) / 8).astype(np.float32)
@@ -207,6 +215,58 @@ def profile_reports_the_kernels():
     feeds = m.random_inputs(seed=3)
     assert feeds["x"].shape == (6, 64) and feeds["x"].dtype == np.float32
     expect_error(ValueError, "runs", lambda: m.profile(runs=0))
+
+
+def check_trace(path, runs):
+    """A Chrome trace: caller spans for every instruction of every run, kernels carrying their
+    node, implementation, knobs and workload key; worker chunks on other threads."""
+    with open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    caller = [e for e in spans if not e["cat"].endswith("chunk")]
+    kernels = [e for e in caller if e["cat"] == "kernel"]
+    assert kernels and len(caller) % runs == 0, (len(caller), runs)
+    callers = {e["tid"] for e in caller}
+    assert len(callers) == 1, callers
+    for e in spans:
+        assert e["ts"] >= 0 and e["dur"] >= 0, e
+    for e in kernels:
+        assert e["name"].startswith("kiln_k"), e
+        args = e["args"]
+        assert args["node"] and args["impl"], e
+        assert "knobs" in args, e
+        assert re.fullmatch(r"[0-9a-f]{64}", args["workload"]), e
+    for e in spans:
+        if e["cat"].endswith("chunk"):
+            assert e["tid"] not in callers, e
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert set(names) == {e["tid"] for e in spans}, names
+    return kernels
+
+
+@case
+def profile_writes_a_trace():
+    m = kiln.compile(MODEL, threads=2, db="")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        report = m.profile(runs=3, path=path)
+        assert "ms/run" in report
+        kernels = check_trace(path, 3)
+        assert {e["name"] for e in kernels} <= set(re.findall(r"kiln_k\d+_\w+", report)), report
+        expect_error(kiln.KilnError, "cannot write the trace",
+                     lambda: m.profile(runs=1, path=os.path.join(tmp, "no", "such", "dir.json")))
+
+
+@case
+def kiln_profile_writes_a_trace():
+    with tempfile.TemporaryDirectory() as tmp:
+        model, path = os.path.join(tmp, "dense.onnx"), os.path.join(tmp, "trace.json")
+        onnx.save(MODEL, model)
+        out = subprocess.run([ARGS.kiln, "profile", model, "--threads", "2", "--runs", "2", "-o", path],
+                             check=True, capture_output=True, text=True).stdout
+        assert "trace of 2 runs written to" in out, out
+        check_trace(path, 2)
 
 
 def main():

@@ -29,6 +29,7 @@
 #include "kiln/kiln.h"
 #include "npy.h"
 #include "opt.h"
+#include "support/json.h"
 #include "support/memory_limit.h"
 #include "test_data.h"
 
@@ -82,7 +83,10 @@ const char kUsage[] =
     "      --check-equiv=PASS compares the pipeline with and without PASS\n"
     "      (symbols not fixed by --dim are bound to 1, 3 and 8 in turn)\n"
     "  kiln profile MODEL [--threads N] [--runs N] [--top N] [--dim NAME=VALUE] [--input NAME=FILE.npy] [--passes a,b]\n"
-    "      time every instruction (kernel) over N runs; print the most expensive first\n"
+    "               [-o trace.json]\n"
+    "      time every instruction (kernel) over N runs; print the most expensive first; -o: also a\n"
+    "      Chrome trace / Perfetto JSON of every kernel call on every thread (node, implementation,\n"
+    "      knobs, workload key)\n"
     "  kiln tune MODEL [--db PATH] [--time-budget 600|10m] [--trials N] [--threads T] [--dim NAME=VALUE]\n"
     "      search every kernel's schedules and commit them to the tuning database (kiln tune --help)\n"
     "  kiln tune MODEL --db URL --enqueue;  kiln tune-worker --db URL [--threads T] [--exit-when-idle]\n"
@@ -123,7 +127,8 @@ Result<ParsedArgs> parse_args(const std::vector<std::string>& args, const Option
   ParsedArgs out;
   bool only_positional = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
+    // -o FILE is --output FILE.
+    const std::string a = !only_positional && args[i] == "-o" ? "--output" : args[i];
     if (only_positional || a.size() < 2 || a.rfind("--", 0) != 0) {
       if (!only_positional && a.size() > 1 && a[0] == '-') {
         return invalid_argument() << "unknown option '" << a << "'";
@@ -537,22 +542,7 @@ double percentile(const std::vector<double>& sorted, double p) {
   return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
 }
 
-std::string json_string(const std::string& s) {
-  std::ostringstream os;
-  os << '"';
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      os << '\\' << c;
-    } else if (c < 0x20) {
-      os << "\\u" << std::hex << std::setw(4) << std::setfill('0') << static_cast<int>(c)
-         << std::dec << std::setfill(' ');
-    } else {
-      os << c;
-    }
-  }
-  os << '"';
-  return os.str();
-}
+std::string json_string(const std::string& s) { return json_quote(s); }
 
 Result<int> cmd_bench(const std::vector<std::string>& argv) {
   OptionSpec spec;
@@ -639,11 +629,12 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
 
 Result<int> cmd_profile(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "select", "impl", "runs", "dim", "input", "top", "max-memory", "passes", "db"};
+  spec.with_value = {"threads", "select", "impl", "runs", "dim", "input", "top", "max-memory", "passes", "db", "output"};
   spec.repeatable = {"dim", "input", "impl"};
   spec.flags = {"naive", "no-db", "tune-missing"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "profile"));
+  std::string trace_path = args.get("output").value_or("");
   KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
   int64_t runs = 10, top = 25;
   if (auto r = args.get("runs")) {
@@ -654,10 +645,13 @@ Result<int> cmd_profile(const std::vector<std::string>& argv) {
   }
   KILN_ASSIGN_OR_RETURN(Model model, Model::compile_file(path, options));
   KILN_ASSIGN_OR_RETURN(auto inputs, build_inputs(model, args));
-  KILN_ASSIGN_OR_RETURN(std::string report, model.profile(inputs, static_cast<int>(runs)));
+  KILN_ASSIGN_OR_RETURN(std::string report, model.profile(inputs, static_cast<int>(runs), trace_path));
   std::istringstream lines(report);
   std::string line;
   for (int64_t i = 0; std::getline(lines, line) && i < top + 2; ++i) std::cout << line << "\n";
+  if (!trace_path.empty())
+    std::cout << "trace of " << runs << " runs written to " << trace_path
+              << " (open it in https://ui.perfetto.dev or chrome://tracing)\n";
   return kExitOk;
 }
 
