@@ -35,6 +35,17 @@ std::vector<std::string> default_pipeline(bool naive) {
   return p;
 }
 
+std::vector<std::string> onnx_pipeline() {
+  std::vector<std::string> p = default_pipeline();
+  p.erase(std::remove_if(p.begin(), p.end(),
+                         [](const std::string& name) {
+                           const PassInfo* info = find_pass(name);
+                           return info != nullptr && info->kiln_only;
+                         }),
+          p.end());
+  return p;
+}
+
 std::vector<std::string> with_shape_inference(const std::vector<std::string>& pipeline, bool at_end) {
   std::vector<std::string> out;
   bool inferred = false;

@@ -10,6 +10,9 @@ namespace kiln::passes {
 // The passes, in order. `naive` (reference compilation) drops the passes that
 // only exist to suit the default schedules (select-kernels).
 std::vector<std::string> default_pipeline(bool naive = false);
+// The default pipeline without the passes whose results ONNX cannot express
+// (PassInfo::kiln_only): what `kiln opt MODEL -o out.onnx` runs.
+std::vector<std::string> onnx_pipeline();
 
 // `pipeline` with infer-shapes put in front of the first pass that needs
 // shapes when none precedes it, and (with `at_end`) at the end when none runs

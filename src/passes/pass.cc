@@ -76,18 +76,18 @@ const std::vector<PassInfo>& registered_passes() {
       {"project-rnn-inputs",
        "RNN/GRU/LSTM input projections of every step become one MatMul (packed GEMM) before the time loop; "
        "R packed in panels of hidden units for the per-step product",
-       &project_rnn_inputs, true, "tests/ir/project_rnn_inputs.kir"},
+       &project_rnn_inputs, true, "tests/ir/project_rnn_inputs.kir", /*kiln_only=*/true},
       {"block-layout",
        "convolution chains on blocked-channel activations (NCHW16c with AVX-512): kiln:ConvBlocked with weights "
        "re-laid out, elementwise/pool/Concat readers follow, FromBlocked/ToBlocked only at the chains' edges",
-       &block_layout, true, "tests/ir/block_layout.kir"},
+       &block_layout, true, "tests/ir/block_layout.kir", /*kiln_only=*/true},
       {"eliminate-dead-code", "nodes whose outputs nothing reads, and unused constants, are removed",
        &eliminate_dead_code, false, "tests/ir/eliminate_dead_code.kir"},
       {"select-kernels",
        "each MatMul/Gemm/Conv gets an implementation from the operator strategy (src/strategy): "
        "database, measurement or priority; its weight transform (GEMM panels, conv IHWO) is applied",
        [](Graph& g, PassContext& ctx) { return strategy::select_kernels(g, ctx.select); }, true,
-       "tests/ir/select_kernels.kir"},
+       "tests/ir/select_kernels.kir", /*kiln_only=*/true},
   };
   return kPasses;
 }

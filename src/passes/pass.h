@@ -55,6 +55,9 @@ struct PassInfo {
   PassFn run = nullptr;
   bool needs_shapes = false;  // runs after infer-shapes
   std::string test;           // "tests/ir/eliminate_dead_code.kir"
+  // Writes what ONNX cannot express (Kiln's weight layouts, kiln: ops,
+  // recorded kernel choices): `kiln opt -o out.onnx` leaves it out.
+  bool kiln_only = false;
 };
 
 // Every pass, in the order docs/passes.md lists them.

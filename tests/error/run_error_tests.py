@@ -567,6 +567,34 @@ def run_cli_arguments(kiln, work, pattern):
     return len(selected), failures
 
 
+def run_cli_help(kiln, work):
+    """Every command has --help with an example (exit 0), and every option the help of run,
+    bench, profile and info lists is one the command accepts."""
+    valid = _write(os.path.join(work, "help.onnx"), _relu_model().SerializeToString())
+    failures = 0
+    commands = ["info", "run", "bench", "profile", "opt", "ops", "tune", "tune-worker", "db"]
+    for command in commands:
+        problems = []
+        proc = subprocess.run([kiln, command, "--help"], capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            problems.append(f"--help exit code {proc.returncode}")
+        if f"usage: kiln {command}" not in proc.stdout or "example: kiln " not in proc.stdout:
+            problems.append(f"--help lacks a usage line or an example: {proc.stdout[:200]!r}")
+        if command in ("info", "run", "bench", "profile"):
+            for option in sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", proc.stdout))):
+                if option == "--help":
+                    continue
+                # The option, then a value it may take: only "unknown option" matters here.
+                run = subprocess.run([kiln, command, valid, option, "1"], capture_output=True, text=True,
+                                     timeout=120)
+                if f"unknown option '{option}'" in run.stderr:
+                    problems.append(f"--help lists {option}, which kiln {command} refuses")
+        print(("ok   " if not problems else "FAIL ") + f"cli: {command} --help" +
+              "".join(f"\n       {p}" for p in problems), flush=True)
+        failures += bool(problems)
+    return len(commands), failures
+
+
 def python_case(name, work):
     """Child-process body: exit 0 when Kiln raised a proper KilnError."""
     import kiln
@@ -643,6 +671,10 @@ def main():
         n, f = run_cli_arguments(args.kiln, work, args.pattern)
         total += n
         failures += f
+        if not args.pattern or re.search(args.pattern, "help"):
+            n, f = run_cli_help(args.kiln, work)
+            total += n
+            failures += f
     print(f"\n{total - failures}/{total} error cases behave")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)

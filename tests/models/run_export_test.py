@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""`kiln opt MODEL --default-pipeline -o out.onnx` writes a valid ONNX model that
+"""`kiln opt MODEL -o out.onnx` (no other flag) writes a valid ONNX model that
 computes what the original computes.
 
     run_export_test.py --kiln PATH [--cache-dir DIR] [--models a,b]
 
 For every zoo model named (exported into the cache if missing) and a few generated
 graphs (Conv+BatchNorm, parallel projections of one input, a dynamic reshape chain):
-the optimized export (the default pipeline without select-kernels, project-rnn-inputs and
-block-layout, whose weight and activation layouts ONNX lacks: block-layout's are Kiln's own ops,
-domain kiln) must pass onnx.checker (full check, with shape inference), must have no more
+the optimized export (the default pipeline without its kiln-only passes, select-kernels,
+project-rnn-inputs and block-layout, whose weight and activation layouts ONNX lacks: block-layout's
+are Kiln's own ops, domain kiln) must pass onnx.checker (full check, with shape inference), must have no more
 nodes than the original (fewer for the generated graphs and the transformers, which hold
 identities, shape arithmetic and foldable scales), and must give the
 same outputs as the original in ONNX Runtime on the same inputs (within the zoo model's
@@ -108,8 +108,7 @@ def run_ort(path, feed):
 
 def check(kiln, name, path, feeds, atol, rtol, must_shrink, tmp):
     out_path = os.path.join(tmp, name + ".opt.onnx")
-    proc = subprocess.run([kiln, "opt", path, "--default-pipeline", "--disable=select-kernels,project-rnn-inputs,block-layout", "-o", out_path],
-                          capture_output=True, text=True)
+    proc = subprocess.run([kiln, "opt", path, "-o", out_path], capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"FAIL {name}: kiln opt exited {proc.returncode}: {proc.stderr.strip()}")
         return False
@@ -148,7 +147,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", required=True)
     ap.add_argument("--cache-dir", default=None)
-    ap.add_argument("--models", default="resnet18,bert,gpt2")
+    ap.add_argument("--models", default="resnet18,mobilenet_v2,bert,gpt2,lstm")
     args = ap.parse_args()
     ok = True
     with tempfile.TemporaryDirectory(prefix="kiln-export-") as tmp:

@@ -42,6 +42,81 @@ constexpr int kExitError = 2;
 // Random inputs larger than this are refused (a typo in --dim must not exhaust memory).
 constexpr int64_t kMaxRandomInputBytes = int64_t{4} << 30;
 
+// The compile options run, bench, profile and info --kernels share (their
+// meaning is the same in each, and in Python's kiln.compile).
+const char kCompileOptionsHelp[] =
+    "  --threads N             worker threads (0: all hardware threads; Python threads=)\n"
+    "  --passes a,b,c          graph passes instead of the default pipeline ('none': no passes; passes=)\n"
+    "  --select measure        time every applicable implementation of each MatMul/Gemm/Conv at compile\n"
+    "                          time and keep the fastest (default: priority; select=)\n"
+    "  --impl NAME[:KNOBS]     prefer an implementation where it applies (repeatable; prefer=), e.g.\n"
+    "                          --impl conv.panels or --impl 'matmul.packed:mr=6 nr=64'\n"
+    "  --db PATH|URL           the tuning database kernel choice asks first (default: $KILN_DB, else\n"
+    "                          ~/.cache/kiln/tuning.db where it exists; db=)\n"
+    "  --no-db                 ask no tuning database (db=\"\")\n"
+    "  --tune-missing          queue the kernels the database has no record of for kiln tune-worker\n"
+    "  --max-memory BYTES      memory one run may allocate, e.g. 4G (default: 80% of RAM; max_memory=)\n";
+
+// Inputs for run, bench and profile.
+const char kInputOptionsHelp[] =
+    "  --input NAME=FILE.npy   value of one input (repeatable); the others are random\n"
+    "  --dim NAME=VALUE        bind a symbolic input dimension for random inputs (default 1)\n"
+    "  --naive                 reference schedules (no fusion of loops, serial)\n";
+
+// `kiln COMMAND --help`: usage, options and an example.
+std::string command_help(const std::string& command) {
+  std::string compile = kCompileOptionsHelp, inputs = kInputOptionsHelp;
+  if (command == "info")
+    return "usage: kiln info MODEL [--kernels [compile options]]\n"
+           "  without --kernels: inputs, outputs, op histogram and the inferred (symbolic) type of every value;\n"
+           "  with --kernels: compile, then list every kernel: its implementation, knobs and where the choice\n"
+           "  came from (database, compatible target, predicted, priority)\n" +
+           compile +
+           "  example: kiln info resnet50.onnx --kernels --threads 2 --db tuning.db\n";
+  if (command == "run")
+    return "usage: kiln run MODEL [options]\n"
+           "  compile MODEL, run it once and print each output's dtype, shape and first values\n" +
+           inputs +
+           "  --test-data DIR         compare with an ONNX test_data_set (input_N.pb, output_N.pb) or a directory\n"
+           "                          of test_data_set_* directories; exit 1 when an output differs\n"
+           "  --atol A --rtol R       pass iff |actual - expected| <= A + R*|expected| (defaults 1e-4, 1e-3)\n"
+           "  --output-dir DIR        write every output as DIR/NAME.npy\n" +
+           compile + "  example: kiln run model.onnx --input input=x.npy --output-dir out/\n";
+  if (command == "bench")
+    return "usage: kiln bench MODEL [options]\n"
+           "  compile MODEL, warm up, time repeated runs; print the median, p10/p90 and min\n"
+           "  --runs N --warmup N     timed runs (default 20) and untimed ones before them (default 3)\n"
+           "  --json                  one JSON object (latencies, compile time per stage)\n"
+           "  --dump-ir               every kernel's loop IR and optimized LLVM IR to stderr\n" +
+           inputs + compile + "  example: kiln bench resnet50.onnx --threads 1 --runs 50 --json\n";
+  if (command == "profile")
+    return "usage: kiln profile MODEL [options] [-o trace.json]\n"
+           "  time every instruction (kernel) over N runs; print the most expensive first\n"
+           "  --runs N                timed runs (default 10)\n"
+           "  --top N                 rows printed (default 25)\n"
+           "  -o, --output FILE       also write a Chrome trace / Perfetto JSON of every kernel call on every\n"
+           "                          thread (node, implementation, knobs, workload key); open it in\n"
+           "                          https://ui.perfetto.dev or chrome://tracing\n" +
+           inputs + compile + "  example: kiln profile bert.onnx --threads 2 --runs 20 -o bert_trace.json\n";
+  if (command == "opt")
+    return "usage: kiln opt FILE [--PASS ...] [--passes=a,b] [--default-pipeline] [--disable=a,b]\n"
+           "                [--print-after-all] [--print-after=PASS] [--verify-each] [--time-passes]\n"
+           "                [-o OUT.kir|OUT.onnx] [--fuse-elementwise] [--lower [--naive]]\n"
+           "                [--check-equiv[=PASS]] [--dim NAME=VALUE] | --list-passes [--markdown]\n"
+           "  run graph passes on FILE (.onnx, or Kiln's text IR .kir) and print the result or write it;\n"
+           "  `kiln opt MODEL -o out.onnx` alone writes the optimized model: the default pipeline without the\n"
+           "  passes whose layouts ONNX cannot express (select-kernels, project-rnn-inputs, block-layout);\n"
+           "  --lower prints every kernel's compute definition, schedule and loop IR; --check-equiv compares\n"
+           "  default against naive schedules (=PASS: the pipeline with and without PASS) on random inputs\n"
+           "  example: kiln opt bert.onnx -o bert.opt.onnx\n"
+           "  example: kiln opt model.onnx --default-pipeline --print-after=simplify-algebra\n";
+  if (command == "ops")
+    return "usage: kiln ops\n"
+           "  list the supported ONNX ops and how each runs (compiled, runtime kernel, view; fusable)\n"
+           "  example: kiln ops | grep -i conv\n";
+  return "";
+}
+
 const char kUsage[] =
     "usage:\n"
     "  kiln info MODEL\n"
@@ -95,6 +170,7 @@ const char kUsage[] =
     "      the tuning database (kiln db --help)\n"
     "  kiln ops\n"
     "      list the supported ONNX ops and how each runs (compiled, runtime kernel, view)\n"
+    "kiln COMMAND --help: a command's options and an example\n"
     "exit codes: 0 ok, 1 outputs differ from --test-data (or --check-equiv), 2 error\n";
 
 // ---------------------------------------------------------------------------
@@ -673,6 +749,15 @@ int main_impl(int argc, char** argv) {
       {"db", cmd_db}, {"tune", cmd_tune}, {"tune-measure", cmd_tune_measure},
       {"tune-worker", cmd_tune_worker}};
   auto it = commands.find(command);
+  if (it != commands.end() && !command_help(command).empty()) {
+    for (const std::string& a : args) {
+      if (a == "--") break;
+      if (a == "--help" || a == "-h") {
+        std::cout << command_help(command);
+        return kExitOk;
+      }
+    }
+  }
   if (it == commands.end()) {
     std::cerr << "kiln: error: unknown command '" << command << "'\n" << kUsage;
     return kExitError;

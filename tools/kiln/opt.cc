@@ -194,6 +194,7 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
   bool fuse = false, lower = false, naive = false, equiv = false, list = false, markdown = false;
   std::string equiv_pass;
   std::vector<std::string> pipeline;
+  bool pipeline_named = false;  // --passes, --default-pipeline or --PASS given
   std::set<std::string> disabled;
   passes::Instrumentation inst;
   std::map<std::string, int64_t, std::less<>> dims;
@@ -211,8 +212,10 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
     else if (a == "--list-passes") list = true;
     else if (a == "--markdown") markdown = true;
     else if (a == "--default-pipeline") {
+      pipeline_named = true;
       for (const std::string& p : passes::default_pipeline(naive)) pipeline.push_back(p);
     } else if (a.rfind("--passes=", 0) == 0) {
+      pipeline_named = true;
       for (const std::string& p : passes::split_pass_list(value_of(a, "--passes="))) pipeline.push_back(p);
     } else if (a.rfind("--disable=", 0) == 0) {
       for (const std::string& p : passes::split_pass_list(value_of(a, "--disable="))) disabled.insert(p);
@@ -232,6 +235,7 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
         return invalid_argument() << "--dim expects an integer value, got '" << kv << "'";
       }
     } else if (a.rfind("--", 0) == 0 && passes::find_pass(a.substr(2)) != nullptr) {
+      pipeline_named = true;
       pipeline.push_back(a.substr(2));
     } else if (!a.empty() && a[0] == '-') {
       return invalid_argument() << "unknown option '" << a << "' for opt (passes: " << passes::pass_names() << ")";
@@ -254,6 +258,10 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
   };
   if (!out_path.empty() && !ends_with(out_path, ".kir") && !ends_with(out_path, ".onnx"))
     return invalid_argument() << "-o " << out_path << ": the output is Kiln's text IR (.kir) or ONNX (.onnx)";
+  const bool to_onnx = ends_with(out_path, ".onnx");
+  // `kiln opt MODEL -o out.onnx` alone: the optimized model, as far as ONNX
+  // can express it (the default pipeline without the kiln-only passes).
+  if (to_onnx && !pipeline_named && !equiv) pipeline = passes::onnx_pipeline();
   for (const std::string& p : disabled)
     if (passes::find_pass(p) == nullptr)
       return invalid_argument() << "--disable: unknown pass '" << p << "' (passes: " << passes::pass_names() << ")";
@@ -265,7 +273,7 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, load_graph(path));
   KILN_RETURN_IF_ERROR(g->verify().with_context(path));
   // Shapes are inferred before the first pass that needs them, and for fusion and lowering.
-  std::vector<std::string> run = passes::with_shape_inference(pipeline, fuse || lower);
+  std::vector<std::string> run = passes::with_shape_inference(pipeline, fuse || lower || to_onnx);
   CompileOptions opts;
   opts.naive = naive;
   // Kernel choices for one thread, whatever the machine's core count (a
@@ -278,7 +286,7 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
     runs = std::move(optimized.runs);
   }
   bool printed_by_instrumentation = inst.print_after_all || !inst.print_after.empty();
-  if (ends_with(out_path, ".onnx")) {
+  if (to_onnx) {
     KILN_RETURN_IF_ERROR(export_onnx_file(*g, out_path));
   } else if (!out_path.empty()) {
     std::ofstream out(out_path, std::ios::binary);
