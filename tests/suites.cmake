@@ -88,6 +88,14 @@ if(KILN_BUILD_PYTHON)
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/package/run_api_test.py --kiln $<TARGET_FILE:kiln>)
   set_tests_properties(package_python_api PROPERTIES LABELS package ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
 
+  # The C API: cmake --install into a fresh prefix, a C test program and
+  # examples/c/run_model.c built against the installed headers and libkiln.so.
+  if(TARGET kiln_c)
+    add_test(NAME package_c_api
+      COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/package/run_c_api_test.py --build-dir ${CMAKE_BINARY_DIR})
+    set_tests_properties(package_c_api PROPERTIES LABELS package TIMEOUT 600)
+  endif()
+
   # pip install: the wheel built from this tree, installed into a fresh
   # virtual environment, `import kiln` and the `kiln` command used from there.
   add_test(NAME package_wheel

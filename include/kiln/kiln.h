@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "support/status.h"
-#include "support/tensor.h"
+#include "kiln/status.h"
+#include "kiln/tensor.h"
 
 namespace kiln {
 
