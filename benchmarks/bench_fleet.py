@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "db"))
 sys.path.insert(0, HERE)
 import model_zoo  # noqa: E402
 from bench_models import bench_kiln  # noqa: E402
-from bench_tuning import fmt, host_name, write_table  # noqa: E402
+from report import fmt, host_name, write_table  # noqa: E402
 from export_models import ensure_exported  # noqa: E402
 from pg_server import PgServer  # noqa: E402
 

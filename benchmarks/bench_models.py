@@ -18,6 +18,7 @@ one and a fast phase for the other, and a single round then mismeasures the rati
 
     bench_models.py [--kiln BUILD/bin/kiln] [--models a,b] [--threads 1,2] [--rounds R]
                     [--runs 20] [--warmup 3] [--cache-dir DIR] [--ort-only] [--torch] [--json FILE]
+                    [--write-doc]   (the table into docs/performance.md)
 
 The export cache is the one the model tests use (build/models by default). Both sides
 get the same inputs: model_zoo.make_inputs, saved as .npy for `kiln bench --input`
@@ -38,6 +39,25 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "models"))
 import model_zoo  # noqa: E402
+from report import host_name, write_table  # noqa: E402
+
+DOC = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
+
+
+def kiln_version(kiln):
+    """The Kiln that ran: the package version and the commit of the tree it was built from."""
+    try:
+        commit = subprocess.run(["git", "-C", os.path.dirname(HERE), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    try:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(kiln)), "python"))
+        import kiln as kiln_package  # noqa: E402
+        version = kiln_package.__version__
+    except ImportError:
+        version = "?"
+    return version + (f" ({commit})" if commit else "")
 from export_models import ensure_exported  # noqa: E402
 
 DEFAULT_KILN = os.path.join(model_zoo.REPO_ROOT, "build", "bin", "kiln")
@@ -164,6 +184,7 @@ def main():
                         help="also time PyTorch eager (Debian's torch 1.13 build: erratic, not averaged)")
     parser.add_argument("--no-torch", action="store_true", help="(the default) skip PyTorch eager")
     parser.add_argument("--json", default=None, help="also write all results to this file")
+    parser.add_argument("--write-doc", action="store_true", help="replace the table in docs/performance.md")
     args = parser.parse_args()
 
     names = args.models.split(",") if args.models else [m.name for m in model_zoo.MODELS]
@@ -247,21 +268,28 @@ def main():
     rows = formatted
 
     rounds = f"; fastest of {args.rounds} alternating rounds per side" if args.rounds > 1 else ""
-    print(f"\nmedian of {args.runs} runs after {args.warmup} warm-up{rounds}; "
-          "ORT_ENABLE_ALL, inter_op 1\n")
-    print("GFLOP: multiply-adds x 2 of Conv/MatMul/Gemm/RNN per run; share: Kiln's (and ORT's) GFLOP/s "
-          "over the peak kernel_bench measured at that thread count\n")
+    import onnxruntime  # noqa: E402 (bench_ort imported it already)
+    out = [f"Host: {host_name()} ({os.cpu_count()} cores); Kiln {kiln_version(args.kiln)}, ONNX Runtime "
+           f"{onnxruntime.__version__}; median of {args.runs} runs after {args.warmup} warm-up{rounds}; "
+           "ORT_ENABLE_ALL, inter_op 1.", "",
+           "GFLOP: multiply-adds x 2 of Conv/MatMul/Gemm/RNN per run; share: Kiln's (and ORT's) GFLOP/s "
+           "over the peak kernel_bench measured at that thread count"
+           + "".join(f" ({peaks[t]:.1f} GFLOP/s at {t})" for t in threads_list if peaks.get(t)) + ".", ""]
     torch_head = " torch ms | kiln/torch |" if args.torch else ""
-    print(f"| model | threads | kiln ms | ORT ms | kiln/ORT | GFLOP | kiln GFLOP/s | kiln share of peak | "
-          f"ORT share of peak |{torch_head} kiln compile s | note |")
-    print("|---" * (11 + (2 if args.torch else 0)) + "|")
-    print("\n".join(rows))
+    out.append(f"| model | threads | kiln ms | ORT ms | kiln/ORT | GFLOP | kiln GFLOP/s | kiln share of peak | "
+               f"ORT share of peak |{torch_head} kiln compile s | note |")
+    out.append("|---" * (11 + (2 if args.torch else 0)) + "|")
+    out.extend(rows)
     for threads in threads_list:
         ratios = [r["ratio"] for r in results if r["threads"] == threads and r["ratio"]]
         if ratios:
             geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-            print(f"\ngeometric mean kiln/ORT at {threads} thread(s): {geo:.3f} "
-                  f"over {len(ratios)} model(s)")
+            out.append("")
+            out.append(f"Geometric mean kiln/ORT at {threads} thread(s): {geo:.3f} over {len(ratios)} model(s).")
+    print("\n" + "\n".join(out))
+    if args.write_doc:
+        write_table(DOC, "<!-- bench_models: begin -->", "<!-- bench_models: end -->", "\n".join(out))
+        print(f"wrote the table into {DOC}", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

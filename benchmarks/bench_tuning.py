@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -41,6 +40,7 @@ sys.path.insert(0, HERE)
 import model_zoo  # noqa: E402
 from bench_models import bench_kiln, bench_ort  # noqa: E402
 from export_models import ensure_exported  # noqa: E402
+from report import fmt, host_name, write_table  # noqa: E402
 
 DEFAULT_KILN = os.path.join(model_zoo.REPO_ROOT, "build", "bin", "kiln")
 DOC = os.path.join(model_zoo.REPO_ROOT, "docs", "tuning.md")
@@ -49,17 +49,6 @@ ZERO_SHOT_BAR = 0.85
 BEGIN, END = "<!-- bench_tuning: begin -->", "<!-- bench_tuning: end -->"
 ROUND = re.compile(r"^\[(?P<t>[0-9.]+) s\] (?P<phase>\w+): (?P<trials>\d+) trials .* (?P<base>[0-9.]+) -> (?P<ms>[0-9.]+) ms")
 DONE = re.compile(r"tuned (?P<w>\d+) workloads in (?P<s>[0-9.e+]+) s: (?P<trials>\d+) trials \((?P<failed>\d+) failed\)")
-
-
-def host_name():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def tune(kiln, path, db, budget, threads):
@@ -87,21 +76,6 @@ def tune(kiln, path, db, budget, threads):
     return {"wall_s": wall, "trials": trials, "workloads": workloads, "t95_s": t95,
             "kernels_default_ms": base,
             "kernels_tuned_ms": rounds[-1][1] if rounds else None}
-
-
-def write_table(doc_path, begin, end, table):
-    """Replaces what lies between the markers `begin` and `end` in `doc_path` with `table`."""
-    doc = open(doc_path).read()
-    if begin not in doc or end not in doc:
-        sys.exit(f"{doc_path} lacks the markers {begin} / {end}")
-    head, rest = doc.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    with open(doc_path, "w") as f:
-        f.write(head + begin + "\n" + table + "\n" + end + tail)
-
-
-def fmt(x, digits=2):
-    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def main():

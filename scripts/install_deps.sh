@@ -18,6 +18,7 @@ PKGS=(
   libsqlite3-dev libxgboost-dev libpq-dev postgresql
   python3 python3-dev python3-venv python3-numpy
   python3-torch python3-torchvision
+  chromium
 )
 missing=()
 for p in "${PKGS[@]}"; do

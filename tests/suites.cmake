@@ -3,7 +3,8 @@
 #   onnx    ONNX backend node tests through the Python module (filter: tests/onnx/filter.txt)
 #   models  one test per zoo model: Kiln vs onnxruntime at 1 and 2 threads
 #   error   malformed and adversarial models through the CLI and the Python module
-#   package the Python API, and the wheel `pip install .` builds in a fresh virtual environment
+#   package the Python API, the C API against an installed prefix, the graph page in headless
+#           Chromium, and the wheel `pip install .` builds in a fresh virtual environment
 set(KILN_TEST_ENV "PYTHONPATH=${CMAKE_BINARY_DIR}/python" "KILN_DB=off")
 if(KILN_SANITIZE MATCHES "address")
   # python is not instrumented: the module's ASan runtime must be preloaded.
@@ -95,6 +96,12 @@ if(KILN_BUILD_PYTHON)
       COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/package/run_c_api_test.py --build-dir ${CMAKE_BINARY_DIR})
     set_tests_properties(package_c_api PROPERTIES LABELS package TIMEOUT 600)
   endif()
+
+  # kiln info --graph -o graph.html rendered in headless Chromium (Debian's
+  # chromium): no console message, a box per node, every node named.
+  add_test(NAME package_graph_html
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/package/run_graph_html_test.py --kiln $<TARGET_FILE:kiln>)
+  set_tests_properties(package_graph_html PROPERTIES LABELS package ENVIRONMENT "KILN_DB=off" TIMEOUT 600)
 
   # pip install: the wheel built from this tree, installed into a fresh
   # virtual environment, `import kiln` and the `kiln` command used from there.

@@ -110,6 +110,11 @@ class Model {
   // Text of the optimized graph (graph IR printer).
   std::string graph_text() const;
 
+  // The optimized graph as one self-contained HTML page (`kiln info --graph
+  // -o graph.html`): nodes laid out in layers, every fused kernel in its own
+  // colour, each node's kernel choice shown when it is clicked.
+  std::string graph_html() const;
+
   // One line per compiled kernel: its name, the node it computes, the
   // implementation the operator strategy chose (src/strategy), its knob
   // values and why (priority, measured, database).

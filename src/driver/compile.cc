@@ -132,6 +132,22 @@ Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, con
     if (!v->is_constant()) out.inputs.push_back(make_info(v));
   for (const Value* v : g.outputs()) out.outputs.push_back(make_info(v));
   for (const kernels::Kernel& k : ks.kernels) out.kernel_choices.push_back(k.info);
+  const partition::GraphPartition& top = parts.top();
+  for (const auto& [node, kind] : top.kind) {
+    switch (kind) {
+      case partition::NodeKind::kSkip: out.node_runs[node] = "dead"; break;
+      case partition::NodeKind::kView: out.node_runs[node] = "view"; break;
+      case partition::NodeKind::kHost: out.node_runs[node] = "host kernel"; break;
+      case partition::NodeKind::kShape: out.node_runs[node] = "shape"; break;
+      case partition::NodeKind::kControl: out.node_runs[node] = "control flow"; break;
+      case partition::NodeKind::kCompiled: break;
+    }
+  }
+  for (const partition::FusedGroup& group : top.groups) {
+    auto call = ks.calls.find(&group);
+    if (call == ks.calls.end() || call->second.kernel < 0) continue;
+    for (const Node* n : group.nodes) out.node_runs[n] = ks.kernels[static_cast<size_t>(call->second.kernel)].func.name;
+  }
   out.kernel_choices.insert(out.kernel_choices.end(), bc.host_choices.begin(), bc.host_choices.end());
   out.stats.num_kernels = static_cast<int>(ks.kernels.size());
   out.stats.num_runtime_kernels = bc.num_host_calls;

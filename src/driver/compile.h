@@ -37,6 +37,9 @@ Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, con
                                        std::vector<std::pair<std::string, double>>* stages = nullptr,
                                        const std::map<const Node*, std::string>* workload_keys = nullptr);
 
+// The optimized graph as a self-contained HTML page (Model::graph_html).
+std::string graph_html(const CompiledProgram& c);
+
 // Constant folding's evaluator: shape inference, then compile_chosen, then
 // one run (on one thread, under the options' memory limit).
 class KernelEvaluator : public passes::Evaluator {

@@ -171,6 +171,8 @@ const std::vector<TensorInfo>& Model::outputs() const { return impl_->compiled.o
 const CompileStats& Model::stats() const { return impl_->compiled.stats; }
 std::string Model::graph_text() const { return print_graph(*impl_->compiled.graph); }
 
+std::string Model::graph_html() const { return driver::graph_html(impl_->compiled); }
+
 namespace {
 
 // The caller's output buffers by position of `outputs` (undefined where none

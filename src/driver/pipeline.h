@@ -28,6 +28,9 @@ struct CompiledProgram {
   std::vector<TensorInfo> inputs, outputs;
   CompileStats stats;
   std::vector<KernelChoiceInfo> kernel_choices;  // one per kernel
+  // How each node of the model's graph runs: its kernel's name for a compiled
+  // node, else "view", "host kernel", "shape", "control flow" or "dead".
+  std::map<const Node*, std::string> node_runs;
 };
 
 // The newest ai.onnx opset whose semantics Kiln implements (that of the pinned onnx 1.17).

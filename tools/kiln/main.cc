@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -67,12 +68,15 @@ const char kInputOptionsHelp[] =
 std::string command_help(const std::string& command) {
   std::string compile = kCompileOptionsHelp, inputs = kInputOptionsHelp;
   if (command == "info")
-    return "usage: kiln info MODEL [--kernels [compile options]]\n"
+    return "usage: kiln info MODEL [--kernels] [--graph -o graph.html] [compile options]\n"
            "  without --kernels: inputs, outputs, op histogram and the inferred (symbolic) type of every value;\n"
            "  with --kernels: compile, then list every kernel: its implementation, knobs and where the choice\n"
-           "  came from (database, compatible target, predicted, priority)\n" +
+           "  came from (database, compatible target, predicted, priority);\n"
+           "  with --graph -o FILE: the optimized graph as one self-contained HTML page (fused kernels in\n"
+           "  colours, each node's kernel choice shown when clicked)\n" +
            compile +
-           "  example: kiln info resnet50.onnx --kernels --threads 2 --db tuning.db\n";
+           "  example: kiln info resnet50.onnx --kernels --threads 2 --db tuning.db\n"
+           "  example: kiln info bert.onnx --graph -o bert.html\n";
   if (command == "run")
     return "usage: kiln run MODEL [options]\n"
            "  compile MODEL, run it once and print each output's dtype, shape and first values\n" +
@@ -488,11 +492,28 @@ Status write_outputs(const std::string& dir, const std::map<std::string, Tensor>
 
 Result<int> cmd_info(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"threads", "select", "impl", "passes", "max-memory", "db"};
+  spec.with_value = {"threads", "select", "impl", "passes", "max-memory", "db", "output"};
   spec.repeatable = {"impl"};
-  spec.flags = {"kernels", "no-db", "tune-missing"};
+  spec.flags = {"kernels", "graph", "no-db", "tune-missing"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "info"));
+  if (args.flags.count("graph")) {
+    // The optimized graph as a page: fusion groups and kernel choices.
+    auto out = args.get("output");
+    if (!out) return invalid_argument() << "info --graph writes a page: give -o graph.html";
+    KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
+    KILN_ASSIGN_OR_RETURN(Model model, Model::compile_file(path, options));
+    std::ofstream f(*out, std::ios::binary | std::ios::trunc);
+    if (!f) return io_error() << "cannot write '" << *out << "'";
+    f << model.graph_html();
+    f.close();
+    if (!f) return io_error() << "writing '" << *out << "' failed";
+    std::cout << "wrote " << *out << " (" << model.stats().num_nodes << " nodes, " << model.stats().num_kernels
+              << " kernels)\n";
+    if (args.flags.count("kernels")) std::cout << model.kernels_text();
+    return kExitOk;
+  }
+  if (args.get("output")) return invalid_argument() << "info writes a file only with --graph (-o graph.html)";
   if (args.flags.count("kernels")) {
     // Compiles the model and lists every kernel with its implementation.
     KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
