@@ -225,7 +225,7 @@ struct Rewriter {
     // FromBlocked instead of 1 even with its input's conversion counted,
     // and measured only at chain starts, efficientnet_b0's
     // squeeze-excitation convolutions went NCHW on timings a few tenths of
-    // a microsecond apart, breaking its chains; docs/performance.md. The
+    // a microsecond apart, breaking its chains. The
     // layout wants measuring per chain.)
     bool from_source = false;
     const std::string nchw = strategy::unmeasured_choice(g, *n, ctx.select, &from_source);
