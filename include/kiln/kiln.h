@@ -5,6 +5,7 @@
 //   auto out = model->run({{"input", tensor}});
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -55,6 +56,10 @@ struct CompileOptions {
   // a model read from a file, with static shapes. The compile itself still
   // takes the cost model's pick or the priority choice.
   bool tune_missing = false;
+  // Called as each stage of the compilation starts ("import", "graph passes",
+  // "code generation", ...; src/driver/compile.cc), on the compiling thread:
+  // the command line's progress display on a terminal.
+  std::function<void(const std::string& stage)> on_stage;
 };
 
 // Description of one graph input or output. Dims print symbolically ("n", "s + 1").

@@ -21,10 +21,14 @@ namespace {
 // Times consecutive stages: each call ends the running stage and starts the next.
 class StageClock {
  public:
-  explicit StageClock(std::vector<std::pair<std::string, double>>* out) : out_(out) {}
+  // `on_stage` (may be null or empty) hears each stage as it starts.
+  explicit StageClock(std::vector<std::pair<std::string, double>>* out,
+                      const std::function<void(const std::string&)>* on_stage = nullptr)
+      : out_(out), on_stage_(on_stage) {}
   ~StageClock() { stop(); }
   void operator()(const char* stage) {
     stop();
+    if (on_stage_ != nullptr && *on_stage_) (*on_stage_)(stage);
     name_ = stage;
     t0_ = std::chrono::steady_clock::now();
   }
@@ -36,6 +40,7 @@ class StageClock {
 
  private:
   std::vector<std::pair<std::string, double>>* out_;
+  const std::function<void(const std::string&)>* on_stage_;
   const char* name_ = nullptr;
   std::chrono::steady_clock::time_point t0_;
 };
@@ -59,7 +64,7 @@ Result<CompiledProgram> compile_model(const ModelSource& source, const CompileOp
                                       const std::function<void(Graph&)>& adjust) {
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::pair<std::string, double>> stages;
-  StageClock stage(&stages);
+  StageClock stage(&stages, &options.on_stage);
   stage("import");
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, source.path.empty() ? import_onnx_bytes(source.bytes, source.name)
                                                                        : import_onnx_file(source.path));
@@ -76,7 +81,7 @@ Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOpt
   auto t0 = std::chrono::steady_clock::now();
   const int nodes_imported = static_cast<int>(g->num_nodes());
   std::vector<std::pair<std::string, double>> stages;
-  StageClock stage(&stages);
+  StageClock stage(&stages, &options.on_stage);
   KernelEvaluator evaluator(options);  // constant folding's
 
   stage("support check");
@@ -103,7 +108,9 @@ Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, con
                                        std::vector<std::pair<std::string, double>>* stages,
                                        const std::map<const Node*, std::string>* workload_keys) {
   auto t0 = std::chrono::steady_clock::now();
-  StageClock stage(stages);
+  // Stages are heard only from the model's own compile (which keeps them),
+  // not from constant folding's or a measurement's.
+  StageClock stage(stages, stages != nullptr ? &options.on_stage : nullptr);
   CompiledProgram out;
 
   stage("partition");
@@ -157,7 +164,10 @@ Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, con
   return out;
 }
 
-KernelEvaluator::KernelEvaluator(CompileOptions options) : options_(std::move(options)) { options_.dump_ir = false; }
+KernelEvaluator::KernelEvaluator(CompileOptions options) : options_(std::move(options)) {
+  options_.dump_ir = false;
+  options_.on_stage = nullptr;
+}
 
 Result<std::vector<Tensor>> KernelEvaluator::evaluate(std::unique_ptr<Graph> g) {
   ops::InferContext ictx;

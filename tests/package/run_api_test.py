@@ -269,6 +269,45 @@ def kiln_profile_writes_a_trace():
         check_trace(path, 2)
 
 
+def run_in_terminal(argv):
+    """argv's output (stdout and stderr) as a terminal shows it (a pseudo-terminal)."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["KILN_DB"] = "off"
+        os.execv(argv[0], argv)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, out[-500:])
+    return out.decode()
+
+
+@case
+def kiln_shows_progress_on_a_terminal():
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "dense.onnx")
+        onnx.save(MODEL, model)
+        argv = [ARGS.kiln, "bench", model, "--runs", "3", "--warmup", "1", "--threads", "1"]
+        shown = run_in_terminal(argv)
+        for stage in ("import", "graph passes", "kernel choice", "code generation", "memory plan"):
+            assert f"\r\x1b[Kkiln: compiling dense.onnx: {stage}" in shown, (stage, shown[:400])
+        assert "kiln: bench: warm-up 1/1" in shown and "kiln: bench: run 3/3" in shown, shown[-400:]
+        # The line is cleared before the results: what follows the last clear is the report alone.
+        after = shown.rsplit("\r\x1b[K", 1)[1]
+        assert after.lstrip().startswith("model") and "kiln: " not in after, after[:200]
+        piped = subprocess.run(argv, check=True, capture_output=True, text=True)
+        assert "kiln: compiling" not in piped.stderr and "\x1b" not in piped.stdout + piped.stderr, piped.stderr
+
+
 def main():
     print("kiln", kiln.__version__, "from", os.path.dirname(kiln.__file__))
     if FAILURES:

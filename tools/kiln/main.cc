@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "compare.h"
 #include "db.h"
 #include "kiln/kiln.h"
@@ -119,6 +121,45 @@ std::string command_help(const std::string& command) {
            "  list the supported ONNX ops and how each runs (compiled, runtime kernel, view; fusable)\n"
            "  example: kiln ops | grep -i conv\n";
   return "";
+}
+
+// One line of progress on stderr while it is a terminal (nothing otherwise):
+// the compile's stages, then bench's runs. Cleared before results print.
+class Progress {
+ public:
+  Progress() : enabled_(isatty(STDERR_FILENO) != 0) {}
+  ~Progress() { clear(); }
+  bool enabled() const { return enabled_; }
+  void show(const std::string& text) {
+    if (!enabled_) return;
+    std::cerr << "\r\033[K" << text << std::flush;
+    shown_ = true;
+  }
+  void clear() {
+    if (!enabled_ || !shown_) return;
+    std::cerr << "\r\033[K" << std::flush;
+    shown_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool shown_ = false;
+};
+
+Progress& progress() {
+  static Progress p;
+  return p;
+}
+
+// Model::compile_file with the stages shown on a terminal.
+Result<Model> compile_with_progress(const std::string& path, CompileOptions options) {
+  if (progress().enabled()) {
+    std::string name = std::filesystem::path(path).filename().string();
+    options.on_stage = [name](const std::string& stage) { progress().show("kiln: compiling " + name + ": " + stage); };
+  }
+  auto model = Model::compile_file(path, options);
+  progress().clear();
+  return model;
 }
 
 const char kUsage[] =
@@ -502,7 +543,7 @@ Result<int> cmd_info(const std::vector<std::string>& argv) {
     auto out = args.get("output");
     if (!out) return invalid_argument() << "info --graph writes a page: give -o graph.html";
     KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
-    KILN_ASSIGN_OR_RETURN(Model model, Model::compile_file(path, options));
+    KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
     std::ofstream f(*out, std::ios::binary | std::ios::trunc);
     if (!f) return io_error() << "cannot write '" << *out << "'";
     f << model.graph_html();
@@ -517,7 +558,7 @@ Result<int> cmd_info(const std::vector<std::string>& argv) {
   if (args.flags.count("kernels")) {
     // Compiles the model and lists every kernel with its implementation.
     KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
-    KILN_ASSIGN_OR_RETURN(Model model, Model::compile_file(path, options));
+    KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
     std::cout << model.kernels_text();
     return kExitOk;
   }
@@ -619,7 +660,7 @@ Result<int> cmd_run(const std::vector<std::string>& argv) {
     return invalid_argument() << "--atol and --rtol only apply with --test-data";
   }
 
-  KILN_ASSIGN_OR_RETURN(Model model, Model::compile_file(path, options));
+  KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
   if (test_data) {
     KILN_ASSIGN_OR_RETURN(int code, run_test_data(model, *test_data, atol, rtol));
     return code;
@@ -660,23 +701,26 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
 
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
-  KILN_ASSIGN_OR_RETURN(Model model, Model::compile_file(path, options));
+  KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
   double compile_s = std::chrono::duration<double>(Clock::now() - t0).count();
   KILN_ASSIGN_OR_RETURN(auto inputs, build_inputs(model, args));
 
   for (int64_t i = 0; i < warmup; ++i) {
+    progress().show("kiln: bench: warm-up " + std::to_string(i + 1) + "/" + std::to_string(warmup));
     auto out = model.run(inputs);
     if (!out) return out.status();
   }
   std::vector<double> ms;
   ms.reserve(static_cast<size_t>(runs));
   for (int64_t i = 0; i < runs; ++i) {
+    progress().show("kiln: bench: run " + std::to_string(i + 1) + "/" + std::to_string(runs));
     auto start = Clock::now();
     auto out = model.run(inputs);
     double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     if (!out) return out.status();
     ms.push_back(elapsed);
   }
+  progress().clear();
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   double median = percentile(sorted, 0.5), p10 = percentile(sorted, 0.1),
@@ -740,7 +784,7 @@ Result<int> cmd_profile(const std::vector<std::string>& argv) {
   if (auto t = args.get("top")) {
     KILN_ASSIGN_OR_RETURN(top, parse_int(*t, "--top", 1, 1000000));
   }
-  KILN_ASSIGN_OR_RETURN(Model model, Model::compile_file(path, options));
+  KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
   KILN_ASSIGN_OR_RETURN(auto inputs, build_inputs(model, args));
   KILN_ASSIGN_OR_RETURN(std::string report, model.profile(inputs, static_cast<int>(runs), trace_path));
   std::istringstream lines(report);
@@ -785,6 +829,7 @@ int main_impl(int argc, char** argv) {
   }
   Result<int> result = it->second(args);
   if (!result) {
+    progress().clear();
     std::cerr << "kiln: error: " << result.status().to_string() << "\n";
     return kExitError;
   }
