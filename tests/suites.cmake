@@ -103,6 +103,12 @@ if(KILN_BUILD_PYTHON)
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/package/run_graph_html_test.py --kiln $<TARGET_FILE:kiln>)
   set_tests_properties(package_graph_html PROPERTIES LABELS package ENVIRONMENT "KILN_DB=off" TIMEOUT 600)
 
+  # docs/tutorial/README.md run as written, block by block (its step 5 runs
+  # the tutorial's template program, built by tests/CMakeLists.txt).
+  add_test(NAME package_tutorial
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/package/run_tutorial_test.py --build-dir ${CMAKE_BINARY_DIR})
+  set_tests_properties(package_tutorial PROPERTIES LABELS package TIMEOUT 900)
+
   # pip install: the wheel built from this tree, installed into a fresh
   # virtual environment, `import kiln` and the `kiln` command used from there.
   add_test(NAME package_wheel
