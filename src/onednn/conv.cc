@@ -14,12 +14,12 @@
 // libgomp's workers spin for milliseconds after a parallel region
 // (OMP_WAIT_POLICY is read once, when the library loads), on the cores the
 // model's own pool runs the next kernels on: resnet50 at 2 threads with
-// --select measure, which put 5 of its convolutions on oneDNN (each faster
-// alone: 3x3 s2 288->384 2.8 ms against conv.panels' 3.3), ran 40 -> 63 ms.
-// Releasing them after each call (omp_pause_resource_all) cost 0.5 ms per
-// call in thread creation and still lost. So the candidate applies to models
-// compiled for one thread (Candidate::max_threads); a Conv marked by hand
-// still runs at any thread count.
+// --select measure, which put some of its convolutions on oneDNN (each faster
+// alone), ran slower as a whole. Releasing them after each call
+// (omp_pause_resource_all) cost thread creation on every call and still
+// lost. So the candidate applies to models compiled for one thread
+// (Candidate::max_threads); a Conv marked by hand still runs at any thread
+// count.
 #include "onednn/conv.h"
 
 #include <oneapi/dnnl/dnnl.hpp>

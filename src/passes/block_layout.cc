@@ -210,7 +210,7 @@ struct Rewriter {
     if (group == 1 && (ws[0] != *o || ws[1] != *c)) return Status::ok();
     // Windows larger than 3x3 with one group stay NCHW: conv.panels' whole-row
     // tiles with the channels innermost beat the blocked template there
-    // (inception_v3's 1x7/7x1 on 17x17, 1 thread: 0.96 -> 1.27 ms blocked).
+    // (inception_v3's 1x7/7x1 on 17x17 measured slower blocked).
     if (group == 1 && (ws[2] > 3 || ws[3] > 3)) return Status::ok();
     int64_t ob = blocks_of(*o, b);
     if (4 * (ob * b - *o) > ob * b) return Status::ok();  // more than a quarter of the last block idle
@@ -224,8 +224,8 @@ struct Rewriter {
     // conversions an NCHW one inside a chain causes: mobilenet_v2 got 27
     // FromBlocked instead of 1 even with its input's conversion counted,
     // and measured only at chain starts, efficientnet_b0's
-    // squeeze-excitation convolutions went NCHW on timings a few tenths of
-    // a microsecond apart, breaking its chains. The
+    // squeeze-excitation convolutions went NCHW on timings within noise of
+    // each other, breaking its chains. The
     // layout wants measuring per chain.)
     bool from_source = false;
     const std::string nchw = strategy::unmeasured_choice(g, *n, ctx.select, &from_source);

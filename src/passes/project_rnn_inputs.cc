@@ -18,8 +18,7 @@ bool is_real(DType t) { return t == DType::kFloat32 || t == DType::kFloat64; }
 // (ops/rnn.cc reads this layout). 256 bytes of units (64 f32) where the
 // target has 32 vector registers, 64 bytes otherwise: the step's loop holds a
 // panel row's gates in registers, and with 16 registers a 256-byte panel was
-// read in four strided passes (the LSTM model on a Zen 3, interleaved A/B:
-// 28-31 -> 25.3 ms at 1 thread, 14.2 -> 12.3 ms at 2).
+// read in four strided passes (measured slower on the LSTM model).
 Tensor pack_r(const Tensor& r, int64_t gates) {
   int64_t nd = r.shape()[0], h = r.shape()[2];
   size_t es = dtype_size(r.dtype());

@@ -743,8 +743,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
     // In 2 MB pages from 4 MB up (support/memory.h): a CNN's
     // arena spans thousands of 4 KB pages, and a kernel walking a 5 MB
     // activation after a convolution has filled the TLB with its own pages
-    // paid for the misses. Zen 4, 1 thread, interleaved runs: squeezenet1_1
-    // 8.80 -> 8.55 ms, mobilenet_v2 8.52 -> 8.40 (noisy phase).
+    // paid for the misses. A measured default.
     void* a = allocate_aligned(static_cast<size_t>((p.arena_bytes + kAlign - 1) / kAlign * kAlign));
     if (a == nullptr)
       return resource_exhausted() << "out of memory allocating the model's arena (" << format_bytes(p.arena_bytes) << ")";
@@ -859,7 +858,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
       // Outputs, and intermediates of a symbolic-shape run, come from the
       // pool: an output the caller has dropped by the next run is reused
       // (fresh memory from the OS cost a page fault per 4 KB page on every
-      // run: 2 ms of a 0.5 ms depthwise kernel's 1.2 MB output in a VM).
+      // run, more than a short kernel with a large output took to compute it).
       // Together they must fit under the limit.
       int64_t in_use = buffers.live_bytes();
       int64_t room = std::max<int64_t>(limit - in_use, 0);

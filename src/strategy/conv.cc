@@ -15,10 +15,8 @@
 // vectors), mr, rows (threads split rows or panels), prefetch (the next
 // panel), ci (0: the input channels outermost in the reduction, the taps
 // unrolled inside; 1, 2, 4: the taps outermost and ci channels per step).
-// Measured with kernel_bench (1 thread, explicit vector code): 3x3 64->64 56x56
-// 94.6 GFLOP/s (direct 80.6), 3x3 s2 64->128 90.0 (ihwo 86.9, direct 26.5),
-// 3x3 256->256 14x14 97.9 (direct 75.4), 3x3 512->512 7x7 94.7 (ihwo 73.2),
-// 1x1 2048->512 7x7 88.6 (ihwo 65.8).
+// Measured faster than conv.direct and conv.ihwo on 3x3 kernels (stride 1
+// and 2) and on a deep 1x1 kernel.
 //
 // conv.wvec: the weight packed into panels of mr output channels (layout
 // "P<mr>", read as broadcasts); the template (wvec_schedule) computes an mr x
@@ -37,19 +35,19 @@
 // stored, the schedule vectorizes along the output width and reads weights as
 // broadcasts. Both apply to every such convolution (so --select=measure can
 // time both); the priority rule below says which wins without measuring. It
-// was measured on one machine (AVX-512, 2 cores) and is a default, not a law:
+// is a measured default, not a law (the tuner measures both per host):
 // conv.ihwo gets priority 20 (over conv.direct's 10) when
 //   - the kernel is at most 3x3 and the reduction has at least 64 products per
 //     output, and
 //   - the output height tiles into rows (a constant <= 8 or with a divisor in
-//     8..4: overlapping row tiles stayed scalar, inception's 17x17 stride-2
-//     conv ran 1.8x slower packed), and
+//     8..4: overlapping row tiles stayed scalar, and inception's 17x17
+//     stride-2 conv ran slower packed), and
 //   - the output width is a constant below 8 (7x7 planes), or the horizontal
-//     stride is not 1 and the output is at least 16 wide (56x56 -> 28x28:
-//     23 -> 60 GFLOP/s; inception's 17x17 -> 8x8 lost, 1.7 -> 7.8 ms).
+//     stride is not 1 and the output is at least 16 wide (56x56 -> 28x28
+//     gained; inception's 17x17 -> 8x8 lost).
 // Otherwise priority 5. (Measured losses that set the limits: resnet18's 7x7
-// stride-2 stem ran 5x slower packed, its larger tile spilled; squeezenet's
-// 3x3 stem with 27 products ran 5x slower, 16 scattered stores per vector.)
+// stride-2 stem ran slower packed, its larger tile spilled; so did
+// squeezenet's 3x3 stem with 27 products, 16 scattered stores per vector.)
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -228,10 +226,9 @@ bool long_window(const Node& n) {
 // at least 512 input and 160 output channels, on a 16-register target:
 // conv.panels over a channels-last copy (knob cl) beats conv.wvec, whose
 // vectors along the plane leave a ragged last one and whose weights are
-// broadcast one at a time. kernel_bench on a Zen 3 (1 thread, wvec ->
-// panels cl=1): 512->2048 7x7 2.22 -> 1.41 ms, 2048->512 2.51 -> 1.91,
-// 960->160 0.40 -> 0.23; it lost on 1024->128 (0.21 -> 0.23) and 256->512
-// (0.22 -> 0.29), hence the channel limits.
+// broadcast one at a time. A measured default: panels won on 512->2048,
+// 2048->512 and 960->160 7x7 and lost on 1024->128 and 256->512, hence the
+// channel limits; the tuner measures both candidates per host.
 bool deep_small_plane_one_by_one(const Node& n, const Target& t) {
   if (t.vector_registers > 16 || !one_by_one(n) || strided_one_by_one(n)) return false;
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
@@ -264,16 +261,11 @@ tir::KnobSpace panels_space(const Node& n, const Target& t) {
   // inline_pad = 1: the padded input is read through the convolution's loads
   // instead of a copy per call (see inline_padded_input). Off by default: the
   // copy is 1/(KH KW O) of the work and inlining won and lost by a few
-  // percent case by case (kernel_bench on a Zen 4, 1 thread, two alternations,
-  // copy -> inlined): 1x7 128->128 17x17 0.588 -> 0.558 ms, 3x3 128->32 7x7
-  // 0.033 -> 0.031, 3x3 32->64 147x147 7.45-7.52 -> 7.28-7.32, 3x3 s2 64->128
-  // 56x56 even; 7x1 128->192 17x17 0.88-0.91 -> 0.94, 3x3 16->64 55x55
-  // 0.51-0.53 -> 0.57 (squeezenet1_1 6.24 -> 6.30-6.52 ms with it on by
-  // default). In the space for a tuner that measures.
+  // percent case by case when measured. In the space for a tuner to decide
+  // per host.
   s.knobs.push_back(tir::Knob{"inline_pad", {0, 1}});
   // Three-vector panels only for one column (see gemm_packed_space: LLVM
-  // spills register tiles of <48 x float> rows; 7x1 192->192 17x17 with mr 6
-  // nr 48 ran 38 ms against 1.4 with nr 32).
+  // spills register tiles of <48 x float> rows).
   s.valid = [lanes, acc](const tir::Knobs& k) {
     return k.at("mr") * k.at("nr") / lanes <= acc && (k.at("nr") != 3 * lanes || k.at("mr") == 1);
   };
@@ -286,7 +278,7 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
   // Two vectors of channels (twice the accumulators of one, enough to hide
   // the FMA latency with a row tile of 7) unless padding to two vectors
   // wastes more than an eighth of the lanes; then one. squeezenet's 512->1000
-  // 1x1 conv ran at half the peak with 16 channels (7 accumulators).
+  // 1x1 conv ran well below the peak with 16 channels (7 accumulators).
   int64_t two = 2 * lanes;
   int64_t pad = (o + two - 1) / two * two - o;
   int64_t nr = pad * 8 <= o ? two : lanes;
@@ -294,22 +286,18 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
   // windows (KW = 1) run the input channels innermost (knob ci): each tap's
   // tile then reads one broadcast per column and the weight vectors once, and
   // LLVM does not keep broadcasts alive across unrolled taps, so 12
-  // accumulators fit (kernel_bench on a Zen 3, 1 thread, share of peak,
-  // 8 x 8 or 6 x 8 taps inner -> 6 x 16 channels inner: 7x1 128->192 17x17
-  // 48% -> 71%, 1x7 128->128 17x17 61% -> 78%, 7x7 s2 3->64 224x224 68% ->
-  // 73%; 3x3 kernels lose, 256->256 14x14 78% -> 48%).
+  // accumulators fit (a measured default: long and column windows gained, 3x3
+  // kernels lose; ci is in the space for a tuner to decide per host).
   const bool few_registers = t.vector_registers <= 16;
   const bool channels_inner = few_registers && long_window(n);
   // Otherwise the tile holds 8 accumulators with 16 registers, not 12: the
-  // unrolled taps' broadcasts need the rest (share of peak for 12 -> 8
-  // accumulators: 3x3 64->64 56x56 49% -> 64-68%, 3x3 s2 64->128 45% -> 67%,
-  // 3x3 512->512 7x7 22% -> 66%).
+  // unrolled taps' broadcasts need the rest (measured faster on 3x3 kernels
+  // than 12 accumulators).
   const int64_t tile_acc = few_registers && !channels_inner ? std::min<int64_t>(acc, 8) : acc;
   // And where the taps slide along the row at stride 1, one vector of
   // channels by 8 columns: each broadcast input column serves up to KW taps,
   // so the tile loads fewer operands per FMA than 4 columns by two vectors
-  // (4 x 16 -> 8 x 8: 3x3 64->64 56x56 69% -> 79-83%, 3x3 32->64 147x147 66%
-  // -> 73%; strided rows lose, 3x3 s2 64->128 65% -> 50%).
+  // (measured faster on stride-1 3x3 kernels; strided rows lose).
   if (few_registers && !channels_inner && slides_along_row(n)) nr = lanes;
   auto width = (*n.output(0)->type().shape)[3].as_const();
   // Rows of the register tile: at most what the register file holds (12
@@ -340,10 +328,9 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
   // row tiles above would compute some columns twice and the row fits the
   // accumulators (32 registers only; not measured with 16). Each step then
   // loads one weight vector and a broadcast per column, which the load ports
-  // sustain next to the FMAs. inception_v3's 17-wide 1x7 and 7x1 kernels,
-  // whose 6-column tiles computed 18 columns (1 thread, this Zen 4 host,
-  // medians of 3 interleaved rounds): 1x7 192->192 1.44 -> 1.36 ms, 7x1
-  // 192->192 1.51 -> 1.39, 7x1 160->192 1.16 -> 1.12.
+  // sustain next to the FMAs. Measured faster on inception_v3's 17-wide 1x7
+  // and 7x1 kernels, whose 6-column tiles computed 18 columns; mr is in the
+  // space for a tuner to decide per host.
   if (!few_registers && width && *width > 8 && *width <= acc && (*width + mr - 1) / mr * mr != *width) {
     nr = lanes;
     mr = *width;
@@ -358,16 +345,11 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
   // cl: a channels-last copy of the input (Conv attribute kiln_channels_last)
   // for kernels strided along the width with outputs wider than 14 and for
   // long windows, at least 16 input channels: consecutive input channels of
-  // the reduction are then one cache line instead of 16 planes. Measured with
-  // kernel_bench on a Zen 3 (1 thread, cl 0 -> 1, other knobs at their
-  // defaults): 3x3 s2 288->384 35x35 13.3 -> 10.9 ms and 15.2 -> 10.7, 3x3
-  // s2 64->128 56x56 1.96 -> 1.76 (later runs within noise), 1x7 128->128
-  // 17x17 0.90 -> 0.82, 7x1 128->192 17x17 1.52 -> 1.37. Narrow strided
-  // outputs (7-column tiles of one vector) did not gain: 3x3 s2 256->256
-  // 28x28 3.78 -> 3.80, 512->512 14x14 4.68 -> 5.21 (22.1 before the copy's
-  // channels were padded off a 4 KB stride). Stride-1 3x3 kernels lost (their
-  // 8-column tiles reuse each broadcast across taps: 512->512 7x7 3.5 -> 6.8
-  // ms, 64->64 56x56 3.1 -> 3.4). Not measured with 32 registers.
+  // the reduction are then one cache line instead of 16 planes. A measured
+  // default (cl is in the space for a tuner to decide per host): wide strided
+  // outputs and long windows gained. Narrow strided outputs (7-column tiles of
+  // one vector) did not gain. Stride-1 3x3 kernels lost (their 8-column tiles
+  // reuse each broadcast across taps). Not measured with 32 registers.
   if (strided_one_by_one(n)) {
     k["subsample"] = 1;
     return k;
@@ -526,12 +508,10 @@ std::optional<int64_t> wvec_extent(const Node& n, bool flat) {
 // vectors (32, 64 or 16 lanes with AVX-512), whichever computes the fewest
 // positions twice, no wider than the extent (a 28-wide row in one 32-lane
 // vector is 28 lanes: LLVM splits such vectors into pieces). A flat 1x1 tile
-// on a split-FMA target (avx512-split) prefers one vector: measured on a Zen 4
-// (one-op models, 1 thread, interleaved, vw 32 -> 16, mr at its default), 1x1
-// 64->256 56x56 0.95 -> 0.91 ms, 256->64 56x56 0.97 -> 0.89, 1024->256 14x14
-// 1.07 -> 0.99, 768->192 17x17 0.81 -> 0.78, 512->1000 13x13 1.92 -> 1.76,
-// 128->512 28x28 0.96 -> 0.90, 16->96 112x112 0.44 -> 0.39; Winograd's
-// products and the strided stems did not gain, so they keep the rule above.
+// on a split-FMA target (avx512-split) prefers one vector: measured faster on
+// 1x1 kernels there; Winograd's products and the strided stems did not gain,
+// so they keep the rule above. vw is in the space for a tuner to decide per
+// host.
 int64_t wvec_width(std::optional<int64_t> extent, const Target& t, bool flat) {
   const int64_t lanes = t.lanes();
   if (!extent) return 2 * lanes;
@@ -546,12 +526,9 @@ int64_t wvec_width(std::optional<int64_t> extent, const Target& t, bool flat) {
 // all the weights once per strip) or outermost (0: the weights once, all the
 // input once per channel tile). Whichever re-reads fewer bytes, a re-read
 // from beyond the level-2 cache counted three times: an operand larger than
-// half of it is evicted between two passes. Measured (kernel_bench, 1
-// thread, share of peak, order 0 -> 1): on a Zen 3 (512 KB L2) 1x1
-// 1024->256 14x14 62% -> 82% (1 MB of weights, 0.8 MB of input),
-// 512->1000 13x13 72% -> 79%, 1x1 s2 1024->2048 14x14 (0.2 MB subsampled
-// input, 8 MB of weights) 61% -> 57%; on a Xeon (2 MB L2) 512->1000 13x13
-// 2.14 -> 1.42 ms with order 0.
+// half of it is evicted between two passes. A measured default: the same
+// layer went either way on hosts with different level-2 caches, and order is
+// in the space for a tuner to decide per host.
 int64_t wvec_order(const Node& n, const Target& t, int64_t mr, int64_t vw, int64_t rows, bool flat) {
   const Shape& ys = *n.output(0)->type().shape;
   const TensorType& xt = n.input(0)->type();
@@ -590,9 +567,9 @@ tir::Knobs wvec_defaults(const Node& n, const Target& t) {
   tir::Knobs k = {{"mr", mr}, {"vw", vw}, {"rows", rows}, {"order", wvec_order(n, t, mr, vw, rows, flat)}};
   if (flat) k["flat"] = 1;
   // epi (the epilogue after the tiles of one iteration of the next loop out)
-  // stays off: on 1x1 16->96 112x112 with SiLU it measured 1.72-1.77 ms in
-  // the tile and 1.95-2.04 deferred (kernel_bench, Zen 3), where a depthwise
-  // kernel gained 2.5x (see depthwise_defaults); it is in the space for a tuner.
+  // stays off: a SiLU after a 1x1 kernel measured slower deferred than in the
+  // tile, where a depthwise kernel gained (see depthwise_defaults); it is in
+  // the space for a tuner to decide per host.
   k["epi"] = 0;
   return k;
 }
@@ -604,23 +581,18 @@ Status wvec_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
   return pack_weight_panels(g, n, knobs.at("mr"));
 }
 
-// Measured with kernel_bench (1 thread, interleaved, min of 3), 1x1
-// convolutions with the plane fused into one pixel axis against conv.panels:
-// 256->64 56x56 1.40 -> 0.76 ms, 64->256 56x56 1.30 -> 0.82, 512->128 28x28
-// 1.56 -> 0.73, 1024->256 14x14 1.15 -> 0.79, 144->24 56x56 0.39 -> 0.19,
-// strided (subsampled) 256->512 s2 56x56 2.83 -> 1.46; even on 24->144
-// 56x56 (0.26 both). It lost where the last vector of the plane overlaps
-// much of the one before it (2048->512 7x7: 49 pixels in 64 lanes, 0.81 ->
-// 1.34), and on a 3x3 64->64 56x56 (1.57 -> 1.80: panels reuse each loaded
-// input across 9 taps' weights in registers). Priority 35 (over panels) for
-// 1x1 kernels whose plane is computed with at most 15% overlap.
+// 1x1 convolutions with the plane fused into one pixel axis measured faster
+// than conv.panels or even with it, strided (subsampled) ones too. It lost
+// where the last vector of the plane overlaps much of the one before it
+// (2048->512 7x7: 49 pixels in 64 lanes), and on a 3x3 kernel (panels reuse
+// each loaded input across 9 taps' weights in registers). Priority 35 (over
+// panels) for 1x1 kernels whose plane is computed with at most 15% overlap.
 //
 // Image stems (at most 4 input channels) strided along the width read a
 // phase-split copy and get priority 35 too: their reductions are short, so
-// conv.panels' per-channel strided stores dominate (kernel_bench on a Zen 3, 1
-// thread: 3x3 s2 3->64 224x224 1.05 ms with conv.direct -> 0.67-0.72, 7x7 s2
-// 3->64 3.16 with conv.panels -> 2.69-2.74). Deeper strided kernels stay with
-// panels (3x3 s2 288->384 35x35: 12.1 -> 14.7 ms with wvec).
+// conv.panels' per-channel strided stores dominate (measured faster on 3x3
+// and 7x7 stems). Deeper strided kernels stay with panels (measured slower
+// with wvec).
 int wvec_priority(const Node& n, const Target& t) {
   if (phase_split(n)) return n.input(1)->constant().shape()[1] <= 4 ? 35 : 4;
   auto extent = wvec_extent(n, one_by_one(n));
@@ -631,18 +603,14 @@ int wvec_priority(const Node& n, const Target& t) {
   if (panels_priority(n, t) < 30) return 35;
   // Unless conv.panels' rows of mr columns compute 5% fewer positions than
   // this plane of vw-lane vectors (14x14: 208 of 196 against 7-column rows'
-  // 196). Chains of 1x1 convolutions on a Zen 4, 1 thread, interleaved,
-  // wvec -> panels: 1024->256->1024 14x14 50.0-52.1 -> 45.2-46.9 ms (the
-  // wvec tile with exact channel panels, mr 8: 48.4-49.4); kept with wvec:
-  // 768->192->768 17x17 (5.2% against panels' 5.9%) 39.4-42.0 -> 40.7-42.6,
-  // 256->64->256 56x56 11.5-12.2 -> 12.7-13.2, 512->64->512 13x13 (4.1%
-  // against 7.7%). Partial channel panels (264 of 256 with mr 12) did not
-  // matter on 56x56. Only with at least 256 input and output channels:
-  // narrower ones were even (384->64->384 14x14 4.74-5.05 against
-  // 4.98-5.05; 672->112->672 13.8-15.2 against 13.7-15.0) and mobilenet_v2
-  // and efficientnet_b0 ran 3-7% slower with panels in two of three rounds.
-  // Panels' whole-row tiles (17 columns, see panels_defaults) compute no
-  // column twice: 768->256 1x1 17x17 1.14 -> 1.05 ms with panels.
+  // 196). Measured on chains of 1x1 convolutions: panels won on
+  // 1024->256->1024 14x14; kept with wvec (panels slower or even):
+  // 768->192->768 17x17, 256->64->256 56x56, 512->64->512 13x13. Partial
+  // channel panels (264 of 256 with mr 12) did not matter on 56x56. Only with
+  // at least 256 input and output channels: narrower ones were even, and
+  // mobilenet_v2 and efficientnet_b0 ran slower with panels. Panels'
+  // whole-row tiles (17 columns, see panels_defaults) compute no column twice
+  // (measured faster on 768->256 1x1 17x17).
   auto width = (*n.output(0)->type().shape)[3].as_const();
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
   if (!width || ws[0] < 256 || ws[1] < 256) return 35;
@@ -788,17 +756,13 @@ tir::KnobSpace depthwise_space(const Node&, const Target&) {
 
 
 // Inlined padding costs a clamped load per tap (masks on every edge tile),
-// the padded copy a pass over the input: measured with kernel_bench, inlining
-// won on 112-wide inputs (3x3 32ch 0.32 -> 0.15 ms, 3x3 s2 96ch 0.72 -> 0.29)
-// and on strided ones (3x3 s2 144ch 56x56 0.27 -> 0.10; 576ch 14x14 even),
-// where the copy is of an input four times the output; it lost on stride 1
-// at 56 and 28 (3x3 144ch 56x56 0.41 -> 0.58, 5x5 240ch 28x28 0.17 -> 0.61),
-// where most 16-wide tiles touch an edge. Strided kernels with outputs
-// narrower than 28 (one or two 16-wide tiles, all at an edge) copy instead,
-// since the copy is vectorized 16 lanes at a time (one-op models on a Zen 4,
-// inline -> copy: 3x3 s2 192ch 28x28 0.096 -> 0.040 ms, 5x5 s2 240ch 28x28
-// 0.35 -> 0.10; with 28-wide outputs inlining still won, 3x3 s2 144ch 56x56
-// 0.069 against 0.115).
+// the padded copy a pass over the input. A measured default (inline_pad is in
+// the space for a tuner to decide per host): inlining won on 112-wide inputs
+// and on strided ones, where the copy is of an input four times the output;
+// it lost on stride 1 at 56 and 28, where most 16-wide tiles touch an edge.
+// Strided kernels with outputs narrower than 28 (one or two 16-wide tiles,
+// all at an edge) copy instead, since the copy is vectorized 16 lanes at a
+// time; with 28-wide outputs inlining still won.
 tir::Knobs depthwise_defaults(const Node& n, const Target& t) {
   int64_t inline_pad = 0;
   const TensorType& xt = n.input(0)->type();
@@ -811,8 +775,8 @@ tir::Knobs depthwise_defaults(const Node& n, const Target& t) {
     inline_pad = (strided && (!ow || *ow >= 28)) || (w && *w >= 96) ? 1 : 0;
   }
   // Row tiles of 4, or of 7, 6 or 5 where fewer rows are computed twice (the
-  // last tile overlaps): 7 on 14- and 7-high planes (5x5 672ch 14x14: 0.27 ->
-  // 0.19 ms in kernel_bench).
+  // last tile overlaps): 7 on 14- and 7-high planes (measured faster on a 5x5
+  // 14x14 kernel).
   auto h = (*n.output(0)->type().shape)[2].as_const();
   // The tile is rows x 16 lanes: rows vectors of AVX-512, twice as many of
   // AVX2 (at most 6 rows then, 12 accumulators).
@@ -821,14 +785,11 @@ tir::Knobs depthwise_defaults(const Node& n, const Target& t) {
   for (int64_t r : {4, 7, 6, 5})
     if (r * per_row <= t.accumulators()) tiles.emplace_back(r, 1.0);
   int64_t rows = h ? least_overlap_tile(*h, tiles) : 4;
-  // vw: 16 lanes; 8 and 32 are in the space for a tuner: on a Zen 3 they
-  // won and lost by 10-30% case by case (vw 8 x 7 rows: 5x5 672ch 14x14 0.27
-  // -> 0.19 ms, 3x3 32ch 112x112 0.27 -> 0.23; 5x5 240ch 28x28 0.23 -> 0.30).
+  // vw: 16 lanes; 8 and 32 are in the space for a tuner to decide per host:
+  // measured, they won and lost case by case.
   // epi: a SiLU after the depthwise kernel in the tile's write-back cost
-  // more than the convolution (kernel_bench on a Zen 3: 5x5 240ch 28x28 0.32
-  // ms without, 1.01 with; 3x3 s2 96ch 112x112 0.66 and 2.97); deferred to
-  // a pass over each channel's plane while it is in L1, it costs what the
-  // activation alone does.
+  // more than the convolution; deferred to a pass over each channel's plane
+  // while it is in L1, it costs what the activation alone does.
   int64_t epi = expensive_activation_follows(n) ? 1 : 0;
   return {{"rows", rows}, {"inline_pad", inline_pad}, {"vw", 16}, {"epi", epi}};
 }
@@ -931,13 +892,10 @@ tir::Knobs winograd_defaults(const Node& n, const Target& t) {
   // transforms are separable sums over inputs loaded once (ops/conv.cc) they
   // cost less than the products they save; on a small plane its few tiles
   // leave most of a vector's lanes idle (the products vectorize over tiles).
-  // Measured with kernel_bench (Zen 4, 1 thread, F(2x2) -> F(4x4)): 64->64
-  // 56x56 1.42 -> 0.87 ms, 128->128 28x28 1.23 -> 0.91, 256->256 14x14 1.29
-  // -> 0.93, 64->96 35x35 0.75 -> 0.54, 16->64 55x55 0.45 -> 0.32, 128->32
-  // 28x28 0.36 -> 0.24, 64->256 13x13 0.35 -> 0.30, 32->64 147x147 12.1 ->
-  // 7.2, 80->192 71x71 9.7 -> 8.1; but 448->384 8x8 (4 tiles) 0.94 -> 1.28
-  // and 512->512 7x7 1.92 -> 1.86. Its rounding error is 2.7 times F(2x2)'s
-  // (interpolation points in tir/winograd.h; 5.7 times with 0, +-1, +-2).
+  // Measured: F(4x4) won on planes from 13x13 up and lost on 8x8 (4 tiles);
+  // m is in the space for a tuner to decide per host. Its rounding error is
+  // 2.7 times F(2x2)'s (interpolation points in tir/winograd.h; 5.7 times
+  // with 0, +-1, +-2).
   const int64_t m = winograd_default_m(n);
   int64_t vw = wvec_width(winograd_tiles(n, m), t, false);
   std::vector<std::pair<int64_t, double>> mrs;
@@ -1013,42 +971,34 @@ Result<tir::Schedule> winograd_schedule(const tir::KernelDef& k, const std::stri
 // Priority 40 (over conv.panels' 30) where the products have enough work
 // to pay for the two transforms: at least 16 input and 64 output channels
 // (each input tile's transform serves every output channel) and 16 tiles.
-// Measured with kernel_bench (Zen 3, conv.panels -> conv.winograd with F(2x2),
-// 1 thread / 2 threads): 64->64 56x56 2.89 -> 2.16 ms / 1.82 -> 1.25,
-// 128->128 28x28 2.96 -> 1.64 / 1.83 -> 0.92, 256->256 14x14 2.91 -> 1.78 /
-// 1.74 -> 1.18, 512->512 7x7 2.96 -> 2.55 / 1.75 -> 0.97, 64->96 35x35 1.80
-// -> 0.93 / 1.10 -> 0.67, 64->256 13x13 0.70 -> 0.45 / 0.40 -> 0.33,
-// 448->384 8x8 2.45 -> 1.86 / 1.38 -> 0.67, 16->64 55x55 0.81 -> 0.78 / 0.50
-// -> 0.48. With 32 output channels it won and lost: 128->32 28x28 0.77 ->
-// 0.71 at 1 thread, 7x7 0.031 -> 0.035 at 2.
+// Measured faster than conv.panels at 1 and 2 threads on such layers from 7x7
+// to 56x56; with 32 output channels it won and lost.
 //
 // And where the transformed input and the products ((m + 2)^2 (C + O) floats
 // per tile, m the default tile side: 16 for F(2x2), 36 per 4x4 tile for
 // F(4x4)) take at most 16 MB, or their products do enough work per byte (C O /
 // (C + O) at least 40): the stages pass over them whole, so larger ones
 // stream from memory, which two threads do not speed up (32->64 147x147, 33
-// MB and 21 products per byte: 11.6 -> 10.0 ms at 1 thread, but 6.8 -> 7.9
-// at 2; 80->192 71x71, 23 MB and 56: 20.0 -> 13.9 and 10.8 -> 10.3).
+// MB and 21 products per byte, won at 1 thread but lost at 2; 80->192 71x71,
+// 23 MB and 56, gained little at 2).
 //
 // And never below 16 products per byte: with so few, the five passes of the
 // Winograd kernel (padding, input transform, products, output transform,
 // copy out) over buffers larger than L2 do not scale to two threads
-// (kernel_bench on a Zen 4, 16->64 55x55, 12.8 per byte: conv.winograd 0.56
-// ms at 1 thread and 0.85 at 2; conv.panels 0.63 and 0.42).
+// (16->64 55x55, 12.8 per byte: conv.winograd ran slower at 2 threads than
+// at 1, conv.panels faster).
 //
-// Since F(4x4)'s transforms got cheap, Winograd wins on more layers than
-// that rule admits (kernel_bench, Zen 4, conv.panels -> conv.winograd F(4x4),
-// 1 thread / 2 threads): 128->32 28x28 0.51 -> 0.24 / 0.32 -> 0.20 ms,
-// 16->64 55x55 0.51 -> 0.32 / 0.34 -> 0.26. Admitted: 32 to 63 output
-// channels on planes of 16 or more 4x4 tiles with at least 24 products per
-// byte (densenet121's 128->32 growth layers: the model 54.2 -> 45.9 ms at 1
-// thread) and 16 MB of transformed data at most. Not admitted: fewer products
-// per byte (16->64, 32->32): with them inception_v3's 32->32 147x147 layer
-// went to Winograd and its logits past the model test's tolerance against
-// ONNX Runtime (err/tol 0.93 -> 1.14: an early layer's rounding carried
-// through 90 more), so this rule stays short of where Winograd is fastest
-// until an accuracy budget over a model's depth decides where the extra
-// rounding can go.
+// With F(4x4)'s cheap transforms, Winograd wins on more layers than that
+// rule admits (measured on 128->32 28x28 and 16->64 55x55, at 1 and 2
+// threads). Admitted: 32 to 63 output channels on planes of 16 or more 4x4
+// tiles with at least 24 products per byte (densenet121's 128->32 growth
+// layers, measured faster in the model) and 16 MB of transformed data at
+// most. Not admitted: fewer products per byte (16->64, 32->32): with them
+// inception_v3's 32->32 147x147 layer went to Winograd and its logits past
+// the model test's tolerance against ONNX Runtime (err/tol 0.93 -> 1.14: an
+// early layer's rounding carried through 90 more), so this rule stays short
+// of where Winograd is fastest until an accuracy budget over a model's depth
+// decides where the extra rounding can go.
 int winograd_priority(const Node& n, const Target&) {
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
   const int64_t m = winograd_default_m(n);
@@ -1107,14 +1057,14 @@ tir::Knobs im2col_defaults(const Node& n, const Target& t) {
   const int64_t per_group = out_channels(n) / conv_groups(n);
   // With one group the columns are materialized (vectors across the whole
   // plane); grouped, the products read the input through the index map.
-  // Grouped planes at most half a vector wide are materialized too (g32
-  // 1024 7x7: 0.40 ms flat, 0.49 in rows of 7 of 16 lanes).
+  // Grouped planes at most half a vector wide are materialized too (measured
+  // faster flat than in rows of 7 of 16 lanes; col is in the space for a tuner
+  // to decide per host).
   const Shape& ys = *n.output(0)->type().shape;
   auto width = ys[3].as_const();
   const bool col = conv_groups(n) == 1 || (width && *width * 2 <= lanes);
-  // Grouped: one-vector rows, two of them (kernel_bench, Zen 4, 1 thread,
-  // g32 256 28x28: vw 16 rows 2 0.32 ms, vw 32 rows 1 0.88: a 28-wide row in
-  // two overlapping vectors).
+  // Grouped: one-vector rows, two of them (measured faster than one row of
+  // two vectors, which puts a 28-wide row in two overlapping vectors).
   int64_t vw = col ? wvec_width(plane(n), t, true) : lanes;
   int64_t rows = col ? 1 : 2;
   std::vector<std::pair<int64_t, double>> mrs;
@@ -1185,18 +1135,14 @@ Result<tir::Schedule> im2col_schedule(const tir::KernelDef& k, const std::string
 
 // Grouped convolutions with several channels per group have no other
 // candidate than conv.direct (vectorized along the output rows, one output
-// channel at a time). Measured with kernel_bench (Zen 4, 1 thread,
-// conv.direct -> conv.im2col at its defaults, col=0): 3x3 g32 256 28x28
-// (8 channels per group) 0.346 -> 0.324 ms, 512 14x14 0.610 -> 0.355, 1024
-// 7x7 9.91 -> 0.38, s2 256 56x56 0.844 -> 0.455, g9 216 28x28 0.856 -> 0.747;
-// but with 4 channels per group (128 56x56, 36 products per output) 0.357 ->
-// 0.46. Priority 25 (over conv.direct's 10) from 64 products per output.
+// channel at a time). conv.im2col at its defaults measured faster than
+// conv.direct with 8 or more channels per group, slower with 4 (36 products
+// per output). Priority 25 (over conv.direct's 10) from 64 products per
+// output.
 //
-// With one group conv.panels, conv.wvec and conv.winograd win wherever
-// measured (kernel_bench, Zen 4, 1 thread, their choice -> conv.im2col with
-// its columns): 3x3 s2 288->384 35x35 5.78 -> 6.37 ms, 16->64 55x55 0.51 ->
-// 0.61, 7x7 s2 3->64 224x224 2.12 -> 2.69, 1x7 128->128 17x17 0.59 -> 0.66,
-// s2 512->512 14x14 2.05 -> 2.77: priority 2, chosen by measurement only.
+// With one group conv.panels, conv.wvec and conv.winograd won wherever
+// measured against conv.im2col with its columns: priority 2, chosen by
+// measurement only.
 int im2col_priority(const Node& n, const Target&) {
   if (conv_groups(n) == 1) return 2;
   const std::vector<int64_t>& ws = n.input(1)->constant().shape();
@@ -1229,9 +1175,9 @@ bool onednn_applies(const Node& n, std::string* why) {
 
 // Knob blocked: 1 lets oneDNN choose the activations' layout (its blocked
 // kernels, brgconv on AVX-512) with a reorder of the input and output around
-// each call, 0 keeps them NCHW (its GEMM-based kernels). Measured with a
-// oneDNN 2.6 program on a Zen 4 (1 thread): 3x3 64->64 56x56 1.94 ms blocked,
-// 2.83 NCHW; 3x3 s2 288->384 35x35 5.14 and 6.83 (without the reorders).
+// each call, 0 keeps them NCHW (its GEMM-based kernels). Default 1: blocked
+// measured faster in a oneDNN program (without the reorders); the knob is in
+// the space for a tuner to decide per host.
 tir::KnobSpace onednn_space(const Node&, const Target&) {
   tir::KnobSpace s;
   s.knobs.push_back(tir::Knob{"blocked", {0, 1}});

@@ -9,10 +9,9 @@
 // strided column tap reads the rows stage once. Applies to 2-D pools with
 // both kernel sides at least 2 (MaxPool without its Indices output). The
 // rows stage passes through memory between the stages: priority 20 where it
-// fits in half of the level-2 cache, else 5. Measured in squeezenet1_1 (Zen
-// 4, 1 MB L2, 1 thread, `kiln profile`, window -> separable): 3x3 s2 max pool
-// 256x27x27 (rows stage 360 KB) 0.071-0.085 -> 0.045-0.048 ms; 64x111x111
-// (1.56 MB) 0.21-0.28 -> 0.26-0.32; 128x55x55 (760 KB) 0.080-0.091 both.
+// fits in half of the level-2 cache, else 5: a measured default (in
+// squeezenet1_1's max pools separable won where the rows stage fit, and tied
+// or lost where it did not); the tuner measures both candidates per host.
 #include "strategy/strategy.h"
 #include "strategy/template.h"
 

@@ -260,9 +260,8 @@ bool tile_reduction(const KernelDef& k, const ComputeDef& st, Schedule& s) {
   // panel of the right operand (K x 16) stays in cache while every row tile
   // uses it. Without such an operand (pooling: every load moves with the
   // rows) the tiles stay row-major, so the input streams through once row by
-  // row instead of once per column strip. In the models (kiln profile, 1
-  // thread, Zen 4): inception_v3's four max pools 2.42 -> 1.66 ms (maxpool1,
-  // 3x3 s2 64x147x147, 1.34 -> 1.00), resnet50's 0.34-0.36 -> 0.29-0.31.
+  // row instead of once per column strip (measured faster on the max pools
+  // of inception_v3 and resnet50).
   if (reuse && vi == n - 1 && r == static_cast<int>(n) - 2 && !r_outer.empty() && !v_outer.empty() &&
       order.size() >= 2)
     std::swap(order[order.size() - 2], order[order.size() - 1]);
@@ -488,7 +487,7 @@ Schedule default_schedule(const KernelDef& k) {
       // before (recomputing a copy is harmless). One vector of the whole row
       // (58 lanes for a 56-wide plane padded by one) cannot mask its padding
       // select's loads, so that row fell back to a scalar loop with a branch
-      // per element: 0.3 ms of a 0.42 ms depthwise 3x3 144ch 56x56 kernel.
+      // per element, which took most of a depthwise 3x3 kernel's time.
       bool odd_copy = !params.count(st.name) && inner_extent && *inner_extent > 16 &&
                       (*inner_extent & (*inner_extent - 1)) != 0;
       if (odd_copy) {

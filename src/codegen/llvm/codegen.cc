@@ -477,8 +477,7 @@ llvm::Value* Emitter::emit_binary(ExprKind k, DType t, llvm::Value* a, llvm::Val
         // an ordered-compare of a into a mask and one masked vmaxps/vminps:
         // two operations per step. llvm.maximum lowers to six; the previous
         // form here (max, and a blend on c's NaN test) to three, and 3x3 max
-        // pools were throughput-bound on them (squeezenet1_1's two larger
-        // pools 0.24-0.32 -> 0.20-0.24 and 0.082-0.092 -> 0.067-0.070 ms).
+        // pools were throughput-bound on them.
         llvm::Value* keep = k == ExprKind::kMin ? b_.CreateFCmpOLT(a, c) : b_.CreateFCmpOGT(a, c);
         return b_.CreateSelect(b_.CreateFCmpORD(a, a), b_.CreateSelect(keep, a, c), a);
       }
