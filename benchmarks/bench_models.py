@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -44,23 +45,13 @@ from report import host_name, write_table  # noqa: E402
 DOC = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
 
 
-def kiln_version(kiln):
-    """The Kiln that ran: the package version and the commit of the tree it was built from."""
-    try:
-        commit = subprocess.run(["git", "-C", os.path.dirname(HERE), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    try:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(kiln)), "python"))
-        import kiln as kiln_package  # noqa: E402
-        version = kiln_package.__version__
-    except ImportError:
-        version = "?"
-    return version + (f" ({commit})" if commit else "")
-from export_models import ensure_exported  # noqa: E402
-
-DEFAULT_KILN = os.path.join(model_zoo.REPO_ROOT, "build", "bin", "kiln")
+def kiln_version():
+    """The Kiln that ran: the version CMakeLists.txt declares and the commit of the tree."""
+    root = os.path.dirname(HERE)
+    m = re.search(r"project\(kiln VERSION ([0-9.]+)", open(os.path.join(root, "CMakeLists.txt")).read())
+    commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    return (m.group(1) if m else "?") + (f" ({commit})" if commit else "")
 
 
 def bench_ort(path, feeds, threads, runs, warmup):
@@ -269,7 +260,7 @@ def main():
 
     rounds = f"; fastest of {args.rounds} alternating rounds per side" if args.rounds > 1 else ""
     import onnxruntime  # noqa: E402 (bench_ort imported it already)
-    out = [f"Host: {host_name()} ({os.cpu_count()} cores); Kiln {kiln_version(args.kiln)}, ONNX Runtime "
+    out = [f"Host: {host_name()} ({os.cpu_count()} cores); Kiln {kiln_version()}, ONNX Runtime "
            f"{onnxruntime.__version__}; median of {args.runs} runs after {args.warmup} warm-up{rounds}; "
            "ORT_ENABLE_ALL, inter_op 1.", "",
            "GFLOP: multiply-adds x 2 of Conv/MatMul/Gemm/RNN per run; share: Kiln's (and ORT's) GFLOP/s "

@@ -32,7 +32,7 @@ extern "C" {
 
 #define KILN_C_API_VERSION 1
 
-/* Status codes (kiln::StatusCode's numbers). */
+/* Status codes (one per kiln::StatusCode). */
 typedef enum kiln_code {
   KILN_OK = 0,
   KILN_INVALID_MODEL = 1,       /* a malformed, truncated or inconsistent model */

@@ -58,13 +58,35 @@ struct kiln_result {
 
 namespace {
 
+// Returned when even an error cannot be allocated: never NULL (which would
+// read as success), never freed.
+kiln_status g_out_of_memory{KILN_RESOURCE_EXHAUSTED, "resource exhausted: out of memory"};
+
 kiln_status* make_status(kiln_code code, std::string message) {
-  return new (std::nothrow) kiln_status{code, std::move(message)};
+  try {
+    return new kiln_status{code, std::move(message)};
+  } catch (const std::bad_alloc&) {
+    return &g_out_of_memory;
+  }
+}
+
+kiln_code code_of(kiln::StatusCode c) {
+  switch (c) {
+    case kiln::StatusCode::kOk: return KILN_OK;
+    case kiln::StatusCode::kInvalidModel: return KILN_INVALID_MODEL;
+    case kiln::StatusCode::kUnsupported: return KILN_UNSUPPORTED;
+    case kiln::StatusCode::kInvalidArgument: return KILN_INVALID_ARGUMENT;
+    case kiln::StatusCode::kNotFound: return KILN_NOT_FOUND;
+    case kiln::StatusCode::kIoError: return KILN_IO_ERROR;
+    case kiln::StatusCode::kInternal: return KILN_INTERNAL;
+    case kiln::StatusCode::kResourceExhausted: return KILN_RESOURCE_EXHAUSTED;
+  }
+  return KILN_INTERNAL;
 }
 
 kiln_status* from_status(const kiln::Status& s) {
   if (s.is_ok()) return nullptr;
-  return make_status(static_cast<kiln_code>(static_cast<int>(s.code())), s.to_string());
+  return make_status(code_of(s.code()), s.to_string());
 }
 
 kiln_status* invalid(std::string message) {
@@ -77,7 +99,7 @@ kiln_status* guarded(F&& f) {
   try {
     return f();
   } catch (const std::bad_alloc&) {
-    return make_status(KILN_RESOURCE_EXHAUSTED, "resource exhausted: out of memory");
+    return &g_out_of_memory;
   } catch (const std::exception& e) {
     return make_status(KILN_INTERNAL, std::string("internal error: ") + e.what());
   }
@@ -149,7 +171,9 @@ int kiln_c_api_version(void) { return KILN_C_API_VERSION; }
 
 kiln_code kiln_status_code(const kiln_status* status) { return status ? status->code : KILN_OK; }
 const char* kiln_status_message(const kiln_status* status) { return status ? status->message.c_str() : ""; }
-void kiln_status_free(kiln_status* status) { delete status; }
+void kiln_status_free(kiln_status* status) {
+  if (status != &g_out_of_memory) delete status;
+}
 
 kiln_options* kiln_options_create(void) { return new (std::nothrow) kiln_options(); }
 void kiln_options_free(kiln_options* options) { delete options; }

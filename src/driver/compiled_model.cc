@@ -175,23 +175,6 @@ std::string Model::graph_html() const { return driver::graph_html(impl_->compile
 
 namespace {
 
-// The caller's output buffers by position of `outputs` (undefined where none
-// is given), for runtime::VM::run.
-std::vector<Tensor> buffers_by_position(const std::vector<TensorInfo>& outputs,
-                                        const std::map<std::string, Tensor>* into) {
-  std::vector<Tensor> v(outputs.size());
-  if (into != nullptr)
-    for (size_t i = 0; i < outputs.size(); ++i)
-      if (auto it = into->find(outputs[i].name); it != into->end()) v[i] = it->second;
-  return v;
-}
-
-std::map<std::string, Tensor> by_name(const std::vector<TensorInfo>& outputs, std::vector<Tensor> values) {
-  std::map<std::string, Tensor> result;
-  for (size_t i = 0; i < values.size(); ++i) result[outputs[i].name] = std::move(values[i]);
-  return result;
-}
-
 bool overlaps(const Tensor& a, const Tensor& b) {
   if (a.nbytes() == 0 || b.nbytes() == 0) return false;
   auto a0 = reinterpret_cast<uintptr_t>(a.data()), b0 = reinterpret_cast<uintptr_t>(b.data());
@@ -248,18 +231,15 @@ Result<std::map<std::string, Tensor>> Model::run_checked(const std::map<std::str
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->specialize) return run_specialized(inputs, into);
-  runtime::VM* vm = impl_->vm.get();
   if (below_lower_bounds(*impl_->compiled.program, ordered)) {
     if (!impl_->empty_dims) {
       auto relaxed = build_impl(impl_->path, impl_->bytes, impl_->source_name, impl_->options, true);
       if (!relaxed.is_ok()) return relaxed.status().with_context("compiling for inputs with empty dims");
       impl_->empty_dims = std::move(*relaxed);
     }
-    vm = impl_->empty_dims->vm.get();
+    return run_on(*impl_->empty_dims, inputs, into);
   }
-  std::vector<Tensor> buffers = buffers_by_position(impl_->compiled.outputs, into);
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, vm->run(ordered, into ? &buffers : nullptr));
-  return by_name(impl_->compiled.outputs, std::move(outs));
+  return run_on(*impl_, inputs, into);
 }
 
 // A model whose shapes depend on input values (Impl::specialize): the
@@ -320,14 +300,21 @@ Result<std::map<std::string, Tensor>> Model::run_specialized(const std::map<std:
   return run_on(*spec, inputs, into);
 }
 
-// Runs a specialization's program (the caller holds the model's mutex).
+// Runs the program of `spec` (the model's own, its empty-dims or a
+// specialization; the caller holds the model's mutex).
 Result<std::map<std::string, Tensor>> Model::run_on(Impl& spec, const std::map<std::string, Tensor>& inputs,
                                                     const std::map<std::string, Tensor>* into) {
   std::vector<Tensor> ordered;
   for (const TensorInfo& info : spec.compiled.inputs) ordered.push_back(inputs.at(info.name));
-  std::vector<Tensor> buffers = buffers_by_position(spec.compiled.outputs, into);
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, spec.vm->run(ordered, into ? &buffers : nullptr));
-  return by_name(spec.compiled.outputs, std::move(outs));
+  const std::vector<TensorInfo>& outs = spec.compiled.outputs;
+  // The caller's buffers by output position (undefined where none is given).
+  std::vector<Tensor> buffers(into ? outs.size() : 0);
+  for (size_t i = 0; i < buffers.size(); ++i)
+    if (auto it = into->find(outs[i].name); it != into->end()) buffers[i] = it->second;
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> values, spec.vm->run(ordered, into ? &buffers : nullptr));
+  std::map<std::string, Tensor> result;
+  for (size_t i = 0; i < values.size(); ++i) result[outs[i].name] = std::move(values[i]);
+  return result;
 }
 
 std::string Model::kernels_text() const {
@@ -406,10 +393,10 @@ Status write_trace(const std::string& path, const runtime::Program& prog,
   }
   os << "\n]}\n";
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return invalid_argument() << "cannot write the trace to '" << path << "'";
+  if (!f) return io_error() << "cannot write the trace to '" << path << "'";
   f << os.str();
   f.close();
-  if (!f) return invalid_argument() << "writing the trace to '" << path << "' failed";
+  if (!f) return io_error() << "writing the trace to '" << path << "' failed";
   return Status::ok();
 }
 

@@ -724,6 +724,12 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
   // The caller's buffer an output register is allocated in (see allocate):
   // one the register's dtype, 64-byte aligned as kernels assume, of a plain
   // dtype. Any other given buffer gets the output copied in at the end.
+  auto buffer_mismatch = [](const std::string& output, const Tensor& given, DType dtype,
+                            const std::vector<int64_t>& shape) -> Status {
+    return invalid_argument() << "output '" << output << "': the buffer given is " << dtype_name(given.dtype())
+                              << shape_to_string(given.shape()) << ", the output is " << dtype_name(dtype)
+                              << shape_to_string(shape);
+  };
   auto given_for = [&](int r) -> const Tensor* {
     if (into == nullptr || !p.registers[r].is_output) return nullptr;
     for (size_t i = 0; i < p.output_registers.size(); ++i) {
@@ -843,11 +849,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
         regs[r].defined() ? regs[r].release_shape() : std::move(spare_shapes[static_cast<size_t>(r)]);
     KILN_RETURN_IF_ERROR(eval_shape_into(info.shape, env, what, shape));
     const Tensor* given = object_dtype ? nullptr : given_for(r);
-    if (given != nullptr && given->shape() != shape) {
-      return invalid_argument() << "output '" << info.name << "': the buffer given is " << dtype_name(given->dtype())
-                                << shape_to_string(given->shape()) << ", the output is " << dtype_name(info.dtype)
-                                << shape_to_string(shape);
-    }
+    if (given != nullptr && given->shape() != shape) return buffer_mismatch(info.name, *given, info.dtype, shape);
     if (object_dtype) {
       KILN_ASSIGN_OR_RETURN(regs[r], Tensor::allocate(info.dtype, std::move(shape), what.str()));
     } else if (given != nullptr) {
@@ -1393,11 +1395,7 @@ Result<std::vector<Tensor>> VM::Impl::run(const std::vector<Tensor>& inputs, con
   auto deliver = [&](size_t i, const Tensor& v) -> Result<Tensor> {
     const Tensor& g = (*into)[i];
     const std::string& name = p.registers[p.output_registers[i]].name;
-    if (g.dtype() != v.dtype() || g.shape() != v.shape()) {
-      return invalid_argument() << "output '" << name << "': the buffer given is " << dtype_name(g.dtype())
-                                << shape_to_string(g.shape()) << ", the output is " << dtype_name(v.dtype())
-                                << shape_to_string(v.shape());
-    }
+    if (g.dtype() != v.dtype() || g.shape() != v.shape()) return buffer_mismatch(name, g, v.dtype(), v.shape());
     if (v.data() != g.data()) {
       if (v.dtype() == DType::kString || dtype_is_container(v.dtype())) {
         return invalid_argument() << "output '" << name << "' has dtype " << dtype_name(v.dtype())
