@@ -405,6 +405,16 @@ class CompiledModel {
   std::vector<TensorInfoView> inputs() const { return info_views(model_.inputs()); }
   std::vector<TensorInfoView> outputs() const { return info_views(model_.outputs()); }
   std::string graph_text() const { return model_.graph_text(); }
+  std::string package_metadata() const { return model_.package_metadata(); }
+  void save(const std::string& path) {
+    kiln::Status st = kiln::Status::ok();
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mutex_);
+      st = model_.save(path);
+    }
+    if (!st.is_ok()) raise_status(st);
+  }
   py::dict stats() const {
     const auto& s = model_.stats();
     py::dict d;
@@ -537,6 +547,17 @@ std::unique_ptr<CompiledModel> compile_bytes(const py::bytes& data, int threads,
   return std::make_unique<CompiledModel>(std::move(*model).value());
 }
 
+std::unique_ptr<CompiledModel> load(const std::string& path, int threads, int64_t max_memory) {
+  kiln::CompileOptions options = make_options(threads, false, max_memory, std::nullopt, std::nullopt, "priority", {});
+  std::optional<kiln::Result<kiln::Model>> model;
+  {
+    py::gil_scoped_release release;
+    model.emplace(kiln::Model::load(path, options));
+  }
+  if (!*model) raise_status(model->status());
+  return std::make_unique<CompiledModel>(std::move(*model).value());
+}
+
 std::string describe_model_file(const std::string& path) {
   auto text = kiln::describe_model_file(path);
   if (!text) raise_status(text.status());
@@ -571,7 +592,9 @@ PYBIND11_MODULE(_kiln, m) {
       .def_property_readonly("inputs", &CompiledModel::inputs)
       .def_property_readonly("outputs", &CompiledModel::outputs)
       .def_property_readonly("stats", &CompiledModel::stats)
-      .def("graph_text", &CompiledModel::graph_text);
+      .def("graph_text", &CompiledModel::graph_text)
+      .def("save", &CompiledModel::save, py::arg("path"))
+      .def_property_readonly("package_metadata", &CompiledModel::package_metadata);
 
   m.def("compile_file", &compile_file, py::arg("path"), py::arg("threads") = 0,
         py::arg("naive") = false, py::arg("max_memory") = 0, py::arg("passes") = py::none(),
@@ -582,4 +605,5 @@ PYBIND11_MODULE(_kiln, m) {
         py::arg("passes") = py::none(), py::arg("db") = py::none(), py::arg("select") = "priority",
         py::arg("prefer") = std::vector<std::string>{});
   m.def("describe_model_file", &describe_model_file, py::arg("path"));
+  m.def("load", &load, py::arg("path"), py::arg("threads") = 0, py::arg("max_memory") = 0);
 }

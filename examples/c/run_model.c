@@ -1,9 +1,13 @@
-/* Compiles an ONNX model with Kiln's C API, runs it once on deterministic
+/* Compiles an ONNX model with Kiln's C API, or loads a package written by
+ * `kiln compile` (a path ending in .kiln), runs it once on deterministic
  * inputs (symbolic dims bound to 1) with the outputs written into buffers
  * this program owns, and prints each output's shape, first values and sum.
  *
  *   cc run_model.c -I PREFIX/include -L PREFIX/lib -lkiln -Wl,-rpath,PREFIX/lib -lm -o run_model
  *   ./run_model model.onnx [THREADS]
+ * A machine without the compiler links libkiln_runtime instead and runs packages:
+ *   cc run_model.c -I PREFIX/include -L PREFIX/lib -lkiln_runtime -Wl,-rpath,PREFIX/lib -lm -o run_model
+ *   ./run_model model.kiln [THREADS]
  */
 #include <kiln/kiln_c.h>
 
@@ -42,7 +46,7 @@ static void* alloc_value(const kiln_value_info* info, int64_t* shape, size_t* by
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: run_model MODEL.onnx [THREADS]\n");
+    fprintf(stderr, "usage: run_model MODEL.onnx|MODEL.kiln [THREADS]\n");
     return 2;
   }
   printf("kiln %s (C API %d)\n", kiln_version(), kiln_c_api_version());
@@ -50,7 +54,11 @@ int main(int argc, char** argv) {
   kiln_status* s = kiln_options_set_threads(options, argc > 2 ? atoi(argv[2]) : 1);
   if (s) return fail(s);
   kiln_model* model = NULL;
-  s = kiln_compile_file(argv[1], options, &model);
+  size_t len = strlen(argv[1]);
+  if (len > 5 && strcmp(argv[1] + len - 5, ".kiln") == 0)
+    s = kiln_load(argv[1], options, &model);
+  else
+    s = kiln_compile_file(argv[1], options, &model);
   kiln_options_free(options);
   if (s) return fail(s);
 

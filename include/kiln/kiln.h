@@ -91,6 +91,22 @@ class Model {
   static Result<Model> compile_bytes(const std::string& bytes, const CompileOptions& options = {},
                                      const std::string& source_name = "<bytes>");
 
+  // A package written by save() or `kiln compile MODEL -o model.kiln`: no
+  // compiler runs; its constants stay in the mapped file. Only
+  // options.threads and options.max_memory_bytes apply. A truncated,
+  // corrupt or foreign file, one of another package format, or one whose
+  // kernels use CPU features this host lacks is an error saying so.
+  static Result<Model> load(const std::string& path, const CompileOptions& options = {});
+  // Writes the compiled model as a package (src/package/package.h): its
+  // kernels compiled again into a shared library (linked by $KILN_CC, else
+  // `cc`), the programs, the constants, the signatures and the kernel
+  // choices. The file appears complete or not at all.
+  Status save(const std::string& path) const;
+  bool is_package() const;
+  // True when the file starts with a package's magic (a package, not ONNX).
+  static bool is_package_file(const std::string& path);
+  // A loaded package's description as JSON (empty for a compiled model).
+  std::string package_metadata() const;
   const std::vector<TensorInfo>& inputs() const;
   const std::vector<TensorInfo>& outputs() const;
   const CompileStats& stats() const;
@@ -112,10 +128,10 @@ class Model {
   // unknown output name, or a buffer that overlaps an input is an error.
   Status run_into(const std::map<std::string, Tensor>& inputs, std::map<std::string, Tensor>& outputs);
 
-  // Text of the optimized graph (graph IR printer).
+  // Text of the optimized graph (graph IR printer); empty for a package.
   std::string graph_text() const;
 
-  // The optimized graph as one self-contained HTML page (`kiln info --graph
+  // (Empty for a package.) The optimized graph as one self-contained HTML page (`kiln info --graph
   // -o graph.html`): nodes laid out in layers, every fused kernel in its own
   // colour, each node's kernel choice shown when it is clicked.
   std::string graph_html() const;

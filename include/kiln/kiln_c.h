@@ -119,6 +119,12 @@ kiln_status* kiln_options_set_max_memory(kiln_options* options, int64_t bytes);
  * a handle to free with kiln_model_free. */
 kiln_status* kiln_compile_file(const char* path, const kiln_options* options, kiln_model** model);
 kiln_status* kiln_compile_bytes(const void* data, size_t size, const kiln_options* options, kiln_model** model);
+/* Loads a package written by `kiln compile MODEL -o model.kiln` (or Python's
+ * CompiledModel.save): no compiler runs; only the threads and max_memory
+ * options apply. libkiln_runtime (no LLVM, protobuf or SQLite inside) has
+ * every function of this header, but its kiln_compile_* return
+ * KILN_UNSUPPORTED: it only loads packages. */
+kiln_status* kiln_load(const char* path, const kiln_options* options, kiln_model** model);
 void kiln_model_free(kiln_model* model);
 
 size_t kiln_model_num_inputs(const kiln_model* model);

@@ -18,7 +18,7 @@ import os
 from ._kiln import KilnError, TensorInfo, __version__  # noqa: F401
 from . import _kiln
 
-__all__ = ["compile", "describe_model_file", "CompiledModel", "KilnError", "TensorInfo", "__version__"]
+__all__ = ["compile", "load", "describe_model_file", "CompiledModel", "KilnError", "TensorInfo", "__version__"]
 
 # Kiln compiles in float32; the precisions it accepts.
 PRECISIONS = ("fp32",)
@@ -134,8 +134,22 @@ class CompiledModel:
         return self._impl.stats
 
     def graph_text(self):
-        """The optimized graph in Kiln's text IR."""
+        """The optimized graph in Kiln's text IR (empty for a loaded package)."""
         return self._impl.graph_text()
+
+    def save(self, path):
+        """Writes the compiled model as a package (`kiln compile`'s format): kernels as a shared
+        library, weights, bytecode, memory plan, signatures. `kiln.load` runs it without a
+        compiler. Linking the kernels needs a C compiler driver ($KILN_CC, else cc)."""
+        self._impl.save(os.fspath(path))
+
+    @property
+    def package_metadata(self):
+        """A loaded package's description (a dict); None for a compiled model."""
+        import json
+
+        text = self._impl.package_metadata
+        return json.loads(text) if text else None
 
     def run(self, inputs, outputs=None):
         """Runs the model.
@@ -197,6 +211,13 @@ class CompiledModel:
         elif not isinstance(inputs, dict):
             inputs = {self.inputs[0].name: inputs}
         return self._impl._profile(inputs, int(runs), "" if path is None else os.fspath(path))
+
+
+def load(path, threads=0, max_memory=0):
+    """Loads a package written by `CompiledModel.save` or `kiln compile MODEL -o model.kiln`:
+    no compiler runs and the weights stay in the mapped file. A truncated, corrupt or foreign
+    file, another package format, or kernels using CPU features this host lacks raise KilnError."""
+    return CompiledModel(_kiln.load(os.fspath(path), threads=int(threads), max_memory=int(max_memory)))
 
 
 def describe_model_file(path):

@@ -16,6 +16,38 @@ using partition::NodeKind;
 
 std::string describe(const Node* n) { return n->describe(); }
 
+// A host kernel's node alone in a graph, as text (runtime::Program::host_kernel_nodes).
+std::string node_text(const Node* n) {
+  Graph g;
+  std::vector<Value*> inputs;
+  for (const Value* v : n->inputs()) {
+    if (v == nullptr) {
+      inputs.push_back(nullptr);
+      continue;
+    }
+    Value* in = g.find_value(v->name());
+    if (in == nullptr) {
+      in = g.add_input(v->name(), v->type());
+      in->set_sym_value(v->sym_value());
+    }
+    inputs.push_back(in);
+  }
+  std::vector<std::string> names;
+  for (const Value* o : n->outputs()) names.push_back(o ? o->name() : "");
+  Node* copy = g.add_node(n->op_type(), inputs, names, n->domain(), n->name());
+  for (const auto& [key, attr] : n->attrs()) copy->set_attr(key, attr);
+  std::vector<Value*> outputs;
+  for (size_t i = 0; i < n->num_outputs(); ++i) {
+    if (n->output(i) == nullptr || copy->output(i) == nullptr) continue;
+    copy->output(i)->set_type(n->output(i)->type());
+    outputs.push_back(copy->output(i));
+  }
+  g.set_outputs(outputs);
+  PrintOptions options;
+  options.max_constant_elements = -1;
+  return print_graph(g, options);
+}
+
 bool shape_is_static(const std::vector<Expr>& shape) {
   for (const Expr& d : shape)
     if (!d.is_const()) return false;
@@ -312,6 +344,7 @@ Status ProgramBuilder::emit_node(const Node* n, NodeKind mode) {
       in.fills_outputs = def->kernel_fills_outputs;
       in.callee = static_cast<int>(prog_->host_kernels.size());
       prog_->host_kernels.push_back(std::move(*kernel));
+      prog_->host_kernel_nodes.push_back(node_text(n));
       // A host kernel a candidate chose (conv.onednn) is listed with the compiled ones.
       if (auto choice = strategy::recorded_choice(*n)) {
         kernels::KernelChoiceInfo info;
@@ -411,6 +444,8 @@ Result<ProgramBuilder::Inlined> ProgramBuilder::inline_graph(const Node* n, cons
   b.sub_offset = static_cast<int>(prog_->subprograms.size());
   prog_->registers.insert(prog_->registers.end(), b.prog->registers.begin(), b.prog->registers.end());
   prog_->host_kernels.insert(prog_->host_kernels.end(), b.prog->host_kernels.begin(), b.prog->host_kernels.end());
+  prog_->host_kernel_nodes.insert(prog_->host_kernel_nodes.end(), b.prog->host_kernel_nodes.begin(),
+                                  b.prog->host_kernel_nodes.end());
   prog_->subprograms.insert(prog_->subprograms.end(), b.prog->subprograms.begin(), b.prog->subprograms.end());
   for (int r : ins) b.inputs.push_back(r + b.reg_offset);
   for (int r : outs) b.outputs.push_back(r + b.reg_offset);

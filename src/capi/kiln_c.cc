@@ -1,4 +1,6 @@
-// Kiln's C API (include/kiln/kiln_c.h) over kiln::Model.
+// Kiln's C API (include/kiln/kiln_c.h) over kiln::Model. Built twice: into
+// libkiln (the compiler inside) and, with KILN_C_RUNTIME_ONLY, into
+// libkiln_runtime, where only packages load and kiln_compile_* say so.
 #include "kiln/kiln_c.h"
 
 #include <cstring>
@@ -217,6 +219,7 @@ kiln_status* kiln_options_set_max_memory(kiln_options* options, int64_t bytes) {
   return nullptr;
 }
 
+#ifndef KILN_C_RUNTIME_ONLY
 kiln_status* kiln_compile_file(const char* path, const kiln_options* options, kiln_model** model) {
   if (path == nullptr || model == nullptr) return invalid("kiln_compile_file: NULL argument");
   *model = nullptr;
@@ -234,6 +237,32 @@ kiln_status* kiln_compile_bytes(const void* data, size_t size, const kiln_option
   return guarded([&]() -> kiln_status* {
     std::string bytes(static_cast<const char*>(data), size);
     auto m = kiln::Model::compile_bytes(bytes, options ? options->options : kiln::CompileOptions{}, "<bytes>");
+    if (!m.is_ok()) return from_status(m.status());
+    *model = new kiln_model(std::move(m).value());
+    return nullptr;
+  });
+}
+#else
+kiln_status* kiln_compile_file(const char* path, const kiln_options* options, kiln_model** model) {
+  (void)path;
+  (void)options;
+  if (model != nullptr) *model = nullptr;
+  return make_status(KILN_UNSUPPORTED, "unsupported: libkiln_runtime does not compile models: load a package written "
+                                       "by `kiln compile` (kiln_load), or link libkiln");
+}
+
+kiln_status* kiln_compile_bytes(const void* data, size_t size, const kiln_options* options, kiln_model** model) {
+  (void)data;
+  (void)size;
+  return kiln_compile_file(nullptr, options, model);
+}
+#endif
+
+kiln_status* kiln_load(const char* path, const kiln_options* options, kiln_model** model) {
+  if (path == nullptr || model == nullptr) return invalid("kiln_load: NULL argument");
+  *model = nullptr;
+  return guarded([&]() -> kiln_status* {
+    auto m = kiln::Model::load(path, options ? options->options : kiln::CompileOptions{});
     if (!m.is_ok()) return from_status(m.status());
     *model = new kiln_model(std::move(m).value());
     return nullptr;

@@ -138,7 +138,10 @@ Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, con
   for (const Value* v : g.inputs())
     if (!v->is_constant()) out.inputs.push_back(make_info(v));
   for (const Value* v : g.outputs()) out.outputs.push_back(make_info(v));
-  for (const kernels::Kernel& k : ks.kernels) out.kernel_choices.push_back(k.info);
+  for (const kernels::Kernel& k : ks.kernels) {
+    out.kernel_choices.push_back(k.info);
+    out.funcs.push_back(k.func);
+  }
   const partition::GraphPartition& top = parts.top();
   for (const auto& [node, kind] : top.kind) {
     switch (kind) {

@@ -261,11 +261,6 @@ TensorInfo make_info(const Value* v) {
   return info;
 }
 
-int resolve_threads(int threads) {
-  if (threads > 0) return threads;
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
-}
 
 static Result<strategy::SelectOptions> select_options(const Graph& g, const CompileOptions& options) {
   strategy::SelectOptions so;

@@ -25,6 +25,7 @@ struct CompiledProgram {
   std::unique_ptr<Graph> graph;  // after inference (types of every value)
   std::shared_ptr<runtime::Program> program;
   std::shared_ptr<codegen::CompiledModule> module;  // keeps kernel code alive
+  std::vector<tir::PrimFunc> funcs;                 // every kernel's loop IR (what a package compiles again)
   std::vector<TensorInfo> inputs, outputs;
   CompileStats stats;
   std::vector<KernelChoiceInfo> kernel_choices;  // one per kernel

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/choice.h"
 #include "partition/partition.h"
 #include "strategy/strategy.h"
 #include "tir/schedule.h"
@@ -20,18 +21,6 @@
 #include "tune/tune.h"
 
 namespace kiln::kernels {
-
-// How one compiled kernel was implemented (kiln info --kernels).
-struct KernelChoiceInfo {
-  std::string kernel;  // kiln_k3_MatMul
-  std::string node;    // MatMul '/fc1/MatMul'
-  std::string impl;    // candidate name, "default" (no candidates) or "naive"
-  std::string knobs;   // "mr=8 nr=32"
-  std::string source;  // priority, measured, database
-  std::string why;
-  std::string schedule;  // the kernel's schedule as text (tir::Schedule::to_string)
-  std::string workload;  // its tuning workload's key (tune::Workload), where kernel choice computed it
-};
 
 // One kernel: the compute definition of the groups that share it.
 struct Kernel {

@@ -178,6 +178,11 @@ struct Program {
   std::vector<Instr> instrs;
   std::vector<CompiledKernel> kernels;
   std::vector<HostKernel> host_kernels;
+  // Per host kernel, what rebuilds it when the program is read from a package
+  // (package/): its node as graph IR text (graph/graph.h), the node's inputs
+  // as graph inputs of their types. Inputs whose register is a constant get
+  // that constant when the kernel is rebuilt.
+  std::vector<std::string> host_kernel_nodes;
   std::vector<std::shared_ptr<const Program>> subprograms;  // bodies of kScan / kSequenceMap
   std::vector<int> input_registers;
   std::vector<int> output_registers;

@@ -572,7 +572,7 @@ def run_cli_help(kiln, work):
     bench, profile and info lists is one the command accepts."""
     valid = _write(os.path.join(work, "help.onnx"), _relu_model().SerializeToString())
     failures = 0
-    commands = ["info", "run", "bench", "profile", "opt", "ops", "tune", "tune-worker", "db"]
+    commands = ["info", "run", "bench", "profile", "compile", "opt", "ops", "tune", "tune-worker", "db"]
     for command in commands:
         problems = []
         proc = subprocess.run([kiln, command, "--help"], capture_output=True, text=True, timeout=60)
@@ -580,7 +580,7 @@ def run_cli_help(kiln, work):
             problems.append(f"--help exit code {proc.returncode}")
         if f"usage: kiln {command}" not in proc.stdout or "example: kiln " not in proc.stdout:
             problems.append(f"--help lacks a usage line or an example: {proc.stdout[:200]!r}")
-        if command in ("info", "run", "bench", "profile"):
+        if command in ("info", "run", "bench", "profile", "compile"):
             for option in sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", proc.stdout))):
                 if option == "--help":
                     continue

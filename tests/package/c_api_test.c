@@ -80,6 +80,10 @@ int main(int argc, char** argv) {
                __LINE__);
   CHECK(model == NULL, "model set on error");
   expect_error(kiln_compile_bytes("not a model", 11, NULL, &model), KILN_INVALID_MODEL, "<bytes>", __LINE__);
+  /* Load errors: no such file; an ONNX file is not a package. */
+  expect_error(kiln_load("/nonexistent/model.kiln", NULL, &model), KILN_NOT_FOUND, "/nonexistent/model.kiln", __LINE__);
+  expect_error(kiln_load(argv[1], NULL, &model), KILN_INVALID_MODEL, "is not a Kiln package", __LINE__);
+  CHECK(model == NULL, "model set on error");
   kiln_options* options = kiln_options_create();
   expect_error(kiln_options_set_threads(options, -1), KILN_INVALID_ARGUMENT, "threads", __LINE__);
   expect_error(kiln_options_set_select(options, "fastest"), KILN_INVALID_ARGUMENT, "fastest", __LINE__);

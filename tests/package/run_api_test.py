@@ -1,6 +1,7 @@
 """The Python API (python/kiln/__init__.py) as a user calls it: kiln.compile on every kind of
 model it takes, run on numpy arrays and DLPack tensors (torch), outputs written into the caller's
-buffers, profile, and the errors of each.
+buffers, profile, packages (CompiledModel.save, kiln.load, `kiln compile` and the commands that
+take a package), and the errors of each.
 
     PYTHONPATH=build/python run_api_test.py --kiln build/bin/kiln
 """
@@ -306,6 +307,112 @@ def kiln_shows_progress_on_a_terminal():
         assert after.lstrip().startswith("model") and "kiln: " not in after, after[:200]
         piped = subprocess.run(argv, check=True, capture_output=True, text=True)
         assert "kiln: compiling" not in piped.stderr and "\x1b" not in piped.stdout + piped.stderr, piped.stderr
+
+
+def dynamic_model():
+    """A symbolic batch n: y = relu(x @ W + B), the top 3 of each row (TopK: a host kernel), and
+    an If on an input choosing y * 2 or -y."""
+    then_g = helper.make_graph([helper.make_node("Mul", ["y", "two"], ["o"])], "then", [],
+                               [helper.make_tensor_value_info("o", TensorProto.FLOAT, ["n", 48])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["y"], ["o"])], "else", [],
+                               [helper.make_tensor_value_info("o", TensorProto.FLOAT, ["n", 48])])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["pre"]),
+         helper.make_node("Relu", ["pre"], ["y"]), helper.make_node("TopK", ["y", "k"], ["top", "idx"]),
+         helper.make_node("If", ["c"], ["z"], then_branch=then_g, else_branch=else_g)],
+        "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("top", TensorProto.FLOAT, ["n", 3]),
+         helper.make_tensor_value_info("idx", TensorProto.INT64, ["n", 3]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 48])],
+        [numpy_helper.from_array(W, "w"), numpy_helper.from_array(B, "b"),
+         numpy_helper.from_array(np.array(2, np.float32), "two"), numpy_helper.from_array(np.array([3], np.int64), "k")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@case
+def a_package_runs_like_the_compiled_model():
+    with tempfile.TemporaryDirectory() as tmp:
+        compiled = kiln.compile(dynamic_model(), threads=2, db="")
+        path = os.path.join(tmp, "dynamic.kiln")
+        compiled.save(path)
+        loaded = kiln.load(path, threads=2)
+        assert [(i.name, i.dims) for i in loaded.inputs] == [("x", ["n", "64"]), ("c", [])], loaded.inputs
+        assert [o.name for o in loaded.outputs] == ["top", "idx", "z"]
+        meta = loaded.package_metadata
+        assert meta["kiln_version"] == kiln.__version__ and meta["inputs"][0]["dims"] == ["n", "64"], meta
+        assert compiled.package_metadata is None and loaded.graph_text() == ""
+        for n in (1, 5, 33):
+            for c in (True, False):
+                feeds = {"x": RNG.standard_normal((n, 64)).astype(np.float32), "c": np.array(c)}
+                want, got = compiled.run(feeds), loaded.run(feeds)
+                for name in want:
+                    assert want[name].shape == got[name].shape and np.array_equal(want[name], got[name]), (n, c, name)
+                y = np.maximum(feeds["x"] @ W + B, 0)
+                np.testing.assert_allclose(got["z"], y * 2 if c else -y, rtol=1e-4, atol=1e-4)
+        expect_error(kiln.KilnError, "missing input 'c'", lambda: loaded.run({"x": X}))
+        expect_error(kiln.KilnError, "copy that file", lambda: loaded.save(os.path.join(tmp, "again.kiln")))
+        # Runs from several threads at once, on two loads of the one file: each as a serial run.
+        import concurrent.futures
+        other = kiln.load(path, threads=1)
+        feeds = [{"x": RNG.standard_normal((7, 64)).astype(np.float32), "c": np.array(i % 2 == 0)} for i in range(8)]
+        serial = [compiled.run(f)["z"] for f in feeds]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            parallel = list(pool.map(lambda i: (loaded if i % 2 else other).run(feeds[i])["z"], range(8)))
+        assert all(np.array_equal(a, b) for a, b in zip(serial, parallel))
+
+
+@case
+def bad_packages_are_refused():
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path = os.path.join(tmp, "dense.onnx")
+        onnx.save(MODEL, onnx_path)
+        expect_error(kiln.KilnError, "is not a Kiln package", lambda: kiln.load(onnx_path))
+        expect_error(kiln.KilnError, "cannot open package", lambda: kiln.load(os.path.join(tmp, "none.kiln")))
+        path = os.path.join(tmp, "dense.kiln")
+        kiln.compile(MODEL, threads=1, db="").save(path)
+        data = open(path, "rb").read()
+        with open(os.path.join(tmp, "cut.kiln"), "wb") as f:
+            f.write(data[:len(data) // 2])
+        expect_error(kiln.KilnError, "is truncated", lambda: kiln.load(os.path.join(tmp, "cut.kiln")))
+        edited = bytearray(data)
+        edited[-5] ^= 1
+        with open(os.path.join(tmp, "edited.kiln"), "wb") as f:
+            f.write(edited)
+        expect_error(kiln.KilnError, "checksum does not match", lambda: kiln.load(os.path.join(tmp, "edited.kiln")))
+        # A failed save leaves what was there.
+        expect_error(kiln.KilnError, "cannot write", lambda: kiln.compile(MODEL, db="").save(os.path.join(tmp, "no", "x.kiln")))
+
+
+@case
+def the_commands_take_a_package():
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "dynamic.onnx")
+        onnx.save(dynamic_model(), model)
+        package = os.path.join(tmp, "dynamic.kiln")
+        out = subprocess.run([ARGS.kiln, "compile", model, "-o", package, "--threads", "1"], check=True,
+                             capture_output=True, text=True).stdout
+        assert out.startswith("wrote " + package), out
+        runs = {}
+        for source in (model, package):
+            d = os.path.join(tmp, os.path.basename(source) + ".out")
+            subprocess.run([ARGS.kiln, "run", source, "--dim", "n=9", "--threads", "1", "--output-dir", d], check=True,
+                           capture_output=True)
+            runs[source] = {f: np.load(os.path.join(d, f)) for f in sorted(os.listdir(d))}
+        assert runs[model].keys() == runs[package].keys() and len(runs[model]) == 3
+        for name in runs[model]:
+            assert np.array_equal(runs[model][name], runs[package][name]), name
+        bench = json.loads(subprocess.run([ARGS.kiln, "bench", package, "--runs", "2", "--dim", "n=4", "--json"],
+                                          check=True, capture_output=True, text=True).stdout)
+        assert bench["median_ms"] > 0 and bench["num_kernels"] >= 1, bench
+        info = subprocess.run([ARGS.kiln, "info", package, "--kernels"], check=True, capture_output=True, text=True).stdout
+        assert info.startswith("package: " + package) and '"cpu_features"' in info and "kiln_k" in info, info
+        trace = os.path.join(tmp, "trace.json")
+        subprocess.run([ARGS.kiln, "profile", package, "--runs", "2", "-o", trace], check=True, capture_output=True)
+        check_trace(trace, 2)
+        refused = subprocess.run([ARGS.kiln, "run", package, "--select", "measure"], capture_output=True, text=True)
+        assert refused.returncode == 2 and "--select does not apply to the package" in refused.stderr, refused.stderr
 
 
 def main():

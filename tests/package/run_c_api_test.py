@@ -2,6 +2,9 @@
 tests/package/c_api_test.c and examples/c/run_model.c compiled with the system C compiler
 against PREFIX/include and PREFIX/lib only (-Wall -Wextra -Werror), and a C++ file including
 only <kiln/kiln.h> compiled against PREFIX/include (the public headers stand alone).
+run_model is also linked against libkiln_runtime, which must need no LLVM, protobuf or
+SQLite (its dynamic dependencies are read with readelf) and runs a package written by
+`kiln compile` to the same sum; it refuses to compile an ONNX file, saying so.
 
     run_c_api_test.py --build-dir build
 """
@@ -32,7 +35,7 @@ def main():
     try:
         prefix = os.path.join(tmp, "prefix")
         run(["cmake", "--install", args.build_dir, "--prefix", prefix])
-        for f in ("include/kiln/kiln_c.h", "include/kiln/kiln.h", "lib/libkiln.so", "bin/kiln"):
+        for f in ("include/kiln/kiln_c.h", "include/kiln/kiln.h", "lib/libkiln.so", "lib/libkiln_runtime.so", "bin/kiln"):
             assert os.path.exists(os.path.join(prefix, f)), f
         cc = shutil.which("cc")
         cxx = shutil.which("c++")
@@ -41,6 +44,20 @@ def main():
         test_bin, example_bin = os.path.join(tmp, "c_api_test"), os.path.join(tmp, "run_model")
         run([cc, "-std=c11"] + flags + [os.path.join(SOURCE_DIR, "tests/package/c_api_test.c"), "-o", test_bin] + link)
         run([cc, "-std=c11"] + flags + [os.path.join(SOURCE_DIR, "examples/c/run_model.c"), "-o", example_bin] + link)
+        runtime_bin = os.path.join(tmp, "run_model_runtime")
+        run([cc, "-std=c11"] + flags + [os.path.join(SOURCE_DIR, "examples/c/run_model.c"), "-o", runtime_bin,
+             "-L", os.path.join(prefix, "lib"), "-lkiln_runtime", "-Wl,-rpath," + os.path.join(prefix, "lib"), "-lm"])
+        runtime_lib = os.path.join(prefix, "lib", "libkiln_runtime.so")
+        dynamic = run(["readelf", "-d", runtime_lib], capture_output=True, text=True).stdout
+        needed = [line.split("[")[1].split("]")[0] for line in dynamic.splitlines() if "(NEEDED)" in line]
+        print("libkiln_runtime.so needs:", ", ".join(needed))
+        for forbidden in ("llvm", "LLVM", "protobuf", "sqlite", "xgboost", "pq", "kiln.so"):
+            assert not any(forbidden in n for n in needed), (forbidden, needed)
+        symbols = run(["nm", "-D", "--defined-only", runtime_lib], capture_output=True, text=True).stdout
+        assert "kiln_load" in symbols and "kiln_run" in symbols, symbols
+        assert "llvm" not in symbols.lower(), "libkiln_runtime exports LLVM symbols"
+        print(f"libkiln_runtime.so: {os.path.getsize(runtime_lib) / 2**20:.1f} MB "
+              f"(libkiln.so: {os.path.getsize(os.path.join(prefix, 'lib', 'libkiln.so')) / 2**20:.1f} MB)")
         cpp = os.path.join(tmp, "public_headers.cc")
         with open(cpp, "w") as f:
             f.write('#include <kiln/kiln.h>\n#include <kiln/kiln_c.h>\n'
@@ -70,6 +87,15 @@ def main():
         want = float(np.maximum(xs @ w, 0).sum())
         got = float(out.split("sum ")[1].split()[0])
         assert abs(got - want) <= 1e-3 * max(1.0, abs(want)), (got, want)
+
+        # The same model as a package, run through libkiln_runtime: the same sum, bit for bit.
+        package = os.path.join(tmp, "model.kiln")
+        run([os.path.join(prefix, "bin", "kiln"), "compile", model, "-o", package, "--threads", "1"], env=env)
+        out_rt = run([runtime_bin, package, "2"], env=env, capture_output=True, text=True).stdout
+        print(out_rt)
+        assert out_rt.split("output y")[1] == out.split("output y")[1], (out_rt, out)
+        refused = subprocess.run([runtime_bin, model, "1"], env=env, capture_output=True, text=True)
+        assert refused.returncode == 2 and "libkiln_runtime does not compile models" in refused.stderr, refused
         print("c api test passed")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -104,6 +104,14 @@ std::string command_help(const std::string& command) {
            "                          thread (node, implementation, knobs, workload key); open it in\n"
            "                          https://ui.perfetto.dev or chrome://tracing\n" +
            inputs + compile + "  example: kiln profile bert.onnx --threads 2 --runs 20 -o bert_trace.json\n";
+  if (command == "compile")
+    return "usage: kiln compile MODEL -o model.kiln [compile options]\n"
+           "  compile MODEL ahead of time into one package file: bytecode, kernels as a shared library,\n"
+           "  weights (memory-mapped when loaded), memory plan, signatures, target and kernel choices;\n"
+           "  kiln run/bench/profile/info and Python's kiln.load take it, as does libkiln_runtime's C API\n"
+           "  (no compiler on that machine). Linking the kernels needs a C compiler driver ($KILN_CC, else cc).\n"
+           "  -o, --output FILE       the package to write (replaced only by a complete one)\n" +
+           compile + "  example: kiln compile resnet50.onnx -o resnet50.kiln && kiln bench resnet50.kiln --threads 1\n";
   if (command == "opt")
     return "usage: kiln opt FILE [--PASS ...] [--passes=a,b] [--default-pipeline] [--disable=a,b]\n"
            "                [--print-after-all] [--print-after=PASS] [--verify-each] [--time-passes]\n"
@@ -151,8 +159,22 @@ Progress& progress() {
   return p;
 }
 
-// Model::compile_file with the stages shown on a terminal.
+// Model::compile_file with the stages shown on a terminal; a package
+// (`kiln compile`) is loaded instead, with the options that apply to it.
 Result<Model> compile_with_progress(const std::string& path, CompileOptions options) {
+  if (Model::is_package_file(path)) {
+    const CompileOptions defaults;
+    const char* compile_only = options.select != defaults.select ? "--select"
+                               : !options.prefer_impls.empty()   ? "--impl"
+                               : options.passes                  ? "--passes"
+                               : !options.db.empty()             ? "--db"
+                               : options.naive                   ? "--naive"
+                               : options.tune_missing            ? "--tune-missing"
+                                                                 : nullptr;
+    if (compile_only != nullptr)
+      return invalid_argument() << compile_only << " does not apply to the package '" << path << "' (it is compiled)";
+    return Model::load(path, options);
+  }
   if (progress().enabled()) {
     std::string name = std::filesystem::path(path).filename().string();
     options.on_stage = [name](const std::string& stage) { progress().show("kiln: compiling " + name + ": " + stage); };
@@ -194,6 +216,9 @@ const char kUsage[] =
     "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--passes a,b] [--json] [--dump-ir]\n"
     "      compile, warm up, time repeated runs; print median, p10/p90, min\n"
     "      (--dump-ir: the loop IR and optimized LLVM IR of every kernel to stderr)\n"
+    "  kiln compile MODEL -o model.kiln [compile options]\n"
+    "      compile ahead of time into one package file, which run, bench, profile and info take\n"
+    "      in place of MODEL (then only --threads and --max-memory apply)\n"
     "  kiln opt FILE [--PASS ...] [--passes=a,b] [--default-pipeline] [--print-after-all] [--print-after=PASS]\n"
     "           [--disable=a,b] [--verify-each] [--time-passes] [--fuse-elementwise] [--lower] [--naive]\n"
     "           [-o OUT.kir|OUT.onnx] [--list-passes [--markdown]]\n"
@@ -542,6 +567,8 @@ Result<int> cmd_info(const std::vector<std::string>& argv) {
     // The optimized graph as a page: fusion groups and kernel choices.
     auto out = args.get("output");
     if (!out) return invalid_argument() << "info --graph writes a page: give -o graph.html";
+    if (Model::is_package_file(path))
+      return invalid_argument() << "a package keeps no graph: run info --graph on the model it was compiled from";
     KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
     KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
     std::ofstream f(*out, std::ios::binary | std::ios::trunc);
@@ -555,6 +582,13 @@ Result<int> cmd_info(const std::vector<std::string>& argv) {
     return kExitOk;
   }
   if (args.get("output")) return invalid_argument() << "info writes a file only with --graph (-o graph.html)";
+  if (Model::is_package_file(path)) {
+    KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
+    KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
+    std::cout << "package: " << path << "\n" << model.package_metadata() << "\n";
+    if (args.flags.count("kernels")) std::cout << model.kernels_text();
+    return kExitOk;
+  }
   if (args.flags.count("kernels")) {
     // Compiles the model and lists every kernel with its implementation.
     KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
@@ -768,6 +802,31 @@ Result<int> cmd_bench(const std::vector<std::string>& argv) {
   return kExitOk;
 }
 
+Result<int> cmd_compile(const std::vector<std::string>& argv) {
+  OptionSpec spec;
+  spec.with_value = {"threads", "select", "impl", "passes", "max-memory", "db", "output"};
+  spec.repeatable = {"impl"};
+  spec.flags = {"no-db", "tune-missing"};
+  KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
+  KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "compile"));
+  auto out = args.get("output");
+  if (!out) return invalid_argument() << "compile writes a package: give -o model.kiln";
+  if (Model::is_package_file(path)) return invalid_argument() << "'" << path << "' is a package already";
+  KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
+  KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
+  progress().show("kiln: writing " + *out);
+  Status st = model.save(*out);
+  progress().clear();
+  KILN_RETURN_IF_ERROR(st);
+  std::error_code ec;
+  auto bytes = std::filesystem::file_size(*out, ec);
+  double kb = ec ? 0.0 : static_cast<double>(bytes) / 1024.0;
+  std::cout << "wrote " << *out << " (" << std::fixed << std::setprecision(1) << (kb >= 1024 ? kb / 1024 : kb)
+            << (kb >= 1024 ? " MB; " : " KB; ") << model.stats().num_kernels << " kernels, " << model.stats().num_runtime_kernels
+            << " runtime kernel calls)\n";
+  return kExitOk;
+}
+
 Result<int> cmd_profile(const std::vector<std::string>& argv) {
   OptionSpec spec;
   spec.with_value = {"threads", "select", "impl", "runs", "dim", "input", "top", "max-memory", "passes", "db", "output"};
@@ -810,7 +869,7 @@ int main_impl(int argc, char** argv) {
   }
   using Command = Result<int> (*)(const std::vector<std::string>&);
   const std::map<std::string, Command> commands = {
-      {"info", cmd_info}, {"run", cmd_run}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}, {"profile", cmd_profile},
+      {"info", cmd_info}, {"run", cmd_run}, {"compile", cmd_compile}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}, {"profile", cmd_profile},
       {"db", cmd_db}, {"tune", cmd_tune}, {"tune-measure", cmd_tune_measure},
       {"tune-worker", cmd_tune_worker}};
   auto it = commands.find(command);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "codegen/llvm/codegen_internal.h"
+#include "support/kernel_abi.h"
 #include "support/scratch.h"
 #include "support/thread_pool.h"
 
@@ -2111,29 +2112,11 @@ Status emit_module(const std::vector<tir::PrimFunc>& funcs, const TargetInfo& ta
   return Status::ok();
 }
 
-// Float8 conversions called by generated code (the ONNX reference rounding
-// is bit manipulation with many cases; float8 tensors are rare enough that a
-// scalar call per element is fine).
-static float kiln_f8_to_f32(int32_t bits, int32_t dtype) {
-  return f8_to_f32(static_cast<uint8_t>(bits), static_cast<DType>(dtype));
-}
-static int32_t kiln_f32_to_f8(float v, int32_t dtype) {
-  uint8_t b;
-  narrow_float_store(&b, static_cast<DType>(dtype), v);
-  return b;
-}
-static float kiln_round_f8(float v, int32_t dtype, int32_t saturate) {
-  return round_to_narrow_float(v, static_cast<DType>(dtype), saturate != 0);
-}
-
 std::vector<RuntimeSymbol> runtime_symbols() {
   using D1 = double (*)(double);
   using D2 = double (*)(double, double);
   using F2 = float (*)(float, float);
-  return {
-      {"kiln_parallel_for", reinterpret_cast<void*>(&kiln_parallel_for)},
-      {"kiln_scratch_alloc", reinterpret_cast<void*>(&kiln_scratch_alloc)},
-      {"kiln_scratch_free", reinterpret_cast<void*>(&kiln_scratch_free)},
+  std::vector<RuntimeSymbol> symbols = {
       {"memset", reinterpret_cast<void*>(&::memset)},
       {"memcpy", reinterpret_cast<void*>(&::memcpy)},
       {"memmove", reinterpret_cast<void*>(&::memmove)},
@@ -2146,13 +2129,12 @@ std::vector<RuntimeSymbol> runtime_symbols() {
       {"atan", reinterpret_cast<void*>(static_cast<D1>(&::atan))},
       {"asin", reinterpret_cast<void*>(static_cast<D1>(&::asin))},
       {"acos", reinterpret_cast<void*>(static_cast<D1>(&::acos))},
-      {"kiln_f8_to_f32", reinterpret_cast<void*>(&kiln_f8_to_f32)},
-      {"kiln_f32_to_f8", reinterpret_cast<void*>(&kiln_f32_to_f8)},
-      {"kiln_round_f8", reinterpret_cast<void*>(&kiln_round_f8)},
       {"pow", reinterpret_cast<void*>(static_cast<D2>(&::pow))},
       {"fmod", reinterpret_cast<void*>(static_cast<D2>(&::fmod))},
       {"fmodf", reinterpret_cast<void*>(static_cast<F2>(&::fmodf))},
   };
+  for (const KernelCallback& c : kernel_callbacks()) symbols.push_back({c.name, c.address});
+  return symbols;
 }
 
 }  // namespace kiln::codegen::detail

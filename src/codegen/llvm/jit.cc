@@ -12,6 +12,8 @@
 #include <utility>
 
 #include "codegen/llvm/codegen_internal.h"
+#include "support/cpu_features.h"
+#include "support/kernel_abi.h"
 
 #include <llvm/ADT/StringMap.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
@@ -20,13 +22,17 @@
 #include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
 #include <llvm/IR/DiagnosticInfo.h>
 #include <llvm/IR/DiagnosticPrinter.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Instructions.h>
 #include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Passes/OptimizationLevel.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/Error.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
+#include <llvm/Support/CodeGen.h>
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/TargetParser/Host.h>
 #include <llvm/TargetParser/Triple.h>
@@ -122,17 +128,61 @@ class JitModule : public CompiledModule {
   std::string ir_;
 };
 
-}  // namespace
-
-Result<std::unique_ptr<CompiledModule>> compile(const std::vector<tir::PrimFunc>& funcs,
-                                                const CodegenOptions& options) {
+// The host's target machine builder at the options' optimization level.
+Result<llvm::orc::JITTargetMachineBuilder> host_machine(const CodegenOptions& options) {
   initialize_llvm();
   auto jtmb = llvm::orc::JITTargetMachineBuilder::detectHost();
   if (!jtmb) return to_status(jtmb.takeError(), "detecting the host target");
   jtmb->setCodeGenOptLevel(options.opt_level >= 3   ? llvm::CodeGenOptLevel::Aggressive
                            : options.opt_level <= 0 ? llvm::CodeGenOptLevel::None
                                                     : llvm::CodeGenOptLevel::Default);
-  auto tm = jtmb->createTargetMachine();
+  return std::move(*jtmb);
+}
+
+// Translates `funcs` into `module` for the machine `tm` (built by `jtmb`);
+// with `slots`, calls to Kiln's functions go through pointer variables
+// (support/kernel_abi.h); then optimizes.
+Status build_module(const std::vector<tir::PrimFunc>& funcs, const CodegenOptions& options,
+                    const llvm::orc::JITTargetMachineBuilder& jtmb, llvm::TargetMachine& tm, llvm::Module& module,
+                    Diagnostics& diagnostics, bool slots) {
+  module.setDataLayout(tm.createDataLayout());
+  module.setTargetTriple(tm.getTargetTriple().str());
+  detail::TargetInfo target;
+  target.cpu = jtmb.getCPU();
+  std::vector<std::string> features = jtmb.getFeatures().getFeatures();
+  target.features = jtmb.getFeatures().getString();
+  target.vector_bits = vector_bits_of(features, tm.getTargetTriple());
+  KILN_RETURN_IF_ERROR(detail::emit_module(funcs, target, module));
+  if (slots) {
+    for (const KernelCallback& c : kernel_callbacks()) {
+      llvm::Function* fn = module.getFunction(c.name);
+      if (fn == nullptr) continue;
+      auto* slot = new llvm::GlobalVariable(module, fn->getType(), false, llvm::GlobalValue::ExternalLinkage,
+                                            llvm::ConstantPointerNull::get(fn->getType()),
+                                            std::string(kKernelSlotPrefix) + c.name);
+      std::vector<llvm::User*> users(fn->user_begin(), fn->user_end());
+      for (llvm::User* u : users) {
+        auto* call = llvm::dyn_cast<llvm::CallInst>(u);
+        if (call == nullptr || call->getCalledOperand() != fn)
+          return internal_error() << "codegen: " << c.name << " is used other than as a callee";
+        llvm::IRBuilder<> b(call);
+        call->setCalledOperand(b.CreateLoad(fn->getType(), slot, c.name));
+      }
+      fn->eraseFromParent();
+    }
+  }
+  optimize(module, &tm, options.opt_level);
+  if (std::string errors = diagnostics.take(); !errors.empty())
+    return internal_error() << "LLVM optimization failed: " << errors;
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CompiledModule>> compile(const std::vector<tir::PrimFunc>& funcs,
+                                                const CodegenOptions& options) {
+  KILN_ASSIGN_OR_RETURN(llvm::orc::JITTargetMachineBuilder jtmb, host_machine(options));
+  auto tm = jtmb.createTargetMachine();
   if (!tm) return to_status(tm.takeError(), "creating the target machine");
 
   auto result = std::make_unique<JitModule>();
@@ -140,26 +190,14 @@ Result<std::unique_ptr<CompiledModule>> compile(const std::vector<tir::PrimFunc>
   auto ctx = std::make_unique<llvm::LLVMContext>();
   ctx->setDiagnosticHandlerCallBack(&Diagnostics::handle, result->diagnostics_.get());
   auto module = std::make_unique<llvm::Module>("kiln", *ctx);
-  module->setDataLayout((*tm)->createDataLayout());
-  module->setTargetTriple((*tm)->getTargetTriple().str());
-
-  detail::TargetInfo target;
-  target.cpu = jtmb->getCPU();
-  std::vector<std::string> features = jtmb->getFeatures().getFeatures();
-  target.features = jtmb->getFeatures().getString();
-  target.vector_bits = vector_bits_of(features, (*tm)->getTargetTriple());
-
-  KILN_RETURN_IF_ERROR(detail::emit_module(funcs, target, *module));
-  optimize(*module, tm->get(), options.opt_level);
-  if (std::string errors = result->diagnostics_->take(); !errors.empty())
-    return internal_error() << "LLVM optimization failed: " << errors;
+  KILN_RETURN_IF_ERROR(build_module(funcs, options, jtmb, **tm, *module, *result->diagnostics_, false));
   {
     llvm::raw_string_ostream os(result->ir_);
     module->print(os, nullptr);
   }
   if (options.dump_ir) std::fprintf(stderr, "%s\n", result->ir_.c_str());
 
-  auto jit = llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(*jtmb)).create();
+  auto jit = llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(jtmb)).create();
   if (!jit) return to_status(jit.takeError(), "creating the JIT");
   llvm::orc::JITDylib& dylib = (*jit)->getMainJITDylib();
   llvm::orc::SymbolMap symbols;
@@ -197,6 +235,39 @@ Result<std::unique_ptr<CompiledModule>> compile(const std::vector<tir::PrimFunc>
     return internal_error() << "LLVM code generation failed: " << errors;
   result->jit_ = std::move(*jit);
   return Result<std::unique_ptr<CompiledModule>>(std::move(result));
+}
+
+Result<ObjectCode> compile_object(const std::vector<tir::PrimFunc>& funcs, const CodegenOptions& options) {
+  KILN_ASSIGN_OR_RETURN(llvm::orc::JITTargetMachineBuilder jtmb, host_machine(options));
+  jtmb.setRelocationModel(llvm::Reloc::PIC_);
+  auto tm = jtmb.createTargetMachine();
+  if (!tm) return to_status(tm.takeError(), "creating the target machine");
+  Diagnostics diagnostics;
+  llvm::LLVMContext ctx;
+  ctx.setDiagnosticHandlerCallBack(&Diagnostics::handle, &diagnostics);
+  llvm::Module module("kiln", ctx);
+  module.setPICLevel(llvm::PICLevel::BigPIC);
+  KILN_RETURN_IF_ERROR(build_module(funcs, options, jtmb, **tm, module, diagnostics, true));
+  if (options.dump_ir) module.print(llvm::errs(), nullptr);
+  ObjectCode out;
+  {
+    llvm::SmallVector<char, 0> buffer;
+    llvm::raw_svector_ostream os(buffer);
+    llvm::legacy::PassManager pm;
+    if ((*tm)->addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::ObjectFile))
+      return internal_error() << "the target cannot emit object files";
+    pm.run(module);
+    out.bytes.assign(buffer.begin(), buffer.end());
+  }
+  if (std::string errors = diagnostics.take(); !errors.empty())
+    return internal_error() << "LLVM code generation failed: " << errors;
+  out.cpu = jtmb.getCPU();
+  const std::vector<std::string>& checked = checked_cpu_features();
+  for (const std::string& f : jtmb.getFeatures().getFeatures())
+    if (f.size() > 1 && f[0] == '+' && std::binary_search(checked.begin(), checked.end(), f.substr(1)))
+      out.cpu_features.push_back(f.substr(1));
+  std::sort(out.cpu_features.begin(), out.cpu_features.end());
+  return out;
 }
 
 std::string host_target_string() {

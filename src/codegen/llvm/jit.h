@@ -44,6 +44,18 @@ class CompiledModule {
 Result<std::unique_ptr<CompiledModule>> compile(const std::vector<tir::PrimFunc>& funcs,
                                                 const CodegenOptions& options = {});
 
+// The kernels of a package (package/): the functions compiled for the host
+// CPU like compile(), as a relocatable, position-independent ELF object to be
+// linked into a shared library. Kiln's own functions the code calls
+// (support/kernel_abi.h) are read through pointer variables the loader
+// fills in, so the library needs no symbol of the process that loads it.
+struct ObjectCode {
+  std::string bytes;
+  std::string cpu;                        // the LLVM CPU name the code was compiled for
+  std::vector<std::string> cpu_features;  // the checked extensions (support/cpu_features.h) it may use
+};
+Result<ObjectCode> compile_object(const std::vector<tir::PrimFunc>& funcs, const CodegenOptions& options = {});
+
 // The host target as a canonical string, e.g. "x86_64-znver4+avx512f+avx512bw+...".
 std::string host_target_string();
 

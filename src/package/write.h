@@ -1,0 +1,16 @@
+// Writing a package (package/package.h) from a compiled model: the kernels
+// compiled again as an object (codegen::compile_object), linked into a
+// shared library by the C compiler driver ($KILN_CC, else `cc`), and the
+// file written beside `path` and renamed over it (an existing file is
+// replaced only by a complete package).
+#pragma once
+
+#include <string>
+
+#include "driver/pipeline.h"
+
+namespace kiln::package {
+
+Status write(const std::string& path, const driver::CompiledProgram& compiled, const std::string& source);
+
+}  // namespace kiln::package
