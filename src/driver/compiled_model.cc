@@ -126,7 +126,22 @@ Status Model::save(const std::string& path) const {
                          << impl_->general_error.message() << "), so it cannot be packaged ahead of time";
   }
   std::string source = impl_->path.empty() ? impl_->source_name : impl_->path;
-  return package::write(path, impl_->compiled, source);
+  // A model with named input dims also gets the program for empty ones
+  // (what run() compiles on first need), so a package runs them too.
+  const runtime::Program& p = *impl_->compiled.program;
+  bool named_dims = false;
+  for (int r : p.input_registers)
+    for (const Expr& d : p.registers[static_cast<size_t>(r)].shape)
+      if (d.is_var()) {
+        auto b = p.bounds.find(d->name);
+        named_dims |= b != p.bounds.end() && b->second.lo && *b->second.lo > 0;
+      }
+  std::lock_guard<std::mutex> lock(impl_->mu);  // run() makes empty_dims too
+  if (named_dims && !impl_->empty_dims && impl_->rebuild) {
+    auto relaxed = impl_->rebuild(true, nullptr);
+    if (relaxed.is_ok()) impl_->empty_dims = std::move(*relaxed);
+  }
+  return package::write(path, impl_->compiled, source, impl_->empty_dims ? &impl_->empty_dims->compiled : nullptr);
 }
 
 std::string Model::graph_html() const { return impl_->compiled.graph ? driver::graph_html(impl_->compiled) : ""; }

@@ -58,6 +58,17 @@ Result<Model> Model::load(const std::string& path, const CompileOptions& options
   impl->compiled.kernel_choices = loaded->contents.kernel_choices;
   impl->compiled.stats = loaded->contents.stats;
   impl->compiled.stats.compile_seconds = 0;
+  if (loaded->contents.empty_dims) {
+    auto empty = std::make_unique<Impl>();
+    empty->compiled.program = loaded->contents.empty_dims;
+    empty->compiled.inputs = loaded->contents.inputs;
+    empty->compiled.outputs = loaded->contents.outputs;
+    empty->compiled.kernel_choices = loaded->contents.kernel_choices;
+    empty->package = loaded;
+    empty->vm = std::make_unique<runtime::VM>(empty->compiled.program, driver::resolve_threads(options.threads));
+    empty->vm->set_memory_limit(options.max_memory_bytes);
+    impl->empty_dims = std::move(empty);
+  }
   impl->package = std::move(loaded);
   impl->vm = std::make_unique<runtime::VM>(impl->compiled.program, driver::resolve_threads(options.threads));
   impl->vm->set_memory_limit(options.max_memory_bytes);
@@ -138,8 +149,8 @@ Result<std::map<std::string, Tensor>> Model::run_checked(const std::map<std::str
   if (below_lower_bounds(*impl_->compiled.program, ordered)) {
     if (!impl_->empty_dims) {
       if (!impl_->rebuild) {
-        return invalid_argument() << "an input gives a named dim the size 0, and this package was compiled for "
-                                     "sizes of at least 1: run the model compiled from its ONNX file for empty inputs";
+        return invalid_argument() << "an input gives a named dim the size 0, and this package holds no program for "
+                                     "empty dims (compiling it failed when the package was written)";
       }
       auto relaxed = impl_->rebuild(true, nullptr);
       if (!relaxed.is_ok()) return relaxed.status().with_context("compiling for inputs with empty dims");

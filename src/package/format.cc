@@ -99,11 +99,14 @@ struct ConstantSlot {
 
 class Serializer {
  public:
-  Status add_program(const std::shared_ptr<runtime::Program>& p) {
+  // `kernel_prefix`: what the library calls this program's kernels (and its
+  // sub-programs') before their names.
+  Status add_program(const std::shared_ptr<runtime::Program>& p, const std::string& kernel_prefix = "") {
     if (!p || index_.count(p.get())) return Status::ok();
     index_[p.get()] = -1;  // visiting
+    prefix_[p.get()] = kernel_prefix;
     for (const auto& sub : p->subprograms)
-      KILN_RETURN_IF_ERROR(add_program(std::const_pointer_cast<runtime::Program>(sub)));
+      KILN_RETURN_IF_ERROR(add_program(std::const_pointer_cast<runtime::Program>(sub), kernel_prefix));
     for (const runtime::RegisterInfo& r : p->registers)
       if (r.is_constant) KILN_RETURN_IF_ERROR(add_constant(r.constant));
     index_[p.get()] = static_cast<int>(order_.size());
@@ -166,7 +169,7 @@ class Serializer {
     }
     w.i64(static_cast<int64_t>(p.kernels.size()));
     for (const runtime::CompiledKernel& k : p.kernels) {
-      w.str(k.name);
+      w.str(prefix_.at(&p) + k.name);
       w.strs(k.sym_names);
       w.ints(k.sym_slots);
     }
@@ -189,6 +192,7 @@ class Serializer {
   }
 
   std::map<const runtime::Program*, int> index_;
+  std::map<const runtime::Program*, std::string> prefix_;
   std::vector<const runtime::Program*> order_;
   std::map<const void*, int> constant_index_;
   std::vector<ConstantSlot> constants_;
@@ -212,6 +216,7 @@ const char* kiln_version() { return KILN_VERSION; }
 Result<std::string> serialize(const Contents& c, const std::string& library) {
   Serializer ser;
   KILN_RETURN_IF_ERROR(ser.add_program(c.program));
+  KILN_RETURN_IF_ERROR(ser.add_program(c.empty_dims, kEmptyDimsPrefix));
 
   // Constants and the library after the index, whose size must be known
   // first: lay them out relative to the data start, then shift.
@@ -254,6 +259,7 @@ Result<std::string> serialize(const Contents& c, const std::string& library) {
   w.i64(static_cast<int64_t>(library.size()));
   ser.write_programs(w);
   w.i64(ser.program_index(c.program.get()));
+  w.i64(ser.program_index(c.empty_dims.get()));
 
   std::string file(kHeaderBytes, '\0');
   const uint64_t index_at = kHeaderBytes;
@@ -605,8 +611,10 @@ Result<std::shared_ptr<Loaded>> load(const std::string& path) {
     if (!r.ok() || !program_consistent(*p) || p->arena_bytes < 0) return r.error();
     programs[pi] = std::move(p);
   }
-  const int64_t main_index = r.i64();
-  if (!r.ok() || main_index < 0 || main_index >= static_cast<int64_t>(programs.size())) return r.error();
+  const int64_t main_index = r.i64(), empty_index = r.i64();
+  if (!r.ok() || main_index < 0 || main_index >= static_cast<int64_t>(programs.size()) || empty_index < -1 ||
+      empty_index >= static_cast<int64_t>(programs.size()))
+    return r.error();
 
   // The kernel library, from memory: the dynamic loader needs a file, which
   // a memfd is (never on disk; closed once the library is unloaded).
@@ -673,6 +681,7 @@ Result<std::shared_ptr<Loaded>> load(const std::string& path) {
     }
   }
   c.program = programs[static_cast<size_t>(main_index)];
+  if (empty_index >= 0) c.empty_dims = programs[static_cast<size_t>(empty_index)];
   // Programs keep the library and the mapping alive: a VM may outlive this object.
   return out;
 }

@@ -38,10 +38,16 @@
 namespace kiln::package {
 
 inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr const char* kEmptyDimsPrefix = "empty_dims_";
 
 // What a package holds, apart from its kernels' code.
 struct Contents {
   std::shared_ptr<runtime::Program> program;
+  // The program compiled with every named input dim at least 0 (`program`
+  // assumes at least 1): Model runs it for inputs with an empty dim. Null
+  // when the model has no named input dims (or that compile failed). Its
+  // kernels are named with kEmptyDimsPrefix in the library.
+  std::shared_ptr<runtime::Program> empty_dims;
   std::vector<TensorInfo> inputs, outputs;
   std::vector<kernels::KernelChoiceInfo> kernel_choices;
   CompileStats stats;

@@ -100,7 +100,8 @@ std::string infos_json(const std::vector<TensorInfo>& infos) {
 
 }  // namespace
 
-Status write(const std::string& path, const driver::CompiledProgram& compiled, const std::string& source) {
+Status write(const std::string& path, const driver::CompiledProgram& compiled, const std::string& source,
+             const driver::CompiledProgram* empty_dims) {
   if (!compiled.program) return unsupported() << "this model has no program to package";
   Contents c;
   c.program = compiled.program;
@@ -111,9 +112,17 @@ Status write(const std::string& path, const driver::CompiledProgram& compiled, c
   c.source = source;
   c.kiln_version = kiln_version();
   c.arch = host_arch();
+  std::vector<tir::PrimFunc> funcs = compiled.funcs;
+  if (empty_dims != nullptr && empty_dims->program) {
+    c.empty_dims = empty_dims->program;
+    for (tir::PrimFunc f : empty_dims->funcs) {
+      f.name = kEmptyDimsPrefix + f.name;
+      funcs.push_back(std::move(f));
+    }
+  }
   std::string library;
-  if (!compiled.funcs.empty()) {
-    auto object = codegen::compile_object(compiled.funcs);
+  if (!funcs.empty()) {
+    auto object = codegen::compile_object(funcs);
     if (!object.is_ok()) return object.status().with_context("compiling the package's kernels");
     c.cpu = object->cpu;
     c.cpu_features = object->cpu_features;
@@ -125,7 +134,7 @@ Status write(const std::string& path, const driver::CompiledProgram& compiled, c
        << ", \"cpu_features\": [";
   for (size_t i = 0; i < c.cpu_features.size(); ++i) meta << (i ? ", " : "") << json_quote(c.cpu_features[i]);
   meta << "], \"inputs\": " << infos_json(c.inputs) << ", \"outputs\": " << infos_json(c.outputs)
-       << ", \"kernels\": " << c.stats.num_kernels << ", \"host_kernel_calls\": " << c.stats.num_runtime_kernels
+       << ", \"empty_dims_program\": " << (c.empty_dims ? "true" : "false") << ", \"kernels\": " << c.stats.num_kernels << ", \"host_kernel_calls\": " << c.stats.num_runtime_kernels
        << ", \"arena_bytes\": " << c.stats.arena_bytes << ", \"library_bytes\": " << library.size() << "}";
   c.metadata_json = meta.str();
   KILN_ASSIGN_OR_RETURN(std::string bytes, serialize(c, library));

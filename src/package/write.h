@@ -11,6 +11,9 @@
 
 namespace kiln::package {
 
-Status write(const std::string& path, const driver::CompiledProgram& compiled, const std::string& source);
+// `empty_dims` (may be null): the model compiled with every named input dim
+// at least 0 (Contents::empty_dims).
+Status write(const std::string& path, const driver::CompiledProgram& compiled, const std::string& source,
+             const driver::CompiledProgram* empty_dims = nullptr);
 
 }  // namespace kiln::package

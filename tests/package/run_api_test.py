@@ -343,7 +343,8 @@ def a_package_runs_like_the_compiled_model():
         meta = loaded.package_metadata
         assert meta["kiln_version"] == kiln.__version__ and meta["inputs"][0]["dims"] == ["n", "64"], meta
         assert compiled.package_metadata is None and loaded.graph_text() == ""
-        for n in (1, 5, 33):
+        assert meta["empty_dims_program"] is True, meta
+        for n in (1, 5, 33, 0):
             for c in (True, False):
                 feeds = {"x": RNG.standard_normal((n, 64)).astype(np.float32), "c": np.array(c)}
                 want, got = compiled.run(feeds), loaded.run(feeds)
