@@ -35,6 +35,7 @@ struct Elementwise {
   BodyFn body;
   SymFn sym;
   bool is_view = false;
+  GradientRule gradient;  // reverse mode (ops/gradient.h); unset: none yet
 };
 
 // ---- dtype rules -----------------------------------------------------------------------
@@ -326,6 +327,7 @@ void register_elementwise(Elementwise e) {
   def.lower = [shared](const Node& n, LowerContext& ctx) { return lower_elementwise(*shared, n, ctx); };
   def.is_elementwise = true;
   def.is_view = shared->is_view;
+  def.gradient = shared->gradient;
   register_op(std::move(def));
 }
 
@@ -421,22 +423,165 @@ Result<Expr> clip_bound(const Node& n, LowerContext& ctx, size_t i, const char* 
   return Expr();
 }
 
+// ---- gradient rules (ops/gradient.h) -------------------------------------------------------
+// Each gives d loss / d input from gy = d loss / d output, in ordinary ops;
+// inputs that broadcast get the sum over their broadcast axes (give()).
+
+Elementwise with_gradient(Elementwise e, GradientRule rule) {
+  e.gradient = std::move(rule);
+  return e;
+}
+
+// x's gradient is gy * f(x, y) for a unary op, f built by `factor`.
+GradientRule unary_gradient(std::function<Result<Value*>(GradBuilder&, Value* x, Value* y)> factor) {
+  return [factor](GradBuilder& b) -> Status {
+    Value* gy = b.output_grad(0);
+    if (!b.wants(0) || gy == nullptr) return Status::ok();
+    KILN_ASSIGN_OR_RETURN(Value* f, factor(b, b.node().input(0), b.node().output(0)));
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {gy, f}));
+    return b.set_input_grad(0, g);
+  };
+}
+
+Status grad_add_sub(GradBuilder& b, bool sub) {
+  Value* gy = b.output_grad(0);
+  KILN_RETURN_IF_ERROR(b.give(0, gy));
+  if (!b.wants(1)) return Status::ok();
+  Value* g1 = gy;
+  if (sub) {
+    KILN_ASSIGN_OR_RETURN(g1, b.add1("Neg", {gy}));
+  }
+  return b.give(1, g1);
+}
+
+Status grad_mul(GradBuilder& b) {
+  Value* gy = b.output_grad(0);
+  const Node& n = b.node();
+  for (size_t i : {size_t{0}, size_t{1}}) {
+    if (!b.wants(i)) continue;
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {gy, n.input(1 - i)}));
+    KILN_RETURN_IF_ERROR(b.give(i, g));
+  }
+  return Status::ok();
+}
+
+// y = a / b: da = gy / b, db = -gy * y / b.
+Status grad_div(GradBuilder& b) {
+  Value* gy = b.output_grad(0);
+  const Node& n = b.node();
+  if (b.wants(0)) {
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Div", {gy, n.input(1)}));
+    KILN_RETURN_IF_ERROR(b.give(0, g));
+  }
+  if (b.wants(1)) {
+    KILN_ASSIGN_OR_RETURN(Value* q, b.add1("Div", {n.output(0), n.input(1)}));
+    KILN_ASSIGN_OR_RETURN(Value* m, b.add1("Mul", {gy, q}));
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Neg", {m}));
+    KILN_RETURN_IF_ERROR(b.give(1, g));
+  }
+  return Status::ok();
+}
+
+// y = a ^ e: da = gy * e * a^(e-1), de = gy * y * log(a).
+Status grad_pow(GradBuilder& b) {
+  Value* gy = b.output_grad(0);
+  const Node& n = b.node();
+  Value* a = n.input(0);
+  Value* e = n.input(1);
+  if (b.wants(0)) {
+    Value* ea = e;
+    if (e->dtype() != a->dtype()) {
+      KILN_ASSIGN_OR_RETURN(ea, b.add1("Cast", {e}, {{"to", Attribute::of_int(static_cast<int64_t>(a->dtype()))}}));
+    }
+    KILN_ASSIGN_OR_RETURN(Value* em1, b.add1("Sub", {ea, b.scalar(1, a)}));
+    KILN_ASSIGN_OR_RETURN(Value* p, b.add1("Pow", {a, em1}));
+    KILN_ASSIGN_OR_RETURN(Value* f, b.add1("Mul", {p, ea}));
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {gy, f}));
+    KILN_RETURN_IF_ERROR(b.give(0, g));
+  }
+  if (b.wants(1)) {
+    KILN_ASSIGN_OR_RETURN(Value* la, b.add1("Log", {a}));
+    KILN_ASSIGN_OR_RETURN(Value* f, b.add1("Mul", {n.output(0), la}));
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {gy, f}));
+    KILN_RETURN_IF_ERROR(b.give(1, g));
+  }
+  return Status::ok();
+}
+
+// Where(c, a, b): the gradient flows to the side each element came from.
+Status grad_where(GradBuilder& b) {
+  Value* gy = b.output_grad(0);
+  const Node& n = b.node();
+  for (size_t i : {size_t{1}, size_t{2}}) {
+    if (!b.wants(i)) continue;
+    Value* zero = b.scalar(0, gy);
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Where", {n.input(0), i == 1 ? gy : zero, i == 1 ? zero : gy}));
+    KILN_RETURN_IF_ERROR(b.give(i, g));
+  }
+  return Status::ok();
+}
+
+// Max/Min of two inputs: to the input that won (ties to the first).
+Status grad_extremum(GradBuilder& b, bool max) {
+  const Node& n = b.node();
+  if (n.num_inputs() == 1) return b.give(0, b.output_grad(0));
+  if (n.num_inputs() != 2)
+    return node_unsupported(n) << "the gradient of " << n.op_type() << " of " << n.num_inputs() << " inputs";
+  KILN_ASSIGN_OR_RETURN(Value* first, b.add1(max ? "GreaterOrEqual" : "LessOrEqual", {n.input(0), n.input(1)}));
+  Value* gy = b.output_grad(0);
+  Value* zero = b.scalar(0, gy);
+  KILN_ASSIGN_OR_RETURN(Value* g0, b.add1("Where", {first, gy, zero}));
+  KILN_ASSIGN_OR_RETURN(Value* g1, b.add1("Where", {first, zero, gy}));
+  KILN_RETURN_IF_ERROR(b.give(0, g0));
+  return b.give(1, g1);
+}
+
+Result<Value*> one_minus(GradBuilder& b, Value* v) { return b.add1("Sub", {b.scalar(1, v), v}); }
+
 std::vector<Elementwise> elementwise_ops() {
   std::vector<Elementwise> ops;
   auto add_op = [&](Elementwise e) { ops.push_back(std::move(e)); };
 
   // ---- unary, float ----
-  add_op(unary_float("Sigmoid", [](const Node&, const Expr& x) { return fcall("sigmoid", x); }));
-  add_op(unary_float("Tanh", [](const Node&, const Expr& x) { return fcall("tanh", x); }));
-  add_op(unary_float("Exp", [](const Node&, const Expr& x) { return fcall("exp", x); }));
-  add_op(unary_float("Log", [](const Node&, const Expr& x) { return fcall("log", x); }));
-  add_op(unary_float("Sqrt", [](const Node&, const Expr& x) { return fcall("sqrt", x); }));
-  add_op(unary_float("Erf", [](const Node&, const Expr& x) { return fcall("erf", x); }));
+  add_op(with_gradient(unary_float("Sigmoid", [](const Node&, const Expr& x) { return fcall("sigmoid", x); }),
+                       unary_gradient([](GradBuilder& b, Value*, Value* y) -> Result<Value*> {
+                         KILN_ASSIGN_OR_RETURN(Value* r, one_minus(b, y));
+                         return b.add1("Mul", {y, r});
+                       })));
+  add_op(with_gradient(unary_float("Tanh", [](const Node&, const Expr& x) { return fcall("tanh", x); }),
+                       unary_gradient([](GradBuilder& b, Value*, Value* y) -> Result<Value*> {
+                         KILN_ASSIGN_OR_RETURN(Value* y2, b.add1("Mul", {y, y}));
+                         return one_minus(b, y2);
+                       })));
+  add_op(with_gradient(unary_float("Exp", [](const Node&, const Expr& x) { return fcall("exp", x); }),
+                       unary_gradient([](GradBuilder&, Value*, Value* y) -> Result<Value*> { return y; })));
+  add_op(with_gradient(unary_float("Log", [](const Node&, const Expr& x) { return fcall("log", x); }),
+                       unary_gradient([](GradBuilder& b, Value* x, Value*) -> Result<Value*> {
+                         return b.add1("Reciprocal", {x});
+                       })));
+  add_op(with_gradient(unary_float("Sqrt", [](const Node&, const Expr& x) { return fcall("sqrt", x); }),
+                       unary_gradient([](GradBuilder& b, Value*, Value* y) -> Result<Value*> {
+                         KILN_ASSIGN_OR_RETURN(Value* twice, b.add1("Add", {y, y}));
+                         return b.add1("Reciprocal", {twice});
+                       })));
+  add_op(with_gradient(unary_float("Erf", [](const Node&, const Expr& x) { return fcall("erf", x); }),
+                       unary_gradient([](GradBuilder& b, Value* x, Value*) -> Result<Value*> {
+                         // 2 / sqrt(pi) * exp(-x^2)
+                         KILN_ASSIGN_OR_RETURN(Value* x2, b.add1("Mul", {x, x}));
+                         KILN_ASSIGN_OR_RETURN(Value* nx2, b.add1("Neg", {x2}));
+                         KILN_ASSIGN_OR_RETURN(Value* e, b.add1("Exp", {nx2}));
+                         return b.add1("Mul", {e, b.scalar(1.1283791670955126, x)});
+                       })));
   add_op(unary_float("Floor", [](const Node&, const Expr& x) { return fcall("floor", x); }));
   add_op(unary_float("Ceil", [](const Node&, const Expr& x) { return fcall("ceil", x); }));
   add_op(unary_float("Round", [](const Node&, const Expr& x) { return fcall("round", x); }));
-  add_op(unary_float("Sin", [](const Node&, const Expr& x) { return fcall("sin", x); }));
-  add_op(unary_float("Cos", [](const Node&, const Expr& x) { return fcall("cos", x); }));
+  add_op(with_gradient(unary_float("Sin", [](const Node&, const Expr& x) { return fcall("sin", x); }),
+                       unary_gradient([](GradBuilder& b, Value* x, Value*) { return b.add1("Cos", {x}); })));
+  add_op(with_gradient(unary_float("Cos", [](const Node&, const Expr& x) { return fcall("cos", x); }),
+                       unary_gradient([](GradBuilder& b, Value* x, Value*) -> Result<Value*> {
+                         KILN_ASSIGN_OR_RETURN(Value* s, b.add1("Sin", {x}));
+                         return b.add1("Neg", {s});
+                       })));
   add_op(unary_float("Tan", [](const Node&, const Expr& x) { return div(fcall("sin", x), fcall("cos", x)); }));
   add_op(unary_float("Atan", [](const Node&, const Expr& x) { return fcall("atan", x); }));
   add_op(unary_float("Asin", [](const Node&, const Expr& x) { return fcall("asin", x); }));
@@ -460,7 +605,11 @@ std::vector<Elementwise> elementwise_ops() {
   add_op(unary_float("Atanh", [](const Node&, const Expr& x) {
     return mul(fcall("log", div(add(c_of(x, 1), x), sub(c_of(x, 1), x))), c_of(x, 0.5));
   }));
-  add_op(unary_float("Reciprocal", [](const Node&, const Expr& x) { return div(c_of(x, 1), x); }));
+  add_op(with_gradient(unary_float("Reciprocal", [](const Node&, const Expr& x) { return div(c_of(x, 1), x); }),
+                       unary_gradient([](GradBuilder& b, Value*, Value* y) -> Result<Value*> {
+                         KILN_ASSIGN_OR_RETURN(Value* y2, b.add1("Mul", {y, y}));
+                         return b.add1("Neg", {y2});
+                       })));
   add_op(unary_float("Softplus", [](const Node&, const Expr& x) { return softplus(x); }));
   add_op(unary_float("Softsign",
                      [](const Node&, const Expr& x) { return div(x, add(c_of(x, 1), fcall("abs", x))); }));
@@ -531,15 +680,23 @@ std::vector<Elementwise> elementwise_ops() {
   }
 
   // ---- unary, any numeric dtype ----
-  add_op(unary_any("Relu", [](const Node&, const Expr& x) { return max(x, c_of(x, 0)); }));
+  add_op(with_gradient(unary_any("Relu", [](const Node&, const Expr& x) { return max(x, c_of(x, 0)); }),
+                       [](GradBuilder& b) -> Status {
+                         if (!b.wants(0)) return Status::ok();
+                         Value* x = b.node().input(0);
+                         KILN_ASSIGN_OR_RETURN(Value* pos, b.add1("Greater", {x, b.scalar(0, x)}));
+                         Value* gy = b.output_grad(0);
+                         KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Where", {pos, gy, b.scalar(0, gy)}));
+                         return b.set_input_grad(0, g);
+                       }));
   add_op(unary_any("LeakyRelu", [](const Node& n, const Expr& x) {
     return select(lt(x, c_of(x, 0)), mul(float_attr(n, "alpha", 0.01, x), x), x);
   }));
-  add_op(unary_any("Abs", [](const Node&, const Expr& x) {
+  add_op(with_gradient(unary_any("Abs", [](const Node&, const Expr& x) {
     if (is_float(x)) return fcall("abs", x);
     if (!is_signed_int(x)) return x;
     return select(lt(x, c_of(x, 0)), sub(c_of(x, 0), x), x);
-  }));
+  }), unary_gradient([](GradBuilder& b, Value* x, Value*) { return b.add1("Sign", {x}); })));
   {
     Elementwise neg = unary_any("Neg", [](const Node&, const Expr& x) {
       if (is_float(x)) return fcall("neg", x);
@@ -547,6 +704,11 @@ std::vector<Elementwise> elementwise_ops() {
     });
     neg.sym = [](const Node&, const std::vector<Expr>& in, const SymbolBounds& b) -> std::optional<Expr> {
       return simplify(sub(Expr(0), in[0]), b);
+    };
+    neg.gradient = [](GradBuilder& b) -> Status {
+      if (!b.wants(0)) return Status::ok();
+      KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Neg", {b.output_grad(0)}));
+      return b.set_input_grad(0, g);
     };
     add_op(std::move(neg));
   }
@@ -566,6 +728,7 @@ std::vector<Elementwise> elementwise_ops() {
   {
     Elementwise id = unary_any("Identity", [](const Node&, const Expr& x) { return x; });
     id.is_view = true;
+    id.gradient = [](GradBuilder& b) { return b.set_input_grad(0, b.output_grad(0)); };
     id.sym = [](const Node&, const std::vector<Expr>& in, const SymbolBounds&) -> std::optional<Expr> {
       return in[0];
     };
@@ -578,6 +741,13 @@ std::vector<Elementwise> elementwise_ops() {
   {
     Elementwise c;
     c.name = "Cast";
+    // Between float dtypes: the gradient cast back.
+    c.gradient = [](GradBuilder& b) -> Status {
+      if (!b.wants(0)) return Status::ok();
+      KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Cast", {b.output_grad(0)},
+                                             {{"to", Attribute::of_int(static_cast<int64_t>(b.node().input(0)->dtype()))}}));
+      return b.set_input_grad(0, g);
+    };
     c.type = [](const Node& n, const std::vector<DType>&) { return cast_type(n); };
     c.body = [](const Node& n, const std::vector<Expr>& in, DType out, LowerContext&) {
       return cast_body(n, in[0], out);
@@ -624,16 +794,16 @@ std::vector<Elementwise> elementwise_ops() {
   }
 
   // ---- binary arithmetic ----
-  add_op(binary("Add", same_as_inputs(), [](const Node&, const Expr& a, const Expr& b) -> Result<Expr> {
+  add_op(with_gradient(binary("Add", same_as_inputs(), [](const Node&, const Expr& a, const Expr& b) -> Result<Expr> {
     return add(a, b);
-  }, sym_arith([](const Expr& a, const Expr& b) { return add(a, b); })));
-  add_op(binary("Sub", same_as_inputs(), [](const Node&, const Expr& a, const Expr& b) -> Result<Expr> {
+  }, sym_arith([](const Expr& a, const Expr& b) { return add(a, b); })), [](GradBuilder& b) { return grad_add_sub(b, false); }));
+  add_op(with_gradient(binary("Sub", same_as_inputs(), [](const Node&, const Expr& a, const Expr& b) -> Result<Expr> {
     return sub(a, b);
-  }, sym_arith([](const Expr& a, const Expr& b) { return sub(a, b); })));
-  add_op(binary("Mul", same_as_inputs(), [](const Node&, const Expr& a, const Expr& b) -> Result<Expr> {
+  }, sym_arith([](const Expr& a, const Expr& b) { return sub(a, b); })), [](GradBuilder& b) { return grad_add_sub(b, true); }));
+  add_op(with_gradient(binary("Mul", same_as_inputs(), [](const Node&, const Expr& a, const Expr& b) -> Result<Expr> {
     return mul(a, b);
-  }, sym_arith([](const Expr& a, const Expr& b) { return mul(a, b); })));
-  add_op(binary("Div", same_as_inputs(), divide,
+  }, sym_arith([](const Expr& a, const Expr& b) { return mul(a, b); })), grad_mul));
+  add_op(with_gradient(binary("Div", same_as_inputs(), divide,
                 [](const Node&, const std::vector<Expr>& in, const SymbolBounds& b) -> std::optional<Expr> {
                   auto ca = in[0].as_const(), cb = in[1].as_const();
                   if (cb && *cb == 0) return std::nullopt;
@@ -642,8 +812,8 @@ std::vector<Elementwise> elementwise_ops() {
                   Interval ia = bound_of(in[0], b), ib = bound_of(in[1], b);
                   if (ia.lo && *ia.lo >= 0 && ib.lo && *ib.lo > 0) return simplify(floordiv(in[0], in[1]), b);
                   return std::nullopt;
-                }));
-  add_op(binary("Pow", first_input(), power));
+                }), grad_div));
+  add_op(with_gradient(binary("Pow", first_input(), power), grad_pow));
   add_op(binary("Mod", same_as_inputs(), modulo,
                 [](const Node& n, const std::vector<Expr>& in, const SymbolBounds& b) -> std::optional<Expr> {
                   auto ca = in[0].as_const(), cb = in[1].as_const();
@@ -707,6 +877,7 @@ std::vector<Elementwise> elementwise_ops() {
     Elementwise where;
     where.name = "Where";
     where.min_inputs = where.max_inputs = 3;
+    where.gradient = grad_where;
     where.type = [](const Node& n, const std::vector<DType>& in) -> Result<DType> {
       if (in[0] != DType::kBool) return node_invalid(n) << "condition must be bool";
       if (in[1] != in[2]) return node_invalid(n) << "X and Y dtypes differ";
@@ -724,14 +895,26 @@ std::vector<Elementwise> elementwise_ops() {
   }
 
   // ---- variadic ----
-  add_op(variadic("Sum", [](const Expr& a, const Expr& b) { return add(a, b); },
-                  sym_arith([](const Expr& a, const Expr& b) { return add(a, b); })));
-  add_op(variadic("Max", [](const Expr& a, const Expr& b) { return max(a, b); },
-                  sym_arith([](const Expr& a, const Expr& b) { return max(a, b); })));
-  add_op(variadic("Min", [](const Expr& a, const Expr& b) { return min(a, b); },
-                  sym_arith([](const Expr& a, const Expr& b) { return min(a, b); })));
+  add_op(with_gradient(variadic("Sum", [](const Expr& a, const Expr& b) { return add(a, b); },
+                                sym_arith([](const Expr& a, const Expr& b) { return add(a, b); })),
+                       [](GradBuilder& b) -> Status {
+                         for (size_t i = 0; i < b.node().num_inputs(); ++i) KILN_RETURN_IF_ERROR(b.give(i, b.output_grad(0)));
+                         return Status::ok();
+                       }));
+  add_op(with_gradient(variadic("Max", [](const Expr& a, const Expr& b) { return max(a, b); },
+                                sym_arith([](const Expr& a, const Expr& b) { return max(a, b); })),
+                       [](GradBuilder& b) { return grad_extremum(b, true); }));
+  add_op(with_gradient(variadic("Min", [](const Expr& a, const Expr& b) { return min(a, b); },
+                                sym_arith([](const Expr& a, const Expr& b) { return min(a, b); })),
+                       [](GradBuilder& b) { return grad_extremum(b, false); }));
   {
     Elementwise mean = variadic("Mean", [](const Expr& a, const Expr& b) { return add(a, b); });
+    mean.gradient = [](GradBuilder& b) -> Status {
+      Value* gy = b.output_grad(0);
+      KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {gy, b.scalar(1.0 / static_cast<double>(b.node().num_inputs()), gy)}));
+      for (size_t i = 0; i < b.node().num_inputs(); ++i) KILN_RETURN_IF_ERROR(b.give(i, g));
+      return Status::ok();
+    };
     mean.body = [](const Node& n, const std::vector<Expr>& in, DType, LowerContext&) -> Result<Expr> {
       KILN_RETURN_IF_ERROR(check_float(n, in[0]));
       Expr acc = in[0];

@@ -387,6 +387,67 @@ std::vector<DimCheck> inner_dim_checks(const Node& n, const SymbolBounds& bounds
   return {DimCheck{0, a_axis, ka, kb, true}};
 }
 
+// Y = A B (batched, broadcast batch dims): dA = dY B^T, dB = A^T dY, each
+// summed over the batch dims its operand was broadcast along.
+Status grad_matmul(GradBuilder& b) {
+  const Node& n = b.node();
+  Value* a = n.input(0);
+  Value* bm = n.input(1);
+  Value* gy = b.output_grad(0);
+  if (a->type().rank() < 2 || bm->type().rank() < 2 || !n.output(0)->type().has_shape())
+    return node_unsupported(n) << "the gradient of MatMul with an operand of rank below 2 (not yet)";
+  const Shape& ys = *n.output(0)->type().shape;
+  const int64_t r = static_cast<int64_t>(ys.size());
+  if (b.wants(0)) {
+    KILN_ASSIGN_OR_RETURN(Value* bt, b.transpose_last2(bm, bm->type().rank()));
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("MatMul", {gy, bt}));
+    Shape full(ys.begin(), ys.end() - 1);
+    full.push_back(a->type().shape->back());
+    KILN_RETURN_IF_ERROR(b.give(0, g, &full));
+  }
+  if (b.wants(1)) {
+    KILN_ASSIGN_OR_RETURN(Value* at, b.transpose_last2(a, a->type().rank()));
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("MatMul", {at, gy}));
+    Shape full(ys.begin(), ys.end() - 2);
+    full.push_back((*bm->type().shape)[static_cast<size_t>(bm->type().rank() - 2)]);
+    full.push_back(ys[static_cast<size_t>(r - 1)]);
+    KILN_RETURN_IF_ERROR(b.give(1, g, &full));
+  }
+  return Status::ok();
+}
+
+// Y = alpha A' B' + beta C (A' = A or A^T, B' likewise): dA' = alpha dY B'^T,
+// dB' = alpha A'^T dY, each transposed back, as Gemms; dC = beta dY, summed
+// to C's shape.
+Status grad_gemm(GradBuilder& b) {
+  const Node& n = b.node();
+  Value* a = n.input(0);
+  Value* bm = n.input(1);
+  Value* gy = b.output_grad(0);
+  const int64_t ta = n.attr_int("transA", 0), tb = n.attr_int("transB", 0);
+  const double alpha = n.attr_float("alpha", 1.0), beta = n.attr_float("beta", 1.0);
+  auto gemm = [&](Value* x, Value* y, int64_t tx, int64_t ty) {
+    return b.add1("Gemm", {x, y}, {{"alpha", Attribute::of_float(alpha)}, {"transA", Attribute::of_int(tx)},
+                                   {"transB", Attribute::of_int(ty)}});
+  };
+  if (b.wants(0)) {
+    KILN_ASSIGN_OR_RETURN(Value* g, ta ? gemm(bm, gy, tb, 1) : gemm(gy, bm, 0, 1 - tb));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(0, g));
+  }
+  if (b.wants(1)) {
+    KILN_ASSIGN_OR_RETURN(Value* g, tb ? gemm(gy, a, 1, ta) : gemm(a, gy, 1 - ta, 0));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(1, g));
+  }
+  if (n.num_inputs() > 2 && n.input(2) != nullptr && b.wants(2)) {
+    Value* g = gy;
+    if (beta != 1.0) {
+      KILN_ASSIGN_OR_RETURN(g, b.add1("Mul", {gy, b.scalar(beta, gy)}));
+    }
+    KILN_RETURN_IF_ERROR(b.give(2, g));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 void register_matmul_ops() {
@@ -395,6 +456,7 @@ void register_matmul_ops() {
   matmul.infer = infer_matmul;
   matmul.lower = lower_matmul;
   matmul.dim_checks = [](const Node& n, const SymbolBounds& b) { return inner_dim_checks(n, b, false); };
+  matmul.gradient = grad_matmul;
   register_op(std::move(matmul));
 
   OpDef gemm;
@@ -402,6 +464,7 @@ void register_matmul_ops() {
   gemm.infer = infer_gemm;
   gemm.lower = lower_gemm;
   gemm.dim_checks = [](const Node& n, const SymbolBounds& b) { return inner_dim_checks(n, b, true); };
+  gemm.gradient = grad_gemm;
   register_op(std::move(gemm));
 
   OpDef einsum;

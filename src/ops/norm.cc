@@ -478,6 +478,36 @@ std::vector<DimCheck> layer_norm_dim_checks(const Node& n, const SymbolBounds& b
   return checks;
 }
 
+// Softmax: dx = y * (dy - sum(dy * y)); LogSoftmax: dx = dy - exp(y) * sum(dy),
+// the sums over the axis (kept). Before opset 13 the op flattens to 2-D at
+// its axis: the same rule when that axis is the last.
+Status grad_softmax(GradBuilder& b, bool log) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  const int64_t rank = n.input(0)->type().rank();
+  if (rank < 1) return node_unsupported(n) << "the gradient of a softmax of unknown rank";
+  const bool old = b.opset() > 0 && b.opset() < 13;
+  int64_t axis = n.attr_int("axis", old ? 1 : -1);
+  if (axis < 0) axis += rank;
+  if (old && axis != rank - 1)
+    return node_unsupported(n) << "the gradient of " << n.op_type() << " before opset 13 over axes other than the last";
+  Value* y = n.output(0);
+  Value* gy = b.output_grad(0);
+  Value* g = nullptr;
+  if (log) {
+    KILN_ASSIGN_OR_RETURN(Value* s, b.reduce_sum(gy, {axis}, true));
+    KILN_ASSIGN_OR_RETURN(Value* p, b.add1("Exp", {y}));
+    KILN_ASSIGN_OR_RETURN(Value* ps, b.add1("Mul", {p, s}));
+    KILN_ASSIGN_OR_RETURN(g, b.add1("Sub", {gy, ps}));
+  } else {
+    KILN_ASSIGN_OR_RETURN(Value* gyy, b.add1("Mul", {gy, y}));
+    KILN_ASSIGN_OR_RETURN(Value* s, b.reduce_sum(gyy, {axis}, true));
+    KILN_ASSIGN_OR_RETURN(Value* d, b.add1("Sub", {gy, s}));
+    KILN_ASSIGN_OR_RETURN(g, b.add1("Mul", {y, d}));
+  }
+  return b.set_input_grad(0, g);
+}
+
 }  // namespace
 
 void register_norm_ops() {
@@ -485,6 +515,8 @@ void register_norm_ops() {
                 [](const Node& n, LowerContext& ctx) { return lower_softmax(SoftmaxKind::kSoftmax, n, ctx); });
   register_norm("LogSoftmax", infer_softmax,
                 [](const Node& n, LowerContext& ctx) { return lower_softmax(SoftmaxKind::kLogSoftmax, n, ctx); });
+  extend_op("", "Softmax", [](OpDef& def) { def.gradient = [](GradBuilder& b) { return grad_softmax(b, false); }; });
+  extend_op("", "LogSoftmax", [](OpDef& def) { def.gradient = [](GradBuilder& b) { return grad_softmax(b, true); }; });
   register_norm("Hardmax", infer_softmax,
                 [](const Node& n, LowerContext& ctx) { return lower_softmax(SoftmaxKind::kHardmax, n, ctx); });
   register_norm("LayerNormalization", infer_layer_norm, lower_layer_norm);

@@ -299,12 +299,56 @@ Result<RuntimeKernel> reduce_kernel(ReduceKind kind, const Node& n) {
   });
 }
 
+// ReduceSum / ReduceMean: dy given the reduced axes back (unless kept) and
+// expanded to x's shape; the mean's divided by the count reduced.
+Status grad_reduce(GradBuilder& b, bool mean) {
+  const Node& n = b.node();
+  Value* x = n.input(0);
+  if (!b.wants(0)) return Status::ok();
+  if (!x->type().has_shape()) return node_unsupported(n) << "the gradient of a reduction of unknown rank";
+  const Shape& xs = *x->type().shape;
+  KILN_ASSIGN_OR_RETURN(ReduceAxes ax, reduce_axes(n, static_cast<int64_t>(xs.size())));
+  Value* g = b.output_grad(0);
+  if (ax.noop) return b.set_input_grad(0, g);
+  std::vector<int64_t> axes;
+  int64_t count = 1;
+  bool static_count = true;
+  for (size_t d = 0; d < xs.size(); ++d) {
+    if (!ax.reduced[d]) continue;
+    axes.push_back(static_cast<int64_t>(d));
+    auto c = xs[d].as_const();
+    static_count &= c.has_value();
+    if (c) count *= *c;
+  }
+  if (n.attr_int("keepdims", 1) == 0 && !axes.empty()) {
+    KILN_ASSIGN_OR_RETURN(g, b.unsqueeze(g, axes));
+  }
+  Value* shape = nullptr;
+  if (x->type().is_static()) {
+    shape = b.ints(x->type().static_shape());
+  } else {
+    KILN_ASSIGN_OR_RETURN(shape, b.add1("Shape", {x}));
+  }
+  KILN_ASSIGN_OR_RETURN(g, b.add1("Expand", {g, shape}));
+  if (mean && static_count) {
+    KILN_ASSIGN_OR_RETURN(g, b.add1("Mul", {g, b.scalar(1.0 / static_cast<double>(count), g)}));
+  } else if (mean) {
+    KILN_ASSIGN_OR_RETURN(Value* dims, b.add1("Gather", {shape, b.ints(axes)}));
+    KILN_ASSIGN_OR_RETURN(Value* total, b.add1("ReduceProd", {dims}, {{"keepdims", Attribute::of_int(0)}}));
+    KILN_ASSIGN_OR_RETURN(Value* cnt, b.add1("Cast", {total}, {{"to", Attribute::of_int(static_cast<int64_t>(g->dtype()))}}));
+    KILN_ASSIGN_OR_RETURN(g, b.add1("Div", {g, cnt}));
+  }
+  return b.set_input_grad(0, g);
+}
+
 void register_reduce(const char* name, ReduceKind kind) {
   OpDef def;
   def.name = name;
   def.infer = [kind](Node& n, InferContext& ctx) { return infer_reduce(kind, n, ctx); };
   def.lower = [kind](const Node& n, LowerContext& ctx) { return lower_reduce(kind, n, ctx); };
   def.kernel = [kind](const Node& n) { return reduce_kernel(kind, n); };
+  if (kind == ReduceKind::kSum || kind == ReduceKind::kMean)
+    def.gradient = [kind](GradBuilder& b) { return grad_reduce(b, kind == ReduceKind::kMean); };
   register_op(std::move(def));
 }
 

@@ -120,6 +120,13 @@ std::vector<std::string> registered_op_names() {
   return names;
 }
 
+Status infer_node(Node& n, InferContext& ctx) {
+  for (Value* in : n.inputs()) seed_sym_value(in);
+  const OpDef* def = find_op(n.domain(), n.op_type());
+  if (def == nullptr || !def->infer) return node_unsupported(n) << "no shape inference for " << n.op_type();
+  return def->infer(n, ctx);
+}
+
 Status infer_shapes(Graph& g, InferContext& ctx) {
   ctx.graph = &g;
   for (const auto& [name, iv] : g.bounds) ctx.bounds.emplace(name, iv);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "ops/gradient.h"
 #include "support/status.h"
 #include "support/tensor.h"
 #include "tir/tir.h"
@@ -112,6 +113,10 @@ struct OpDef {
   // Ops whose lowering or view assumes a symbolic dim's value: the run-time
   // checks (kCheckBroadcast: `dim` must be 1 or `to`).
   std::function<std::vector<DimCheck>(const Node&, const SymbolBounds&)> dim_checks;
+  // Reverse mode (ops/gradient.h, train/autodiff.cc): adds the nodes computing
+  // the gradients of the node's inputs from those of its outputs. Unset: the
+  // op cannot be differentiated (yet).
+  GradientRule gradient;
 };
 
 // Registration (called from each family's register_*() function).
@@ -133,6 +138,9 @@ std::vector<std::string> registered_op_names();
 // driver reports unsupported ops all at once). Before a node is inferred, its
 // small constant integer inputs (i32/i64, <= 64 elements) get a sym_value.
 Status infer_shapes(Graph& g, InferContext& ctx);
+// Infers one node added after its graph was inferred (a gradient rule's:
+// ops/gradient.h), with the context that graph's inference left.
+Status infer_node(Node& n, InferContext& ctx);
 
 // Helpers for op implementations.
 // Multidirectional (numpy) broadcast of shapes; error when incompatible.

@@ -1514,6 +1514,66 @@ Result<RuntimeKernel> reshape_kernel(const Node& n) {
   });
 }
 
+// ---- gradient rules (ops/gradient.h) ----
+
+// Views and reshapes: dy given x's shape.
+Status grad_reshape(GradBuilder& b) {
+  if (!b.wants(0)) return Status::ok();
+  KILN_ASSIGN_OR_RETURN(Value* g, b.reshape_like(b.output_grad(0), b.node().input(0)));
+  return b.set_input_grad(0, g);
+}
+
+// Transpose: dy through the inverse permutation.
+Status grad_transpose(GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  const int64_t rank = n.input(0)->type().rank();
+  if (rank < 0) return node_unsupported(n) << "the gradient of a Transpose of unknown rank";
+  std::vector<int64_t> perm = n.attr_ints("perm");
+  if (perm.empty())
+    for (int64_t a = rank - 1; a >= 0; --a) perm.push_back(a);
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t k = 0; k < perm.size(); ++k) inverse[static_cast<size_t>(perm[k])] = static_cast<int64_t>(k);
+  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Transpose", {b.output_grad(0)}, {{"perm", Attribute::of_ints(inverse)}}));
+  return b.set_input_grad(0, g);
+}
+
+// Concat: dy split along the axis into the inputs' extents.
+Status grad_concat(GradBuilder& b) {
+  const Node& n = b.node();
+  const int64_t rank = n.output(0)->type().rank();
+  if (rank < 0) return node_unsupported(n) << "the gradient of a Concat of unknown rank";
+  int64_t axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += rank;
+  std::vector<int64_t> sizes;
+  bool all_static = true;
+  for (const Value* in : n.inputs()) {
+    auto c = in->type().has_shape() ? (*in->type().shape)[static_cast<size_t>(axis)].as_const() : std::nullopt;
+    all_static &= c.has_value();
+    sizes.push_back(c.value_or(-1));
+  }
+  std::map<std::string, Attribute> attrs = {{"axis", Attribute::of_int(axis)}};
+  std::vector<Value*> inputs = {b.output_grad(0)};
+  if (b.opset() > 0 && b.opset() < 13) {
+    if (!all_static) return node_unsupported(n) << "the gradient of a Concat of symbolic extents before opset 13";
+    attrs["split"] = Attribute::of_ints(sizes);
+  } else if (all_static) {
+    inputs.push_back(b.ints(sizes));
+  } else {
+    std::vector<Value*> parts;
+    for (Value* in : n.inputs()) {
+      KILN_ASSIGN_OR_RETURN(Value* shape, b.add1("Shape", {in}));
+      KILN_ASSIGN_OR_RETURN(Value* extent, b.add1("Gather", {shape, b.ints({axis})}));
+      parts.push_back(extent);
+    }
+    KILN_ASSIGN_OR_RETURN(Value* split, b.add1("Concat", parts, {{"axis", Attribute::of_int(0)}}));
+    inputs.push_back(split);
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<Value*> pieces, b.add("Split", inputs, attrs, n.num_inputs()));
+  for (size_t i = 0; i < n.num_inputs(); ++i) KILN_RETURN_IF_ERROR(b.set_input_grad(i, pieces[i]));
+  return Status::ok();
+}
+
 }  // namespace
 
 // Ops with both a lowering and a runtime kernel use the kernel for nodes whose
@@ -1522,19 +1582,31 @@ Result<RuntimeKernel> reshape_kernel(const Node& n) {
 void register_shape_ops() {
   register_op(make_def("Shape", infer_shape, lower_shape));
   register_op(make_def("Size", infer_size, lower_size));
-  register_op(make_def("Reshape", infer_reshape, lower_view_copy, true, reshape_kernel));
-  register_op(make_def("Flatten", infer_flatten, lower_view_copy, true));
+  OpDef reshape = make_def("Reshape", infer_reshape, lower_view_copy, true, reshape_kernel);
+  reshape.gradient = grad_reshape;
+  register_op(std::move(reshape));
+  OpDef flatten = make_def("Flatten", infer_flatten, lower_view_copy, true);
+  flatten.gradient = grad_reshape;
+  register_op(std::move(flatten));
   OpDef squeeze = make_def("Squeeze", infer_squeeze, lower_unit_dims, true, reshape_kernel);
   squeeze.dim_checks = squeeze_dim_checks;
+  squeeze.gradient = grad_reshape;
   register_op(std::move(squeeze));
-  register_op(make_def("Unsqueeze", infer_unsqueeze, lower_unit_dims, true, reshape_kernel));
-  register_op(make_def("Transpose", infer_transpose, lower_transpose));
+  OpDef unsqueeze = make_def("Unsqueeze", infer_unsqueeze, lower_unit_dims, true, reshape_kernel);
+  unsqueeze.gradient = grad_reshape;
+  register_op(std::move(unsqueeze));
+  OpDef transpose = make_def("Transpose", infer_transpose, lower_transpose);
+  transpose.gradient = grad_transpose;
+  register_op(std::move(transpose));
   OpDef concat = make_def("Concat", infer_concat, lower_concat);
   concat.dim_checks = concat_dim_checks;
+  concat.gradient = grad_concat;
   register_op(std::move(concat));
   register_op(make_def("Split", infer_split, lower_split, false, split_kernel));
   register_op(make_def("Slice", infer_slice, lower_slice, false, slice_kernel));
-  register_op(make_def("Expand", infer_expand, lower_expand, false, expand_kernel));
+  OpDef expand = make_def("Expand", infer_expand, lower_expand, false, expand_kernel);
+  expand.gradient = [](GradBuilder& b) { return b.give(0, b.output_grad(0)); };
+  register_op(std::move(expand));
   register_op(make_def("Tile", infer_tile, lower_tile, false, tile_kernel));
   register_op(make_def("ConstantOfShape", infer_constant_of_shape, lower_constant_of_shape, false,
                        constant_of_shape_kernel));

@@ -1,0 +1,262 @@
+// Reverse mode (src/train/autodiff.cc) against float64 central differences:
+// per op with a gradient rule, a small graph (symbolic dims where the op
+// allows) whose loss is sum(y * sin(1.3 y)) (its gradient varies from
+// element to element), compiled and run like any graph; every element of
+// every parameter's gradient compared with (L(p + h) - L(p - h)) / 2h.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "driver/compile.h"
+#include "ops/registry.h"
+#include "train/autodiff.h"
+
+namespace kiln::train {
+namespace {
+
+struct Case {
+  const char* name;
+  const char* graph;                  // defines %y from the inputs
+  std::vector<std::string> params;    // inputs to differentiate
+  std::map<std::string, int64_t> dims;  // symbol values at run time
+};
+
+// The forward graph with the loss appended; with `grads`, the gradients of
+// the loss for `params` as extra outputs.
+Result<std::unique_ptr<Graph>> build(const Case& c, bool grads) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, parse_graph(c.graph));
+  g->source = c.name;
+  Value* y = g->find_value("y");
+  if (y == nullptr) return internal_error() << c.name << ": no %y";
+  Tensor k(DType::kFloat64, {});
+  k.data_as<double>()[0] = 1.3;
+  Value* kc = g->add_constant("loss_k", k);
+  Node* t = g->add_node("Mul", {y, kc}, {"loss_t"});
+  Node* s = g->add_node("Sin", {t->output(0)}, {"loss_s"});
+  Node* p = g->add_node("Mul", {y, s->output(0)}, {"loss_p"});
+  Node* l = g->add_node("ReduceSum", {p->output(0)}, {"loss"});
+  l->set_attr("keepdims", Attribute::of_int(0));
+  std::vector<Value*> outs = {l->output(0)};
+  ops::InferContext ctx;
+  ctx.graph = g.get();
+  ctx.bounds = g->bounds;
+  KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, ctx));
+  if (grads) {
+    std::vector<Value*> params;
+    for (const std::string& name : c.params) params.push_back(g->find_value(name));
+    KILN_ASSIGN_OR_RETURN(std::vector<Value*> gs, append_gradients(*g, l->output(0), params));
+    outs.insert(outs.end(), gs.begin(), gs.end());
+  }
+  g->set_outputs(outs);
+  return g;
+}
+
+Result<driver::CompiledProgram> compile(std::unique_ptr<Graph> g) {
+  CompileOptions options;
+  options.threads = 1;
+  options.no_db = true;
+  return driver::compile_graph(std::move(g), options);
+}
+
+std::vector<Tensor> random_inputs(const Graph& g, const std::map<std::string, int64_t>& dims, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> dist(-1.5, 1.5);
+  std::vector<Tensor> out;
+  for (const Value* v : g.inputs()) {
+    if (v->is_constant()) continue;
+    std::vector<int64_t> shape;
+    for (const Expr& d : *v->type().shape) shape.push_back(d.as_const() ? *d.as_const() : dims.at(d->name));
+    Tensor t(v->dtype(), shape);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      double x = dist(rng);
+      // Away from 0 (Log, Sqrt, Div, Pow, Relu's kink).
+      t.set_f64(i, x < 0 ? x - 0.3 : x + 0.3);
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void check_case(const Case& c) {
+  SCOPED_TRACE(c.name);
+  auto with = build(c, true);
+  ASSERT_TRUE(with.is_ok()) << with.status().to_string();
+  std::vector<std::string> input_names;
+  for (const Value* v : (*with)->inputs())
+    if (!v->is_constant()) input_names.push_back(v->name());
+  auto inputs = random_inputs(**with, c.dims, 7);
+  auto grad_prog = compile(std::move(*with));
+  ASSERT_TRUE(grad_prog.is_ok()) << grad_prog.status().to_string();
+  runtime::VM gvm(grad_prog->program, 1);
+  auto analytic = gvm.run(inputs);
+  ASSERT_TRUE(analytic.is_ok()) << analytic.status().to_string();
+
+  auto fwd = build(c, false);
+  ASSERT_TRUE(fwd.is_ok()) << fwd.status().to_string();
+  auto fwd_prog = compile(std::move(*fwd));
+  ASSERT_TRUE(fwd_prog.is_ok()) << fwd_prog.status().to_string();
+  runtime::VM fvm(fwd_prog->program, 1);
+  auto loss_at = [&](const std::vector<Tensor>& in) {
+    auto out = fvm.run(in);
+    EXPECT_TRUE(out.is_ok()) << out.status().to_string();
+    return out.is_ok() ? (*out)[0].get_f64(0) : NAN;
+  };
+  EXPECT_NEAR(loss_at(inputs), (*analytic)[0].get_f64(0), 1e-12 * (1 + std::fabs((*analytic)[0].get_f64(0))));
+
+  for (size_t p = 0; p < c.params.size(); ++p) {
+    size_t at = std::find(input_names.begin(), input_names.end(), c.params[p]) - input_names.begin();
+    ASSERT_LT(at, inputs.size());
+    const Tensor& g = (*analytic)[1 + p];
+    ASSERT_EQ(g.shape(), inputs[at].shape()) << "gradient of " << c.params[p];
+    double lo = INFINITY, hi = -INFINITY;
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      std::vector<Tensor> plus = inputs, minus = inputs;
+      plus[at] = inputs[at].clone();
+      minus[at] = inputs[at].clone();
+      const double x = inputs[at].get_f64(i), h = 1e-6 * std::max(1.0, std::fabs(x));
+      plus[at].set_f64(i, x + h);
+      minus[at].set_f64(i, x - h);
+      const double fd = (loss_at(plus) - loss_at(minus)) / (2 * h);
+      const double an = g.get_f64(i);
+      EXPECT_NEAR(an, fd, 1e-6 + 1e-5 * std::fabs(fd)) << c.params[p] << "[" << i << "]";
+      lo = std::min(lo, an);
+      hi = std::max(hi, an);
+    }
+    // An informative comparison: the gradient varies.
+    EXPECT_GT(hi - lo, 1e-3) << "the gradient of " << c.params[p] << " has no spread";
+  }
+}
+
+TEST(Autodiff, Elementwise) {
+  check_case({"add_sub_mul_div", R"(graph g(%a: f64[n, 3], %b: f64[3], %c: f64[n, 1]) -> (%y) {
+    opset "" 17
+    bound n [1, inf]
+    %s: f64[n, 3] = Add(%a, %b)
+    %d: f64[n, 3] = Sub(%s, %c)
+    %m: f64[n, 3] = Mul(%d, %a)
+    %y: f64[n, 3] = Div(%m, %c)
+  })", {"a", "b", "c"}, {{"n", 4}}});
+  check_case({"unary", R"(graph g(%a: f64[2, 5]) -> (%y) {
+    opset "" 17
+    %e: f64[2, 5] = Exp(%a)
+    %t: f64[2, 5] = Tanh(%a)
+    %s: f64[2, 5] = Sigmoid(%t)
+    %r: f64[2, 5] = Relu(%a)
+    %q: f64[2, 5] = Abs(%a)
+    %l: f64[2, 5] = Log(%q)
+    %w: f64[2, 5] = Sqrt(%q)
+    %f: f64[2, 5] = Erf(%a)
+    %n: f64[2, 5] = Neg(%f)
+    %i: f64[2, 5] = Reciprocal(%a)
+    %c: f64[2, 5] = Cos(%a)
+    %x: f64[2, 5] = Sin(%c)
+    %p: f64[2, 5] = Pow(%q, %e)
+    %k: f64[2, 5] = Identity(%p)
+    %y: f64[2, 5] = Sum(%e, %s, %r, %l, %w, %n, %i, %x, %k)
+  })", {"a"}, {}});
+}
+
+TEST(Autodiff, WhereMaxMin) {
+  check_case({"where_max_min", R"(graph g(%a: f64[4, 3], %b: f64[3], %c: bool[4, 3]) -> (%y) {
+    opset "" 17
+    %w: f64[4, 3] = Where(%c, %a, %b)
+    %x: f64[4, 3] = Max(%a, %b)
+    %m: f64[4, 3] = Min(%a, %b)
+    %m2: f64[4, 3] = Mul(%m, %m)
+    %y: f64[4, 3] = Sum(%w, %x, %m2)
+  })", {"a", "b"}, {}});
+}
+
+TEST(Autodiff, MatMulAndGemm) {
+  check_case({"matmul_batched", R"(graph g(%a: f64[2, n, 3], %b: f64[3, 4]) -> (%y) {
+    opset "" 17
+    bound n [1, inf]
+    %y: f64[2, n, 4] = MatMul(%a, %b)
+  })", {"a", "b"}, {{"n", 3}}});
+  for (const char* attrs : {"", " {transA = 1}", " {transB = 1}", " {alpha = 0.5, beta = 2, transA = 1, transB = 1}"}) {
+    std::string ta = std::string(attrs).find("transA") != std::string::npos ? "3, 2" : "2, 3";
+    std::string tb = std::string(attrs).find("transB") != std::string::npos ? "4, 3" : "3, 4";
+    std::string text = "graph g(%a: f64[" + ta + "], %b: f64[" + tb + "], %c: f64[4]) -> (%y) {\n  opset \"\" 17\n"
+                       "  %y: f64[2, 4] = Gemm(%a, %b, %c)" + attrs + "\n}";
+    check_case({"gemm", text.c_str(), {"a", "b", "c"}, {}});
+  }
+}
+
+TEST(Autodiff, SoftmaxAndReductions) {
+  check_case({"softmax", R"(graph g(%a: f64[n, 5]) -> (%y) {
+    opset "" 17
+    bound n [1, inf]
+    %s: f64[n, 5] = Softmax(%a) {axis = 1}
+    %l: f64[n, 5] = LogSoftmax(%a)
+    %t: f64[n, 5] = Softmax(%a) {axis = 0}
+    %u: f64[n, 5] = Add(%s, %l)
+    %y: f64[n, 5] = Add(%u, %t)
+  })", {"a"}, {{"n", 3}}});
+  check_case({"reduce", R"(graph g(%a: f64[n, 4, 3]) -> (%y) {
+    opset "" 17
+    bound n [1, inf]
+    %ax: i64[1] = const<i64[1] [1]>
+    %s: f64[n, 3] = ReduceSum(%a, %ax) {keepdims = 0}
+    %m: f64[n, 1, 3] = ReduceMean(%a, %ax)
+    %k: f64[1, 1, 1] = ReduceMean(%a)
+    %sm: f64[n, 1, 3] = Unsqueeze(%s, %ax)
+    %t: f64[n, 1, 3] = Add(%sm, %m)
+    %y: f64[n, 1, 3] = Mul(%t, %k)
+  })", {"a"}, {{"n", 2}}});
+}
+
+TEST(Autodiff, ShapeOps) {
+  check_case({"shape_ops", R"(graph g(%a: f64[n, 2, 3], %b: f64[n, 2, 1]) -> (%y) {
+    opset "" 17
+    bound n [1, inf]
+    %wide: i64[3] = const<i64[3] [1, 1, 3]>
+    %e: f64[n, 2, 3] = Expand(%b, %wide)
+    %ea: f64[n, 2, 3] = Mul(%e, %a)
+    %c: f64[n, 2, 4] = Concat(%ea, %b) {axis = 2}
+    %t: f64[4, 2, n] = Transpose(%c) {perm = [2, 1, 0]}
+    %f: f64[4, 2 * n] = Flatten(%t)
+    %shape: i64[2] = const<i64[2] [2, -1]>
+    %r: f64[2, 4 * n] = Reshape(%f, %shape)
+    %y: f64[2, 4 * n] = Identity(%r)
+  })", {"a", "b"}, {{"n", 3}}});
+}
+
+TEST(Autodiff, MissingRulesAreNamedAllAtOnce) {
+  auto g = parse_graph(R"(graph g(%a: f32[4]) -> (%y) {
+    opset "" 17
+    %f: f32[4] = Floor(%a) {}
+    %c: f32[4] = Ceil(%f)
+    %d: f32[4] = Ceil(%a)
+    %e: f32[4] = Add(%c, %d)
+    %y: f32[] = ReduceSum(%e) {keepdims = 0}
+  })");
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  ops::InferContext ctx;
+  ctx.graph = g->get();
+  ASSERT_TRUE(ops::infer_shapes(**g, ctx).is_ok());
+  auto r = append_gradients(**g, (*g)->find_value("y"), {(*g)->find_value("a")});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(r.status().message().find("no gradient rule for 2 ops between the parameters and the loss: "
+                                      "Ceil ('c' and 1 more); Floor ('f')"),
+            std::string::npos)
+      << r.status().to_string();
+}
+
+TEST(Autodiff, LossMustBeOneFloatElement) {
+  auto g = parse_graph(R"(graph g(%a: f32[4]) -> (%y) {
+    opset "" 17
+    %y: f32[4] = Relu(%a)
+  })");
+  ASSERT_TRUE(g.is_ok());
+  ops::InferContext ctx;
+  ctx.graph = g->get();
+  ASSERT_TRUE(ops::infer_shapes(**g, ctx).is_ok());
+  auto r = append_gradients(**g, (*g)->find_value("y"), {(*g)->find_value("a")});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("the loss must be a float value of one element"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::train
