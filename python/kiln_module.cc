@@ -341,7 +341,14 @@ py::object to_numpy(const std::string& name, const kiln::Tensor& t) {
     py::array arr = np.attr("array")(items, py::arg("dtype") = "object");
     return arr.attr("reshape")(py::tuple(py::cast(shape)));
   }
-  // Copied: an output may live in memory the model reuses on its next run.
+  // An output Kiln allocated is returned without a copy: the array keeps the
+  // tensor's storage, which goes back to the model's pool only when the array
+  // is gone. Memory Kiln does not own (a caller's buffer) is copied.
+  if (t.owns_storage()) {
+    auto* held = new kiln::Tensor(t);
+    py::capsule owner(held, [](void* p) { delete static_cast<kiln::Tensor*>(p); });
+    return py::array(py::dtype(np_name), shape, {}, held->data(), owner);
+  }
   py::array arr(py::dtype(np_name), shape);
   if (t.nbytes() > 0) std::memcpy(arr.mutable_data(), t.data(), static_cast<size_t>(t.nbytes()));
   return arr;

@@ -160,7 +160,8 @@ class CompiledModel:
         outputs: dict name -> the caller's buffer (a writable C-contiguous numpy array, or a
             contiguous __dlpack__ tensor) of that output's dtype and shape: the kernels write
             into it (a buffer not 64-byte aligned gets the result copied in). Outputs not named
-            are returned as new numpy arrays.
+            are returned as numpy arrays over Kiln's own buffers (no copy; each stays valid
+            however many runs follow).
         Returns a dict name -> array (the caller's buffer where one was given).
         """
         if not isinstance(inputs, dict):

@@ -416,6 +416,28 @@ def the_commands_take_a_package():
         assert refused.returncode == 2 and "--select does not apply to the package" in refused.stderr, refused.stderr
 
 
+@case
+def returned_outputs_are_kilns_memory_kept_alive():
+    """Outputs come back without a copy (the array holds Kiln's buffer) and stay valid while
+    later runs reuse the model's pool, static and symbolic shapes alike."""
+    for model in (MODEL, dynamic_model()):
+        m = kiln.compile(model, threads=1, db="")
+        feeds = [{"x": RNG.standard_normal((6, 64)).astype(np.float32), "c": np.array(True)} for _ in range(3)]
+        feeds = [{k: v for k, v in f.items() if k in {i.name for i in m.inputs}} for f in feeds]
+        first = m.run(feeds[0])
+        kept = {k: v.copy() for k, v in first.items()}
+        for name, arr in first.items():
+            assert not arr.flags["OWNDATA"] and arr.base is not None, name
+        for f in feeds[1:]:
+            m.run(f)
+        for name in first:
+            assert np.array_equal(first[name], kept[name]), f"output {name} changed under a later run"
+        del first
+        again = m.run(feeds[0])
+        for name in kept:
+            assert np.array_equal(again[name], kept[name]), name
+
+
 def main():
     print("kiln", kiln.__version__, "from", os.path.dirname(kiln.__file__))
     if FAILURES:
