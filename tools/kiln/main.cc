@@ -126,7 +126,8 @@ std::string command_help(const std::string& command) {
            "  example: kiln opt model.onnx --default-pipeline --print-after=simplify-algebra\n";
   if (command == "ops")
     return "usage: kiln ops\n"
-           "  list the supported ONNX ops and how each runs (compiled, runtime kernel, view; fusable)\n"
+           "  list the supported ONNX ops and how each runs (compiled, runtime kernel, view; fusable;\n"
+           "  differentiable: has a gradient rule)\n"
            "  example: kiln ops | grep -i conv\n";
   return "";
 }

@@ -323,6 +323,7 @@ Result<int> cmd_ops(const std::vector<std::string>& argv) {
     if (def->kernel) how += std::string(how.empty() ? "" : ", ") + "runtime kernel";
     if (def->is_view) how += std::string(how.empty() ? "" : ", ") + "view";
     if (def->is_elementwise) how += ", fusable";
+    if (def->gradient) how += ", differentiable";
     std::cout << full << "\t" << how << "\n";
   }
   return 0;
