@@ -505,7 +505,8 @@ class CompiledModel {
 kiln::CompileOptions make_options(int threads, bool naive, int64_t max_memory,
                                   const std::optional<std::vector<std::string>>& passes,
                                   const std::optional<std::string>& db, const std::string& select,
-                                  const std::vector<std::string>& prefer) {
+                                  const std::vector<std::string>& prefer, const std::string& gradient_of = "",
+                                  const std::vector<std::string>& gradient_wrt = {}) {
   if (threads < 0) throw py::value_error("threads must be >= 0 (0: all hardware threads)");
   if (max_memory < 0) throw py::value_error("max_memory must be >= 0 (0: 80% of physical memory)");
   kiln::CompileOptions options;
@@ -515,6 +516,8 @@ kiln::CompileOptions make_options(int threads, bool naive, int64_t max_memory,
   options.passes = passes;
   options.select = select;
   options.prefer_impls = prefer;
+  options.gradient_of = gradient_of;
+  options.gradient_wrt = gradient_wrt;
   // db: None asks the default database ($KILN_DB, ~/.cache/kiln/tuning.db
   // where it exists), "" none, else that path or URL.
   if (db) {
@@ -527,8 +530,10 @@ kiln::CompileOptions make_options(int threads, bool naive, int64_t max_memory,
 std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads, bool naive, int64_t max_memory,
                                             const std::optional<std::vector<std::string>>& passes,
                                             const std::optional<std::string>& db, const std::string& select,
-                                            const std::vector<std::string>& prefer) {
-  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes, db, select, prefer);
+                                            const std::vector<std::string>& prefer, const std::string& gradient_of,
+                                            const std::vector<std::string>& gradient_wrt) {
+  kiln::CompileOptions options =
+      make_options(threads, naive, max_memory, passes, db, select, prefer, gradient_of, gradient_wrt);
   std::optional<kiln::Result<kiln::Model>> model;
   {
     py::gil_scoped_release release;
@@ -542,8 +547,10 @@ std::unique_ptr<CompiledModel> compile_bytes(const py::bytes& data, int threads,
                                              const std::string& source_name, int64_t max_memory,
                                              const std::optional<std::vector<std::string>>& passes,
                                              const std::optional<std::string>& db, const std::string& select,
-                                             const std::vector<std::string>& prefer) {
-  kiln::CompileOptions options = make_options(threads, naive, max_memory, passes, db, select, prefer);
+                                             const std::vector<std::string>& prefer, const std::string& gradient_of,
+                                             const std::vector<std::string>& gradient_wrt) {
+  kiln::CompileOptions options =
+      make_options(threads, naive, max_memory, passes, db, select, prefer, gradient_of, gradient_wrt);
   std::string bytes = data;
   std::optional<kiln::Result<kiln::Model>> model;
   {
@@ -606,11 +613,13 @@ PYBIND11_MODULE(_kiln, m) {
   m.def("compile_file", &compile_file, py::arg("path"), py::arg("threads") = 0,
         py::arg("naive") = false, py::arg("max_memory") = 0, py::arg("passes") = py::none(),
         py::arg("db") = py::none(), py::arg("select") = "priority",
-        py::arg("prefer") = std::vector<std::string>{});
+        py::arg("prefer") = std::vector<std::string>{}, py::arg("gradient_of") = "",
+        py::arg("gradient_wrt") = std::vector<std::string>{});
   m.def("compile_bytes", &compile_bytes, py::arg("data"), py::arg("threads") = 0,
         py::arg("naive") = false, py::arg("source_name") = "<bytes>", py::arg("max_memory") = 0,
         py::arg("passes") = py::none(), py::arg("db") = py::none(), py::arg("select") = "priority",
-        py::arg("prefer") = std::vector<std::string>{});
+        py::arg("prefer") = std::vector<std::string>{}, py::arg("gradient_of") = "",
+        py::arg("gradient_wrt") = std::vector<std::string>{});
   m.def("describe_model_file", &describe_model_file, py::arg("path"));
   m.def("load", &load, py::arg("path"), py::arg("threads") = 0, py::arg("max_memory") = 0);
 }

@@ -89,6 +89,12 @@ if(KILN_BUILD_PYTHON)
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/package/run_api_test.py --kiln $<TARGET_FILE:kiln>)
   set_tests_properties(package_python_api PROPERTIES LABELS package ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
 
+  # Training: whole models' gradients (kiln.compile(..., gradient_of=)) against
+  # PyTorch's autograd, and the error naming ops without a gradient rule.
+  add_test(NAME train_torch_gradients
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_torch_gradients_test.py)
+  set_tests_properties(train_torch_gradients PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
+
   # The C API: cmake --install into a fresh prefix, a C test program and
   # examples/c/run_model.c built against the installed headers and libkiln.so.
   if(TARGET kiln_c)

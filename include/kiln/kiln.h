@@ -56,6 +56,14 @@ struct CompileOptions {
   // a model read from a file, with static shapes. The compile itself still
   // takes the cost model's pick or the priority choice.
   bool tune_missing = false;
+  // Gradients (reverse mode, src/train): the gradient of the output named
+  // `gradient_of` (a float value of one element) with respect to the values
+  // named in `gradient_wrt` (graph inputs or initializers; empty: every float
+  // initializer the output depends on), appended to the graph before the
+  // graph passes and returned as outputs "<name>_grad" after the model's own.
+  // An op without a gradient rule on the way is an error naming all of them.
+  std::string gradient_of;
+  std::vector<std::string> gradient_wrt;
   // Called as each stage of the compilation starts ("import", "graph passes",
   // "code generation", ...; src/driver/compile.cc), on the compiling thread:
   // the command line's progress display on a terminal.

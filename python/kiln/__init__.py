@@ -56,7 +56,8 @@ def _export_torch(module, example_inputs, input_names, opset):
 
 
 def compile(model, threads=0, precision="fp32", db=None, select="priority", prefer=None,  # noqa: A001
-            passes=None, max_memory=0, naive=False, example_inputs=None, input_names=None, opset=17):
+            passes=None, max_memory=0, naive=False, example_inputs=None, input_names=None, opset=17,
+            gradient_of=None, gradient_wrt=None):
     """Compiles a model; returns a CompiledModel.
 
     model: a path (str or os.PathLike), the model's bytes, an onnx.ModelProto, or a
@@ -75,6 +76,10 @@ def compile(model, threads=0, precision="fp32", db=None, select="priority", pref
         default pipeline, [] for none (shape inference always runs).
     max_memory: bytes one run may allocate (0: 80% of physical memory); more is a KilnError.
     naive: reference schedules (no fusion of loops, serial).
+    gradient_of: the name of an output (a float value of one element, a loss): the model also
+        returns its gradient with respect to `gradient_wrt` (names of inputs or initializers;
+        None: every float initializer), as outputs "<name>_grad", computed by reverse mode over
+        the graph and compiled with it (docs/training.md).
 
     Any number of compiled models may run at once from any number of threads; calls
     to one model from several threads are serialized.
@@ -92,8 +97,11 @@ def compile(model, threads=0, precision="fp32", db=None, select="priority", pref
         if not isinstance(db, (str, os.PathLike)):
             raise TypeError(f"db must be a path or URL, got {type(db).__name__}")
         db = os.fspath(db)
+    gradient_wrt = _check_str_list("gradient_wrt", gradient_wrt) or []
+    if gradient_of is not None and not isinstance(gradient_of, str):
+        raise TypeError(f"gradient_of must be an output's name, got {type(gradient_of).__name__}")
     kwargs = dict(threads=threads, naive=bool(naive), max_memory=int(max_memory), passes=passes, db=db,
-                  select=select, prefer=prefer)
+                  select=select, prefer=prefer, gradient_of=gradient_of or "", gradient_wrt=gradient_wrt)
     source_name = "<bytes>"
     if type(model).__name__ == "ModelProto" and hasattr(model, "SerializeToString"):
         model, source_name = model.SerializeToString(), "<onnx.ModelProto>"

@@ -86,6 +86,8 @@ Result<CompiledProgram> compile_graph(std::unique_ptr<Graph> g, const CompileOpt
 
   stage("support check");
   KILN_RETURN_IF_ERROR(check_supported(*g));
+  stage("gradients");
+  KILN_RETURN_IF_ERROR(append_requested_gradients(*g, options));
   KILN_ASSIGN_OR_RETURN(passes::PassContext ctx, pass_context(*g, options, &evaluator));
   stage("graph passes");
   KILN_RETURN_IF_ERROR(run_graph_passes(*g, options, ctx));

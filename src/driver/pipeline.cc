@@ -2,6 +2,7 @@
 // passes, kernel choice, measurement for --select=measure); compile.cc calls
 // them in order with the other folders' stages.
 #include "driver/pipeline.h"
+#include "train/autodiff.h"
 
 #include <algorithm>
 #include <chrono>
@@ -305,6 +306,52 @@ std::pair<std::vector<std::string>, bool> split_pass_list(const CompileOptions& 
   return {list, choose};
 }
 }  // namespace
+
+Status append_requested_gradients(Graph& g, const CompileOptions& options) {
+  if (options.gradient_of.empty()) {
+    if (!options.gradient_wrt.empty()) return invalid_argument() << "gradient_wrt is given without gradient_of";
+    return Status::ok();
+  }
+  ops::InferContext ctx;
+  ctx.graph = &g;
+  ctx.bounds = g.bounds;
+  KILN_RETURN_IF_ERROR(ops::infer_shapes(g, ctx));
+  Value* loss = g.find_value(options.gradient_of);
+  if (loss == nullptr) return invalid_argument() << "gradient_of: the model has no value '" << options.gradient_of << "'";
+  std::vector<Value*> params;
+  if (options.gradient_wrt.empty()) {
+    for (Value* c : g.constants()) {
+      DType t = c->dtype();
+      if (!c->uses().empty() && (t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kFloat16 || t == DType::kBFloat16))
+        params.push_back(c);
+    }
+  } else {
+    for (const std::string& name : options.gradient_wrt) {
+      Value* v = g.find_value(name);
+      if (v == nullptr) return invalid_argument() << "gradient_wrt: the model has no value '" << name << "'";
+      params.push_back(v);
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<Value*> grads, train::append_gradients(g, loss, params));
+  std::vector<Value*> outputs = g.outputs();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Value* grad = grads[i];
+    // A gradient that is a parameter's own value or another output's gets its own name through an Identity.
+    bool taken = grad->is_constant() || grad->producer() == nullptr ||
+                 std::find(outputs.begin(), outputs.end(), grad) != outputs.end();
+    const std::string name = g.unique_name(params[i]->name() + "_grad");
+    if (taken) {
+      Node* id = g.add_node("Identity", {grad}, {name});
+      id->output(0)->set_type(grad->type());
+      grad = id->output(0);
+    } else {
+      g.rename_value(grad, name);
+    }
+    outputs.push_back(grad);
+  }
+  g.set_outputs(outputs);
+  return Status::ok();
+}
 
 Status run_graph_passes(Graph& g, const CompileOptions& options, passes::PassContext& ctx) {
   return passes::run_passes(g, split_pass_list(options).first, ctx).status();

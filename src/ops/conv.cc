@@ -706,6 +706,73 @@ Result<std::vector<tir::ComputeDef>> lower_conv_transpose(const Node& n, LowerCo
   return stages;
 }
 
+// Conv (one group, explicit or VALID padding, static shapes): dB = dY summed
+// over all but the channel axis; dX = ConvTranspose(dY, W) with the
+// output padding that restores X's extent; dW = the correlation of X with
+// dY: a Conv over X with the batch and channel axes swapped whose kernel is
+// dY likewise swapped (strides and dilations trade places), cut to W's
+// extent and swapped back.
+Status grad_conv(GradBuilder& b) {
+  const Node& n = b.node();
+  Value* x = n.input(0);
+  Value* w = n.input(1);
+  Value* y = n.output(0);
+  Value* dy = b.output_grad(0);
+  if (!x->type().is_static() || !w->type().is_static() || !y->type().is_static())
+    return node_unsupported(n) << "the gradient of a Conv with symbolic shapes (not yet)";
+  if (n.attr_int("group", 1) != 1) return node_unsupported(n) << "the gradient of a grouped Conv (not yet)";
+  const std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
+  if (auto_pad != "NOTSET" && auto_pad != "VALID")
+    return node_unsupported(n) << "the gradient of a Conv with auto_pad " << auto_pad << " (not yet)";
+  const std::vector<int64_t> xs = x->type().static_shape(), ws = w->type().static_shape(), ys = y->type().static_shape();
+  const size_t sp = xs.size() - 2;
+  std::vector<int64_t> strides = n.attr_ints("strides", std::vector<int64_t>(sp, 1));
+  std::vector<int64_t> dilations = n.attr_ints("dilations", std::vector<int64_t>(sp, 1));
+  std::vector<int64_t> pads = auto_pad == "VALID" ? std::vector<int64_t>(2 * sp, 0)
+                                                  : n.attr_ints("pads", std::vector<int64_t>(2 * sp, 0));
+  std::vector<int64_t> axes = {0};
+  for (size_t d = 0; d < sp; ++d) axes.push_back(static_cast<int64_t>(d + 2));
+  if (n.num_inputs() > 2 && n.input(2) != nullptr && b.wants(2)) {
+    KILN_ASSIGN_OR_RETURN(Value* db, b.reduce_sum(dy, axes, false));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(2, db));
+  }
+  auto ints_attr = [](std::vector<int64_t> v) { return Attribute::of_ints(std::move(v)); };
+  if (b.wants(0)) {
+    std::vector<int64_t> out_pad;
+    for (size_t d = 0; d < sp; ++d) {
+      int64_t covered = (ys[d + 2] - 1) * strides[d] - pads[d] - pads[d + sp] + (ws[d + 2] - 1) * dilations[d] + 1;
+      out_pad.push_back(xs[d + 2] - covered);
+    }
+    KILN_ASSIGN_OR_RETURN(Value* dx, b.add1("ConvTranspose", {dy, w},
+                                            {{"strides", ints_attr(strides)}, {"dilations", ints_attr(dilations)},
+                                             {"pads", ints_attr(pads)}, {"output_padding", ints_attr(out_pad)}}));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(0, dx));
+  }
+  if (b.wants(1)) {
+    std::vector<int64_t> swap = {1, 0};
+    for (size_t d = 0; d < sp; ++d) swap.push_back(static_cast<int64_t>(d + 2));
+    KILN_ASSIGN_OR_RETURN(Value* xt, b.add1("Transpose", {x}, {{"perm", ints_attr(swap)}}));
+    KILN_ASSIGN_OR_RETURN(Value* dyt, b.add1("Transpose", {dy}, {{"perm", ints_attr(swap)}}));
+    KILN_ASSIGN_OR_RETURN(Value* corr, b.add1("Conv", {xt, dyt},
+                                              {{"strides", ints_attr(dilations)}, {"dilations", ints_attr(strides)},
+                                               {"pads", ints_attr(pads)}}));
+    const std::vector<int64_t> cs = corr->type().static_shape();
+    std::vector<int64_t> starts, ends, slice_axes;
+    for (size_t d = 0; d < sp; ++d) {
+      if (cs[d + 2] == ws[d + 2]) continue;
+      starts.push_back(0);
+      ends.push_back(ws[d + 2]);
+      slice_axes.push_back(static_cast<int64_t>(d + 2));
+    }
+    if (!slice_axes.empty()) {
+      KILN_ASSIGN_OR_RETURN(corr, b.add1("Slice", {corr, b.ints(starts), b.ints(ends), b.ints(slice_axes)}));
+    }
+    KILN_ASSIGN_OR_RETURN(Value* dw, b.add1("Transpose", {corr}, {{"perm", ints_attr(swap)}}));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(1, dw));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 void register_conv_ops() {
@@ -717,6 +784,7 @@ void register_conv_ops() {
   conv.kernel = onednn::conv_kernel;
   conv.runs_kernel = onednn::runs_conv;
   conv.kernel_fills_outputs = true;
+  conv.gradient = grad_conv;
   register_op(std::move(conv));
 
   OpDef convt;

@@ -33,6 +33,15 @@ Result<Value*> GradBuilder::reduce_sum(Value* x, const std::vector<int64_t>& axe
   return add1("ReduceSum", {x, ints(axes)}, attrs);
 }
 
+Result<Value*> GradBuilder::reduce_mean(Value* x, const std::vector<int64_t>& axes) {
+  std::map<std::string, Attribute> attrs = {{"keepdims", Attribute::of_int(1)}};
+  if (opset() < 18) {
+    attrs["axes"] = Attribute::of_ints(axes);
+    return add1("ReduceMean", {x}, attrs);
+  }
+  return add1("ReduceMean", {x, ints(axes)}, attrs);
+}
+
 Result<Value*> GradBuilder::unsqueeze(Value* x, const std::vector<int64_t>& axes) {
   if (opset() < 13) return add1("Unsqueeze", {x}, {{"axes", Attribute::of_ints(axes)}});
   return add1("Unsqueeze", {x, ints(axes)});

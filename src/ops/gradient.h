@@ -57,6 +57,8 @@ class GradBuilder {
   Result<Value*> transpose_last2(Value* x, int64_t rank);
   // ReduceSum over `axes`, keeping them (as the opset spells it).
   Result<Value*> reduce_sum(Value* x, const std::vector<int64_t>& axes, bool keepdims);
+  // ReduceMean over `axes`, keeping them (as the opset spells it).
+  Result<Value*> reduce_mean(Value* x, const std::vector<int64_t>& axes);
   // Unsqueeze at `axes` (as the opset spells it).
   Result<Value*> unsqueeze(Value* x, const std::vector<int64_t>& axes);
   // `x` reshaped to the shape of `like` (Reshape by Shape(like): symbolic dims too).

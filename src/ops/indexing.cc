@@ -1155,11 +1155,43 @@ Result<RuntimeKernel> resize_kernel(const Node& n) {
     return Status::ok();
   });
 }
+// Gather along axis 0 (embeddings): the rows of dy added into zeros of the
+// data's shape at their indices (ScatterND with reduction add, so repeated
+// indices sum), negative indices counted from the end.
+Status grad_gather(GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  Value* data = n.input(0);
+  Value* indices = n.input(1);
+  const int64_t rank = data->type().rank();
+  if (rank < 1 || indices->type().rank() < 0) return node_unsupported(n) << "the gradient of a Gather of unknown rank";
+  int64_t axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += rank;
+  if (axis != 0) return node_unsupported(n) << "the gradient of Gather along axis " << axis << " (axis 0 only, yet)";
+  KILN_ASSIGN_OR_RETURN(Value* shape, b.add1("Shape", {data}));
+  Tensor zero(data->dtype(), {1});
+  KILN_ASSIGN_OR_RETURN(Value* zeros, b.add1("ConstantOfShape", {shape}, {{"value", Attribute::of_tensor(zero)}}));
+  Value* idx = indices;
+  if (idx->dtype() != DType::kInt64) {
+    KILN_ASSIGN_OR_RETURN(idx, b.add1("Cast", {idx}, {{"to", Attribute::of_int(static_cast<int64_t>(DType::kInt64))}}));
+  }
+  KILN_ASSIGN_OR_RETURN(Value* rows, b.add1("Gather", {shape, b.ints({0})}));
+  KILN_ASSIGN_OR_RETURN(Value* wrapped, b.add1("Add", {idx, rows}));
+  Tensor zero_i(DType::kInt64, {});
+  KILN_ASSIGN_OR_RETURN(Value* negative, b.add1("Less", {idx, b.constant(zero_i)}));
+  KILN_ASSIGN_OR_RETURN(Value* fixed, b.add1("Where", {negative, wrapped, idx}));
+  KILN_ASSIGN_OR_RETURN(Value* tuples, b.unsqueeze(fixed, {indices->type().rank()}));
+  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("ScatterND", {zeros, tuples, b.output_grad(0)},
+                                         {{"reduction", Attribute::of_string("add")}}));
+  return b.set_input_grad(0, g);
+}
+
 }  // namespace
 
 void register_indexing_ops() {
   OpDef gather = make_def("Gather", infer_gather, lower_gather);
   gather.index_checks = gather_index_checks;
+  gather.gradient = grad_gather;
   register_op(std::move(gather));
   OpDef gather_elements = make_def("GatherElements", infer_gather_elements, lower_gather_elements);
   gather_elements.index_checks = gather_index_checks;

@@ -508,6 +508,46 @@ Status grad_softmax(GradBuilder& b, bool log) {
   return b.set_input_grad(0, g);
 }
 
+// LayerNormalization, y = xhat * scale + b with xhat = (x - mean) / sqrt(var +
+// eps) over the axes from `axis`: the statistics recomputed from x, then
+// db = sum dy, dscale = sum dy * xhat (over the leading axes), and
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * scale.
+Status grad_layer_norm(GradBuilder& b) {
+  const Node& n = b.node();
+  for (size_t i = 1; i < n.num_outputs(); ++i)
+    if (b.output_grad(i) != nullptr) return node_unsupported(n) << "the gradient through its Mean or InvStdDev output";
+  Value* x = n.input(0);
+  const int64_t rank = x->type().rank();
+  if (rank < 1) return node_unsupported(n) << "the gradient of a LayerNormalization of unknown rank";
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(n, n.attr_int("axis", -1), rank));
+  std::vector<int64_t> axes;
+  for (int64_t d = axis; d < rank; ++d) axes.push_back(d);
+  Value* dy = b.output_grad(0);
+  KILN_ASSIGN_OR_RETURN(Value* mu, b.reduce_mean(x, axes));
+  KILN_ASSIGN_OR_RETURN(Value* xc, b.add1("Sub", {x, mu}));
+  KILN_ASSIGN_OR_RETURN(Value* sq, b.add1("Mul", {xc, xc}));
+  KILN_ASSIGN_OR_RETURN(Value* var, b.reduce_mean(sq, axes));
+  KILN_ASSIGN_OR_RETURN(Value* ve, b.add1("Add", {var, b.scalar(n.attr_float("epsilon", 1e-5), x)}));
+  KILN_ASSIGN_OR_RETURN(Value* sd, b.add1("Sqrt", {ve}));
+  KILN_ASSIGN_OR_RETURN(Value* rstd, b.add1("Reciprocal", {sd}));
+  KILN_ASSIGN_OR_RETURN(Value* xhat, b.add1("Mul", {xc, rstd}));
+  if (n.num_inputs() > 2 && n.input(2) != nullptr) KILN_RETURN_IF_ERROR(b.give(2, dy));
+  if (b.wants(1)) {
+    KILN_ASSIGN_OR_RETURN(Value* ds, b.add1("Mul", {dy, xhat}));
+    KILN_RETURN_IF_ERROR(b.give(1, ds));
+  }
+  if (!b.wants(0)) return Status::ok();
+  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {dy, n.input(1)}));
+  KILN_ASSIGN_OR_RETURN(Value* m1, b.reduce_mean(g, axes));
+  KILN_ASSIGN_OR_RETURN(Value* gx, b.add1("Mul", {g, xhat}));
+  KILN_ASSIGN_OR_RETURN(Value* m2, b.reduce_mean(gx, axes));
+  KILN_ASSIGN_OR_RETURN(Value* xm2, b.add1("Mul", {xhat, m2}));
+  KILN_ASSIGN_OR_RETURN(Value* d1, b.add1("Sub", {g, m1}));
+  KILN_ASSIGN_OR_RETURN(Value* d2, b.add1("Sub", {d1, xm2}));
+  KILN_ASSIGN_OR_RETURN(Value* dx, b.add1("Mul", {d2, rstd}));
+  return b.set_input_grad(0, dx);
+}
+
 }  // namespace
 
 void register_norm_ops() {
@@ -520,7 +560,10 @@ void register_norm_ops() {
   register_norm("Hardmax", infer_softmax,
                 [](const Node& n, LowerContext& ctx) { return lower_softmax(SoftmaxKind::kHardmax, n, ctx); });
   register_norm("LayerNormalization", infer_layer_norm, lower_layer_norm);
-  extend_op("", "LayerNormalization", [](OpDef& def) { def.dim_checks = layer_norm_dim_checks; });
+  extend_op("", "LayerNormalization", [](OpDef& def) {
+    def.dim_checks = layer_norm_dim_checks;
+    def.gradient = grad_layer_norm;
+  });
   register_norm("BatchNormalization", infer_batch_norm, lower_batch_norm);
   register_norm("InstanceNormalization", infer_instance_norm, lower_instance_norm);
   register_norm("GroupNormalization", infer_group_norm, lower_group_norm);

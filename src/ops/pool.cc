@@ -310,11 +310,27 @@ void register_pool(const std::string& name, PoolKind kind) {
   register_op(std::move(def));
 }
 
+// GlobalAveragePool: dy spread evenly over the spatial extent.
+Status grad_global_average_pool(GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  Value* x = n.input(0);
+  if (!x->type().is_static()) return node_unsupported(n) << "the gradient of a GlobalAveragePool with symbolic shapes";
+  std::vector<int64_t> xs = x->type().static_shape();
+  int64_t count = 1;
+  for (size_t d = 2; d < xs.size(); ++d) count *= xs[d];
+  Value* dy = b.output_grad(0);
+  KILN_ASSIGN_OR_RETURN(Value* scaled, b.add1("Mul", {dy, b.scalar(1.0 / static_cast<double>(count), dy)}));
+  KILN_ASSIGN_OR_RETURN(Value* dx, b.add1("Expand", {scaled, b.ints(xs)}));
+  return b.set_input_grad(0, dx);
+}
+
 void register_global_pool(const std::string& name, PoolKind kind) {
   OpDef def;
   def.name = name;
   def.infer = infer_global_pool;
   def.lower = [kind](const Node& n, LowerContext& ctx) { return lower_global_pool(n, ctx, kind); };
+  if (kind == PoolKind::kAverage) def.gradient = grad_global_average_pool;
   register_op(std::move(def));
 }
 

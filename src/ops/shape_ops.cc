@@ -1574,6 +1574,29 @@ Status grad_concat(GradBuilder& b) {
   return Status::ok();
 }
 
+// Split: the outputs' gradients concatenated back along the axis (zeros of
+// an output's shape where none flows).
+Status grad_split(GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  const int64_t rank = n.input(0)->type().rank();
+  if (rank < 0) return node_unsupported(n) << "the gradient of a Split of unknown rank";
+  int64_t axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += rank;
+  std::vector<Value*> parts;
+  for (size_t i = 0; i < n.num_outputs(); ++i) {
+    Value* g = b.output_grad(i);
+    if (g == nullptr) {
+      KILN_ASSIGN_OR_RETURN(Value* shape, b.add1("Shape", {n.output(i)}));
+      Tensor zero(n.output(i)->dtype(), {1});
+      KILN_ASSIGN_OR_RETURN(g, b.add1("ConstantOfShape", {shape}, {{"value", Attribute::of_tensor(zero)}}));
+    }
+    parts.push_back(g);
+  }
+  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Concat", parts, {{"axis", Attribute::of_int(axis)}}));
+  return b.set_input_grad(0, g);
+}
+
 }  // namespace
 
 // Ops with both a lowering and a runtime kernel use the kernel for nodes whose
@@ -1602,7 +1625,9 @@ void register_shape_ops() {
   concat.dim_checks = concat_dim_checks;
   concat.gradient = grad_concat;
   register_op(std::move(concat));
-  register_op(make_def("Split", infer_split, lower_split, false, split_kernel));
+  OpDef split = make_def("Split", infer_split, lower_split, false, split_kernel);
+  split.gradient = grad_split;
+  register_op(std::move(split));
   register_op(make_def("Slice", infer_slice, lower_slice, false, slice_kernel));
   OpDef expand = make_def("Expand", infer_expand, lower_expand, false, expand_kernel);
   expand.gradient = [](GradBuilder& b) { return b.give(0, b.output_grad(0)); };

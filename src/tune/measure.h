@@ -7,7 +7,7 @@
 // to a request file and runs `WORKER tune-measure REQUEST RESULTS` (the kiln
 // binary). The child compiles the group once with naive schedules as the
 // reference, then per trial: records the choice on the anchor, applies the
-// candidate's transform, compiles (stages 5-12), checks the outputs against
+// candidate's transform, compiles (stages 6-13), checks the outputs against
 // the reference, warms up and times repeated runs until both a minimum time
 // and a minimum count are reached, and appends one line to RESULTS. The
 // parent restarts the child after a crash (the trial in progress fails with

@@ -1,6 +1,6 @@
 // A trial: one candidate with knob values on one fused group. The group
 // alone as a graph, the graph with the trial's choice applied, and the cost
-// model's features of the kernel it compiles to (stages 5-8, no code
+// model's features of the kernel it compiles to (stages 6-9, no code
 // generation): what measurement (measure.h), the search (tuner.h) and the
 // database's zero-shot picks (driver/database_source.cc) share.
 #pragma once

@@ -111,7 +111,7 @@ Result<double> parse_duration(const std::string& text) {
 
 namespace {
 
-// Stages 1-3 of compilation (driver/compile.cc) with --dim bindings: the
+// Stages 1-4 of compilation (driver/compile.cc) with --dim bindings: the
 // graph kernel choice would see, and its symbol bounds.
 Result<std::pair<std::unique_ptr<Graph>, SymbolBounds>> graph_before_choice(const std::string& model_path,
                                                                            const TuneOptions& options) {
@@ -241,7 +241,7 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
   TuneSummary summary;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<db::Database> database, db::open_database(options.db, true));
 
-  // Stages 1-3 of compilation (driver/compile.cc), then the workloads kernel choice would ask for.
+  // Stages 1-4 of compilation (driver/compile.cc), then the workloads kernel choice would ask for.
   KILN_ASSIGN_OR_RETURN(auto prepared, graph_before_choice(model_path, options));
   std::unique_ptr<Graph> g = std::move(prepared.first);
   CompileOptions copts;

@@ -208,7 +208,7 @@ TEST(Autodiff, SoftmaxAndReductions) {
 
 TEST(Autodiff, ShapeOps) {
   check_case({"shape_ops", R"(graph g(%a: f64[n, 2, 3], %b: f64[n, 2, 1]) -> (%y) {
-    opset "" 17
+    opset "" 18
     bound n [1, inf]
     %wide: i64[3] = const<i64[3] [1, 1, 3]>
     %e: f64[n, 2, 3] = Expand(%b, %wide)
@@ -218,8 +218,40 @@ TEST(Autodiff, ShapeOps) {
     %f: f64[4, 2 * n] = Flatten(%t)
     %shape: i64[2] = const<i64[2] [2, -1]>
     %r: f64[2, 4 * n] = Reshape(%f, %shape)
-    %y: f64[2, 4 * n] = Identity(%r)
+    %p: f64[2, 2 * n], %q: f64[2, 2 * n] = Split(%r) {axis = 1, num_outputs = 2}
+    %y: f64[2, 2 * n] = Identity(%q)
   })", {"a", "b"}, {{"n", 3}}});
+}
+
+TEST(Autodiff, LayerNormAndGather) {
+  check_case({"layer_norm", R"(graph g(%x: f64[n, 3, 4], %s: f64[4], %b: f64[4]) -> (%y) {
+    opset "" 17
+    bound n [1, inf]
+    %y: f64[n, 3, 4] = LayerNormalization(%x, %s, %b) {epsilon = 0.01}
+  })", {"x", "s", "b"}, {{"n", 2}}});
+  check_case({"layer_norm_axis1", R"(graph g(%x: f64[2, 3, 4], %s: f64[3, 4]) -> (%y) {
+    opset "" 17
+    %y: f64[2, 3, 4] = LayerNormalization(%x, %s) {axis = 1}
+  })", {"x", "s"}, {}});
+  // Repeated and negative indices: their rows add up.
+  check_case({"gather", R"(graph g(%e: f64[5, 3]) -> (%y) {
+    opset "" 17
+    %i: i64[2, 3] = const<i64[2, 3] [0, 4, -1, 2, 0, 2]>
+    %y: f64[2, 3, 3] = Gather(%e, %i)
+  })", {"e"}, {}});
+}
+
+TEST(Autodiff, ConvAndPool) {
+  for (const char* attrs : {"", " {pads = [1, 1, 1, 1]}", " {pads = [1, 0, 2, 1], strides = [2, 2]}",
+                            " {dilations = [2, 1], strides = [1, 2]}"}) {
+    std::string text = std::string(R"(graph g(%x: f64[2, 3, 7, 6], %w: f64[4, 3, 3, 2], %b: f64[4]) -> (%y) {
+    opset "" 17
+    %c: f64[?] = Conv(%x, %w, %b))") + attrs + R"(
+    %p: f64[?] = GlobalAveragePool(%c)
+    %y: f64[?] = Add(%c, %p)
+  })";
+    check_case({"conv", text.c_str(), {"x", "w", "b"}, {}});
+  }
 }
 
 TEST(Autodiff, MissingRulesAreNamedAllAtOnce) {
