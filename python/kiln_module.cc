@@ -543,14 +543,32 @@ std::unique_ptr<CompiledModel> compile_file(const std::string& path, int threads
   return std::make_unique<CompiledModel>(std::move(*model).value());
 }
 
+// kiln.Trainer's settings (python/kiln/__init__.py) as TrainOptions.
+kiln::TrainOptions train_options(const py::dict& d) {
+  kiln::TrainOptions t;
+  t.loss = d["loss"].cast<std::string>();
+  t.params = d["params"].cast<std::vector<std::string>>();
+  t.optimizer = d["optimizer"].cast<std::string>();
+  t.momentum = d["momentum"].cast<double>();
+  t.nesterov = d["nesterov"].cast<bool>();
+  t.beta1 = d["beta1"].cast<double>();
+  t.beta2 = d["beta2"].cast<double>();
+  t.eps = d["eps"].cast<double>();
+  t.weight_decay = d["weight_decay"].cast<double>();
+  t.clip_norm = d["clip_norm"].cast<double>();
+  return t;
+}
+
 std::unique_ptr<CompiledModel> compile_bytes(const py::bytes& data, int threads, bool naive,
                                              const std::string& source_name, int64_t max_memory,
                                              const std::optional<std::vector<std::string>>& passes,
                                              const std::optional<std::string>& db, const std::string& select,
                                              const std::vector<std::string>& prefer, const std::string& gradient_of,
-                                             const std::vector<std::string>& gradient_wrt) {
+                                             const std::vector<std::string>& gradient_wrt,
+                                             const std::optional<py::dict>& train) {
   kiln::CompileOptions options =
       make_options(threads, naive, max_memory, passes, db, select, prefer, gradient_of, gradient_wrt);
+  if (train) options.train = train_options(*train);
   std::string bytes = data;
   std::optional<kiln::Result<kiln::Model>> model;
   {
@@ -619,7 +637,7 @@ PYBIND11_MODULE(_kiln, m) {
         py::arg("naive") = false, py::arg("source_name") = "<bytes>", py::arg("max_memory") = 0,
         py::arg("passes") = py::none(), py::arg("db") = py::none(), py::arg("select") = "priority",
         py::arg("prefer") = std::vector<std::string>{}, py::arg("gradient_of") = "",
-        py::arg("gradient_wrt") = std::vector<std::string>{});
+        py::arg("gradient_wrt") = std::vector<std::string>{}, py::arg("train") = py::none());
   m.def("describe_model_file", &describe_model_file, py::arg("path"));
   m.def("load", &load, py::arg("path"), py::arg("threads") = 0, py::arg("max_memory") = 0);
 }

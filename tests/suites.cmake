@@ -94,6 +94,11 @@ if(KILN_BUILD_PYTHON)
   add_test(NAME train_torch_gradients
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_torch_gradients_test.py)
   set_tests_properties(train_torch_gradients PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
+  # Training steps (kiln.Trainer: forward, backward, clipping, update as one
+  # graph) against torch.optim's, step by step.
+  add_test(NAME train_torch_optimizers
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_torch_training_test.py)
+  set_tests_properties(train_torch_optimizers PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
 
   # The C API: cmake --install into a fresh prefix, a C test program and
   # examples/c/run_model.c built against the installed headers and libkiln.so.

@@ -18,6 +18,19 @@
 
 namespace kiln {
 
+// A training step compiled as one graph (src/train/step.h): forward,
+// backward, gradient clipping and the optimizer's update.
+struct TrainOptions {
+  std::string loss;                 // the output to minimize (a float value of one element)
+  std::vector<std::string> params;  // initializers to train; empty: every float constant of 2+ elements
+  std::string optimizer = "sgd";    // "sgd", "adam" or "adamw"
+  double momentum = 0;              // sgd
+  bool nesterov = false;            // sgd with momentum
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
+  double weight_decay = 0;          // sgd, adam: L2 added to the gradient; adamw: decoupled
+  double clip_norm = 0;             // > 0: gradients scaled so their global norm is at most this
+};
+
 struct CompileOptions {
   int threads = 0;             // 0: all hardware threads
   bool naive = false;          // naive (reference) schedules: no inlining, serial loops
@@ -64,6 +77,9 @@ struct CompileOptions {
   // An op without a gradient rule on the way is an error naming all of them.
   std::string gradient_of;
   std::vector<std::string> gradient_wrt;
+  // Set: the model becomes one training step (TrainOptions; its inputs and
+  // outputs in src/train/step.h). Excludes gradient_of.
+  std::optional<TrainOptions> train;
   // Called as each stage of the compilation starts ("import", "graph passes",
   // "code generation", ...; src/driver/compile.cc), on the compiling thread:
   // the command line's progress display on a terminal.

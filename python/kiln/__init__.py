@@ -18,7 +18,7 @@ import os
 from ._kiln import KilnError, TensorInfo, __version__  # noqa: F401
 from . import _kiln
 
-__all__ = ["compile", "load", "describe_model_file", "CompiledModel", "KilnError", "TensorInfo", "__version__"]
+__all__ = ["compile", "load", "Trainer", "describe_model_file", "CompiledModel", "KilnError", "TensorInfo", "__version__"]
 
 # Kiln compiles in float32; the precisions it accepts.
 PRECISIONS = ("fp32",)
@@ -220,6 +220,76 @@ class CompiledModel:
         elif not isinstance(inputs, dict):
             inputs = {self.inputs[0].name: inputs}
         return self._impl._profile(inputs, int(runs), "" if path is None else os.fspath(path))
+
+
+class Trainer:
+    """Training with Kiln: one step (forward, backward, gradient clipping, the optimizer's
+    update) compiled as one graph (docs/training.md). The parameters and the optimizer's state
+    live here as numpy arrays; `step(feeds)` runs one step on a batch and returns the loss.
+
+    model: as for kiln.compile (a path, bytes, an onnx.ModelProto, or a torch.nn.Module with
+        `example_inputs`), whose output `loss` is the value to minimize.
+    params: initializer names to train; None: every float initializer.
+    optimizer: "sgd" (momentum=, nesterov=), "adam" or "adamw" (betas=, eps=);
+        weight_decay=: L2 for sgd and adam, decoupled for adamw; clip_norm=: the gradients'
+        global norm at most this (0: no clipping); lr: the learning rate, or pass lr= to step().
+    """
+
+    def __init__(self, model, loss="loss", params=None, optimizer="sgd", lr=0.01, momentum=0.0,
+                 nesterov=False, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, clip_norm=0.0,
+                 threads=0, db=None, example_inputs=None, input_names=None, opset=17):
+        import numpy as np
+        import onnx
+        from onnx import numpy_helper
+
+        if _is_torch_module(model):
+            model = _export_torch(model, example_inputs, input_names, opset)
+        if isinstance(model, (str, os.PathLike)):
+            proto = onnx.load(os.fspath(model))
+        elif isinstance(model, (bytes, bytearray, memoryview)):
+            proto = onnx.load_from_string(bytes(model))
+        elif type(model).__name__ == "ModelProto":
+            proto = model
+        else:
+            raise TypeError("Trainer expects a path, the model's bytes, an onnx.ModelProto or a "
+                            f"torch.nn.Module, got {type(model).__name__}")
+        initial = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+        if params is None:
+            params = [n for n, a in initial.items() if a.dtype in (np.float32, np.float64)]
+        params = _check_str_list("params", params)
+        unknown = [p for p in params if p not in initial]
+        if unknown:
+            raise KilnError(f"params {unknown} are not initializers of the model")
+        settings = dict(loss=loss, params=params, optimizer=optimizer, momentum=float(momentum),
+                        nesterov=bool(nesterov), beta1=float(betas[0]), beta2=float(betas[1]), eps=float(eps),
+                        weight_decay=float(weight_decay), clip_norm=float(clip_norm))
+        self._impl = _kiln.compile_bytes(proto.SerializeToString(), threads=threads, db=db if db is None else os.fspath(db),
+                                         source_name="<trainer>", train=settings)
+        self.loss_name = loss
+        self.lr = lr
+        self.steps = 0
+        self.params = {p: np.array(initial[p], copy=True) for p in params}
+        names = {i.name: i for i in self._impl.inputs}
+        self.state = {n: np.zeros([int(d) for d in info.dims], np.dtype(info.dtype))
+                      for n, info in names.items() if n.endswith((".momentum", ".adam_m", ".adam_v"))}
+        self._dtype = np.dtype(names["kiln.lr"].dtype)
+
+    def step(self, feeds, lr=None):
+        """One step on the batch `feeds` (dict name -> array); returns the loss before the update."""
+        import numpy as np
+
+        self.steps += 1
+        inputs = dict(feeds)
+        inputs.update(self.params)
+        inputs.update(self.state)
+        inputs["kiln.lr"] = np.array(self.lr if lr is None else lr, self._dtype)
+        inputs["kiln.step"] = np.array(self.steps, self._dtype)
+        out = self._impl.run(inputs, None)
+        for name in self.params:
+            self.params[name] = out[name + ".next"]
+        for name in self.state:
+            self.state[name] = out[name + ".next"]
+        return float(out[self.loss_name])
 
 
 def load(path, threads=0, max_memory=0):

@@ -3,6 +3,7 @@
 // them in order with the other folders' stages.
 #include "driver/pipeline.h"
 #include "train/autodiff.h"
+#include "train/step.h"
 
 #include <algorithm>
 #include <chrono>
@@ -308,6 +309,14 @@ std::pair<std::vector<std::string>, bool> split_pass_list(const CompileOptions& 
 }  // namespace
 
 Status append_requested_gradients(Graph& g, const CompileOptions& options) {
+  if (options.train) {
+    if (!options.gradient_of.empty()) return invalid_argument() << "train and gradient_of exclude each other";
+    ops::InferContext ctx;
+    ctx.graph = &g;
+    ctx.bounds = g.bounds;
+    KILN_RETURN_IF_ERROR(ops::infer_shapes(g, ctx));
+    return train::make_training_step(g, *options.train);
+  }
   if (options.gradient_of.empty()) {
     if (!options.gradient_wrt.empty()) return invalid_argument() << "gradient_wrt is given without gradient_of";
     return Status::ok();

@@ -44,9 +44,10 @@ TensorInfo make_info(const Value* v);
 // rejects an ai.onnx opset newer than kNewestOnnxOpset).
 Status check_supported(const Graph& g);
 
-// Stage "gradients": with options.gradient_of, the backward graph appended
-// (train::append_gradients) and the gradients made outputs "<name>_grad";
-// nothing otherwise.
+// Stage "gradients": with options.train, the model made one training step
+// (train::make_training_step); with options.gradient_of, the backward graph
+// appended (train::append_gradients) and the gradients made outputs
+// "<name>_grad"; nothing otherwise.
 Status append_requested_gradients(Graph& g, const CompileOptions& options);
 
 // The graph passes `options` asks for (the default pipeline unless

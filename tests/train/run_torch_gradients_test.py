@@ -7,26 +7,12 @@ comparison). Also: an op without a gradient rule is an error naming every such o
     PYTHONPATH=build/python run_torch_gradients_test.py
 """
 import io
-import sys
-import traceback
 
 import numpy as np
 import torch
 
 import kiln
-
-FAILURES = []
-
-
-def case(fn):
-    try:
-        fn()
-        print("ok  ", fn.__name__)
-    except Exception:  # noqa: BLE001 (each case reports its own failure)
-        FAILURES.append(fn.__name__)
-        print("FAIL", fn.__name__)
-        traceback.print_exc()
-    return fn
+from cases import case, finish
 
 
 def export(module, inputs, names):
@@ -151,12 +137,5 @@ def ops_without_a_rule_are_named_at_once():
     raise AssertionError("compiled without the missing rules")
 
 
-def main():
-    if FAILURES:
-        print("failed:", ", ".join(FAILURES))
-        sys.exit(1)
-    print("all cases passed")
-
-
 if __name__ == "__main__":
-    main()
+    finish()

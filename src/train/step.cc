@@ -1,0 +1,171 @@
+// make_training_step: parameters to inputs, gradients, clipping, the update.
+#include "train/step.h"
+
+#include "ops/registry.h"
+#include "train/autodiff.h"
+
+namespace kiln::train {
+
+namespace {
+
+bool is_float(DType t) { return t == DType::kFloat32 || t == DType::kFloat64; }
+
+// The update's arithmetic: each node's types inferred as it is added.
+class Emitter {
+ public:
+  explicit Emitter(Graph& g) : g_(g) {
+    ctx_.graph = &g;
+    ctx_.bounds = g.bounds;
+    ctx_.next_fresh = 1 << 21;  // past inference's and autodiff's fresh symbols
+  }
+  Result<Value*> op(const std::string& type, const std::vector<Value*>& in,
+                    const std::map<std::string, Attribute>& attrs = {}) {
+    Node* n = g_.add_node(type, in, {g_.unique_name("train." + type)});
+    for (const auto& [k, a] : attrs) n->set_attr(k, a);
+    KILN_RETURN_IF_ERROR(ops::infer_node(*n, ctx_));
+    return n->output(0);
+  }
+  Value* scalar(double v, DType t) {
+    Tensor s(t, {});
+    s.set_f64(0, v);
+    return g_.add_constant(g_.unique_name("train.const"), std::move(s));
+  }
+  // a * x + b * y, a and b numbers.
+  Result<Value*> lerp(double a, Value* x, double b, Value* y) {
+    KILN_ASSIGN_OR_RETURN(Value* ax, op("Mul", {x, scalar(a, x->dtype())}));
+    KILN_ASSIGN_OR_RETURN(Value* by, op("Mul", {y, scalar(b, y->dtype())}));
+    return op("Add", {ax, by});
+  }
+
+ private:
+  Graph& g_;
+  ops::InferContext ctx_;
+};
+
+}  // namespace
+
+Status make_training_step(Graph& g, const TrainOptions& o) {
+  if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw")
+    return invalid_argument() << "optimizer '" << o.optimizer << "': Kiln has sgd, adam and adamw";
+  if (o.nesterov && (o.optimizer != "sgd" || o.momentum <= 0))
+    return invalid_argument() << "nesterov needs the sgd optimizer with a momentum above 0";
+  if (o.momentum < 0 || o.weight_decay < 0 || o.clip_norm < 0 || o.eps < 0 || o.beta1 < 0 || o.beta1 >= 1 ||
+      o.beta2 < 0 || o.beta2 >= 1)
+    return invalid_argument() << "momentum, weight_decay, clip_norm and eps must be >= 0, beta1 and beta2 in [0, 1)";
+  Value* loss = g.find_value(o.loss);
+  if (loss == nullptr) return invalid_argument() << "loss: the model has no value '" << o.loss << "'";
+  if (!is_float(loss->dtype())) return invalid_argument() << "loss '" << o.loss << "' is not f32 or f64";
+  const DType dt = loss->dtype();
+
+  // Parameters: constants that become inputs of their own names.
+  std::vector<Value*> consts;
+  if (o.params.empty()) {
+    for (Value* c : g.constants())
+      if (is_float(c->dtype()) && !c->uses().empty() && c->constant().numel() >= 2) consts.push_back(c);
+  } else {
+    for (const std::string& name : o.params) {
+      Value* v = g.find_value(name);
+      if (v == nullptr || !v->is_constant())
+        return invalid_argument() << "params: '" << name << "' is not an initializer of the model";
+      if (!is_float(v->dtype())) return invalid_argument() << "params: '" << name << "' is not f32 or f64";
+      consts.push_back(v);
+    }
+  }
+  std::vector<Value*> params;
+  for (Value* c : consts) {
+    const std::string name = c->name();
+    g.rename_value(c, g.unique_name(name + ".initial"));
+    Value* p = g.add_input(name, c->type());
+    g.replace_all_uses(c, p);
+    params.push_back(p);
+  }
+  Value* lr = g.add_input(kLearningRateInput, TensorType{dt, Shape{}});
+  Value* step = g.add_input(kStepInput, TensorType{dt, Shape{}});
+
+  KILN_ASSIGN_OR_RETURN(std::vector<Value*> grads, append_gradients(g, loss, params));
+  Emitter e(g);
+  // L2 weight decay (SGD, Adam): into the gradient. AdamW decays the weights.
+  if (o.weight_decay > 0 && o.optimizer != "adamw")
+    for (size_t i = 0; i < params.size(); ++i) {
+      KILN_ASSIGN_OR_RETURN(grads[i], e.lerp(1, grads[i], o.weight_decay, params[i]));
+    }
+  if (o.clip_norm > 0 && !params.empty()) {
+    // coef = min(1, max_norm / (||g|| + 1e-6)) over all gradients together.
+    Value* total = nullptr;
+    for (Value* gr : grads) {
+      KILN_ASSIGN_OR_RETURN(Value* sq, e.op("Mul", {gr, gr}));
+      KILN_ASSIGN_OR_RETURN(Value* s, e.op("ReduceSum", {sq}, {{"keepdims", Attribute::of_int(0)}}));
+      if (total == nullptr) {
+        total = s;
+      } else {
+        KILN_ASSIGN_OR_RETURN(total, e.op("Add", {total, s}));
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(Value* norm, e.op("Sqrt", {total}));
+    KILN_ASSIGN_OR_RETURN(Value* denom, e.op("Add", {norm, e.scalar(1e-6, dt)}));
+    KILN_ASSIGN_OR_RETURN(Value* ratio, e.op("Div", {e.scalar(o.clip_norm, dt), denom}));
+    KILN_ASSIGN_OR_RETURN(Value* coef, e.op("Min", {ratio, e.scalar(1, dt)}));
+    for (Value*& gr : grads) {
+      KILN_ASSIGN_OR_RETURN(gr, e.op("Mul", {gr, coef}));
+    }
+  }
+
+  std::vector<std::pair<Value*, std::string>> outputs = {{loss, ""}};
+  std::vector<std::pair<Value*, std::string>> state_out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Value* p = params[i];
+    Value* gr = grads[i];
+    Value* delta = gr;  // p' = p - lr * delta
+    if (o.optimizer == "sgd" && o.momentum > 0) {
+      Value* v = g.add_input(p->name() + ".momentum", p->type());
+      KILN_ASSIGN_OR_RETURN(Value* v2, e.lerp(o.momentum, v, 1, gr));
+      state_out.push_back({v2, v->name() + ".next"});
+      delta = v2;
+      if (o.nesterov) {
+        KILN_ASSIGN_OR_RETURN(delta, e.lerp(1, gr, o.momentum, v2));
+      }
+    } else if (o.optimizer != "sgd") {
+      Value* m = g.add_input(p->name() + ".adam_m", p->type());
+      Value* v = g.add_input(p->name() + ".adam_v", p->type());
+      KILN_ASSIGN_OR_RETURN(Value* m2, e.lerp(o.beta1, m, 1 - o.beta1, gr));
+      KILN_ASSIGN_OR_RETURN(Value* g2, e.op("Mul", {gr, gr}));
+      KILN_ASSIGN_OR_RETURN(Value* v2, e.lerp(o.beta2, v, 1 - o.beta2, g2));
+      state_out.push_back({m2, m->name() + ".next"});
+      state_out.push_back({v2, v->name() + ".next"});
+      // Bias corrections 1 - beta^step.
+      KILN_ASSIGN_OR_RETURN(Value* b1t, e.op("Pow", {e.scalar(o.beta1, dt), step}));
+      KILN_ASSIGN_OR_RETURN(Value* b2t, e.op("Pow", {e.scalar(o.beta2, dt), step}));
+      KILN_ASSIGN_OR_RETURN(Value* c1, e.op("Sub", {e.scalar(1, dt), b1t}));
+      KILN_ASSIGN_OR_RETURN(Value* c2, e.op("Sub", {e.scalar(1, dt), b2t}));
+      KILN_ASSIGN_OR_RETURN(Value* mhat, e.op("Div", {m2, c1}));
+      KILN_ASSIGN_OR_RETURN(Value* vhat, e.op("Div", {v2, c2}));
+      KILN_ASSIGN_OR_RETURN(Value* root, e.op("Sqrt", {vhat}));
+      KILN_ASSIGN_OR_RETURN(Value* den, e.op("Add", {root, e.scalar(o.eps, dt)}));
+      KILN_ASSIGN_OR_RETURN(delta, e.op("Div", {mhat, den}));
+    }
+    Value* base = p;
+    if (o.optimizer == "adamw" && o.weight_decay > 0) {
+      // p * (1 - lr * wd)
+      KILN_ASSIGN_OR_RETURN(Value* lwd, e.op("Mul", {lr, e.scalar(o.weight_decay, dt)}));
+      KILN_ASSIGN_OR_RETURN(Value* keep, e.op("Sub", {e.scalar(1, dt), lwd}));
+      KILN_ASSIGN_OR_RETURN(base, e.op("Mul", {p, keep}));
+    }
+    KILN_ASSIGN_OR_RETURN(Value* step_size, e.op("Mul", {delta, lr}));
+    KILN_ASSIGN_OR_RETURN(Value* next, e.op("Sub", {base, step_size}));
+    outputs.push_back({next, p->name() + ".next"});
+  }
+  outputs.insert(outputs.end(), state_out.begin(), state_out.end());
+  std::vector<Value*> outs;
+  for (auto& [v, name] : outputs) {
+    if (!name.empty()) {
+      if (g.find_value(name) != nullptr) return invalid_argument() << "the model already has a value named '" << name << "'";
+      g.rename_value(v, name);
+    }
+    outs.push_back(v);
+  }
+  g.set_outputs(outs);
+  g.remove_dead_values();
+  return Status::ok();
+}
+
+}  // namespace kiln::train
