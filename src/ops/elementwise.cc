@@ -940,9 +940,27 @@ bool dropout_is_identity(const Node& n) {
          n.input(1)->constant().get_f64(0) == 0;
 }
 
+// Dropout: the identity where it is one (inference); in training, dy times
+// the node's own mask and 1 / (1 - ratio) (the mask must be an output: it
+// cannot be drawn again).
+Status grad_dropout(GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  Value* dy = b.output_grad(0);
+  if (dropout_is_identity(n)) return b.set_input_grad(0, dy);
+  Value* mask = n.num_outputs() > 1 ? n.output(1) : nullptr;
+  if (mask == nullptr || !has_input(n, 1) || !n.input(1)->is_constant())
+    return node_unsupported(n) << "the gradient of a training-mode Dropout needs its mask output and a constant ratio";
+  const double ratio = n.input(1)->constant().get_f64(0);
+  KILN_ASSIGN_OR_RETURN(Value* kept, b.add1("Where", {mask, dy, b.scalar(0, dy)}));
+  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {kept, b.scalar(1.0 / (1.0 - ratio), dy)}));
+  return b.set_input_grad(0, g);
+}
+
 void register_dropout() {
   OpDef def;
   def.name = "Dropout";
+  def.gradient = grad_dropout;
   def.is_elementwise = true;
   def.kernel = dropout_training_kernel;
   def.runs_kernel = [](const Node& n) { return !dropout_is_identity(n); };

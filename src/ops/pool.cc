@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <map>
+
 #include "ops/common.h"
 
 namespace kiln::ops {
@@ -302,10 +304,35 @@ Result<std::vector<tir::ComputeDef>> lower_global_pool(const Node& n, LowerConte
   return stages;
 }
 
+// MaxPool: dy added into zeros at each window's maximum (the Indices of a
+// MaxPool of the same attributes: flat over the whole input), ties to the
+// first, as the indices say.
+Status grad_max_pool(GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  if (n.num_outputs() > 1 && b.output_grad(1) != nullptr) return node_unsupported(n) << "a gradient through Indices";
+  Value* x = n.input(0);
+  if (n.attr_int("storage_order", 0) != 0) return node_unsupported(n) << "the gradient of a column-major MaxPool";
+  std::map<std::string, Attribute> attrs(n.attrs().begin(), n.attrs().end());
+  KILN_ASSIGN_OR_RETURN(std::vector<Value*> pooled, b.add("MaxPool", {x}, attrs, 2));
+  Value* flat = b.ints({-1});
+  KILN_ASSIGN_OR_RETURN(Value* idx, b.add1("Reshape", {pooled[1], flat}));
+  KILN_ASSIGN_OR_RETURN(Value* upd, b.add1("Reshape", {b.output_grad(0), flat}));
+  KILN_ASSIGN_OR_RETURN(Value* xflat, b.add1("Reshape", {x, flat}));
+  KILN_ASSIGN_OR_RETURN(Value* shape, b.add1("Shape", {xflat}));
+  Tensor zero(x->dtype(), {1});
+  KILN_ASSIGN_OR_RETURN(Value* zeros, b.add1("ConstantOfShape", {shape}, {{"value", Attribute::of_tensor(zero)}}));
+  KILN_ASSIGN_OR_RETURN(Value* sum, b.add1("ScatterElements", {zeros, idx, upd},
+                                           {{"axis", Attribute::of_int(0)}, {"reduction", Attribute::of_string("add")}}));
+  KILN_ASSIGN_OR_RETURN(Value* dx, b.reshape_like(sum, x));
+  return b.set_input_grad(0, dx);
+}
+
 void register_pool(const std::string& name, PoolKind kind) {
   OpDef def;
   def.name = name;
   def.infer = infer_pool;
+  if (kind == PoolKind::kMax) def.gradient = grad_max_pool;
   def.lower = [kind](const Node& n, LowerContext& ctx) { return lower_pool(n, ctx, kind); };
   register_op(std::move(def));
 }

@@ -1574,6 +1574,49 @@ Status grad_concat(GradBuilder& b) {
   return Status::ok();
 }
 
+// Slice with constant starts, ends, axes and steps of 1 on static shapes:
+// dy padded with zeros back to the input's extent.
+Status grad_slice(GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  Value* x = n.input(0);
+  Value* y = n.output(0);
+  if (!x->type().is_static() || !y->type().is_static() || n.num_inputs() < 3)
+    return node_unsupported(n) << "the gradient of a Slice with symbolic shapes or attribute bounds (not yet)";
+  const std::vector<int64_t> xs = x->type().static_shape();
+  const int64_t rank = static_cast<int64_t>(xs.size());
+  auto ints_of = [&](size_t i) -> std::optional<std::vector<int64_t>> {
+    if (!has_input(n, i)) return std::nullopt;
+    return const_ints(n, i);
+  };
+  auto starts = ints_of(1), ends = ints_of(2);
+  if (!starts || !ends) return node_unsupported(n) << "the gradient of a Slice with bounds known only at run time";
+  std::vector<int64_t> axes(starts->size());
+  for (size_t k = 0; k < axes.size(); ++k) axes[k] = static_cast<int64_t>(k);
+  if (has_input(n, 3)) {
+    auto a = ints_of(3);
+    if (!a) return node_unsupported(n) << "the gradient of a Slice with axes known only at run time";
+    axes = *a;
+  }
+  if (has_input(n, 4)) {
+    auto st = ints_of(4);
+    if (!st || std::any_of(st->begin(), st->end(), [](int64_t v) { return v != 1; }))
+      return node_unsupported(n) << "the gradient of a Slice with steps other than 1 (not yet)";
+  }
+  std::vector<int64_t> pads(2 * static_cast<size_t>(rank), 0);
+  for (size_t k = 0; k < axes.size(); ++k) {
+    int64_t a = axes[k] < 0 ? axes[k] + rank : axes[k];
+    int64_t d = xs[static_cast<size_t>(a)];
+    int64_t s0 = (*starts)[k] < 0 ? (*starts)[k] + d : (*starts)[k];
+    s0 = std::clamp<int64_t>(s0, 0, d);
+    int64_t len = y->type().static_shape()[static_cast<size_t>(a)];
+    pads[static_cast<size_t>(a)] = s0;
+    pads[static_cast<size_t>(a + rank)] = d - s0 - len;
+  }
+  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Pad", {b.output_grad(0), b.ints(pads)}));
+  return b.set_input_grad(0, g);
+}
+
 // Split: the outputs' gradients concatenated back along the axis (zeros of
 // an output's shape where none flows).
 Status grad_split(GradBuilder& b) {
@@ -1628,7 +1671,9 @@ void register_shape_ops() {
   OpDef split = make_def("Split", infer_split, lower_split, false, split_kernel);
   split.gradient = grad_split;
   register_op(std::move(split));
-  register_op(make_def("Slice", infer_slice, lower_slice, false, slice_kernel));
+  OpDef slice = make_def("Slice", infer_slice, lower_slice, false, slice_kernel);
+  slice.gradient = grad_slice;
+  register_op(std::move(slice));
   OpDef expand = make_def("Expand", infer_expand, lower_expand, false, expand_kernel);
   expand.gradient = [](GradBuilder& b) { return b.give(0, b.output_grad(0)); };
   register_op(std::move(expand));

@@ -254,6 +254,21 @@ TEST(Autodiff, ConvAndPool) {
   }
 }
 
+TEST(Autodiff, SliceMaxPoolDropout) {
+  check_case({"slice", R"(graph g(%x: f64[4, 6]) -> (%y) {
+    opset "" 17
+    %s: i64[2] = const<i64[2] [1, -5]>
+    %e: i64[2] = const<i64[2] [3, 5]>
+    %a: i64[2] = const<i64[2] [0, 1]>
+    %y: f64[2, 4] = Slice(%x, %s, %e, %a)
+  })", {"x"}, {}});
+  check_case({"max_pool", R"(graph g(%x: f64[2, 2, 6, 5]) -> (%y) {
+    opset "" 17
+    %p: f64[?] = MaxPool(%x) {kernel_shape = [3, 2], pads = [1, 0, 1, 1], strides = [2, 2]}
+    %y: f64[?] = Dropout(%p)
+  })", {"x"}, {}});
+}
+
 TEST(Autodiff, MissingRulesAreNamedAllAtOnce) {
   auto g = parse_graph(R"(graph g(%a: f32[4]) -> (%y) {
     opset "" 17
