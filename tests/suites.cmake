@@ -103,6 +103,10 @@ if(KILN_BUILD_PYTHON)
   add_test(NAME train_kiln_torch
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_kiln_torch_test.py)
   set_tests_properties(train_kiln_torch PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
+  # kiln train: per-step losses, checkpoints and resume bit for bit, export.
+  add_test(NAME train_cli
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_kiln_train_test.py --kiln $<TARGET_FILE:kiln>)
+  set_tests_properties(train_cli PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
   # A kiln.torch module under DistributedDataParallel (gloo, two local ranks).
   add_test(NAME train_kiln_torch_ddp
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_kiln_torch_ddp_test.py)

@@ -572,7 +572,7 @@ def run_cli_help(kiln, work):
     bench, profile and info lists is one the command accepts."""
     valid = _write(os.path.join(work, "help.onnx"), _relu_model().SerializeToString())
     failures = 0
-    commands = ["info", "run", "bench", "profile", "compile", "opt", "ops", "tune", "tune-worker", "db"]
+    commands = ["info", "run", "bench", "profile", "compile", "train", "opt", "ops", "tune", "tune-worker", "db"]
     for command in commands:
         problems = []
         proc = subprocess.run([kiln, command, "--help"], capture_output=True, text=True, timeout=60)

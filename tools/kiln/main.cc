@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -32,9 +33,14 @@
 #include "kiln/kiln.h"
 #include "npy.h"
 #include "opt.h"
+#include "progress.h"
+#include "train.h"
 #include "support/json.h"
 #include "support/memory_limit.h"
 #include "test_data.h"
+#include "frontend/onnx/export.h"
+#include "frontend/onnx/import.h"
+#include "ops/registry.h"
 
 namespace kiln::cli {
 namespace {
@@ -104,6 +110,17 @@ std::string command_help(const std::string& command) {
            "                          thread (node, implementation, knobs, workload key); open it in\n"
            "                          https://ui.perfetto.dev or chrome://tracing\n" +
            inputs + compile + "  example: kiln profile bert.onnx --threads 2 --runs 20 -o bert_trace.json\n";
+  if (command == "train")
+    return "usage: kiln train MODEL --data DIR [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X] [--momentum X]\n"
+           "                  [--nesterov] [--weight-decay X] [--clip-norm X] [--epochs N] [--threads N]\n"
+           "                  [--checkpoint FILE [--resume]] [-o trained.onnx]\n"
+           "  train MODEL, whose output --loss (default 'loss') is the value to minimize: forward, backward,\n"
+           "  clipping and the update compiled as one graph (docs/training.md), run over the batches of\n"
+           "  DIR (one directory per batch, in name order, NAME.npy per input the loss needs); the loss of\n"
+           "  every step is printed. --checkpoint FILE: parameters and optimizer state saved after every\n"
+           "  epoch (replaced only by a complete file); --resume continues from it, bit for bit as if never\n"
+           "  stopped. -o: the trained model for inference (the model with its trained initializers).\n"
+           "  example: kiln train mlp.onnx --data batches/ --optimizer adamw --lr 0.001 --epochs 3 -o mlp.trained.onnx\n";
   if (command == "compile")
     return "usage: kiln compile MODEL -o model.kiln [compile options]\n"
            "  compile MODEL ahead of time into one package file: bytecode, kernels as a shared library,\n"
@@ -130,34 +147,6 @@ std::string command_help(const std::string& command) {
            "  differentiable: has a gradient rule)\n"
            "  example: kiln ops | grep -i conv\n";
   return "";
-}
-
-// One line of progress on stderr while it is a terminal (nothing otherwise):
-// the compile's stages, then bench's runs. Cleared before results print.
-class Progress {
- public:
-  Progress() : enabled_(isatty(STDERR_FILENO) != 0) {}
-  ~Progress() { clear(); }
-  bool enabled() const { return enabled_; }
-  void show(const std::string& text) {
-    if (!enabled_) return;
-    std::cerr << "\r\033[K" << text << std::flush;
-    shown_ = true;
-  }
-  void clear() {
-    if (!enabled_ || !shown_) return;
-    std::cerr << "\r\033[K" << std::flush;
-    shown_ = false;
-  }
-
- private:
-  bool enabled_;
-  bool shown_ = false;
-};
-
-Progress& progress() {
-  static Progress p;
-  return p;
 }
 
 // Model::compile_file with the stages shown on a terminal; a package
@@ -217,6 +206,8 @@ const char kUsage[] =
     "  kiln bench MODEL [--threads N] [--runs N] [--warmup N] [--dim NAME=VALUE] [--passes a,b] [--json] [--dump-ir]\n"
     "      compile, warm up, time repeated runs; print median, p10/p90, min\n"
     "      (--dump-ir: the loop IR and optimized LLVM IR of every kernel to stderr)\n"
+    "  kiln train MODEL --data DIR [--optimizer sgd|adam|adamw] [--lr X] [--epochs N] [-o trained.onnx]\n"
+    "      train the model's loss output over .npy batches (kiln train --help)\n"
     "  kiln compile MODEL -o model.kiln [compile options]\n"
     "      compile ahead of time into one package file, which run, bench, profile and info take\n"
     "      in place of MODEL (then only --threads and --max-memory apply)\n"
@@ -828,6 +819,145 @@ Result<int> cmd_compile(const std::vector<std::string>& argv) {
   return kExitOk;
 }
 
+// kiln train: the model's training step (CompileOptions::train) run over
+// the batches of --data for --epochs, the loss of every step printed.
+Result<int> cmd_train(const std::vector<std::string>& argv) {
+  OptionSpec spec;
+  spec.with_value = {"data", "loss", "optimizer", "lr", "momentum", "weight-decay", "clip-norm", "epochs",
+                     "threads", "checkpoint", "output", "max-memory", "db"};
+  spec.flags = {"nesterov", "resume", "no-db"};
+  KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
+  KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "train"));
+  auto data = args.get("data");
+  if (!data) return invalid_argument() << "train needs --data DIR (a directory per batch, NAME.npy per input)";
+  KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
+  TrainOptions t;
+  t.loss = args.get("loss").value_or("loss");
+  t.optimizer = args.get("optimizer").value_or("sgd");
+  t.nesterov = args.has("nesterov");
+  if (auto v = args.get("momentum")) {
+    KILN_ASSIGN_OR_RETURN(t.momentum, parse_tolerance(*v, "--momentum"));
+  }
+  if (auto v = args.get("weight-decay")) {
+    KILN_ASSIGN_OR_RETURN(t.weight_decay, parse_tolerance(*v, "--weight-decay"));
+  }
+  if (auto v = args.get("clip-norm")) {
+    KILN_ASSIGN_OR_RETURN(t.clip_norm, parse_tolerance(*v, "--clip-norm"));
+  }
+  double lr = 0.01;
+  if (auto v = args.get("lr")) {
+    KILN_ASSIGN_OR_RETURN(lr, parse_tolerance(*v, "--lr"));
+  }
+  int64_t epochs = 1;
+  if (auto v = args.get("epochs")) {
+    KILN_ASSIGN_OR_RETURN(epochs, parse_int(*v, "--epochs", 1, 1000000));
+  }
+  const std::string checkpoint = args.get("checkpoint").value_or("");
+  if (args.has("resume") && checkpoint.empty()) return invalid_argument() << "--resume needs --checkpoint FILE";
+  options.train = t;
+
+  // The batches: one directory each, in name order.
+  std::vector<std::filesystem::path> batches;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(*data, ec))
+    if (entry.is_directory()) batches.push_back(entry.path());
+  if (ec) return io_error() << "cannot list --data '" << *data << "': " << ec.message();
+  if (batches.empty()) return invalid_argument() << "--data '" << *data << "' holds no batch directory";
+  std::sort(batches.begin(), batches.end());
+
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, import_onnx_file(path));
+  KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
+  // The step's inputs: parameters (the model's initializers), optimizer
+  // state, the learning rate and step count, and the data.
+  std::map<std::string, Tensor> state;  // parameters and optimizer state
+  std::vector<std::string> data_inputs;
+  DType dt = DType::kFloat32;
+  for (const TensorInfo& info : model.inputs()) {
+    if (info.name == "kiln.lr") {
+      dt = info.dtype;
+      continue;
+    }
+    if (info.name == "kiln.step") continue;
+    const Value* v = graph->find_value(info.name);
+    if (v != nullptr && v->is_constant()) {
+      state[info.name] = v->constant().clone();
+      continue;
+    }
+    const std::string& n = info.name;
+    bool is_state = false;
+    for (const char* suffix : {".momentum", ".adam_m", ".adam_v"})
+      is_state |= n.size() > std::strlen(suffix) && n.compare(n.size() - std::strlen(suffix), std::string::npos, suffix) == 0;
+    if (is_state) {
+      std::vector<int64_t> shape;
+      for (const std::string& d : info.dims) shape.push_back(std::stoll(d));
+      state[n] = Tensor(info.dtype, shape);
+      continue;
+    }
+    data_inputs.push_back(n);
+  }
+  Checkpoint at;
+  if (args.has("resume")) {
+    KILN_ASSIGN_OR_RETURN(at, read_checkpoint(checkpoint));
+    for (auto& [name, value] : state) {
+      auto it = at.tensors.find(name);
+      if (it == at.tensors.end() || it->second.dtype() != value.dtype() || it->second.shape() != value.shape())
+        return invalid_argument() << "checkpoint '" << checkpoint << "' does not fit this model and optimizer: '" << name
+                                  << "' is " << (it == at.tensors.end() ? "missing" : it->second.describe());
+      value = it->second;
+    }
+    std::cout << "resumed from " << checkpoint << " at epoch " << at.epoch + 1 << ", batch " << at.batch + 1
+              << " (step " << at.step + 1 << ")\n";
+  }
+  std::cout << std::setprecision(9);
+  for (int64_t epoch = at.epoch; epoch < epochs; ++epoch) {
+    for (size_t b = epoch == at.epoch ? static_cast<size_t>(at.batch) : 0; b < batches.size(); ++b) {
+      std::map<std::string, Tensor> feeds = state;
+      for (const std::string& name : data_inputs) {
+        auto file = batches[b] / (name + ".npy");
+        auto value = read_npy(file.string());
+        if (!value.is_ok()) return value.status().with_context("batch " + batches[b].filename().string());
+        feeds[name] = std::move(*value);
+      }
+      const int64_t step = at.step + 1;
+      Tensor lr_t(dt, {}), step_t(dt, {});
+      lr_t.set_f64(0, lr);
+      step_t.set_f64(0, static_cast<double>(step));
+      feeds["kiln.lr"] = lr_t;
+      feeds["kiln.step"] = step_t;
+      progress().show("kiln: train: epoch " + std::to_string(epoch + 1) + "/" + std::to_string(epochs) + " batch " +
+                      std::to_string(b + 1) + "/" + std::to_string(batches.size()));
+      KILN_ASSIGN_OR_RETURN(auto out, model.run(feeds));
+      for (auto& [name, value] : state) value = out.at(name + ".next");
+      at.step = step;
+      at.epoch = epoch;
+      at.batch = static_cast<int64_t>(b) + 1;
+      progress().clear();
+      std::cout << "epoch " << epoch + 1 << " batch " << b + 1 << " step " << step << " loss "
+                << out.at(t.loss).get_f64(0) << std::endl;
+    }
+    at.epoch = epoch + 1;
+    at.batch = 0;
+    if (!checkpoint.empty()) {
+      at.tensors = state;
+      KILN_RETURN_IF_ERROR(write_checkpoint(checkpoint, at));
+    }
+  }
+  if (auto out = args.get("output")) {
+    // The trained model for inference: the original with the trained values.
+    for (const auto& [name, value] : state) {
+      Value* v = graph->find_value(name);
+      if (v != nullptr && v->is_constant()) v->set_constant(value);
+    }
+    ops::InferContext ctx;
+    ctx.graph = graph.get();
+    ctx.bounds = graph->bounds;
+    KILN_RETURN_IF_ERROR(ops::infer_shapes(*graph, ctx));
+    KILN_RETURN_IF_ERROR(export_onnx_file(*graph, *out));
+    std::cout << "wrote " << *out << "\n";
+  }
+  return kExitOk;
+}
+
 Result<int> cmd_profile(const std::vector<std::string>& argv) {
   OptionSpec spec;
   spec.with_value = {"threads", "select", "impl", "runs", "dim", "input", "top", "max-memory", "passes", "db", "output"};
@@ -870,7 +1000,7 @@ int main_impl(int argc, char** argv) {
   }
   using Command = Result<int> (*)(const std::vector<std::string>&);
   const std::map<std::string, Command> commands = {
-      {"info", cmd_info}, {"run", cmd_run}, {"compile", cmd_compile}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}, {"profile", cmd_profile},
+      {"info", cmd_info}, {"run", cmd_run}, {"compile", cmd_compile}, {"train", cmd_train}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}, {"profile", cmd_profile},
       {"db", cmd_db}, {"tune", cmd_tune}, {"tune-measure", cmd_tune_measure},
       {"tune-worker", cmd_tune_worker}};
   auto it = commands.find(command);
