@@ -18,6 +18,7 @@
 #include "package/package.h"
 #include "support/cpu_features.h"
 #include "support/json.h"
+#include "tune/tune.h"
 
 extern char** environ;
 
@@ -130,7 +131,8 @@ Status write(const std::string& path, const driver::CompiledProgram& compiled, c
   }
   std::ostringstream meta;
   meta << "{\"format\": " << kFormatVersion << ", \"kiln_version\": " << json_quote(c.kiln_version)
-       << ", \"source\": " << json_quote(source) << ", \"arch\": " << json_quote(c.arch) << ", \"cpu\": " << json_quote(c.cpu)
+       << ", \"source\": " << json_quote(source) << ", \"target_key\": " << json_quote(tune::TargetKey::host().text())
+       << ", \"arch\": " << json_quote(c.arch) << ", \"cpu\": " << json_quote(c.cpu)
        << ", \"cpu_features\": [";
   for (size_t i = 0; i < c.cpu_features.size(); ++i) meta << (i ? ", " : "") << json_quote(c.cpu_features[i]);
   meta << "], \"inputs\": " << infos_json(c.inputs) << ", \"outputs\": " << infos_json(c.outputs)
