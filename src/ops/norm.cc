@@ -548,6 +548,52 @@ Status grad_layer_norm(GradBuilder& b) {
   return b.set_input_grad(0, dx);
 }
 
+// BatchNormalization with its running statistics (inference form): per
+// channel an affine map, so dX = dY * scale / sqrt(var + eps), dscale =
+// sum dY * xhat and dB = sum dY over every axis but the channels'. The
+// training form (batch statistics) has no rule yet.
+Status grad_batch_norm(GradBuilder& b) {
+  const Node& n = b.node();
+  if (n.attr_int("training_mode", 0) != 0)
+    return node_unsupported(n) << "the gradient of BatchNormalization in training mode (not yet)";
+  const int64_t rank = n.input(0)->type().rank();
+  if (rank < 2) return node_unsupported(n) << "the gradient of a BatchNormalization of unknown rank";
+  std::vector<int64_t> per_channel = {1, -1};
+  std::vector<int64_t> others = {0};
+  for (int64_t d = 2; d < rank; ++d) {
+    per_channel.push_back(1);
+    others.push_back(d);
+  }
+  Value* dy = b.output_grad(0);
+  Value* x = n.input(0);
+  auto channels = [&](Value* v) { return b.add1("Reshape", {v, b.ints(per_channel)}); };
+  KILN_ASSIGN_OR_RETURN(Value* ve, b.add1("Add", {n.input(4), b.scalar(n.attr_float("epsilon", 1e-5), n.input(4))}));
+  KILN_ASSIGN_OR_RETURN(Value* sd, b.add1("Sqrt", {ve}));
+  KILN_ASSIGN_OR_RETURN(Value* rstd, b.add1("Reciprocal", {sd}));
+  KILN_ASSIGN_OR_RETURN(Value* rstd_c, channels(rstd));
+  if (b.wants(0)) {
+    KILN_ASSIGN_OR_RETURN(Value* k, b.add1("Mul", {n.input(1), rstd}));
+    KILN_ASSIGN_OR_RETURN(Value* k_c, channels(k));
+    KILN_ASSIGN_OR_RETURN(Value* dx, b.add1("Mul", {dy, k_c}));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(0, dx));
+  }
+  if (b.wants(2)) {
+    KILN_ASSIGN_OR_RETURN(Value* db, b.reduce_sum(dy, others, false));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(2, db));
+  }
+  if (b.wants(1)) {
+    KILN_ASSIGN_OR_RETURN(Value* mean_c, channels(n.input(3)));
+    KILN_ASSIGN_OR_RETURN(Value* xc, b.add1("Sub", {x, mean_c}));
+    KILN_ASSIGN_OR_RETURN(Value* xhat, b.add1("Mul", {xc, rstd_c}));
+    KILN_ASSIGN_OR_RETURN(Value* prod, b.add1("Mul", {dy, xhat}));
+    KILN_ASSIGN_OR_RETURN(Value* ds, b.reduce_sum(prod, others, false));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(1, ds));
+  }
+  if (b.wants(3) || b.wants(4))
+    return node_unsupported(n) << "the gradient with respect to the running statistics";
+  return Status::ok();
+}
+
 }  // namespace
 
 void register_norm_ops() {
@@ -565,6 +611,7 @@ void register_norm_ops() {
     def.gradient = grad_layer_norm;
   });
   register_norm("BatchNormalization", infer_batch_norm, lower_batch_norm);
+  extend_op("", "BatchNormalization", [](OpDef& def) { def.gradient = grad_batch_norm; });
   register_norm("InstanceNormalization", infer_instance_norm, lower_instance_norm);
   register_norm("GroupNormalization", infer_group_norm, lower_group_norm);
   register_norm("LpNormalization", infer_same_shape, lower_lp_norm);

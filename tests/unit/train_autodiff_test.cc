@@ -269,6 +269,15 @@ TEST(Autodiff, SliceMaxPoolDropout) {
   })", {"x"}, {}});
 }
 
+TEST(Autodiff, BatchNormInference) {
+  check_case({"batch_norm", R"(graph g(%x: f64[2, 3, 4, 2], %s: f64[3], %b: f64[3]) -> (%y) {
+    opset "" 17
+    %m: f64[3] = const<f64[3] [0.5, -0.25, 1]>
+    %v: f64[3] = const<f64[3] [1.5, 0.75, 2]>
+    %y: f64[2, 3, 4, 2] = BatchNormalization(%x, %s, %b, %m, %v) {epsilon = 0.01}
+  })", {"x", "s", "b"}, {}});
+}
+
 TEST(Autodiff, MissingRulesAreNamedAllAtOnce) {
   auto g = parse_graph(R"(graph g(%a: f32[4]) -> (%y) {
     opset "" 17
