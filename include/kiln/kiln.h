@@ -72,7 +72,8 @@ struct CompileOptions {
   // Gradients (reverse mode, src/train): the gradient of the output named
   // `gradient_of` (a float value of one element) with respect to the values
   // named in `gradient_wrt` (graph inputs or initializers; empty: every float
-  // initializer the output depends on), appended to the graph before the
+  // constant, Constant nodes' included, zeros for those the output does not
+  // depend on), appended to the graph before the
   // graph passes and returned as outputs "<name>_grad" after the model's own.
   // An op without a gradient rule on the way is an error naming all of them.
   std::string gradient_of;

@@ -78,7 +78,7 @@ def compile(model, threads=0, precision="fp32", db=None, select="priority", pref
     naive: reference schedules (no fusion of loops, serial).
     gradient_of: the name of an output (a float value of one element, a loss): the model also
         returns its gradient with respect to `gradient_wrt` (names of inputs or initializers;
-        None: every float initializer), as outputs "<name>_grad", computed by reverse mode over
+        None: every float constant, Constant nodes' included), as outputs "<name>_grad", computed by reverse mode over
         the graph and compiled with it (docs/training.md).
 
     Any number of compiled models may run at once from any number of threads; calls
