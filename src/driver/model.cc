@@ -51,27 +51,25 @@ Model::~Model() = default;
 
 Result<Model> Model::load(const std::string& path, const CompileOptions& options) {
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<package::Loaded> loaded, package::load(path));
-  auto impl = std::make_unique<Impl>();
-  impl->compiled.program = loaded->contents.program;
-  impl->compiled.inputs = loaded->contents.inputs;
-  impl->compiled.outputs = loaded->contents.outputs;
-  impl->compiled.kernel_choices = loaded->contents.kernel_choices;
-  impl->compiled.stats = loaded->contents.stats;
-  impl->compiled.stats.compile_seconds = 0;
-  if (loaded->contents.empty_dims) {
-    auto empty = std::make_unique<Impl>();
-    empty->compiled.program = loaded->contents.empty_dims;
-    empty->compiled.inputs = loaded->contents.inputs;
-    empty->compiled.outputs = loaded->contents.outputs;
-    empty->compiled.kernel_choices = loaded->contents.kernel_choices;
-    empty->package = loaded;
-    empty->vm = std::make_unique<runtime::VM>(empty->compiled.program, driver::resolve_threads(options.threads));
-    empty->vm->set_memory_limit(options.max_memory_bytes);
-    impl->empty_dims = std::move(empty);
-  }
-  impl->package = std::move(loaded);
-  impl->vm = std::make_unique<runtime::VM>(impl->compiled.program, driver::resolve_threads(options.threads));
-  impl->vm->set_memory_limit(options.max_memory_bytes);
+  // The model's program, or its empty-dims one (whose kernels the library
+  // names with a prefix), ready to run.
+  auto make = [&](const std::shared_ptr<runtime::Program>& program, const std::string& kernel_prefix) {
+    auto impl = std::make_unique<Impl>();
+    const package::Contents& c = loaded->contents;
+    impl->compiled.program = program;
+    impl->compiled.inputs = c.inputs;
+    impl->compiled.outputs = c.outputs;
+    impl->compiled.kernel_choices = c.kernel_choices;
+    for (kernels::KernelChoiceInfo& k : impl->compiled.kernel_choices) k.kernel = kernel_prefix + k.kernel;
+    impl->compiled.stats = c.stats;
+    impl->compiled.stats.compile_seconds = 0;
+    impl->package = loaded;
+    impl->vm = std::make_unique<runtime::VM>(program, driver::resolve_threads(options.threads));
+    impl->vm->set_memory_limit(options.max_memory_bytes);
+    return impl;
+  };
+  std::unique_ptr<Impl> impl = make(loaded->contents.program, "");
+  if (loaded->contents.empty_dims) impl->empty_dims = make(loaded->contents.empty_dims, package::kEmptyDimsPrefix);
   impl->path = path;
   impl->options = options;
   return Model(std::move(impl));

@@ -329,11 +329,8 @@ Status append_requested_gradients(Graph& g, const CompileOptions& options) {
   if (loss == nullptr) return invalid_argument() << "gradient_of: the model has no value '" << options.gradient_of << "'";
   std::vector<Value*> params;
   if (options.gradient_wrt.empty()) {
-    for (Value* c : g.constants()) {
-      DType t = c->dtype();
-      if (!c->uses().empty() && (t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kFloat16 || t == DType::kBFloat16))
-        params.push_back(c);
-    }
+    for (Value* c : g.constants())
+      if (!c->uses().empty() && train::differentiable_dtype(c->dtype())) params.push_back(c);
   } else {
     for (const std::string& name : options.gradient_wrt) {
       Value* v = g.find_value(name);

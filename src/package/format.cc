@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "graph/graph.h"
 #include "ops/registry.h"
@@ -125,11 +126,15 @@ class Serializer {
   std::vector<ConstantSlot>& constants() { return constants_; }
 
  private:
+  // Registers sharing a constant's storage share its record (each keeps its
+  // own shape); zero-byte constants are told apart by dtype.
+  static std::tuple<const void*, DType, int64_t> key(const Tensor& t) { return {t.data(), t.dtype(), t.nbytes()}; }
+
   Status add_constant(const Tensor& t) {
-    if (constant_index_.count(t.data()) && t.nbytes() > 0) return Status::ok();
+    if (constant_index_.count(key(t))) return Status::ok();
     if (dtype_is_container(t.dtype()) || t.dtype() == DType::kString)
       return unsupported() << "a constant of dtype " << dtype_name(t.dtype()) << " cannot be packaged";
-    constant_index_[t.data()] = static_cast<int>(constants_.size());
+    constant_index_[key(t)] = static_cast<int>(constants_.size());
     constants_.push_back({t.dtype(), t.shape(), &t});
     return Status::ok();
   }
@@ -140,7 +145,7 @@ class Serializer {
       w.str(r.name);
       w.u32(static_cast<uint32_t>(r.dtype));
       w.exprs(r.shape);
-      w.i64(r.is_constant ? constant_index_.at(r.constant.data()) : -1);
+      w.i64(r.is_constant ? constant_index_.at(key(r.constant)) : -1);
       if (r.is_constant) w.i64s(r.constant.shape());
       w.i64(r.arena_offset);
       w.u8(r.is_output ? 1 : 0);
@@ -194,7 +199,7 @@ class Serializer {
   std::map<const runtime::Program*, int> index_;
   std::map<const runtime::Program*, std::string> prefix_;
   std::vector<const runtime::Program*> order_;
-  std::map<const void*, int> constant_index_;
+  std::map<std::tuple<const void*, DType, int64_t>, int> constant_index_;
   std::vector<ConstantSlot> constants_;
 };
 
@@ -551,6 +556,7 @@ Result<std::shared_ptr<Loaded>> load(const std::string& path) {
         if (!r.ok() || k >= static_cast<int64_t>(constants.size())) return r.error();
         reg.is_constant = true;
         reg.constant = constants[static_cast<size_t>(k)];
+        if (reg.constant.dtype() != reg.dtype) return r.error();
         if (reg.constant.shape() != shape) {
           int64_t numel = 1;
           for (int64_t d : shape) numel = d < 0 ? -1 : numel * d;

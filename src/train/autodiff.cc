@@ -15,10 +15,6 @@ namespace train {
 
 namespace {
 
-bool is_float(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kFloat16 || t == DType::kBFloat16;
-}
-
 class Builder : public ops::GradBuilder {
  public:
   Builder(Graph& g, ops::InferContext& ctx, std::map<const Value*, Value*>& grads, const std::set<const Value*>& live)
@@ -42,9 +38,9 @@ class Builder : public ops::GradBuilder {
                                   const std::string& domain) override {
     std::vector<std::string> names;
     std::string base = (node_->name().empty() ? node_->op_type() : node_->name()) + "_grad_" + op_type;
-    for (size_t k = 0; k < num_outputs; ++k) names.push_back(g_.unique_name(base));
-    // unique_name sees only existing values: make the names distinct among themselves.
-    for (size_t k = 1; k < names.size(); ++k) names[k] += "_" + std::to_string(k);
+    // unique_name sees only existing values: one base per output keeps them distinct.
+    for (size_t k = 0; k < num_outputs; ++k)
+      names.push_back(g_.unique_name(num_outputs == 1 ? base : base + ".o" + std::to_string(k)));
     Node* m = g_.add_node(op_type, inputs, names, domain);
     for (const auto& [key, a] : attrs) m->set_attr(key, a);
     Status st = ops::infer_node(*m, ctx_);
@@ -80,13 +76,17 @@ class Builder : public ops::GradBuilder {
 
 }  // namespace
 
+bool differentiable_dtype(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kFloat16 || t == DType::kBFloat16;
+}
+
 Result<std::vector<Value*>> append_gradients(Graph& g, Value* loss, const std::vector<Value*>& params) {
-  if (loss == nullptr || !is_float(loss->dtype()) || !loss->type().has_shape() || !loss->type().is_static() ||
+  if (loss == nullptr || !differentiable_dtype(loss->dtype()) || !loss->type().has_shape() || !loss->type().is_static() ||
       loss->type().numel().as_const() != 1)
     return invalid_argument() << "the loss must be a float value of one element"
                               << (loss ? ", not '" + loss->name() + "' of type " + loss->type().to_string() : "");
   for (const Value* p : params) {
-    if (p == nullptr || !is_float(p->dtype()))
+    if (p == nullptr || !differentiable_dtype(p->dtype()))
       return invalid_argument() << "parameter " << (p ? "'" + p->name() + "'" : "(null)") << " is not a float value";
     if (p->producer() != nullptr)
       return invalid_argument() << "parameter '" << p->name() << "' is computed by " << p->producer()->describe()
@@ -101,7 +101,7 @@ Result<std::vector<Value*>> append_gradients(Graph& g, Value* loss, const std::v
     for (const Value* v : g.implicit_inputs(n)) reached |= from_params.count(v) != 0;
     if (reached)
       for (const Value* o : n->outputs())
-        if (o != nullptr && is_float(o->dtype())) from_params.insert(o);
+        if (o != nullptr && differentiable_dtype(o->dtype())) from_params.insert(o);
   }
   // Of those, the values the loss depends on, backward: gradients flow there.
   std::set<const Value*> live;

@@ -12,6 +12,9 @@
 
 namespace kiln::train {
 
+// The dtypes gradients flow through: f32, f64, f16, bf16.
+bool differentiable_dtype(DType t);
+
 // Appends to `g` (whose types are inferred) the nodes computing the gradient
 // of `loss` (a float value of one element) with respect to every value in
 // `params` (graph inputs or constants of float dtype), and returns them in

@@ -117,7 +117,7 @@ Status make_training_step(Graph& g, const TrainOptions& o) {
     Value* gr = grads[i];
     Value* delta = gr;  // p' = p - lr * delta
     if (o.optimizer == "sgd" && o.momentum > 0) {
-      Value* v = g.add_input(p->name() + ".momentum", p->type());
+      Value* v = g.add_input(p->name() + kMomentumSuffix, p->type());
       KILN_ASSIGN_OR_RETURN(Value* v2, e.lerp(o.momentum, v, 1, gr));
       state_out.push_back({v2, v->name() + ".next"});
       delta = v2;
@@ -125,8 +125,8 @@ Status make_training_step(Graph& g, const TrainOptions& o) {
         KILN_ASSIGN_OR_RETURN(delta, e.lerp(1, gr, o.momentum, v2));
       }
     } else if (o.optimizer != "sgd") {
-      Value* m = g.add_input(p->name() + ".adam_m", p->type());
-      Value* v = g.add_input(p->name() + ".adam_v", p->type());
+      Value* m = g.add_input(p->name() + kAdamMSuffix, p->type());
+      Value* v = g.add_input(p->name() + kAdamVSuffix, p->type());
       KILN_ASSIGN_OR_RETURN(Value* m2, e.lerp(o.beta1, m, 1 - o.beta1, gr));
       KILN_ASSIGN_OR_RETURN(Value* g2, e.op("Mul", {gr, gr}));
       KILN_ASSIGN_OR_RETURN(Value* v2, e.lerp(o.beta2, v, 1 - o.beta2, g2));

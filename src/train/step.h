@@ -18,6 +18,11 @@ namespace kiln::train {
 
 inline constexpr const char* kLearningRateInput = "kiln.lr";
 inline constexpr const char* kStepInput = "kiln.step";
+// Optimizer state inputs: the parameter's name and one of these.
+inline constexpr const char* kMomentumSuffix = ".momentum";
+inline constexpr const char* kAdamMSuffix = ".adam_m";
+inline constexpr const char* kAdamVSuffix = ".adam_v";
+inline constexpr const char* kStateSuffixes[] = {kMomentumSuffix, kAdamMSuffix, kAdamVSuffix};
 
 // Rewrites `g` (types inferred) into the training step `options` asks for.
 // Parameters: those named, else every float constant of two or more

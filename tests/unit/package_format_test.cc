@@ -140,6 +140,42 @@ TEST_F(PackageTest, RunsLikeTheCompiledProgram) {
   EXPECT_EQ(err.status().to_string(), from_compile.run(bad).status().to_string());
 }
 
+TEST_F(PackageTest, EmptyConstantsOfDifferentDtypesKeepTheirOwn) {
+  // Two zero-byte constants (their storage may be the same null pointer).
+  auto compiled = compile_text(R"(
+graph main(%x: f32[n], %xi: i64[n]) -> (%y, %z) {
+  opset "" 17
+  bound n [1, inf]
+  %ef: f32[0] = const<f32[0] []>
+  %ei: i64[0] = const<i64[0] []>
+  %y: f32[n] = Concat(%x, %ef) {axis = 0}
+  %z: i64[n] = Concat(%xi, %ei) {axis = 0}
+}
+)");
+  ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+  std::string path = temp_path("empty_constants.kiln");
+  ASSERT_TRUE(write(path, *compiled, "empty").is_ok());
+  auto loaded = load(path);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  int constants = 0;
+  for (const runtime::RegisterInfo& r : (*loaded)->contents.program->registers) {
+    if (!r.is_constant) continue;
+    ++constants;
+    EXPECT_EQ(r.constant.dtype(), r.dtype) << r.name;
+  }
+  EXPECT_EQ(constants, 2);
+  Tensor x(DType::kFloat32, {3}), xi(DType::kInt64, {3});
+  for (int i = 0; i < 3; ++i) {
+    x.data_as<float>()[i] = 0.5f * static_cast<float>(i);
+    xi.data_as<int64_t>()[i] = 7 - i;
+  }
+  runtime::VM a(compiled->program, 1), b((*loaded)->contents.program, 1);
+  auto ra = a.run({x, xi});
+  auto rb = b.run({x, xi});
+  ASSERT_TRUE(ra.is_ok() && rb.is_ok()) << rb.status().to_string();
+  expect_identical(*ra, *rb, "empty constants");
+}
+
 TEST_F(PackageTest, OutlivesTheLoadedObject) {
   std::shared_ptr<runtime::Program> program;
   {

@@ -41,6 +41,7 @@
 #include "frontend/onnx/export.h"
 #include "frontend/onnx/import.h"
 #include "ops/registry.h"
+#include "train/step.h"
 
 namespace kiln::cli {
 namespace {
@@ -873,11 +874,11 @@ Result<int> cmd_train(const std::vector<std::string>& argv) {
   std::vector<std::string> data_inputs;
   DType dt = DType::kFloat32;
   for (const TensorInfo& info : model.inputs()) {
-    if (info.name == "kiln.lr") {
+    if (info.name == train::kLearningRateInput) {
       dt = info.dtype;
       continue;
     }
-    if (info.name == "kiln.step") continue;
+    if (info.name == train::kStepInput) continue;
     const Value* v = graph->find_value(info.name);
     if (v != nullptr && v->is_constant()) {
       state[info.name] = v->constant().clone();
@@ -885,7 +886,7 @@ Result<int> cmd_train(const std::vector<std::string>& argv) {
     }
     const std::string& n = info.name;
     bool is_state = false;
-    for (const char* suffix : {".momentum", ".adam_m", ".adam_v"})
+    for (const char* suffix : train::kStateSuffixes)
       is_state |= n.size() > std::strlen(suffix) && n.compare(n.size() - std::strlen(suffix), std::string::npos, suffix) == 0;
     if (is_state) {
       std::vector<int64_t> shape;
@@ -922,8 +923,8 @@ Result<int> cmd_train(const std::vector<std::string>& argv) {
       Tensor lr_t(dt, {}), step_t(dt, {});
       lr_t.set_f64(0, lr);
       step_t.set_f64(0, static_cast<double>(step));
-      feeds["kiln.lr"] = lr_t;
-      feeds["kiln.step"] = step_t;
+      feeds[train::kLearningRateInput] = lr_t;
+      feeds[train::kStepInput] = step_t;
       progress().show("kiln: train: epoch " + std::to_string(epoch + 1) + "/" + std::to_string(epochs) + " batch " +
                       std::to_string(b + 1) + "/" + std::to_string(batches.size()));
       KILN_ASSIGN_OR_RETURN(auto out, model.run(feeds));
