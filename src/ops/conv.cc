@@ -56,6 +56,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -706,12 +708,17 @@ Result<std::vector<tir::ComputeDef>> lower_conv_transpose(const Node& n, LowerCo
   return stages;
 }
 
-// Conv (one group, explicit or VALID padding, static shapes): dB = dY summed
-// over all but the channel axis; dX = ConvTranspose(dY, W) with the
-// output padding that restores X's extent; dW = the correlation of X with
-// dY: a Conv over X with the batch and channel axes swapped whose kernel is
-// dY likewise swapped (strides and dilations trade places), cut to W's
-// extent and swapped back.
+// Conv (one group, explicit or VALID padding, static shapes). With M output
+// and C input channels, taps K, output positions O and images N:
+//   dB = dY summed over all but the channel axis;
+//   dW = [M, N O] x [N O, C K]: the output gradient times the input's columns
+//        (kiln:Im2Col, [C K, N O]), as one MatMul of the columns with dY
+//        transposed to [N O, M], transposed back;
+//   dX = at stride 1, where the padding allows, the Conv of dY with W's
+//        channels swapped and taps reversed (the convolution strategy's
+//        kernels, the weight packed per run); else the transposed weight
+//        [C K, M] times dY as [M, N O], summed back onto the input positions
+//        (kiln:Col2Im).
 Status grad_conv(GradBuilder& b) {
   const Node& n = b.node();
   Value* x = n.input(0);
@@ -737,38 +744,71 @@ Status grad_conv(GradBuilder& b) {
     KILN_RETURN_IF_ERROR(b.set_input_grad(2, db));
   }
   auto ints_attr = [](std::vector<int64_t> v) { return Attribute::of_ints(std::move(v)); };
-  if (b.wants(0)) {
-    std::vector<int64_t> out_pad;
-    for (size_t d = 0; d < sp; ++d) {
-      int64_t covered = (ys[d + 2] - 1) * strides[d] - pads[d] - pads[d + sp] + (ws[d + 2] - 1) * dilations[d] + 1;
-      out_pad.push_back(xs[d + 2] - covered);
-    }
-    KILN_ASSIGN_OR_RETURN(Value* dx, b.add1("ConvTranspose", {dy, w},
-                                            {{"strides", ints_attr(strides)}, {"dilations", ints_attr(dilations)},
-                                             {"pads", ints_attr(pads)}, {"output_padding", ints_attr(out_pad)}}));
-    KILN_RETURN_IF_ERROR(b.set_input_grad(0, dx));
+  const int64_t m = ws[0], c = ws[1];
+  int64_t taps = 1, positions = ys[0];
+  std::vector<int64_t> kernel(ws.begin() + 2, ws.end());
+  for (size_t d = 0; d < sp; ++d) {
+    taps *= ws[d + 2];
+    positions *= ys[d + 2];
   }
+  std::map<std::string, Attribute> window = {{"kernel_shape", ints_attr(kernel)},
+                                             {"strides", ints_attr(strides)},
+                                             {"dilations", ints_attr(dilations)},
+                                             {"pads", ints_attr(pads)}};
+  // dY as [M, N O] (channels first) and as [N O, M].
+  std::vector<int64_t> channels_first = {1, 0}, channels_last = {0};
+  for (size_t d = 0; d < sp; ++d) {
+    channels_first.push_back(static_cast<int64_t>(d + 2));
+    channels_last.push_back(static_cast<int64_t>(d + 2));
+  }
+  channels_last.push_back(1);
   if (b.wants(1)) {
-    std::vector<int64_t> swap = {1, 0};
-    for (size_t d = 0; d < sp; ++d) swap.push_back(static_cast<int64_t>(d + 2));
-    KILN_ASSIGN_OR_RETURN(Value* xt, b.add1("Transpose", {x}, {{"perm", ints_attr(swap)}}));
-    KILN_ASSIGN_OR_RETURN(Value* dyt, b.add1("Transpose", {dy}, {{"perm", ints_attr(swap)}}));
-    KILN_ASSIGN_OR_RETURN(Value* corr, b.add1("Conv", {xt, dyt},
-                                              {{"strides", ints_attr(dilations)}, {"dilations", ints_attr(strides)},
-                                               {"pads", ints_attr(pads)}}));
-    const std::vector<int64_t> cs = corr->type().static_shape();
-    std::vector<int64_t> starts, ends, slice_axes;
-    for (size_t d = 0; d < sp; ++d) {
-      if (cs[d + 2] == ws[d + 2]) continue;
-      starts.push_back(0);
-      ends.push_back(ws[d + 2]);
-      slice_axes.push_back(static_cast<int64_t>(d + 2));
-    }
-    if (!slice_axes.empty()) {
-      KILN_ASSIGN_OR_RETURN(corr, b.add1("Slice", {corr, b.ints(starts), b.ints(ends), b.ints(slice_axes)}));
-    }
-    KILN_ASSIGN_OR_RETURN(Value* dw, b.add1("Transpose", {corr}, {{"perm", ints_attr(swap)}}));
+    KILN_ASSIGN_OR_RETURN(std::vector<Value*> cols, b.add("Im2Col", {x}, window, 1, "kiln"));
+    KILN_ASSIGN_OR_RETURN(Value* cols2, b.add1("Reshape", {cols[0], b.ints({c * taps, positions})}));
+    KILN_ASSIGN_OR_RETURN(Value* dyt, b.add1("Transpose", {dy}, {{"perm", ints_attr(channels_last)}}));
+    KILN_ASSIGN_OR_RETURN(Value* dyt2, b.add1("Reshape", {dyt, b.ints({positions, m})}));
+    KILN_ASSIGN_OR_RETURN(Value* dwt, b.add1("MatMul", {cols2, dyt2}));
+    KILN_ASSIGN_OR_RETURN(Value* dw2, b.add1("Transpose", {dwt}, {{"perm", ints_attr({1, 0})}}));
+    KILN_ASSIGN_OR_RETURN(Value* dw, b.add1("Reshape", {dw2, b.ints(ws)}));
     KILN_RETURN_IF_ERROR(b.set_input_grad(1, dw));
+  }
+  if (b.wants(0)) {
+    // As a stride-1 Conv: output extent X = Y + pb' + pe' - dil (K - 1) with
+    // pb' = dil (K - 1) - pb; both pads must be non-negative.
+    bool as_conv = b.opset() >= 10;
+    std::vector<int64_t> conv_pads(2 * sp);
+    for (size_t d = 0; d < sp; ++d) {
+      const int64_t span = dilations[d] * (ws[d + 2] - 1);
+      conv_pads[d] = span - pads[d];
+      conv_pads[d + sp] = xs[d + 2] - ys[d + 2] - conv_pads[d] + span;
+      as_conv = as_conv && strides[d] == 1 && conv_pads[d] >= 0 && conv_pads[d + sp] >= 0;
+    }
+    Value* dx = nullptr;
+    if (as_conv) {
+      std::vector<int64_t> starts(sp, -1), ends(sp, std::numeric_limits<int64_t>::min()), steps(sp, -1), flip_axes;
+      for (size_t d = 0; d < sp; ++d) flip_axes.push_back(static_cast<int64_t>(d + 2));
+      KILN_ASSIGN_OR_RETURN(Value* flipped,
+                            b.add1("Slice", {w, b.ints(starts), b.ints(ends), b.ints(flip_axes), b.ints(steps)}));
+      KILN_ASSIGN_OR_RETURN(Value* wt, b.add1("Transpose", {flipped}, {{"perm", ints_attr(channels_first)}}));
+      KILN_ASSIGN_OR_RETURN(dx, b.add1("Conv", {dy, wt},
+                                       {{"dilations", ints_attr(dilations)}, {"pads", ints_attr(conv_pads)}}));
+    } else {
+      KILN_ASSIGN_OR_RETURN(Value* w2, b.add1("Reshape", {w, b.ints({m, c * taps})}));
+      KILN_ASSIGN_OR_RETURN(Value* wt2, b.add1("Transpose", {w2}, {{"perm", ints_attr({1, 0})}}));
+      KILN_ASSIGN_OR_RETURN(Value* dyc, b.add1("Transpose", {dy}, {{"perm", ints_attr(channels_first)}}));
+      KILN_ASSIGN_OR_RETURN(Value* dyc2, b.add1("Reshape", {dyc, b.ints({m, positions})}));
+      KILN_ASSIGN_OR_RETURN(Value* dcols, b.add1("MatMul", {wt2, dyc2}));
+      std::vector<int64_t> cols_shape = {c};
+      cols_shape.insert(cols_shape.end(), kernel.begin(), kernel.end());
+      cols_shape.push_back(ys[0]);
+      cols_shape.insert(cols_shape.end(), ys.begin() + 2, ys.end());
+      KILN_ASSIGN_OR_RETURN(Value* dcols_nd, b.add1("Reshape", {dcols, b.ints(cols_shape)}));
+      std::map<std::string, Attribute> back = window;
+      back.emplace("image_shape", ints_attr(std::vector<int64_t>(xs.begin() + 2, xs.end())));
+      KILN_ASSIGN_OR_RETURN(std::vector<Value*> out, b.add("Col2Im", {dcols_nd}, back, 1, "kiln"));
+      dx = out[0];
+    }
+    KILN_RETURN_IF_ERROR(b.set_input_grad(0, dx));
   }
   return Status::ok();
 }

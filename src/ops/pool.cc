@@ -306,7 +306,10 @@ Result<std::vector<tir::ComputeDef>> lower_global_pool(const Node& n, LowerConte
 
 // MaxPool: dy added into zeros at each window's maximum (the Indices of a
 // MaxPool of the same attributes: flat over the whole input), ties to the
-// first, as the indices say.
+// first, as the indices say. Explicit padding and floor rounding: by
+// kiln:MaxPoolGrad, a compiled kernel that sums, per input position, dy over
+// the windows reaching it that chose it; otherwise ScatterElements with
+// reduction add.
 Status grad_max_pool(GradBuilder& b) {
   const Node& n = b.node();
   if (!b.wants(0)) return Status::ok();
@@ -315,6 +318,17 @@ Status grad_max_pool(GradBuilder& b) {
   if (n.attr_int("storage_order", 0) != 0) return node_unsupported(n) << "the gradient of a column-major MaxPool";
   std::map<std::string, Attribute> attrs(n.attrs().begin(), n.attrs().end());
   KILN_ASSIGN_OR_RETURN(std::vector<Value*> pooled, b.add("MaxPool", {x}, attrs, 2));
+  const std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
+  if (x->type().is_static() && n.attr_int("ceil_mode", 0) == 0 && (auto_pad == "NOTSET" || auto_pad == "VALID")) {
+    std::vector<int64_t> xs = x->type().static_shape();
+    std::map<std::string, Attribute> window;
+    for (const char* name : {"kernel_shape", "strides", "dilations"})
+      if (n.has_attr(name)) window.emplace(name, *n.attr(name));
+    if (auto_pad == "NOTSET" && n.has_attr("pads")) window.emplace("pads", *n.attr("pads"));
+    window.emplace("image_shape", Attribute::of_ints(std::vector<int64_t>(xs.begin() + 2, xs.end())));
+    KILN_ASSIGN_OR_RETURN(std::vector<Value*> dx, b.add("MaxPoolGrad", {b.output_grad(0), pooled[1]}, window, 1, "kiln"));
+    return b.set_input_grad(0, dx[0]);
+  }
   Value* flat = b.ints({-1});
   KILN_ASSIGN_OR_RETURN(Value* idx, b.add1("Reshape", {pooled[1], flat}));
   KILN_ASSIGN_OR_RETURN(Value* upd, b.add1("Reshape", {b.output_grad(0), flat}));

@@ -76,19 +76,46 @@ Tensor pack_ihwo(const Tensor& t) {
   return out;
 }
 
-// A 4-D constant weight as ONNX stores it, and an output of rank 4.
-bool onnx_weight_4d(const Node& n, std::string* why) {
+// The weight's dims: a constant's, or a computed weight's static type (a
+// training step's, whose weights are graph inputs).
+std::vector<int64_t> weight_dims(const Node& n) {
+  const Value* w = n.input(1);
+  return w->is_constant() ? w->constant().shape() : w->type().static_shape();
+}
+
+// A 4-D weight as ONNX stores it, and an output of rank 4. The weight is a
+// constant, or with `computed_ok` any f32 value of static shape: candidates
+// whose transform packs the weight by a kernel at run time (kiln:PackPanels)
+// when it is not a constant.
+bool onnx_weight_4d(const Node& n, std::string* why, bool computed_ok = false) {
   auto no = [&](const char* w) {
     if (why) *why = w;
     return false;
   };
   if (n.has_attr("kiln_weight_layout")) return no("weights already re-laid out");
   const Value* w = n.num_inputs() > 1 ? n.input(1) : nullptr;
-  if (w == nullptr || !w->is_constant() || w->constant().rank() != 4) return no("weight is not a 4-D constant");
-  const Tensor& t = w->constant();
-  if (t.dtype() == DType::kString || t.numel() == 0) return no("empty or string weight");
+  if (w == nullptr) return no("no weight");
+  if (w->is_constant()) {
+    if (w->constant().rank() != 4) return no("weight is not 4-D");
+    const Tensor& t = w->constant();
+    if (t.dtype() == DType::kString || t.numel() == 0) return no("empty or string weight");
+  } else {
+    if (!computed_ok) return no("weight is not a 4-D constant");
+    const TensorType& t = w->type();
+    if (t.dtype != DType::kFloat32 || t.rank() != 4 || !t.is_static()) return no("weight is not a static 4-D f32 value");
+    std::vector<int64_t> ws = t.static_shape();
+    if (std::find(ws.begin(), ws.end(), 0) != ws.end()) return no("empty weight");
+  }
   const Value* y = n.num_outputs() > 0 ? n.output(0) : nullptr;
   if (y == nullptr || y->type().rank() != 4) return no("output rank unknown");
+  return true;
+}
+
+bool one_group(const Node& n, std::string* why) {
+  if (n.attr_int("group", 1) != 1) {
+    if (why) *why = "grouped";
+    return false;
+  }
   return true;
 }
 
@@ -102,7 +129,7 @@ bool ihwo_applies(const Node& n, std::string* why) {
 }
 
 int ihwo_priority(const Node& n, const Target&) {
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  const std::vector<int64_t>& ws = weight_dims(n);
   if (ws[2] > 3 || ws[3] > 3 || ws[1] * ws[2] * ws[3] < 64) return 5;
   const Shape& ys = *n.output(0)->type().shape;
   auto height = ys[2].as_const(), width = ys[3].as_const();
@@ -161,10 +188,10 @@ tir::Schedule inline_padded_input(const tir::KernelDef& k, const std::string& st
 
 // ---- conv.panels ------------------------------------------------------------
 
-int64_t out_channels(const Node& n) { return n.input(1)->constant().shape()[0]; }
+int64_t out_channels(const Node& n) { return weight_dims(n)[0]; }
 
 bool one_by_one(const Node& n) {
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  const std::vector<int64_t>& ws = weight_dims(n);
   return ws[2] == 1 && ws[3] == 1;
 }
 
@@ -177,9 +204,9 @@ bool strided_one_by_one(const Node& n) {
 }
 
 bool panels_applies(const Node& n, std::string* why) {
-  if (!ihwo_applies(n, why)) return false;
-  const Tensor& w = n.input(1)->constant();
-  if (w.dtype() != DType::kFloat32) {
+  if (!onnx_weight_4d(n, why, true) || !one_group(n, why)) return false;
+  const Value* w = n.input(1);
+  if ((w->is_constant() ? w->constant().dtype() : w->type().dtype) != DType::kFloat32) {
     if (why) *why = "weight is not f32";
     return false;
   }
@@ -192,7 +219,7 @@ bool panels_applies(const Node& n, std::string* why) {
 // one-vector panels may waste at most a quarter of them (24 -> 32 channels
 // with AVX-512's 16 lanes).
 int panels_priority(const Node& n, const Target& t) {
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  const std::vector<int64_t>& ws = weight_dims(n);
   const int64_t lanes = t.lanes();
   int64_t padded = (ws[0] + lanes - 1) / lanes * lanes;
   bool lanes_used = 4 * (padded - ws[0]) <= padded;
@@ -202,7 +229,7 @@ int panels_priority(const Node& n, const Target& t) {
 // Several taps along the width at stride 1 and dilation 1: neighbouring
 // output columns read overlapping input columns.
 bool slides_along_row(const Node& n) {
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  const std::vector<int64_t>& ws = weight_dims(n);
   std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
   std::vector<int64_t> dil = n.attr_ints("dilations", {1, 1});
   return ws[3] > 1 && strides.size() == 2 && strides[1] == 1 && dil.size() == 2 && dil[1] == 1;
@@ -218,7 +245,7 @@ bool phase_split(const Node& n) {
 
 // A window of 5 or more taps along a side, or a column window (KW = 1, KH > 1).
 bool long_window(const Node& n) {
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  const std::vector<int64_t>& ws = weight_dims(n);
   return ws[2] >= 5 || ws[3] >= 5 || (ws[3] == 1 && ws[2] > 1);
 }
 
@@ -231,7 +258,7 @@ bool long_window(const Node& n) {
 // channel limits; the tuner measures both candidates per host.
 bool deep_small_plane_one_by_one(const Node& n, const Target& t) {
   if (t.vector_registers > 16 || !one_by_one(n) || strided_one_by_one(n)) return false;
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  const std::vector<int64_t>& ws = weight_dims(n);
   const Shape& ys = *n.output(0)->type().shape;
   auto h = ys[2].as_const(), w = ys[3].as_const();
   return h && w && *h * *w <= 64 && ws[0] >= 160 && ws[1] >= 512;
@@ -355,7 +382,7 @@ tir::Knobs panels_defaults(const Node& n, const Target& t) {
     return k;
   }
   const bool wide_strided = phase_split(n) && width && *width > 14;
-  const bool deep_input = n.input(1)->constant().shape()[1] >= 16;
+  const bool deep_input = weight_dims(n)[1] >= 16;
   const bool cl = (few_registers && deep_input && (wide_strided || channels_inner)) || deep_small_plane_one_by_one(n, t);
   k["cl"] = cl ? 1 : 0;
   return k;
@@ -375,12 +402,33 @@ Tensor pack_panels(const Tensor& t, int64_t nr) {
   return out;
 }
 
-// Packs the weight into panels of `nr` output channels (layout "P<nr>").
+// Packs the weight into panels of `nr` output channels (layout "P<nr>"): a
+// constant at compile time; a computed weight (a training step's) by a
+// kiln:PackPanels node, a kernel each run (one per weight and panel width).
 Status pack_weight_panels(Graph& g, Node& n, int64_t nr) {
   Value* w = n.input(1);
-  int64_t o = w->constant().shape()[0];
+  const std::vector<int64_t> ws = weight_dims(n);
+  const int64_t o = ws[0];
   if (o % nr != 0) set_int_attr(n, "kiln_out_channels", o);  // the panels hold O rounded up to nr
-  Value* packed = g.add_constant(g.unique_name(w->name() + ".p" + std::to_string(nr)), pack_panels(w->constant(), nr));
+  Value* packed = nullptr;
+  const std::string name = w->name() + ".p" + std::to_string(nr);
+  if (w->is_constant()) {
+    packed = g.add_constant(g.unique_name(name), pack_panels(w->constant(), nr));
+  } else {
+    for (const auto& [user, slot] : w->uses())
+      if (user->domain() == "kiln" && user->op_type() == "PackPanels" && user->attr_int("nr", 0) == nr)
+        packed = user->output(0);
+    if (packed == nullptr) {
+      Node* pack = g.insert_node_before(&n, "PackPanels", {w}, {g.unique_name(name)}, "kiln");
+      pack->set_name(pack->output(0)->name());
+      set_int_attr(*pack, "nr", nr);
+      TensorType t;
+      t.dtype = w->type().dtype;
+      t.shape = Shape{Dim((o + nr - 1) / nr), Dim(ws[1]), Dim(ws[2]), Dim(ws[3]), Dim(nr)};
+      pack->output(0)->set_type(std::move(t));
+      packed = pack->output(0);
+    }
+  }
   g.set_input(&n, 1, packed);
   set_string_attr(n, "kiln_weight_layout", "P" + std::to_string(nr));
   return Status::ok();
@@ -534,7 +582,7 @@ int64_t wvec_order(const Node& n, const Target& t, int64_t mr, int64_t vw, int64
   const TensorType& xt = n.input(0)->type();
   auto oh = ys[2].as_const(), ow = ys[3].as_const();
   if (!oh || !ow || !xt.shape) return 1;  // symbolic plane: assume the activation is the larger
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  const std::vector<int64_t>& ws = weight_dims(n);
   // The input the kernel reads: a strided 1x1 reads its subsampled copy.
   double input = 4.0 * static_cast<double>(ws[1]) * static_cast<double>(*oh) * static_cast<double>(*ow);
   if (!one_by_one(n)) {
@@ -542,7 +590,7 @@ int64_t wvec_order(const Node& n, const Target& t, int64_t mr, int64_t vw, int64
     if (!ih || !iw) return 1;
     input = 4.0 * static_cast<double>(ws[1]) * static_cast<double>(*ih) * static_cast<double>(*iw);
   }
-  double weights = 4.0 * static_cast<double>(n.input(1)->constant().numel());
+  double weights = 4.0 * static_cast<double>(ws[0] * ws[1] * ws[2] * ws[3]);
   double strips = flat ? std::ceil(static_cast<double>(*oh * *ow) / static_cast<double>(vw))
                        : std::ceil(static_cast<double>(*oh) / static_cast<double>(rows)) *
                              std::ceil(static_cast<double>(*ow) / static_cast<double>(vw));
@@ -594,7 +642,7 @@ Status wvec_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
 // and 7x7 stems). Deeper strided kernels stay with panels (measured slower
 // with wvec).
 int wvec_priority(const Node& n, const Target& t) {
-  if (phase_split(n)) return n.input(1)->constant().shape()[1] <= 4 ? 35 : 4;
+  if (phase_split(n)) return weight_dims(n)[1] <= 4 ? 35 : 4;
   auto extent = wvec_extent(n, one_by_one(n));
   if (!one_by_one(n) || !extent || *extent < t.lanes() || deep_small_plane_one_by_one(n, t)) return 4;
   int64_t vw = wvec_width(extent, t, true);
@@ -612,7 +660,7 @@ int wvec_priority(const Node& n, const Target& t) {
   // whole-row tiles (17 columns, see panels_defaults) compute no column twice
   // (measured faster on 768->256 1x1 17x17).
   auto width = (*n.output(0)->type().shape)[3].as_const();
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  const std::vector<int64_t>& ws = weight_dims(n);
   if (!width || ws[0] < 256 || ws[1] < 256) return 35;
   auto padded = [](int64_t x, int64_t f) { return static_cast<double>((x + f - 1) / f * f) / static_cast<double>(x); };
   double panels_work = padded(*width, panels_defaults(n, t).at("mr"));
@@ -848,7 +896,8 @@ bool winograd_applies(const Node& n, std::string* why) {
     if (why) *why = w;
     return false;
   };
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  if (!n.input(1)->is_constant()) return no("weight is not a constant (transformed at compile time)");
+  const std::vector<int64_t>& ws = weight_dims(n);
   if (ws[2] != 3 || ws[3] != 3) return no("not a 3x3 kernel");
   std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
   std::vector<int64_t> dil = n.attr_ints("dilations", {1, 1});
@@ -1000,7 +1049,7 @@ Result<tir::Schedule> winograd_schedule(const tir::KernelDef& k, const std::stri
 // of where Winograd is fastest until an accuracy budget over a model's depth
 // decides where the extra rounding can go.
 int winograd_priority(const Node& n, const Target&) {
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  const std::vector<int64_t>& ws = weight_dims(n);
   const int64_t m = winograd_default_m(n);
   auto tiles = winograd_tiles(n, m);
   if (!tiles || *tiles < 16 || ws[1] < 16) return 3;
@@ -1145,7 +1194,7 @@ Result<tir::Schedule> im2col_schedule(const tir::KernelDef& k, const std::string
 // measurement only.
 int im2col_priority(const Node& n, const Target&) {
   if (conv_groups(n) == 1) return 2;
-  const std::vector<int64_t>& ws = n.input(1)->constant().shape();
+  const std::vector<int64_t>& ws = weight_dims(n);
   return ws[1] * ws[2] * ws[3] >= 64 ? 25 : 8;
 }
 

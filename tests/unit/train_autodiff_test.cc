@@ -243,7 +243,7 @@ TEST(Autodiff, LayerNormAndGather) {
 
 TEST(Autodiff, ConvAndPool) {
   for (const char* attrs : {"", " {pads = [1, 1, 1, 1]}", " {pads = [1, 0, 2, 1], strides = [2, 2]}",
-                            " {dilations = [2, 1], strides = [1, 2]}"}) {
+                            " {dilations = [2, 1], strides = [1, 2]}", " {pads = [0, 2, 1, 2]}"}) {
     std::string text = std::string(R"(graph g(%x: f64[2, 3, 7, 6], %w: f64[4, 3, 3, 2], %b: f64[4]) -> (%y) {
     opset "" 17
     %c: f64[?] = Conv(%x, %w, %b))") + attrs + R"(
@@ -252,6 +252,15 @@ TEST(Autodiff, ConvAndPool) {
   })";
     check_case({"conv", text.c_str(), {"x", "w", "b"}, {}});
   }
+  // One and three spatial dims (kiln:Im2Col and kiln:Col2Im are rank-generic).
+  check_case({"conv1d", R"(graph g(%x: f64[2, 3, 9], %w: f64[2, 3, 3]) -> (%y) {
+    opset "" 17
+    %y: f64[?] = Conv(%x, %w) {pads = [1, 2], strides = [2]}
+  })", {"x", "w"}, {}});
+  check_case({"conv3d", R"(graph g(%x: f64[1, 2, 4, 3, 5], %w: f64[3, 2, 2, 2, 3]) -> (%y) {
+    opset "" 17
+    %y: f64[?] = Conv(%x, %w) {pads = [1, 0, 1, 0, 1, 1]}
+  })", {"x", "w"}, {}});
 }
 
 TEST(Autodiff, SliceMaxPoolDropout) {
@@ -266,6 +275,11 @@ TEST(Autodiff, SliceMaxPoolDropout) {
     opset "" 17
     %p: f64[?] = MaxPool(%x) {kernel_shape = [3, 2], pads = [1, 0, 1, 1], strides = [2, 2]}
     %y: f64[?] = Dropout(%p)
+  })", {"x"}, {}});
+  // ceil_mode: windows past the input's end (ScatterElements, not kiln:MaxPoolGrad).
+  check_case({"max_pool_ceil", R"(graph g(%x: f64[1, 2, 7, 6]) -> (%y) {
+    opset "" 17
+    %y: f64[?] = MaxPool(%x) {ceil_mode = 1, kernel_shape = [3, 3], strides = [2, 2]}
   })", {"x"}, {}});
 }
 

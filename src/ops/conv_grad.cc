@@ -1,0 +1,255 @@
+// Kiln-internal ops (domain "kiln") that convolution gradients and computed
+// weights lower to. All three are compiled (no runtime kernel):
+//
+//   kiln:PackPanels(w) attr nr: [O, R...] -> [ceil(O / nr), R..., nr], zero
+//       past O. The layout "P<nr>" conv.panels and conv.wvec read
+//       (strategy/conv.cc), made each run for a weight that is not a
+//       constant (a training step's parameters).
+//   kiln:Im2Col(x) attrs kernel_shape, strides, pads, dilations:
+//       [N, C, S...] -> [C, K..., N, O...]: every tap's input at every output
+//       position, zero in the padding (rows: the taps of a channel; columns:
+//       the output positions of every image). A weight's gradient is then one
+//       product of its rows with the output gradient.
+//   kiln:Col2Im(col) attrs image_shape, kernel_shape, strides, pads,
+//       dilations: [C, K..., N, O...] -> [N, C, S...], each input position
+//       the sum of the columns whose tap read it (the adjoint of Im2Col): an
+//       input gradient from the product of the transposed weight with the
+//       output gradient.
+//   kiln:MaxPoolGrad(dy, indices): a MaxPool's input gradient (below).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+
+namespace {
+
+constexpr int64_t kMaxPanel = 256;
+
+Result<int64_t> panel_width(const Node& n) {
+  int64_t nr = n.attr_int("nr", 0);
+  if (nr < 1 || nr > kMaxPanel) return node_invalid(n) << "attribute 'nr' must be in [1, " << kMaxPanel << "], got " << nr;
+  return nr;
+}
+
+Status infer_pack_panels(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType wt, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape w, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(int64_t nr, panel_width(n));
+  if (w.empty()) return node_invalid(n) << "weight must have rank >= 1";
+  Shape out = {simplify(floordiv(w[0] + (nr - 1), Expr(nr)), ctx.bounds)};
+  out.insert(out.end(), w.begin() + 1, w.end());
+  out.push_back(Expr(nr));
+  set_output(n, 0, wt.dtype, std::move(out), ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_pack_panels(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& w = ctx.inputs[0];
+  const tir::Buffer& y = ctx.outputs[0];
+  KILN_ASSIGN_OR_RETURN(int64_t nr, panel_width(n));
+  std::vector<std::string> axes = fresh_axes(ctx, y.shape.size());
+  std::vector<Expr> v = axis_vars(axes);
+  Expr o = v[0] * Expr(nr) + v.back();
+  std::vector<Expr> src = {max(min(o, w.shape[0] - 1), Expr(0))};
+  src.insert(src.end(), v.begin() + 1, v.end() - 1);
+  Expr body = select(lt(o, w.shape[0]), ctx.load_input(0, src), const_of(y.dtype, 0));
+  return std::vector<tir::ComputeDef>{make_stage(y.name, y.dtype, axes, y.shape, body)};
+}
+
+// The window of an Im2Col or Col2Im: kernel_shape (required), strides, pads,
+// dilations over `rank` spatial dims, through conv_geometry.
+Result<ConvGeometry> window(const Node& n, const Shape& image, size_t rank, const SymbolBounds& bounds) {
+  std::vector<int64_t> k = n.attr_ints("kernel_shape", {});
+  if (k.size() != rank) return node_invalid(n) << "kernel_shape must have " << rank << " values, got " << k.size();
+  std::vector<Expr> kernel;
+  for (int64_t v : k) {
+    if (v < 1) return node_invalid(n) << "kernel_shape values must be positive";
+    kernel.push_back(Expr(v));
+  }
+  return conv_geometry(n, image, kernel, bounds);
+}
+
+Status infer_im2col(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType xt, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape x, input_shape(n, 0));
+  if (x.size() < 3) return node_invalid(n) << "input rank " << x.size() << " < 3";
+  const size_t rank = x.size() - 2;
+  KILN_ASSIGN_OR_RETURN(ConvGeometry g, window(n, x, rank, ctx.bounds));
+  Shape out = {x[1]};
+  out.insert(out.end(), g.kernel.begin(), g.kernel.end());
+  out.push_back(x[0]);
+  out.insert(out.end(), g.out.begin(), g.out.end());
+  set_output(n, 0, xt.dtype, std::move(out), ctx);
+  return Status::ok();
+}
+
+// y[c, k..., n, o...] = x[n, c, o*stride + k*dilation - pad] (0 outside x).
+Result<std::vector<tir::ComputeDef>> lower_im2col(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& x = ctx.inputs[0];
+  const tir::Buffer& y = ctx.outputs[0];
+  const size_t rank = x.shape.size() - 2;
+  KILN_ASSIGN_OR_RETURN(ConvGeometry g, window(n, Shape(x.shape.begin(), x.shape.end()), rank, {}));
+  std::vector<std::string> axes = fresh_axes(ctx, y.shape.size());
+  std::vector<Expr> v = axis_vars(axes);
+  std::vector<Expr> idx = {v[rank + 1], v[0]};
+  Expr valid;
+  for (size_t d = 0; d < rank; ++d) {
+    Expr pos = v[rank + 2 + d] * Expr(g.stride[d]) + v[1 + d] * Expr(g.dilation[d]) - g.pad_begin[d];
+    Expr ok = logical_and(le(Expr(0), pos), lt(pos, g.in[d]));
+    valid = valid.defined() ? logical_and(valid, ok) : ok;
+    idx.push_back(max(min(pos, g.in[d] - 1), Expr(0)));
+  }
+  Expr body = select(valid, ctx.load_input(0, idx), const_of(y.dtype, 0));
+  return std::vector<tir::ComputeDef>{make_stage(y.name, y.dtype, axes, y.shape, body)};
+}
+
+struct Col2ImShapes {
+  size_t rank = 0;
+  Shape image;  // [N, C, S...]
+  ConvGeometry g;
+};
+
+Result<Col2ImShapes> col2im_shapes(const Node& n, const Shape& col, const SymbolBounds& bounds) {
+  std::vector<int64_t> image = n.attr_ints("image_shape", {});
+  if (image.empty() || col.size() != 2 * image.size() + 2)
+    return node_invalid(n) << "image_shape must have one value per spatial dim of the columns [C, K..., N, O...]";
+  Col2ImShapes s;
+  s.rank = image.size();
+  s.image = {col[s.rank + 1], col[0]};
+  for (int64_t d : image) {
+    if (d < 1) return node_invalid(n) << "image_shape values must be positive";
+    s.image.push_back(Expr(d));
+  }
+  KILN_ASSIGN_OR_RETURN(s.g, window(n, s.image, s.rank, bounds));
+  for (size_t d = 0; d < s.rank; ++d) {
+    if (!prove_equal(col[1 + d], s.g.kernel[d], bounds) || !prove_equal(col[s.rank + 2 + d], s.g.out[d], bounds))
+      return node_invalid(n) << "columns " << shape_to_string(col) << " do not match the window over image_shape";
+  }
+  return s;
+}
+
+Status infer_col2im(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType ct, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape col, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(Col2ImShapes s, col2im_shapes(n, col, ctx.bounds));
+  set_output(n, 0, ct.dtype, s.image, ctx);
+  return Status::ok();
+}
+
+// The window positions that reach input position `at` (one per spatial dim)
+// through taps `taps`: (at + pad - tap * dilation) / stride where that is
+// exact and inside the outputs. `valid` says so; `pos` are clamped indices.
+struct TapSources {
+  Expr valid;
+  std::vector<Expr> pos;
+};
+
+TapSources tap_sources(const ConvGeometry& g, const std::vector<Expr>& at, const std::vector<Expr>& taps) {
+  TapSources t;
+  for (size_t d = 0; d < at.size(); ++d) {
+    Expr num = at[d] + g.pad_begin[d] - taps[d] * Expr(g.dilation[d]);
+    Expr pos = g.stride[d] == 1 ? num : floordiv(num, Expr(g.stride[d]));
+    Expr ok = logical_and(le(Expr(0), num), lt(pos, g.out[d]));
+    if (g.stride[d] != 1) ok = logical_and(ok, eq(mod(num, Expr(g.stride[d])), Expr(0)));
+    t.valid = t.valid.defined() ? logical_and(t.valid, ok) : ok;
+    t.pos.push_back(max(min(pos, g.out[d] - 1), Expr(0)));
+  }
+  return t;
+}
+
+// y[n, c, h...] = sum over taps k of col[c, k, n, (h + pad - k*dilation) / stride]
+// where that division is exact and lands inside the output positions.
+Result<std::vector<tir::ComputeDef>> lower_col2im(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& col = ctx.inputs[0];
+  const tir::Buffer& y = ctx.outputs[0];
+  KILN_ASSIGN_OR_RETURN(Col2ImShapes s, col2im_shapes(n, Shape(col.shape.begin(), col.shape.end()), {}));
+  const size_t rank = s.rank;
+  std::vector<std::string> axes = fresh_axes(ctx, rank + 2, "i");
+  std::vector<Expr> v = axis_vars(axes);
+  std::vector<std::string> raxes = fresh_axes(ctx, rank, "k");
+  std::vector<Expr> r = axis_vars(raxes);
+  std::vector<Expr> idx = {v[1]};
+  idx.insert(idx.end(), r.begin(), r.end());
+  idx.push_back(v[0]);
+  TapSources t = tap_sources(s.g, std::vector<Expr>(v.begin() + 2, v.end()), r);
+  idx.insert(idx.end(), t.pos.begin(), t.pos.end());
+  Expr body = select(t.valid, ctx.load_input(0, idx), const_of(y.dtype, 0));
+  return std::vector<tir::ComputeDef>{make_reduce_stage(y.name, y.dtype, axes, y.shape, raxes, s.g.kernel,
+                                                        tir::Combiner::kSum, const_of(y.dtype, 0), body)};
+}
+
+// kiln:MaxPoolGrad(dy, indices) attrs image_shape, kernel_shape, strides,
+// pads, dilations: dy and a MaxPool's Indices [N, C, O...] (flat row-major
+// over the whole input) -> [N, C, S...], each input position the sum of dy
+// over the windows whose maximum it was: the taps that reach it, as Col2Im.
+Result<Col2ImShapes> max_pool_grad_shapes(const Node& n, const Shape& dy, const Shape& idx, const SymbolBounds& bounds) {
+  std::vector<int64_t> image = n.attr_ints("image_shape", {});
+  if (image.empty() || dy.size() != image.size() + 2 || idx.size() != dy.size())
+    return node_invalid(n) << "dy and indices must be [N, C, O...] with one O per image_shape value";
+  Col2ImShapes s;
+  s.rank = image.size();
+  s.image = {dy[0], dy[1]};
+  for (int64_t d : image) {
+    if (d < 1) return node_invalid(n) << "image_shape values must be positive";
+    s.image.push_back(Expr(d));
+  }
+  KILN_ASSIGN_OR_RETURN(s.g, window(n, s.image, s.rank, bounds));
+  for (size_t d = 0; d < dy.size(); ++d) {
+    const Expr& want = d < 2 ? s.image[d] : s.g.out[d - 2];
+    if (!prove_equal(dy[d], want, bounds) || !prove_equal(idx[d], want, bounds))
+      return node_invalid(n) << "dy " << shape_to_string(dy) << " and indices " << shape_to_string(idx)
+                             << " do not match the window over image_shape";
+  }
+  return s;
+}
+
+Status infer_max_pool_grad(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType dt, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape dy, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(TensorType it, input_type(n, 1));
+  KILN_ASSIGN_OR_RETURN(Shape idx, input_shape(n, 1));
+  if (it.dtype != DType::kInt64) return node_invalid(n) << "indices must be i64, not " << dtype_name(it.dtype);
+  KILN_ASSIGN_OR_RETURN(Col2ImShapes s, max_pool_grad_shapes(n, dy, idx, ctx.bounds));
+  set_output(n, 0, dt.dtype, s.image, ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_max_pool_grad(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& dy = ctx.inputs[0];
+  const tir::Buffer& ib = ctx.inputs[1];
+  const tir::Buffer& y = ctx.outputs[0];
+  KILN_ASSIGN_OR_RETURN(Col2ImShapes s, max_pool_grad_shapes(n, Shape(dy.shape.begin(), dy.shape.end()),
+                                                             Shape(ib.shape.begin(), ib.shape.end()), {}));
+  const size_t rank = s.rank;
+  std::vector<std::string> axes = fresh_axes(ctx, rank + 2, "i");
+  std::vector<Expr> v = axis_vars(axes);
+  std::vector<std::string> raxes = fresh_axes(ctx, rank, "k");
+  std::vector<Expr> r = axis_vars(raxes);
+  std::vector<Expr> idx = {v[0], v[1]};
+  TapSources t = tap_sources(s.g, std::vector<Expr>(v.begin() + 2, v.end()), r);
+  idx.insert(idx.end(), t.pos.begin(), t.pos.end());
+  Expr flat = v[0] * y.shape[1] + v[1];
+  for (size_t d = 0; d < rank; ++d) flat = flat * y.shape[d + 2] + v[d + 2];
+  Expr hit = logical_and(t.valid, eq(ctx.load_input(1, idx), cast(DType::kInt64, flat)));
+  Expr body = select(hit, ctx.load_input(0, idx), const_of(y.dtype, 0));
+  return std::vector<tir::ComputeDef>{make_reduce_stage(y.name, y.dtype, axes, y.shape, raxes, s.g.kernel,
+                                                        tir::Combiner::kSum, const_of(y.dtype, 0), body)};
+}
+
+}  // namespace
+
+void register_conv_grad_ops() {
+  OpDef pack = make_def("PackPanels", infer_pack_panels, lower_pack_panels);
+  OpDef im2col = make_def("Im2Col", infer_im2col, lower_im2col);
+  OpDef col2im = make_def("Col2Im", infer_col2im, lower_col2im);
+  OpDef max_pool_grad = make_def("MaxPoolGrad", infer_max_pool_grad, lower_max_pool_grad);
+  for (OpDef* def : {&pack, &im2col, &col2im, &max_pool_grad}) {
+    def->domain = "kiln";
+    register_op(std::move(*def));
+  }
+}
+
+}  // namespace kiln::ops
