@@ -556,6 +556,9 @@ kiln::TrainOptions train_options(const py::dict& d) {
   t.eps = d["eps"].cast<double>();
   t.weight_decay = d["weight_decay"].cast<double>();
   t.clip_norm = d["clip_norm"].cast<double>();
+  t.loss_kind = d["loss_kind"].cast<std::string>();
+  t.prediction = d["prediction"].cast<std::string>();
+  t.target = d["target"].cast<std::string>();
   return t;
 }
 

@@ -99,6 +99,10 @@ if(KILN_BUILD_PYTHON)
   add_test(NAME train_torch_optimizers
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_torch_training_test.py)
   set_tests_properties(train_torch_optimizers PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
+  # Losses Kiln appends (mse, l1, bce, cross-entropy) and exported ones, against torch.nn's.
+  add_test(NAME train_losses
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_losses_test.py)
+  set_tests_properties(train_losses PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
   # kiln.torch.compile in a PyTorch training loop against the plain module.
   add_test(NAME train_kiln_torch
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_kiln_torch_test.py)

@@ -29,6 +29,15 @@ struct TrainOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
   double weight_decay = 0;          // sgd, adam: L2 added to the gradient; adamw: decoupled
   double clip_norm = 0;             // > 0: gradients scaled so their global norm is at most this
+  // A loss Kiln appends, instead of `loss` naming the model's own: "mse",
+  // "l1", "bce" (binary cross-entropy of logits) or "cross_entropy" (softmax
+  // cross-entropy of logits [N, C, d...] against class indices [N, d...]),
+  // each the mean over its elements, of the model output `prediction` (empty:
+  // the first) against a new i64 (cross_entropy) or prediction-typed input
+  // named `target`. The step's loss output is then named "kiln.loss".
+  std::string loss_kind;
+  std::string prediction;
+  std::string target = "target";
 };
 
 struct CompileOptions {

@@ -229,6 +229,10 @@ class Trainer:
 
     model: as for kiln.compile (a path, bytes, an onnx.ModelProto, or a torch.nn.Module with
         `example_inputs`), whose output `loss` is the value to minimize.
+    loss: the name of that output, or a loss Kiln appends: "mse", "l1", "bce" (binary
+        cross-entropy of logits) or "cross_entropy" (logits [N, C, ...] against int64 class
+        indices [N, ...]), the mean over the elements, of the output `prediction` (None: the
+        first) against a new input `target` that each step's batch holds.
     params: initializer names to train; None: every float initializer.
     optimizer: "sgd" (momentum=, nesterov=), "adam" or "adamw" (betas=, eps=);
         weight_decay=: L2 for sgd and adam, decoupled for adamw; clip_norm=: the gradients'
@@ -237,7 +241,8 @@ class Trainer:
 
     def __init__(self, model, loss="loss", params=None, optimizer="sgd", lr=0.01, momentum=0.0,
                  nesterov=False, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, clip_norm=0.0,
-                 threads=0, db=None, example_inputs=None, input_names=None, opset=17):
+                 threads=0, db=None, example_inputs=None, input_names=None, opset=17, target="target",
+                 prediction=None):
         import numpy as np
         import onnx
         from onnx import numpy_helper
@@ -260,7 +265,11 @@ class Trainer:
         unknown = [p for p in params if p not in initial]
         if unknown:
             raise KilnError(f"params {unknown} are not initializers of the model")
-        settings = dict(loss=loss, params=params, optimizer=optimizer, momentum=float(momentum),
+        kind = "cross_entropy" if loss == "cross-entropy" else loss
+        loss_kind = kind if kind in ("mse", "l1", "bce", "cross_entropy") else ""
+        if loss_kind:
+            loss = "kiln.loss"
+        settings = dict(loss=loss, loss_kind=loss_kind, target=str(target), prediction=prediction or "", params=params, optimizer=optimizer, momentum=float(momentum),
                         nesterov=bool(nesterov), beta1=float(betas[0]), beta2=float(betas[1]), eps=float(eps),
                         weight_decay=float(weight_decay), clip_norm=float(clip_norm))
         self._impl = _kiln.compile_bytes(proto.SerializeToString(), threads=threads, db=db if db is None else os.fspath(db),

@@ -17,10 +17,12 @@
 // exp(x - max), then x - max - log(sum)): three stages, the last of which is
 // the optional second output log_prob. The loss then reads it as above.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/gradient.h"
 
 namespace kiln::ops {
 
@@ -148,11 +150,84 @@ Result<std::vector<tir::ComputeDef>> lower_loss(LossKind kind, const Node& n, Lo
   return stages;
 }
 
+// The gradient with respect to the input (the class weights and the
+// targets get none). With m[n, c, d] = w[c] (1 without weights) where c is
+// the target and not ignore_index, else 0, and s the output gradient spread
+// over the target elements (none: dloss[n, d]; sum: dloss; mean: dloss over
+// the sum of m, which is the count without weights or ignore_index):
+//   NegativeLogLikelihoodLoss: dx = -m s
+//   SoftmaxCrossEntropyLoss:   dx = (softmax(x) sum_c m - m) s
+// (the log-softmax's backward of -m s), softmax from the log_prob output of
+// a loss node of the same attributes.
+Status grad_loss(LossKind kind, GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  if (b.wants(2)) return node_unsupported(n) << "a gradient with respect to the class weights";
+  if (n.num_outputs() > 1 && b.output_grad(1) != nullptr) return node_unsupported(n) << "a gradient through log_prob";
+  Value* x = n.input(0);
+  Value* t = n.input(1);
+  const int64_t rank = x->type().rank();
+  if (rank < 2) return node_unsupported(n) << "an input of unknown rank";
+  KILN_ASSIGN_OR_RETURN(std::string red, loss_reduction(n));
+  // The classes [0, C) as [1, C, 1...], and the targets as [N, 1, d...].
+  std::vector<int64_t> class_shape(static_cast<size_t>(rank), 1);
+  class_shape[1] = -1;
+  KILN_ASSIGN_OR_RETURN(Value* shape, b.add1("Shape", {x}));
+  KILN_ASSIGN_OR_RETURN(Value* c, b.add1("Gather", {shape, b.ints({1})}));
+  KILN_ASSIGN_OR_RETURN(Value* c0, b.add1("Squeeze", {c}));
+  Tensor zero(DType::kInt64, {}), one(DType::kInt64, {});
+  zero.set_f64(0, 0);
+  one.set_f64(0, 1);
+  KILN_ASSIGN_OR_RETURN(Value* range, b.add1("Range", {b.constant(zero), c0, b.constant(one)}));
+  KILN_ASSIGN_OR_RETURN(Value* classes, b.add1("Reshape", {range, b.ints(class_shape)}));
+  Value* t64 = t;
+  if (t->dtype() != DType::kInt64) {
+    KILN_ASSIGN_OR_RETURN(t64, b.add1("Cast", {t}, {{"to", Attribute::of_int(static_cast<int64_t>(DType::kInt64))}}));
+  }
+  KILN_ASSIGN_OR_RETURN(Value* tu, b.unsqueeze(t64, {1}));
+  KILN_ASSIGN_OR_RETURN(Value* hit, b.add1("Equal", {tu, classes}));
+  Value* on = b.scalar(1, x);
+  if (has_input(n, 2)) {
+    KILN_ASSIGN_OR_RETURN(on, b.add1("Reshape", {n.input(2), b.ints(class_shape)}));
+  }
+  KILN_ASSIGN_OR_RETURN(Value* m, b.add1("Where", {hit, on, b.scalar(0, x)}));
+  if (n.has_attr("ignore_index")) {
+    Tensor ig(DType::kInt64, {});
+    ig.set_f64(0, static_cast<double>(n.attr_int("ignore_index", 0)));
+    KILN_ASSIGN_OR_RETURN(Value* ignored, b.add1("Equal", {tu, b.constant(ig)}));
+    KILN_ASSIGN_OR_RETURN(m, b.add1("Where", {ignored, b.scalar(0, x), m}));
+  }
+  Value* dloss = b.output_grad(0);
+  Value* s = dloss;
+  if (red == "none") {
+    KILN_ASSIGN_OR_RETURN(s, b.unsqueeze(dloss, {1}));
+  } else if (red == "mean") {
+    KILN_ASSIGN_OR_RETURN(Value* total, b.add1("ReduceSum", {m}, {{"keepdims", Attribute::of_int(0)}}));
+    KILN_ASSIGN_OR_RETURN(s, b.add1("Div", {dloss, total}));
+  }
+  KILN_ASSIGN_OR_RETURN(Value* ms, b.add1("Mul", {m, s}));
+  Value* dx = nullptr;
+  if (kind == LossKind::kNll) {
+    KILN_ASSIGN_OR_RETURN(dx, b.add1("Neg", {ms}));
+  } else {
+    std::map<std::string, Attribute> attrs(n.attrs().begin(), n.attrs().end());
+    std::vector<Value*> ins = {x, t};
+    if (has_input(n, 2)) ins.push_back(n.input(2));
+    KILN_ASSIGN_OR_RETURN(std::vector<Value*> again, b.add("SoftmaxCrossEntropyLoss", ins, attrs, 2));
+    KILN_ASSIGN_OR_RETURN(Value* prob, b.add1("Exp", {again[1]}));
+    KILN_ASSIGN_OR_RETURN(Value* msum, b.reduce_sum(ms, {1}, true));
+    KILN_ASSIGN_OR_RETURN(Value* spread, b.add1("Mul", {prob, msum}));
+    KILN_ASSIGN_OR_RETURN(dx, b.add1("Sub", {spread, ms}));
+  }
+  return b.set_input_grad(0, dx);
+}
+
 void register_loss(const char* name, LossKind kind) {
   OpDef def;
   def.name = name;
   def.infer = [kind](Node& n, InferContext& ctx) { return infer_loss(kind, n, ctx); };
   def.lower = [kind](const Node& n, LowerContext& ctx) { return lower_loss(kind, n, ctx); };
+  def.gradient = [kind](GradBuilder& b) { return grad_loss(kind, b); };
   register_op(std::move(def));
 }
 

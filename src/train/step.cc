@@ -1,6 +1,9 @@
 // make_training_step: parameters to inputs, gradients, clipping, the update.
 #include "train/step.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "ops/registry.h"
 #include "train/autodiff.h"
 
@@ -42,6 +45,60 @@ class Emitter {
   ops::InferContext ctx_;
 };
 
+// TrainOptions::loss_kind over the model output `o.prediction` against a new
+// input `o.target`: the mean over the elements.
+Result<Value*> append_loss(Graph& g, const TrainOptions& o) {
+  if (std::find(std::begin(kLossKinds), std::end(kLossKinds), o.loss_kind) == std::end(kLossKinds))
+    return invalid_argument() << "loss kind '" << o.loss_kind << "': Kiln has mse, l1, bce and cross_entropy";
+  if (g.outputs().empty()) return invalid_argument() << "the model has no output to compute a loss of";
+  Value* y = g.outputs()[0];
+  if (!o.prediction.empty()) {
+    auto it = std::find_if(g.outputs().begin(), g.outputs().end(), [&](Value* v) { return v->name() == o.prediction; });
+    if (it == g.outputs().end()) return invalid_argument() << "prediction: the model has no output '" << o.prediction << "'";
+    y = *it;
+  }
+  if (!is_float(y->dtype()) || !y->type().has_shape())
+    return invalid_argument() << "the " << o.loss_kind << " loss needs a float output of known rank; '" << y->name()
+                              << "' is " << y->type().to_string();
+  if (g.find_value(o.target) != nullptr)
+    return invalid_argument() << "target: the model already has a value named '" << o.target << "'";
+  Emitter e(g);
+  const DType dt = y->dtype();
+  auto mean = [&](Value* v) { return e.op("ReduceMean", {v}, {{"keepdims", Attribute::of_int(0)}}); };
+  if (o.loss_kind == "cross_entropy") {
+    auto opset = g.opsets.find("");
+    if (opset == g.opsets.end() || opset->second < 12)
+      return invalid_argument() << "the cross_entropy loss (SoftmaxCrossEntropyLoss) needs ai.onnx opset 12 or newer";
+    if (y->type().rank() < 2) return invalid_argument() << "cross_entropy needs logits [N, C, ...]; '" << y->name()
+                                                         << "' is " << y->type().to_string();
+    Shape ts = *y->type().shape;
+    ts.erase(ts.begin() + 1);
+    Value* t = g.add_input(o.target, TensorType{DType::kInt64, ts});
+    return e.op("SoftmaxCrossEntropyLoss", {y, t}, {{"reduction", Attribute::of_string("mean")}});
+  }
+  Value* t = g.add_input(o.target, y->type());
+  KILN_ASSIGN_OR_RETURN(Value* d, e.op("Sub", {y, t}));
+  if (o.loss_kind == "mse") {
+    KILN_ASSIGN_OR_RETURN(Value* sq, e.op("Mul", {d, d}));
+    return mean(sq);
+  }
+  if (o.loss_kind == "l1") {
+    KILN_ASSIGN_OR_RETURN(Value* a, e.op("Abs", {d}));
+    return mean(a);
+  }
+  // bce of logits x: max(x, 0) - x t + log(1 + exp(-|x|)), stable for any x.
+  KILN_ASSIGN_OR_RETURN(Value* pos, e.op("Relu", {y}));
+  KILN_ASSIGN_OR_RETURN(Value* xt, e.op("Mul", {y, t}));
+  KILN_ASSIGN_OR_RETURN(Value* a, e.op("Abs", {y}));
+  KILN_ASSIGN_OR_RETURN(Value* na, e.op("Neg", {a}));
+  KILN_ASSIGN_OR_RETURN(Value* ex, e.op("Exp", {na}));
+  KILN_ASSIGN_OR_RETURN(Value* one_plus, e.op("Add", {ex, e.scalar(1, dt)}));
+  KILN_ASSIGN_OR_RETURN(Value* soft, e.op("Log", {one_plus}));
+  KILN_ASSIGN_OR_RETURN(Value* lin, e.op("Sub", {pos, xt}));
+  KILN_ASSIGN_OR_RETURN(Value* l, e.op("Add", {lin, soft}));
+  return mean(l);
+}
+
 }  // namespace
 
 Status make_training_step(Graph& g, const TrainOptions& o) {
@@ -52,9 +109,14 @@ Status make_training_step(Graph& g, const TrainOptions& o) {
   if (o.momentum < 0 || o.weight_decay < 0 || o.clip_norm < 0 || o.eps < 0 || o.beta1 < 0 || o.beta1 >= 1 ||
       o.beta2 < 0 || o.beta2 >= 1)
     return invalid_argument() << "momentum, weight_decay, clip_norm and eps must be >= 0, beta1 and beta2 in [0, 1)";
-  Value* loss = g.find_value(o.loss);
-  if (loss == nullptr) return invalid_argument() << "loss: the model has no value '" << o.loss << "'";
-  if (!is_float(loss->dtype())) return invalid_argument() << "loss '" << o.loss << "' is not f32 or f64";
+  Value* loss = nullptr;
+  if (!o.loss_kind.empty()) {
+    KILN_ASSIGN_OR_RETURN(loss, append_loss(g, o));
+  } else {
+    loss = g.find_value(o.loss);
+    if (loss == nullptr) return invalid_argument() << "loss: the model has no value '" << o.loss << "'";
+    if (!is_float(loss->dtype())) return invalid_argument() << "loss '" << o.loss << "' is not f32 or f64";
+  }
   const DType dt = loss->dtype();
 
   // Parameters: constants that become inputs of their own names.
@@ -110,7 +172,7 @@ Status make_training_step(Graph& g, const TrainOptions& o) {
     }
   }
 
-  std::vector<std::pair<Value*, std::string>> outputs = {{loss, ""}};
+  std::vector<std::pair<Value*, std::string>> outputs = {{loss, o.loss_kind.empty() ? "" : kLossOutput}};
   std::vector<std::pair<Value*, std::string>> state_out;
   for (size_t i = 0; i < params.size(); ++i) {
     Value* p = params[i];

@@ -18,6 +18,9 @@ namespace kiln::train {
 
 inline constexpr const char* kLearningRateInput = "kiln.lr";
 inline constexpr const char* kStepInput = "kiln.step";
+// The loss output of a step whose loss Kiln appends (TrainOptions::loss_kind).
+inline constexpr const char* kLossOutput = "kiln.loss";
+inline constexpr const char* kLossKinds[] = {"mse", "l1", "bce", "cross_entropy"};
 // Optimizer state inputs: the parameter's name and one of these.
 inline constexpr const char* kMomentumSuffix = ".momentum";
 inline constexpr const char* kAdamMSuffix = ".adam_m";

@@ -117,5 +117,54 @@ def train_resume_and_export():
         assert missing.returncode == 2 and "batch_1" in missing.stderr and "onehot.npy" in missing.stderr, missing.stderr
 
 
+class Logits(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 12)
+        self.fc2 = torch.nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+@case
+def appended_cross_entropy_loss():
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(7)
+        buf = io.BytesIO()
+        torch.onnx.export(Logits(), (torch.zeros(4, 6),), buf, input_names=["x"], output_names=["logits"],
+                          opset_version=17, do_constant_folding=False)
+        model = os.path.join(tmp, "logits.onnx")
+        with open(model, "wb") as f:
+            f.write(buf.getvalue())
+        rng = np.random.default_rng(3)
+        batches = []
+        for b in range(3):
+            x = rng.standard_normal((4, 6)).astype(np.float32)
+            label = x[:, :3].argmax(axis=1).astype(np.int64)
+            d = os.path.join(tmp, "data", f"batch_{b}")
+            os.makedirs(d)
+            np.save(os.path.join(d, "x.npy"), x)
+            np.save(os.path.join(d, "label.npy"), label)
+            batches.append({"x": x, "label": label})
+        out = train(model, os.path.join(tmp, "data"), "--epochs", "2", "--loss", "cross-entropy", "--target", "label",
+                    "-o", os.path.join(tmp, "trained.onnx")).stdout
+        values = [float(v) for _, v in losses(out)]
+        assert len(values) == 6 and values[-1] < values[0], out
+        trainer = kiln.Trainer(model, loss="cross_entropy", target="label", optimizer="adamw", lr=0.05,
+                               weight_decay=0.01, clip_norm=1.0, threads=2, db="",
+                               params=[i.name for i in onnx.load(model).graph.initializer])
+        py = [trainer.step(b) for _ in range(2) for b in batches]
+        assert [np.float32(v) for v in py] == [np.float32(v) for v in values], (py, values)
+        # The exported model is the logits model (no loss, no target input) with the trained weights.
+        trained = onnx.load(os.path.join(tmp, "trained.onnx"))
+        assert [i.name for i in trained.graph.input] == ["x"], trained.graph.input
+        weights = {i.name: onnx.numpy_helper.to_array(i) for i in trained.graph.initializer}
+        for name, value in trainer.params.items():
+            assert np.array_equal(weights[name], value), name
+        bad = train(model, os.path.join(tmp, "data"), "--target", "label", check=False)
+        assert bad.returncode == 2 and "--target and --prediction go with" in bad.stderr, bad.stderr
+
+
 if __name__ == "__main__":
     finish()

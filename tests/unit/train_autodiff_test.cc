@@ -283,6 +283,32 @@ TEST(Autodiff, SliceMaxPoolDropout) {
   })", {"x"}, {}});
 }
 
+TEST(Autodiff, Losses) {
+  check_case({"softmax_cross_entropy_mean", R"(graph g(%x: f64[3, 4]) -> (%y) {
+    opset "" 17
+    %t: i64[3] = const<i64[3] [1, 0, 3]>
+    %y: f64[] = SoftmaxCrossEntropyLoss(%x, %t)
+  })", {"x"}, {}});
+  check_case({"softmax_cross_entropy_weighted_none", R"(graph g(%x: f64[2, 3, 2]) -> (%y) {
+    opset "" 17
+    %t: i32[2, 2] = const<i32[2, 2] [0, 2, 1, -1]>
+    %w: f64[3] = const<f64[3] [0.5, 2, 1.25]>
+    %y: f64[?] = SoftmaxCrossEntropyLoss(%x, %t, %w) {ignore_index = -1, reduction = "none"}
+  })", {"x"}, {}});
+  check_case({"nll_sum", R"(graph g(%x: f64[3, 4]) -> (%y) {
+    opset "" 17
+    %t: i64[3] = const<i64[3] [2, 2, 0]>
+    %y: f64[] = NegativeLogLikelihoodLoss(%x, %t) {reduction = "sum"}
+  })", {"x"}, {}});
+  // ignore_index inside the class range, weights, mean over the weights kept.
+  check_case({"nll_weighted_mean", R"(graph g(%x: f64[4, 3]) -> (%y) {
+    opset "" 17
+    %t: i64[4] = const<i64[4] [1, 0, 2, 0]>
+    %w: f64[3] = const<f64[3] [0.5, 2, 1.25]>
+    %y: f64[] = NegativeLogLikelihoodLoss(%x, %t, %w) {ignore_index = 1}
+  })", {"x"}, {}});
+}
+
 TEST(Autodiff, BatchNormInference) {
   check_case({"batch_norm", R"(graph g(%x: f64[2, 3, 4, 2], %s: f64[3], %b: f64[3]) -> (%y) {
     opset "" 17

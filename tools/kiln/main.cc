@@ -7,6 +7,7 @@
 //
 // Exit codes: 0 success, 1 outputs differ from --test-data, 2 any error (message on stderr).
 #include <algorithm>
+#include <iterator>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -112,12 +113,16 @@ std::string command_help(const std::string& command) {
            "                          https://ui.perfetto.dev or chrome://tracing\n" +
            inputs + compile + "  example: kiln profile bert.onnx --threads 2 --runs 20 -o bert_trace.json\n";
   if (command == "train")
-    return "usage: kiln train MODEL --data DIR [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X] [--momentum X]\n"
+    return "usage: kiln train MODEL --data DIR [--loss NAME|mse|l1|bce|cross-entropy [--target NAME]\n"
+           "                  [--prediction NAME]] [--optimizer sgd|adam|adamw] [--lr X] [--momentum X]\n"
            "                  [--nesterov] [--weight-decay X] [--clip-norm X] [--epochs N] [--threads N]\n"
            "                  [--checkpoint FILE [--resume]] [-o trained.onnx]\n"
            "  train MODEL, whose output --loss (default 'loss') is the value to minimize: forward, backward,\n"
            "  clipping and the update compiled as one graph (docs/training.md), run over the batches of\n"
-           "  DIR (one directory per batch, in name order, NAME.npy per input the loss needs); the loss of\n"
+           "  DIR (one directory per batch, in name order, NAME.npy per input the loss needs). --loss mse,\n"
+           "  l1, bce (binary cross-entropy of logits) or cross-entropy (of logits [N, C, ...] against i64\n"
+           "  class indices [N, ...]): that loss, the mean over its elements, of the output --prediction\n"
+           "  (default: the first) against the input --target (default 'target', a TARGET.npy per batch); the loss of\n"
            "  every step is printed. --checkpoint FILE: parameters and optimizer state saved after every\n"
            "  epoch (replaced only by a complete file); --resume continues from it, bit for bit as if never\n"
            "  stopped. -o: the trained model for inference (the model with its trained initializers).\n"
@@ -824,8 +829,8 @@ Result<int> cmd_compile(const std::vector<std::string>& argv) {
 // the batches of --data for --epochs, the loss of every step printed.
 Result<int> cmd_train(const std::vector<std::string>& argv) {
   OptionSpec spec;
-  spec.with_value = {"data", "loss", "optimizer", "lr", "momentum", "weight-decay", "clip-norm", "epochs",
-                     "threads", "checkpoint", "output", "max-memory", "db"};
+  spec.with_value = {"data", "loss", "target", "prediction", "optimizer", "lr", "momentum", "weight-decay",
+                     "clip-norm", "epochs", "threads", "checkpoint", "output", "max-memory", "db"};
   spec.flags = {"nesterov", "resume", "no-db"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "train"));
@@ -834,6 +839,15 @@ Result<int> cmd_train(const std::vector<std::string>& argv) {
   KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
   TrainOptions t;
   t.loss = args.get("loss").value_or("loss");
+  std::string kind = t.loss == "cross-entropy" ? "cross_entropy" : t.loss;
+  if (std::find(std::begin(train::kLossKinds), std::end(train::kLossKinds), kind) != std::end(train::kLossKinds)) {
+    t.loss_kind = kind;
+    t.loss = train::kLossOutput;
+    t.target = args.get("target").value_or("target");
+    t.prediction = args.get("prediction").value_or("");
+  } else if (args.get("target") || args.get("prediction")) {
+    return invalid_argument() << "--target and --prediction go with --loss mse, l1, bce or cross-entropy";
+  }
   t.optimizer = args.get("optimizer").value_or("sgd");
   t.nesterov = args.has("nesterov");
   if (auto v = args.get("momentum")) {
