@@ -11,7 +11,7 @@ if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 PKGS=(
   build-essential cmake ninja-build ccache
   llvm-19-dev llvm-19-tools libzstd-dev zlib1g-dev libedit-dev libffi-dev libxml2-dev
-  libonnx-dev libprotobuf-dev protobuf-compiler libdnnl-dev
+  libonnx-dev libprotobuf-dev protobuf-compiler libdnnl-dev libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev pybind11-dev
   pkg-config libjpeg62-turbo-dev libpng-dev libtiff-dev libwebp-dev libopenjp2-7-dev
   clang libclang-rt-14-dev

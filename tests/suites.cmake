@@ -111,6 +111,10 @@ if(KILN_BUILD_PYTHON)
   add_test(NAME train_cli
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_kiln_train_test.py --kiln $<TARGET_FILE:kiln>)
   set_tests_properties(train_cli PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
+  # kiln train under mpirun -np 2 against one process on the whole batches.
+  add_test(NAME train_cli_mpi
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_kiln_train_mpi_test.py --kiln $<TARGET_FILE:kiln>)
+  set_tests_properties(train_cli_mpi PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
   # A kiln.torch module under DistributedDataParallel (gloo, two local ranks).
   add_test(NAME train_kiln_torch_ddp
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_kiln_torch_ddp_test.py)

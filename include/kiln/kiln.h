@@ -38,6 +38,11 @@ struct TrainOptions {
   std::string loss_kind;
   std::string prediction;
   std::string target = "target";
+  // Data-parallel: each process of a job (support/collective.h; kiln train
+  // under mpirun) runs the step on its share of the batch; the gradients and
+  // the reported loss are averaged over the processes (kiln:AllReduceMean)
+  // before clipping and the update, so every process updates alike.
+  bool data_parallel = false;
 };
 
 struct CompileOptions {

@@ -40,7 +40,8 @@ void register_rnn_ops();          // rnn.cc
 void register_quant_ops();        // quant.cc
 void register_misc_ops();         // misc.cc
 void register_layout_ops();       // layout.cc (kiln:ToBlocked, FromBlocked, ConvBlocked)
-void register_conv_grad_ops();    // conv_grad.cc (kiln:PackPanels, Im2Col, Col2Im)
+void register_conv_grad_ops();    // conv_grad.cc (kiln:PackPanels, Im2Col, Col2Im, MaxPoolGrad)
+void register_collective_ops();   // collective.cc (kiln:AllReduceMean)
 void register_signal_ops();       // signal.cc
 void register_detection_ops();    // detection.cc
 void register_random_ops();       // random.cc

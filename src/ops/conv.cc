@@ -58,6 +58,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -725,13 +726,26 @@ Status grad_conv(GradBuilder& b) {
   Value* w = n.input(1);
   Value* y = n.output(0);
   Value* dy = b.output_grad(0);
-  if (!x->type().is_static() || !w->type().is_static() || !y->type().is_static())
-    return node_unsupported(n) << "the gradient of a Conv with symbolic shapes (not yet)";
+  // Static but for the batch dim (-1 in the reshapes below).
+  auto dims = [](const Value* v) -> std::optional<std::vector<int64_t>> {
+    if (!v->type().has_shape() || v->type().rank() < 3) return std::nullopt;
+    std::vector<int64_t> out = {-1};
+    const Shape& s = *v->type().shape;
+    for (size_t d = 1; d < s.size(); ++d) {
+      auto c = s[d].as_const();
+      if (!c) return std::nullopt;
+      out.push_back(*c);
+    }
+    return out;
+  };
+  auto xd = dims(x), yd = dims(y);
+  if (!xd || !yd || !w->type().is_static())
+    return node_unsupported(n) << "the gradient of a Conv with symbolic shapes other than the batch (not yet)";
   if (n.attr_int("group", 1) != 1) return node_unsupported(n) << "the gradient of a grouped Conv (not yet)";
   const std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
   if (auto_pad != "NOTSET" && auto_pad != "VALID")
     return node_unsupported(n) << "the gradient of a Conv with auto_pad " << auto_pad << " (not yet)";
-  const std::vector<int64_t> xs = x->type().static_shape(), ws = w->type().static_shape(), ys = y->type().static_shape();
+  const std::vector<int64_t> xs = *xd, ws = w->type().static_shape(), ys = *yd;
   const size_t sp = xs.size() - 2;
   std::vector<int64_t> strides = n.attr_ints("strides", std::vector<int64_t>(sp, 1));
   std::vector<int64_t> dilations = n.attr_ints("dilations", std::vector<int64_t>(sp, 1));
@@ -745,12 +759,10 @@ Status grad_conv(GradBuilder& b) {
   }
   auto ints_attr = [](std::vector<int64_t> v) { return Attribute::of_ints(std::move(v)); };
   const int64_t m = ws[0], c = ws[1];
-  int64_t taps = 1, positions = ys[0];
+  int64_t taps = 1;
+  const int64_t positions = -1;  // N O
   std::vector<int64_t> kernel(ws.begin() + 2, ws.end());
-  for (size_t d = 0; d < sp; ++d) {
-    taps *= ws[d + 2];
-    positions *= ys[d + 2];
-  }
+  for (size_t d = 0; d < sp; ++d) taps *= ws[d + 2];
   std::map<std::string, Attribute> window = {{"kernel_shape", ints_attr(kernel)},
                                              {"strides", ints_attr(strides)},
                                              {"dilations", ints_attr(dilations)},
@@ -800,7 +812,7 @@ Status grad_conv(GradBuilder& b) {
       KILN_ASSIGN_OR_RETURN(Value* dcols, b.add1("MatMul", {wt2, dyc2}));
       std::vector<int64_t> cols_shape = {c};
       cols_shape.insert(cols_shape.end(), kernel.begin(), kernel.end());
-      cols_shape.push_back(ys[0]);
+      cols_shape.push_back(-1);  // N
       cols_shape.insert(cols_shape.end(), ys.begin() + 2, ys.end());
       KILN_ASSIGN_OR_RETURN(Value* dcols_nd, b.add1("Reshape", {dcols, b.ints(cols_shape)}));
       std::map<std::string, Attribute> back = window;

@@ -96,6 +96,7 @@ void register_all_ops() {
     register_misc_ops();
     register_layout_ops();
     register_conv_grad_ops();
+    register_collective_ops();
     register_signal_ops();
     register_detection_ops();
     register_random_ops();

@@ -22,8 +22,8 @@ class Emitter {
     ctx_.next_fresh = 1 << 21;  // past inference's and autodiff's fresh symbols
   }
   Result<Value*> op(const std::string& type, const std::vector<Value*>& in,
-                    const std::map<std::string, Attribute>& attrs = {}) {
-    Node* n = g_.add_node(type, in, {g_.unique_name("train." + type)});
+                    const std::map<std::string, Attribute>& attrs = {}, const std::string& domain = "") {
+    Node* n = g_.add_node(type, in, {g_.unique_name("train." + type)}, domain);
     for (const auto& [k, a] : attrs) n->set_attr(k, a);
     KILN_RETURN_IF_ERROR(ops::infer_node(*n, ctx_));
     return n->output(0);
@@ -146,6 +146,19 @@ Status make_training_step(Graph& g, const TrainOptions& o) {
 
   KILN_ASSIGN_OR_RETURN(std::vector<Value*> grads, append_gradients(g, loss, params));
   Emitter e(g);
+  Value* reported = loss;
+  if (o.data_parallel) {
+    for (Value*& gr : grads) {
+      KILN_ASSIGN_OR_RETURN(gr, e.op("AllReduceMean", {gr}, {}, "kiln"));
+    }
+    KILN_ASSIGN_OR_RETURN(reported, e.op("AllReduceMean", {loss}, {}, "kiln"));
+    // The step's loss output keeps its name: the process's own loss is renamed.
+    if (o.loss_kind.empty()) {
+      const std::string name = loss->name();
+      g.rename_value(loss, g.unique_name(name + ".local"));
+      g.rename_value(reported, name);
+    }
+  }
   // L2 weight decay (SGD, Adam): into the gradient. AdamW decays the weights.
   if (o.weight_decay > 0 && o.optimizer != "adamw")
     for (size_t i = 0; i < params.size(); ++i) {
@@ -172,7 +185,7 @@ Status make_training_step(Graph& g, const TrainOptions& o) {
     }
   }
 
-  std::vector<std::pair<Value*, std::string>> outputs = {{loss, o.loss_kind.empty() ? "" : kLossOutput}};
+  std::vector<std::pair<Value*, std::string>> outputs = {{reported, o.loss_kind.empty() ? "" : kLossOutput}};
   std::vector<std::pair<Value*, std::string>> state_out;
   for (size_t i = 0; i < params.size(); ++i) {
     Value* p = params[i];

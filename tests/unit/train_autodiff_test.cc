@@ -252,6 +252,14 @@ TEST(Autodiff, ConvAndPool) {
   })";
     check_case({"conv", text.c_str(), {"x", "w", "b"}, {}});
   }
+  // A symbolic batch dim (a data-parallel step's share): at stride 1 and strided.
+  for (const char* attrs : {" {pads = [1, 1, 1, 1]}", " {strides = [2, 2]}"}) {
+    std::string text = std::string(R"(graph g(%x: f64[n, 3, 7, 6], %w: f64[4, 3, 3, 2]) -> (%y) {
+    opset "" 17
+    %y: f64[?] = Conv(%x, %w))") + attrs + R"(
+  })";
+    check_case({"conv_batch", text.c_str(), {"x", "w"}, {{"n", 3}}});
+  }
   // One and three spatial dims (kiln:Im2Col and kiln:Col2Im are rank-generic).
   check_case({"conv1d", R"(graph g(%x: f64[2, 3, 9], %w: f64[2, 3, 3]) -> (%y) {
     opset "" 17

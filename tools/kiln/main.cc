@@ -7,7 +7,6 @@
 //
 // Exit codes: 0 success, 1 outputs differ from --test-data, 2 any error (message on stderr).
 #include <algorithm>
-#include <iterator>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +17,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
@@ -32,6 +32,7 @@
 #include "compare.h"
 #include "db.h"
 #include "kiln/kiln.h"
+#include "mpi.h"
 #include "npy.h"
 #include "opt.h"
 #include "progress.h"
@@ -827,7 +828,34 @@ Result<int> cmd_compile(const std::vector<std::string>& argv) {
 
 // kiln train: the model's training step (CompileOptions::train) run over
 // the batches of --data for --epochs, the loss of every step printed.
+// Rows [rank * n / size, (rank + 1) * n / size) of `t` along axis 0: this
+// process's share of a batch in a data-parallel job.
+Result<Tensor> batch_share(const Tensor& t, const Collective& world, const std::string& what) {
+  if (t.rank() == 0 || t.shape()[0] % world.size != 0)
+    return invalid_argument() << what << " has " << (t.rank() == 0 ? 0 : t.shape()[0]) << " rows along axis 0, not "
+                              << "a multiple of the " << world.size << " processes";
+  std::vector<int64_t> shape = t.shape();
+  shape[0] /= world.size;
+  Tensor out(t.dtype(), shape);
+  const size_t bytes = static_cast<size_t>(out.numel()) * dtype_size(t.dtype());
+  std::memcpy(out.data(), static_cast<const char*>(t.data()) + bytes * static_cast<size_t>(world.rank), bytes);
+  return out;
+}
+
+Result<int> train_steps(const std::vector<std::string>& argv, const std::shared_ptr<const Collective>& world);
+
 Result<int> cmd_train(const std::vector<std::string>& argv) {
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const Collective> world, start_mpi_if_launched());
+  Result<int> r = train_steps(argv, world);
+  if (!r.is_ok() && world != nullptr && world->size > 1) {
+    std::cerr << "kiln: error (process " << world->rank << " of " << world->size << "): " << r.status().to_string()
+              << std::endl;
+    abort_mpi_job(2);
+  }
+  return r;
+}
+
+Result<int> train_steps(const std::vector<std::string>& argv, const std::shared_ptr<const Collective>& world) {
   OptionSpec spec;
   spec.with_value = {"data", "loss", "target", "prediction", "optimizer", "lr", "momentum", "weight-decay",
                      "clip-norm", "epochs", "threads", "checkpoint", "output", "max-memory", "db"};
@@ -869,6 +897,11 @@ Result<int> cmd_train(const std::vector<std::string>& argv) {
   }
   const std::string checkpoint = args.get("checkpoint").value_or("");
   if (args.has("resume") && checkpoint.empty()) return invalid_argument() << "--resume needs --checkpoint FILE";
+  // Under mpirun: each process steps on its share of every batch, gradients
+  // averaged; process 0 prints, checkpoints and exports.
+  const bool parallel = world != nullptr && world->size > 1;
+  const bool leader = !parallel || world->rank == 0;
+  t.data_parallel = parallel;
   options.train = t;
 
   // The batches: one directory each, in name order.
@@ -920,7 +953,8 @@ Result<int> cmd_train(const std::vector<std::string>& argv) {
                                   << "' is " << (it == at.tensors.end() ? "missing" : it->second.describe());
       value = it->second;
     }
-    std::cout << "resumed from " << checkpoint << " at epoch " << at.epoch + 1 << ", batch " << at.batch + 1
+    if (leader)
+      std::cout << "resumed from " << checkpoint << " at epoch " << at.epoch + 1 << ", batch " << at.batch + 1
               << " (step " << at.step + 1 << ")\n";
   }
   std::cout << std::setprecision(9);
@@ -931,6 +965,9 @@ Result<int> cmd_train(const std::vector<std::string>& argv) {
         auto file = batches[b] / (name + ".npy");
         auto value = read_npy(file.string());
         if (!value.is_ok()) return value.status().with_context("batch " + batches[b].filename().string());
+        if (parallel) {
+          KILN_ASSIGN_OR_RETURN(*value, batch_share(*value, *world, file.string()));
+        }
         feeds[name] = std::move(*value);
       }
       const int64_t step = at.step + 1;
@@ -939,24 +976,27 @@ Result<int> cmd_train(const std::vector<std::string>& argv) {
       step_t.set_f64(0, static_cast<double>(step));
       feeds[train::kLearningRateInput] = lr_t;
       feeds[train::kStepInput] = step_t;
-      progress().show("kiln: train: epoch " + std::to_string(epoch + 1) + "/" + std::to_string(epochs) + " batch " +
-                      std::to_string(b + 1) + "/" + std::to_string(batches.size()));
+      if (leader)
+        progress().show("kiln: train: epoch " + std::to_string(epoch + 1) + "/" + std::to_string(epochs) +
+                        " batch " + std::to_string(b + 1) + "/" + std::to_string(batches.size()));
       KILN_ASSIGN_OR_RETURN(auto out, model.run(feeds));
       for (auto& [name, value] : state) value = out.at(name + ".next");
       at.step = step;
       at.epoch = epoch;
       at.batch = static_cast<int64_t>(b) + 1;
+      if (!leader) continue;
       progress().clear();
       std::cout << "epoch " << epoch + 1 << " batch " << b + 1 << " step " << step << " loss "
                 << out.at(t.loss).get_f64(0) << std::endl;
     }
     at.epoch = epoch + 1;
     at.batch = 0;
-    if (!checkpoint.empty()) {
+    if (!checkpoint.empty() && leader) {
       at.tensors = state;
       KILN_RETURN_IF_ERROR(write_checkpoint(checkpoint, at));
     }
   }
+  if (!leader) return kExitOk;
   if (auto out = args.get("output")) {
     // The trained model for inference: the original with the trained values.
     for (const auto& [name, value] : state) {
