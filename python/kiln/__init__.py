@@ -260,7 +260,11 @@ class Trainer:
                             f"torch.nn.Module, got {type(model).__name__}")
         initial = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
         if params is None:
-            params = [n for n, a in initial.items() if a.dtype in (np.float32, np.float64)]
+            # Every float initializer but BatchNormalization's running statistics in training form
+            # (step state, updated by the node).
+            running = {i for node in proto.graph.node if node.op_type == "BatchNormalization"
+                       and any(a.name == "training_mode" and a.i for a in node.attribute) for i in node.input[3:5]}
+            params = [n for n, a in initial.items() if a.dtype in (np.float32, np.float64) and n not in running]
         params = _check_str_list("params", params)
         unknown = [p for p in params if p not in initial]
         if unknown:
@@ -279,8 +283,12 @@ class Trainer:
         self.steps = 0
         self.params = {p: np.array(initial[p], copy=True) for p in params}
         names = {i.name: i for i in self._impl.inputs}
-        self.state = {n: np.zeros([int(d) for d in info.dims], np.dtype(info.dtype))
-                      for n, info in names.items() if n.endswith((".momentum", ".adam_m", ".adam_v"))}
+        outputs = {o.name for o in self._impl.outputs}
+        # State: the step's inputs it outputs again as "<name>.next" besides the parameters: the
+        # optimizer's (zeros at first) and BatchNormalization's running statistics (as stored).
+        self.state = {n: np.array(initial[n], copy=True) if n in initial
+                      else np.zeros([int(d) for d in info.dims], np.dtype(info.dtype))
+                      for n, info in names.items() if n + ".next" in outputs and n not in self.params}
         self._dtype = np.dtype(names["kiln.lr"].dtype)
 
     def step(self, feeds, lr=None):

@@ -508,6 +508,38 @@ Status grad_softmax(GradBuilder& b, bool log) {
   return b.set_input_grad(0, g);
 }
 
+// The statistics of x over `axes` (kept), recomputed for a backward:
+// xhat = (x - mean) rstd with rstd = 1 / sqrt(var + eps).
+struct Normalized {
+  Value* xhat = nullptr;
+  Value* rstd = nullptr;
+};
+
+Result<Normalized> normalize_again(GradBuilder& b, Value* x, const std::vector<int64_t>& axes, double eps) {
+  KILN_ASSIGN_OR_RETURN(Value* mu, b.reduce_mean(x, axes));
+  KILN_ASSIGN_OR_RETURN(Value* xc, b.add1("Sub", {x, mu}));
+  KILN_ASSIGN_OR_RETURN(Value* sq, b.add1("Mul", {xc, xc}));
+  KILN_ASSIGN_OR_RETURN(Value* var, b.reduce_mean(sq, axes));
+  KILN_ASSIGN_OR_RETURN(Value* ve, b.add1("Add", {var, b.scalar(eps, x)}));
+  KILN_ASSIGN_OR_RETURN(Value* sd, b.add1("Sqrt", {ve}));
+  Normalized out;
+  KILN_ASSIGN_OR_RETURN(out.rstd, b.add1("Reciprocal", {sd}));
+  KILN_ASSIGN_OR_RETURN(out.xhat, b.add1("Mul", {xc, out.rstd}));
+  return out;
+}
+
+// The input gradient of a normalization over `axes` whose normalized value's
+// gradient is g: rstd (g - mean g - xhat mean(g xhat)).
+Result<Value*> normalized_input_grad(GradBuilder& b, Value* g, const Normalized& s, const std::vector<int64_t>& axes) {
+  KILN_ASSIGN_OR_RETURN(Value* m1, b.reduce_mean(g, axes));
+  KILN_ASSIGN_OR_RETURN(Value* gx, b.add1("Mul", {g, s.xhat}));
+  KILN_ASSIGN_OR_RETURN(Value* m2, b.reduce_mean(gx, axes));
+  KILN_ASSIGN_OR_RETURN(Value* xm2, b.add1("Mul", {s.xhat, m2}));
+  KILN_ASSIGN_OR_RETURN(Value* d1, b.add1("Sub", {g, m1}));
+  KILN_ASSIGN_OR_RETURN(Value* d2, b.add1("Sub", {d1, xm2}));
+  return b.add1("Mul", {d2, s.rstd});
+}
+
 // LayerNormalization, y = xhat * scale + b with xhat = (x - mean) / sqrt(var +
 // eps) over the axes from `axis`: the statistics recomputed from x, then
 // db = sum dy, dscale = sum dy * xhat (over the leading axes), and
@@ -523,39 +555,52 @@ Status grad_layer_norm(GradBuilder& b) {
   std::vector<int64_t> axes;
   for (int64_t d = axis; d < rank; ++d) axes.push_back(d);
   Value* dy = b.output_grad(0);
-  KILN_ASSIGN_OR_RETURN(Value* mu, b.reduce_mean(x, axes));
-  KILN_ASSIGN_OR_RETURN(Value* xc, b.add1("Sub", {x, mu}));
-  KILN_ASSIGN_OR_RETURN(Value* sq, b.add1("Mul", {xc, xc}));
-  KILN_ASSIGN_OR_RETURN(Value* var, b.reduce_mean(sq, axes));
-  KILN_ASSIGN_OR_RETURN(Value* ve, b.add1("Add", {var, b.scalar(n.attr_float("epsilon", 1e-5), x)}));
-  KILN_ASSIGN_OR_RETURN(Value* sd, b.add1("Sqrt", {ve}));
-  KILN_ASSIGN_OR_RETURN(Value* rstd, b.add1("Reciprocal", {sd}));
-  KILN_ASSIGN_OR_RETURN(Value* xhat, b.add1("Mul", {xc, rstd}));
+  KILN_ASSIGN_OR_RETURN(Normalized st, normalize_again(b, x, axes, n.attr_float("epsilon", 1e-5)));
   if (n.num_inputs() > 2 && n.input(2) != nullptr) KILN_RETURN_IF_ERROR(b.give(2, dy));
   if (b.wants(1)) {
-    KILN_ASSIGN_OR_RETURN(Value* ds, b.add1("Mul", {dy, xhat}));
+    KILN_ASSIGN_OR_RETURN(Value* ds, b.add1("Mul", {dy, st.xhat}));
     KILN_RETURN_IF_ERROR(b.give(1, ds));
   }
   if (!b.wants(0)) return Status::ok();
   KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {dy, n.input(1)}));
-  KILN_ASSIGN_OR_RETURN(Value* m1, b.reduce_mean(g, axes));
-  KILN_ASSIGN_OR_RETURN(Value* gx, b.add1("Mul", {g, xhat}));
-  KILN_ASSIGN_OR_RETURN(Value* m2, b.reduce_mean(gx, axes));
-  KILN_ASSIGN_OR_RETURN(Value* xm2, b.add1("Mul", {xhat, m2}));
-  KILN_ASSIGN_OR_RETURN(Value* d1, b.add1("Sub", {g, m1}));
-  KILN_ASSIGN_OR_RETURN(Value* d2, b.add1("Sub", {d1, xm2}));
-  KILN_ASSIGN_OR_RETURN(Value* dx, b.add1("Mul", {d2, rstd}));
+  KILN_ASSIGN_OR_RETURN(Value* dx, normalized_input_grad(b, g, st, axes));
+  return b.set_input_grad(0, dx);
+}
+
+// BatchNormalization in training form (training_mode = 1): the batch's
+// statistics over every axis but the channels' (recomputed here), xhat =
+// (x - mean) rstd; dB = sum dY, dscale = sum dY xhat and, with g = dY scale,
+// dX = (g - mean g - xhat mean(g xhat)) rstd, as LayerNormalization's over
+// those axes. The running statistics outputs carry no gradient.
+Status grad_batch_norm_training(GradBuilder& b, const std::vector<int64_t>& per_channel,
+                                const std::vector<int64_t>& others) {
+  const Node& n = b.node();
+  for (size_t i = 1; i < n.num_outputs(); ++i)
+    if (b.output_grad(i) != nullptr) return node_unsupported(n) << "a gradient through the running statistics";
+  if (b.wants(3) || b.wants(4)) return node_unsupported(n) << "the gradient with respect to the running statistics";
+  Value* dy = b.output_grad(0);
+  KILN_ASSIGN_OR_RETURN(Normalized st, normalize_again(b, n.input(0), others, n.attr_float("epsilon", 1e-5)));
+  if (b.wants(2)) {
+    KILN_ASSIGN_OR_RETURN(Value* db, b.reduce_sum(dy, others, false));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(2, db));
+  }
+  if (b.wants(1)) {
+    KILN_ASSIGN_OR_RETURN(Value* prod, b.add1("Mul", {dy, st.xhat}));
+    KILN_ASSIGN_OR_RETURN(Value* ds, b.reduce_sum(prod, others, false));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(1, ds));
+  }
+  if (!b.wants(0)) return Status::ok();
+  KILN_ASSIGN_OR_RETURN(Value* scale_c, b.add1("Reshape", {n.input(1), b.ints(per_channel)}));
+  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {dy, scale_c}));
+  KILN_ASSIGN_OR_RETURN(Value* dx, normalized_input_grad(b, g, st, others));
   return b.set_input_grad(0, dx);
 }
 
 // BatchNormalization with its running statistics (inference form): per
 // channel an affine map, so dX = dY * scale / sqrt(var + eps), dscale =
-// sum dY * xhat and dB = sum dY over every axis but the channels'. The
-// training form (batch statistics) has no rule yet.
+// sum dY * xhat and dB = sum dY over every axis but the channels'.
 Status grad_batch_norm(GradBuilder& b) {
   const Node& n = b.node();
-  if (n.attr_int("training_mode", 0) != 0)
-    return node_unsupported(n) << "the gradient of BatchNormalization in training mode (not yet)";
   const int64_t rank = n.input(0)->type().rank();
   if (rank < 2) return node_unsupported(n) << "the gradient of a BatchNormalization of unknown rank";
   std::vector<int64_t> per_channel = {1, -1};
@@ -564,6 +609,7 @@ Status grad_batch_norm(GradBuilder& b) {
     per_channel.push_back(1);
     others.push_back(d);
   }
+  if (n.attr_int("training_mode", 0) != 0) return grad_batch_norm_training(b, per_channel, others);
   Value* dy = b.output_grad(0);
   Value* x = n.input(0);
   auto channels = [&](Value* v) { return b.add1("Reshape", {v, b.ints(per_channel)}); };

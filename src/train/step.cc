@@ -119,11 +119,27 @@ Status make_training_step(Graph& g, const TrainOptions& o) {
   }
   const DType dt = loss->dtype();
 
+  // Running statistics of BatchNormalizations in training form whose updated
+  // values the node outputs: constants that become inputs of their own names
+  // and outputs "<name>.next", never parameters.
+  std::vector<std::pair<Value*, Value*>> running;  // (constant, its update)
+  for (Node* n : g.nodes()) {
+    if (n->op_type() != "BatchNormalization" || !n->domain().empty() || n->attr_int("training_mode", 0) == 0) continue;
+    for (size_t i = 1; i < 3 && i < n->num_outputs(); ++i) {
+      Value* r = n->num_inputs() > i + 2 ? n->input(i + 2) : nullptr;
+      if (n->output(i) != nullptr && r != nullptr && r->is_constant() && r->uses().size() == 1)
+        running.push_back({r, n->output(i)});
+    }
+  }
+  auto is_running = [&](const Value* v) {
+    return std::any_of(running.begin(), running.end(), [&](const auto& r) { return r.first == v; });
+  };
   // Parameters: constants that become inputs of their own names.
   std::vector<Value*> consts;
   if (o.params.empty()) {
     for (Value* c : g.constants())
-      if (is_float(c->dtype()) && !c->uses().empty() && c->constant().numel() >= 2) consts.push_back(c);
+      if (is_float(c->dtype()) && !c->uses().empty() && c->constant().numel() >= 2 && !is_running(c))
+        consts.push_back(c);
   } else {
     for (const std::string& name : o.params) {
       Value* v = g.find_value(name);
@@ -133,13 +149,23 @@ Status make_training_step(Graph& g, const TrainOptions& o) {
       consts.push_back(v);
     }
   }
-  std::vector<Value*> params;
-  for (Value* c : consts) {
+  auto to_input = [&](Value* c) {
     const std::string name = c->name();
     g.rename_value(c, g.unique_name(name + ".initial"));
     Value* p = g.add_input(name, c->type());
     g.replace_all_uses(c, p);
-    params.push_back(p);
+    return p;
+  };
+  std::vector<Value*> params;
+  for (Value* c : consts) {
+    if (is_running(c)) return invalid_argument() << "params: '" << c->name() << "' is a running statistic of a "
+                                                    "BatchNormalization in training form (updated, not trained)";
+    params.push_back(to_input(c));
+  }
+  std::vector<std::pair<Value*, std::string>> running_out;
+  for (auto& [c, update] : running) {
+    Value* in = to_input(c);
+    running_out.push_back({update, in->name() + ".next"});
   }
   Value* lr = g.add_input(kLearningRateInput, TensorType{dt, Shape{}});
   Value* step = g.add_input(kStepInput, TensorType{dt, Shape{}});
@@ -230,6 +256,7 @@ Status make_training_step(Graph& g, const TrainOptions& o) {
     outputs.push_back({next, p->name() + ".next"});
   }
   outputs.insert(outputs.end(), state_out.begin(), state_out.end());
+  outputs.insert(outputs.end(), running_out.begin(), running_out.end());
   std::vector<Value*> outs;
   for (auto& [v, name] : outputs) {
     if (!name.empty()) {

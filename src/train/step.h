@@ -7,7 +7,9 @@
 // start), "kiln.lr" (the learning rate: a schedule is the caller's) and
 // "kiln.step" (the 1-based step count, for Adam's bias correction), both
 // scalars of the loss's dtype. Its outputs are the loss, then "<p>.next" per
-// parameter, then "<s>.next" per state value: the next step's inputs.
+// parameter, then "<s>.next" per state value, then "<r>.next" per running
+// statistic of a BatchNormalization in training form (an input "<r>" that
+// starts at the initializer's value): the next step's inputs.
 #pragma once
 
 #include "graph/graph.h"

@@ -97,6 +97,62 @@ def adamw_with_clipping():
                optimizer="adamw", weight_decay=0.05)
 
 
+class BatchNormNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x, onehot):
+        h = torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3))
+        return -(torch.log_softmax(self.fc(h), dim=-1) * onehot).sum() / x.shape[0]
+
+
+@case
+def batch_norm_in_training_form():
+    # BatchNormalization with the batch's statistics (exported in training mode): the losses
+    # and parameters of torch's train() mode, and the running mean updated as torch does.
+    torch.manual_seed(8)
+    module = BatchNormNet()
+    rng = np.random.default_rng(9)
+    data = []
+    for _ in range(3):
+        x = (rng.standard_normal((6, 3, 5, 5)) * 2 + 1).astype(np.float32)
+        data.append({"x": x, "onehot": np.eye(3, dtype=np.float32)[(x[:, 0].mean(axis=(1, 2)) > 1).astype(int)]})
+    buf = io.BytesIO()
+    torch.onnx.export(module.train(), (torch.from_numpy(data[0]["x"]), torch.from_numpy(data[0]["onehot"])), buf,
+                      input_names=["x", "onehot"], output_names=["loss"], opset_version=17,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    proto = buf.getvalue()
+    # Copied after the export: tracing ran the module once, which updated its running statistics
+    # before the exporter stored them.
+    reference = copy.deepcopy(module).train()
+    trainer = kiln.Trainer(proto, lr=0.05, optimizer="sgd", momentum=0.9, threads=2, db="")
+    assert "bn.weight" in trainer.params and "bn.running_mean" not in trainer.params, list(trainer.params)
+    assert "bn.running_mean" in trainer.state, list(trainer.state)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    kiln_losses, torch_losses = [], []
+    for feeds in data * 4:
+        kiln_losses.append(trainer.step(feeds))
+        opt.zero_grad()
+        loss = reference(torch.from_numpy(feeds["x"]), torch.from_numpy(feeds["onehot"]))
+        loss.backward()
+        opt.step()
+        torch_losses.append(float(loss))
+    np.testing.assert_allclose(kiln_losses, torch_losses, rtol=1e-4, atol=1e-6)
+    assert sum(torch_losses[-3:]) < sum(torch_losses[:3]) - 0.1, torch_losses  # the same batches, epochs 4 and 1
+    for name, p in reference.named_parameters():
+        want = p.detach().numpy()
+        np.testing.assert_allclose(trainer.params[name], want, rtol=1e-3, atol=1e-4 * float(np.abs(want).max()),
+                                   err_msg=name)
+    np.testing.assert_allclose(trainer.state["bn.running_mean"], reference.bn.running_mean.numpy(), rtol=1e-4,
+                               atol=1e-5)
+    # The running variance follows ONNX (the batch's biased variance), torch keeps the unbiased
+    # one: they differ by about n / (n - 1) = 150 / 149 here, so only its having moved is checked.
+    assert not np.allclose(trainer.state["bn.running_var"], 1.0), trainer.state["bn.running_var"]
+
+
 @case
 def bad_settings_are_errors():
     data = export(Classifier())

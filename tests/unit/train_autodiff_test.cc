@@ -326,6 +326,15 @@ TEST(Autodiff, BatchNormInference) {
   })", {"x", "s", "b"}, {}});
 }
 
+TEST(Autodiff, BatchNormTraining) {
+  check_case({"batch_norm_training", R"(graph g(%x: f64[3, 2, 2, 3], %s: f64[2], %b: f64[2]) -> (%y) {
+    opset "" 15
+    %m: f64[2] = const<f64[2] [0.5, -0.25]>
+    %v: f64[2] = const<f64[2] [1.5, 0.75]>
+    %y: f64[3, 2, 2, 3] = BatchNormalization(%x, %s, %b, %m, %v) {epsilon = 0.01, training_mode = 1}
+  })", {"x", "s", "b"}, {}});
+}
+
 TEST(Autodiff, MissingRulesAreNamedAllAtOnce) {
   auto g = parse_graph(R"(graph g(%a: f32[4]) -> (%y) {
     opset "" 17
