@@ -1,5 +1,5 @@
-// Kiln-internal ops (domain "kiln") that convolution gradients and computed
-// weights lower to. All three are compiled (no runtime kernel):
+// Kiln-internal ops (domain "kiln") that convolution and pooling gradients
+// and computed weights lower to. The first three are compiled:
 //
 //   kiln:PackPanels(w) attr nr: [O, R...] -> [ceil(O / nr), R..., nr], zero
 //       past O. The layout "P<nr>" conv.panels and conv.wvec read
@@ -15,7 +15,9 @@
 //       the sum of the columns whose tap read it (the adjoint of Im2Col): an
 //       input gradient from the product of the transposed weight with the
 //       output gradient.
-//   kiln:MaxPoolGrad(dy, indices): a MaxPool's input gradient (below).
+//   kiln:MaxPoolGrad(dy, indices): a MaxPool's input gradient (below; a
+//       host kernel).
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -217,26 +219,42 @@ Status infer_max_pool_grad(Node& n, InferContext& ctx) {
   return Status::ok();
 }
 
-Result<std::vector<tir::ComputeDef>> lower_max_pool_grad(const Node& n, LowerContext& ctx) {
-  const tir::Buffer& dy = ctx.inputs[0];
-  const tir::Buffer& ib = ctx.inputs[1];
-  const tir::Buffer& y = ctx.outputs[0];
-  KILN_ASSIGN_OR_RETURN(Col2ImShapes s, max_pool_grad_shapes(n, Shape(dy.shape.begin(), dy.shape.end()),
-                                                             Shape(ib.shape.begin(), ib.shape.end()), {}));
-  const size_t rank = s.rank;
-  std::vector<std::string> axes = fresh_axes(ctx, rank + 2, "i");
-  std::vector<Expr> v = axis_vars(axes);
-  std::vector<std::string> raxes = fresh_axes(ctx, rank, "k");
-  std::vector<Expr> r = axis_vars(raxes);
-  std::vector<Expr> idx = {v[0], v[1]};
-  TapSources t = tap_sources(s.g, std::vector<Expr>(v.begin() + 2, v.end()), r);
-  idx.insert(idx.end(), t.pos.begin(), t.pos.end());
-  Expr flat = v[0] * y.shape[1] + v[1];
-  for (size_t d = 0; d < rank; ++d) flat = flat * y.shape[d + 2] + v[d + 2];
-  Expr hit = logical_and(t.valid, eq(ctx.load_input(1, idx), cast(DType::kInt64, flat)));
-  Expr body = select(hit, ctx.load_input(0, idx), const_of(y.dtype, 0));
-  return std::vector<tir::ComputeDef>{make_reduce_stage(y.name, y.dtype, axes, y.shape, raxes, s.g.kernel,
-                                                        tir::Combiner::kSum, const_of(y.dtype, 0), body)};
+// Scatter form, one pass over dy: y[indices[e]] += dy[e], e in order (so
+// every run sums in the same order). A host kernel: the gather form, a
+// reduction per input position over every tap that might reach it, tested
+// each tap's index against the position (9 taps for each of 4 times as many
+// positions on a 3x3 stride-2 pool).
+template <typename T>
+Status scatter_add(const Tensor& dy, const Tensor& idx, Tensor& y, const std::string& node) {
+  T* out = y.data_as<T>();
+  std::fill(out, out + y.numel(), T(0));
+  const T* g = dy.data_as<T>();
+  const int64_t* at = idx.data_as<int64_t>();
+  const int64_t n = y.numel();
+  for (int64_t e = 0; e < dy.numel(); ++e) {
+    if (at[e] < 0 || at[e] >= n)
+      return invalid_argument() << "kiln:MaxPoolGrad '" << node << "': index " << at[e] << " outside the input's " << n
+                                << " elements";
+    out[at[e]] += g[e];
+  }
+  return Status::ok();
+}
+
+Result<RuntimeKernel> max_pool_grad_kernel(const Node& n) {
+  const std::string name = n.name();
+  const std::vector<int64_t> image = n.attr_ints("image_shape", {});
+  return RuntimeKernel([name, image](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
+    std::vector<int64_t> shape = {in[0].shape()[0], in[0].shape()[1]};
+    shape.insert(shape.end(), image.begin(), image.end());
+    if (!out[0].defined() || out[0].shape() != shape) {
+      KILN_ASSIGN_OR_RETURN(out[0], Tensor::allocate(in[0].dtype(), shape, "kiln:MaxPoolGrad '" + name + "'"));
+    }
+    Tensor& y = out[0];
+    if (in[0].dtype() == DType::kFloat32) return scatter_add<float>(in[0], in[1], y, name);
+    if (in[0].dtype() == DType::kFloat64) return scatter_add<double>(in[0], in[1], y, name);
+    return unsupported() << "kiln:MaxPoolGrad '" << name << "': dtype " << dtype_name(in[0].dtype())
+                         << " (f32 or f64)";
+  });
 }
 
 }  // namespace
@@ -245,7 +263,8 @@ void register_conv_grad_ops() {
   OpDef pack = make_def("PackPanels", infer_pack_panels, lower_pack_panels);
   OpDef im2col = make_def("Im2Col", infer_im2col, lower_im2col);
   OpDef col2im = make_def("Col2Im", infer_col2im, lower_col2im);
-  OpDef max_pool_grad = make_def("MaxPoolGrad", infer_max_pool_grad, lower_max_pool_grad);
+  OpDef max_pool_grad = kernel_op("MaxPoolGrad", infer_max_pool_grad, max_pool_grad_kernel);
+  max_pool_grad.kernel_fills_outputs = true;
   for (OpDef* def : {&pack, &im2col, &col2im, &max_pool_grad}) {
     def->domain = "kiln";
     register_op(std::move(*def));
