@@ -1,5 +1,5 @@
 // Kiln-internal ops (domain "kiln") that convolution and pooling gradients
-// and computed weights lower to. The first three are compiled:
+// and computed weights lower to. All but the last are compiled:
 //
 //   kiln:PackPanels(w) attr nr: [O, R...] -> [ceil(O / nr), R..., nr], zero
 //       past O. The layout "P<nr>" conv.panels and conv.wvec read
@@ -15,6 +15,9 @@
 //       the sum of the columns whose tap read it (the adjoint of Im2Col): an
 //       input gradient from the product of the transposed weight with the
 //       output gradient.
+//   kiln:WinogradWeights(wp, G) attr m: conv.winograd's transformed weight
+//       U = G w GT from the packed panels, made each run for a weight that is
+//       not a constant.
 //   kiln:MaxPoolGrad(dy, indices): a MaxPool's input gradient (below; a
 //       host kernel).
 #include <algorithm>
@@ -59,6 +62,44 @@ Result<std::vector<tir::ComputeDef>> lower_pack_panels(const Node& n, LowerConte
   src.insert(src.end(), v.begin() + 1, v.end() - 1);
   Expr body = select(lt(o, w.shape[0]), ctx.load_input(0, src), const_of(y.dtype, 0));
   return std::vector<tir::ComputeDef>{make_stage(y.name, y.dtype, axes, y.shape, body)};
+}
+
+// kiln:WinogradWeights(wp, g) attr m: a 3x3 weight packed in panels of mr
+// output channels [P, I, 3, 3, mr] (kiln:PackPanels: zero past O, the lanes
+// contiguous) and F(m x m, 3 x 3)'s kernel transform G [m + 2, 3]
+// (tir/winograd.h) -> U = G w GT per channel pair in conv.winograd's layout
+// [m + 2, m + 2, P, I, mr]: the transform of a weight that is not a
+// constant, each run.
+Result<int64_t> winograd_attr(const Node& n, const char* name, int64_t lo, int64_t hi) {
+  int64_t v = n.attr_int(name, 0);
+  if (v < lo || v > hi) return node_invalid(n) << "attribute '" << name << "' must be in [" << lo << ", " << hi << "], got " << v;
+  return v;
+}
+
+Status infer_winograd_weights(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType wt, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape w, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape gs, input_shape(n, 1));
+  KILN_ASSIGN_OR_RETURN(int64_t m, winograd_attr(n, "m", 2, 4));
+  if (wt.dtype != DType::kFloat32) return node_invalid(n) << "weight must be f32";
+  if (w.size() != 5 || !prove_equal(w[2], Expr(3), ctx.bounds) || !prove_equal(w[3], Expr(3), ctx.bounds))
+    return node_invalid(n) << "weight must be packed panels [P, I, 3, 3, mr], got " << shape_to_string(w);
+  if (gs.size() != 2 || !prove_equal(gs[0], Expr(m + 2), ctx.bounds) || !prove_equal(gs[1], Expr(3), ctx.bounds))
+    return node_invalid(n) << "G must be [" << m + 2 << ", 3], got " << shape_to_string(gs);
+  set_output(n, 0, wt.dtype, {Expr(m + 2), Expr(m + 2), w[0], w[1], w[4]}, ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_winograd_weights(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& y = ctx.outputs[0];
+  std::vector<std::string> axes = fresh_axes(ctx, 5);
+  std::vector<Expr> v = axis_vars(axes);
+  std::vector<std::string> raxes = fresh_axes(ctx, 2, "k");
+  std::vector<Expr> r = axis_vars(raxes);
+  Expr gg = ctx.load_input(1, {v[0], r[0]}) * ctx.load_input(1, {v[1], r[1]});
+  Expr body = gg * ctx.load_input(0, {v[2], v[3], r[0], r[1], v[4]});
+  return std::vector<tir::ComputeDef>{make_reduce_stage(y.name, y.dtype, axes, y.shape, raxes, {Expr(3), Expr(3)},
+                                                        tir::Combiner::kSum, const_of(y.dtype, 0), body)};
 }
 
 // The window of an Im2Col or Col2Im: kernel_shape (required), strides, pads,
@@ -263,9 +304,10 @@ void register_conv_grad_ops() {
   OpDef pack = make_def("PackPanels", infer_pack_panels, lower_pack_panels);
   OpDef im2col = make_def("Im2Col", infer_im2col, lower_im2col);
   OpDef col2im = make_def("Col2Im", infer_col2im, lower_col2im);
+  OpDef winograd = make_def("WinogradWeights", infer_winograd_weights, lower_winograd_weights);
   OpDef max_pool_grad = kernel_op("MaxPoolGrad", infer_max_pool_grad, max_pool_grad_kernel);
   max_pool_grad.kernel_fills_outputs = true;
-  for (OpDef* def : {&pack, &im2col, &col2im, &max_pool_grad}) {
+  for (OpDef* def : {&pack, &im2col, &col2im, &winograd, &max_pool_grad}) {
     def->domain = "kiln";
     register_op(std::move(*def));
   }

@@ -51,6 +51,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -402,6 +403,43 @@ Tensor pack_panels(const Tensor& t, int64_t nr) {
   return out;
 }
 
+// A kernel-computed node `op` (domain kiln) reading n's weight (and `extra`)
+// with the int attributes `attrs`, inserted before n unless an equal one
+// already reads it: one per weight and layout.
+Value* runtime_weight_node(Graph& g, Node& n, Value* w, const std::string& op,
+                           const std::function<std::vector<Value*>()>& extra,
+                           const std::vector<std::pair<std::string, int64_t>>& attrs, const std::string& suffix,
+                           std::vector<int64_t> dims) {
+  for (const auto& [user, slot] : w->uses()) {
+    if (slot != 0 || user->domain() != "kiln" || user->op_type() != op) continue;
+    bool same = true;
+    for (const auto& [k, v] : attrs) same = same && user->attr_int(k, -1) == v;
+    if (same) return user->output(0);
+  }
+  std::vector<Value*> inputs = {w};
+  if (extra) {
+    std::vector<Value*> more = extra();
+    inputs.insert(inputs.end(), more.begin(), more.end());
+  }
+  const std::string name = g.unique_name(w->name() + "." + suffix);
+  Node* t = g.insert_node_before(&n, op, inputs, {name}, "kiln");
+  t->set_name(name);
+  for (const auto& [k, v] : attrs) set_int_attr(*t, k, v);
+  TensorType tt;
+  tt.dtype = w->type().dtype;
+  tt.shape = Shape(dims.begin(), dims.end());
+  t->output(0)->set_type(std::move(tt));
+  return t->output(0);
+}
+
+// n's computed weight [O, I, KH, KW] packed by kiln:PackPanels into
+// [ceil(O / nr), I, KH, KW, nr].
+Value* runtime_panels(Graph& g, Node& n, int64_t nr) {
+  const std::vector<int64_t> ws = weight_dims(n);
+  return runtime_weight_node(g, n, n.input(1), "PackPanels", nullptr, {{"nr", nr}}, "p" + std::to_string(nr),
+                             {(ws[0] + nr - 1) / nr, ws[1], ws[2], ws[3], nr});
+}
+
 // Packs the weight into panels of `nr` output channels (layout "P<nr>"): a
 // constant at compile time; a computed weight (a training step's) by a
 // kiln:PackPanels node, a kernel each run (one per weight and panel width).
@@ -410,25 +448,9 @@ Status pack_weight_panels(Graph& g, Node& n, int64_t nr) {
   const std::vector<int64_t> ws = weight_dims(n);
   const int64_t o = ws[0];
   if (o % nr != 0) set_int_attr(n, "kiln_out_channels", o);  // the panels hold O rounded up to nr
-  Value* packed = nullptr;
-  const std::string name = w->name() + ".p" + std::to_string(nr);
-  if (w->is_constant()) {
-    packed = g.add_constant(g.unique_name(name), pack_panels(w->constant(), nr));
-  } else {
-    for (const auto& [user, slot] : w->uses())
-      if (user->domain() == "kiln" && user->op_type() == "PackPanels" && user->attr_int("nr", 0) == nr)
-        packed = user->output(0);
-    if (packed == nullptr) {
-      Node* pack = g.insert_node_before(&n, "PackPanels", {w}, {g.unique_name(name)}, "kiln");
-      pack->set_name(pack->output(0)->name());
-      set_int_attr(*pack, "nr", nr);
-      TensorType t;
-      t.dtype = w->type().dtype;
-      t.shape = Shape{Dim((o + nr - 1) / nr), Dim(ws[1]), Dim(ws[2]), Dim(ws[3]), Dim(nr)};
-      pack->output(0)->set_type(std::move(t));
-      packed = pack->output(0);
-    }
-  }
+  Value* packed = w->is_constant() ? g.add_constant(g.unique_name(w->name() + ".p" + std::to_string(nr)),
+                                                    pack_panels(w->constant(), nr))
+                                   : runtime_panels(g, n, nr);
   g.set_input(&n, 1, packed);
   set_string_attr(n, "kiln_weight_layout", "P" + std::to_string(nr));
   return Status::ok();
@@ -896,7 +918,6 @@ bool winograd_applies(const Node& n, std::string* why) {
     if (why) *why = w;
     return false;
   };
-  if (!n.input(1)->is_constant()) return no("weight is not a constant (transformed at compile time)");
   const std::vector<int64_t>& ws = weight_dims(n);
   if (ws[2] != 3 || ws[3] != 3) return no("not a 3x3 kernel");
   std::vector<int64_t> strides = n.attr_ints("strides", {1, 1});
@@ -954,19 +975,34 @@ tir::Knobs winograd_defaults(const Node& n, const Target& t) {
   return {{"m", m}, {"mr", mr}, {"vw", vw}, {"order", 0}, {"vt", lanes}};
 }
 
+// The weights' transform U = G w GT (tir/winograd.h): at compile time for a
+// constant, else by a kiln:WinogradWeights node (a kernel each run, one per
+// weight and layout) reading G as a constant.
 Status winograd_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
   int64_t m = knobs.at("m"), mr = knobs.at("mr");
   Value* w = n.input(1);
-  const Tensor& wt = w->constant();
-  int64_t o = wt.shape()[0], i = wt.shape()[1];
+  const std::vector<int64_t> ws = weight_dims(n);
+  int64_t o = ws[0], i = ws[1];
   const tir::WinogradMatrices* mats = tir::winograd_matrices(m);
   if (mats == nullptr) return invalid_argument() << "conv.winograd: m = " << m << " (2 or 4)";
   int64_t panels = (o + mr - 1) / mr;
-  Tensor u(DType::kFloat32, {mats->alpha, mats->alpha, panels, i, mr});
-  tir::winograd_weights(wt.data_as<float>(), o, i, m, mr, u.data_as<float>());
   if (o % mr != 0) set_int_attr(n, "kiln_out_channels", o);
   std::string layout = "W" + std::to_string(m) + "P" + std::to_string(mr);
-  Value* packed = g.add_constant(g.unique_name(w->name() + "." + layout), std::move(u));
+  Value* packed = nullptr;
+  if (w->is_constant()) {
+    Tensor u(DType::kFloat32, {mats->alpha, mats->alpha, panels, i, mr});
+    tir::winograd_weights(w->constant().data_as<float>(), o, i, m, mr, u.data_as<float>());
+    packed = g.add_constant(g.unique_name(w->name() + "." + layout), std::move(u));
+  } else {
+    // From the weight packed in panels of mr (contiguous along the lanes the transform writes).
+    auto g_matrix = [&] {
+      Tensor gm(DType::kFloat32, {mats->alpha, 3});
+      for (int64_t k = 0; k < mats->alpha * 3; ++k) gm.data_as<float>()[k] = static_cast<float>(mats->g[k]);
+      return std::vector<Value*>{g.add_constant(g.unique_name("winograd_g" + std::to_string(m)), std::move(gm))};
+    };
+    packed = runtime_weight_node(g, n, runtime_panels(g, n, mr), "WinogradWeights", g_matrix, {{"m", m}}, layout,
+                                 {mats->alpha, mats->alpha, panels, i, mr});
+  }
   g.set_input(&n, 1, packed);
   set_string_attr(n, "kiln_weight_layout", layout);
   return Status::ok();

@@ -477,6 +477,80 @@ TEST(StrategyCandidates, ConvTemplatesMatchNaiveAtRandomKnobs) {
   }
 }
 
+// A weight that is a graph input (a training step's parameter): conv.panels,
+// conv.wvec and conv.winograd apply with the weight packed or transformed by
+// a kernel each run (kiln:PackPanels, kiln:WinogradWeights), at random knobs,
+// against the naive lowering on the same inputs; fed a second weight, the
+// same compiled model follows it.
+TEST(StrategyCandidates, ComputedWeightsArePackedEachRun) {
+  struct Case {
+    std::vector<int64_t> x, w;
+    int64_t stride, pad;
+  };
+  const std::vector<Case> cases = {{{2, 16, 9, 11}, {40, 16, 3, 3}, 1, 1},
+                                   {{1, 8, 7, 13}, {24, 8, 1, 1}, 2, 0},
+                                   {{1, 32, 10, 10}, {64, 32, 3, 3}, 1, 1}};
+  std::mt19937_64 rng(47);
+  uint32_t seed = 300;
+  for (const Case& c : cases) {
+    auto make = [&] {
+      auto g = std::make_unique<Graph>();
+      g->source = "computed_weight";
+      g->opsets[""] = 17;
+      Value* x = g->add_input("x", TensorType{DType::kFloat32, Shape(c.x.begin(), c.x.end())});
+      Value* w = g->add_input("w", TensorType{DType::kFloat32, Shape(c.w.begin(), c.w.end())});
+      Node* n = g->add_node("Conv", {x, w}, {"y"});
+      n->set_attr("strides", Attribute::of_ints({c.stride, c.stride}));
+      n->set_attr("pads", Attribute::of_ints({c.pad, c.pad, c.pad, c.pad}));
+      g->set_outputs({n->output(0)});
+      return g;
+    };
+    Tensor x = random_tensor(c.x, seed++);
+    std::vector<Tensor> ws = {random_tensor(c.w, seed++), random_tensor(c.w, seed++)};
+    auto probe = make();
+    ops::InferContext ictx;
+    ictx.graph = probe.get();
+    ictx.bounds = probe->bounds;
+    ASSERT_TRUE(ops::infer_shapes(*probe, ictx).is_ok());
+    const Node* node = probe->nodes()[0];
+    int applied = 0;
+    for (const char* name : {"conv.panels", "conv.wvec", "conv.winograd"}) {
+      const strategy::Candidate* cand = strategy::find_candidate(name);
+      ASSERT_NE(cand, nullptr);
+      if (!cand->applies(*node, nullptr)) continue;
+      ++applied;
+      const Target target = *Target::named("avx512");
+      tir::KnobSpace space = cand->space(*node, target);
+      for (int draw = 0; draw < 3; ++draw) {
+        tir::Knobs knobs = draw == 0 ? cand->default_knobs(*node, target) : *tir::sample_knobs(space, rng);
+        for (const Tensor& w : ws) {
+          auto want = run_feeds(make(), true, {x, w}, 1, std::nullopt, nullptr);
+          ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+          std::string impl;
+          strategy::Choice choice{name, knobs, "database", ""};
+          auto got = run_feeds(make(), false, {x, w}, 2, choice, &impl, target);
+          std::string what = std::string(name) + " " + tir::knobs_to_string(knobs) + " on " + node->describe();
+          ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+          EXPECT_EQ(impl, std::string(name) + " " + tir::knobs_to_string(knobs)) << what;
+          if (std::string(name) == "conv.winograd") {
+            double err = 0, norm = 0;
+            for (int64_t i = 0; i < want->numel(); ++i) {
+              double d = got->data_as<float>()[i] - want->data_as<float>()[i];
+              err += d * d;
+              norm += static_cast<double>(want->data_as<float>()[i]) * want->data_as<float>()[i];
+            }
+            EXPECT_LE(std::sqrt(err / norm), 1e-5) << what;
+          } else if (int64_t i = first_mismatch(*got, *want, c.w[1] * c.w[2] * c.w[3]); i >= 0) {
+            ADD_FAILURE() << what << ", element " << i << ": " << got->data_as<float>()[i] << " vs naive "
+                          << want->data_as<float>()[i];
+          }
+        }
+      }
+    }
+    EXPECT_GE(applied, 2) << "conv.panels and conv.wvec or conv.winograd apply to " << node->describe();
+  }
+}
+
 // conv.blocked (kiln:ConvBlocked, made by the pass block-layout) against the
 // naive NCHW lowering: a convolution on the NCHW input (in_blocked = 0) and,
 // behind a 1x1 one, on blocked data (in_blocked = 1; depthwise ones are
