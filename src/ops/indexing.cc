@@ -1167,7 +1167,22 @@ Status grad_gather(GradBuilder& b) {
   if (rank < 1 || indices->type().rank() < 0) return node_unsupported(n) << "the gradient of a Gather of unknown rank";
   int64_t axis = n.attr_int("axis", 0);
   if (axis < 0) axis += rank;
-  if (axis != 0) return node_unsupported(n) << "the gradient of Gather along axis " << axis << " (axis 0 only, yet)";
+  // Along another axis: the same with that axis first (data [a, rest...],
+  // dy [indices..., rest...]), transposed back.
+  const int64_t ri = indices->type().rank();
+  Value* dy = b.output_grad(0);
+  std::vector<int64_t> to_front = {axis}, back(static_cast<size_t>(rank));
+  if (axis != 0) {
+    for (int64_t d = 0; d < rank; ++d)
+      if (d != axis) to_front.push_back(d);
+    for (int64_t d = 0; d < rank; ++d) back[static_cast<size_t>(to_front[static_cast<size_t>(d)])] = d;
+    std::vector<int64_t> dy_perm;
+    for (int64_t d = 0; d < ri; ++d) dy_perm.push_back(axis + d);
+    for (int64_t d = 0; d < rank - 1 + ri; ++d)
+      if (d < axis || d >= axis + ri) dy_perm.push_back(d);
+    KILN_ASSIGN_OR_RETURN(data, b.add1("Transpose", {data}, {{"perm", Attribute::of_ints(to_front)}}));
+    KILN_ASSIGN_OR_RETURN(dy, b.add1("Transpose", {dy}, {{"perm", Attribute::of_ints(dy_perm)}}));
+  }
   KILN_ASSIGN_OR_RETURN(Value* shape, b.add1("Shape", {data}));
   Tensor zero(data->dtype(), {1});
   KILN_ASSIGN_OR_RETURN(Value* zeros, b.add1("ConstantOfShape", {shape}, {{"value", Attribute::of_tensor(zero)}}));
@@ -1180,9 +1195,11 @@ Status grad_gather(GradBuilder& b) {
   Tensor zero_i(DType::kInt64, {});
   KILN_ASSIGN_OR_RETURN(Value* negative, b.add1("Less", {idx, b.constant(zero_i)}));
   KILN_ASSIGN_OR_RETURN(Value* fixed, b.add1("Where", {negative, wrapped, idx}));
-  KILN_ASSIGN_OR_RETURN(Value* tuples, b.unsqueeze(fixed, {indices->type().rank()}));
-  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("ScatterND", {zeros, tuples, b.output_grad(0)},
-                                         {{"reduction", Attribute::of_string("add")}}));
+  KILN_ASSIGN_OR_RETURN(Value* tuples, b.unsqueeze(fixed, {ri}));
+  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("ScatterND", {zeros, tuples, dy}, {{"reduction", Attribute::of_string("add")}}));
+  if (axis != 0) {
+    KILN_ASSIGN_OR_RETURN(g, b.add1("Transpose", {g}, {{"perm", Attribute::of_ints(back)}}));
+  }
   return b.set_input_grad(0, g);
 }
 

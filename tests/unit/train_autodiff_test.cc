@@ -239,6 +239,22 @@ TEST(Autodiff, LayerNormAndGather) {
     %i: i64[2, 3] = const<i64[2, 3] [0, 4, -1, 2, 0, 2]>
     %y: f64[2, 3, 3] = Gather(%e, %i)
   })", {"e"}, {}});
+  // Along a middle and the last axis, a scalar index (a token of a sequence), repeats.
+  check_case({"gather_axis1", R"(graph g(%e: f64[2, 4, 3]) -> (%y) {
+    opset "" 17
+    %i: i64[3] = const<i64[3] [3, 0, 3]>
+    %y: f64[2, 3, 3] = Gather(%e, %i) {axis = 1}
+  })", {"e"}, {}});
+  check_case({"gather_axis1_scalar", R"(graph g(%e: f64[n, 4, 3]) -> (%y) {
+    opset "" 17
+    %i: i64[] = const<i64[] [0]>
+    %y: f64[n, 3] = Gather(%e, %i) {axis = 1}
+  })", {"e"}, {{"n", 2}}});
+  check_case({"gather_last_axis", R"(graph g(%e: f64[2, 3, 5]) -> (%y) {
+    opset "" 17
+    %i: i64[2, 2] = const<i64[2, 2] [4, -1, 1, 0]>
+    %y: f64[2, 3, 2, 2] = Gather(%e, %i) {axis = 2}
+  })", {"e"}, {}});
 }
 
 TEST(Autodiff, ConvAndPool) {
