@@ -2,7 +2,7 @@
 """One training step (forward, backward, AdamW update) in Kiln (kiln.Trainer: the step compiled
 as one graph) and in PyTorch eager, in the same run, from the same weights on the same batch.
 
-Models (--models, both by default), each with a log-softmax cross-entropy loss:
+Models (--models resnet18,bert; resnet18 by default), each with a log-softmax cross-entropy loss:
   resnet18: torchvision's resnet18 (10 classes) at batch 16, 224x224, in training mode
       (BatchNormalization with the batch's statistics, exported in training form);
   bert: a BERT-base-style encoder (vocabulary 30522, 12 layers of hidden 768, 12 heads, GELU
@@ -17,7 +17,7 @@ Then the loss curves: a small CNN and a small transformer trained 300 steps on s
 the same weights on the same batches: the final loss (mean of the last 10 steps) on both sides
 and the largest relative difference of any step's loss.
 
-    bench_training.py [--threads 2] [--steps 5] [--models resnet18,bert] [--no-curves] [--write-doc]
+    bench_training.py [--threads 2] [--steps 5] [--models resnet18[,bert]] [--no-curves] [--write-doc]
 """
 import argparse
 import copy
@@ -208,7 +208,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--models", default="resnet18,bert")
+    ap.add_argument("--models", default="resnet18", help="resnet18 and/or bert (comma-separated)")
     ap.add_argument("--no-curves", dest="curves", action="store_false",
                     help="skip the 300-step loss curves of a small CNN and a small transformer")
     ap.add_argument("--write-doc", action="store_true")
