@@ -180,8 +180,8 @@ def curve(name, threads, steps=300):
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
     reference = copy.deepcopy(module).train()  # after the export's traced run (BN statistics)
     if name == "cnn":
-        # lr 0.02: at 0.05 the trajectory turns on the rounding of BatchNormalization's statistics
-        # (PyTorch against itself with that layer in float64 ends 39% apart), docs/training.md.
+        # lr 0.02: at higher rates the trajectory turns on the rounding of BatchNormalization's
+        # statistics, so the curves would compare rounding (docs/training.md).
         trainer = kiln.Trainer(buf.getvalue(), loss="cross_entropy", target="label", optimizer="sgd", lr=0.02,
                                momentum=0.9, threads=threads, db="")
         opt = torch.optim.SGD(reference.parameters(), lr=0.02, momentum=0.9)
