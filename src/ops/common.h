@@ -155,6 +155,9 @@ constexpr int64_t kMaxWindowOverInput = 64;
 // symbol per dim): a longer one is a file's absurd dim, not a shape.
 constexpr int64_t kMaxInferredRank = 64;
 Status check_window_span(const Node& n, size_t d, const Expr& span, const Expr& reach, const SymbolBounds& bounds);
+// An index held inside [0, extent) (loads under a select whose condition
+// rejects the out-of-range positions).
+Expr clamp_index(const Expr& i, const Expr& extent);
 // Output extents and padding of Conv-like ops over input x: explicit pads or auto_pad.
 Result<ConvGeometry> conv_geometry(const Node& n, const Shape& x, const std::vector<Expr>& kernel,
                                    const SymbolBounds& bounds);

@@ -91,6 +91,8 @@ Status check_window_span(const Node& n, size_t d, const Expr& span, const Expr& 
   return Status::ok();
 }
 
+Expr clamp_index(const Expr& i, const Expr& extent) { return max(min(i, extent - 1), Expr(0)); }
+
 Result<ConvGeometry> conv_geometry(const Node& n, const Shape& x, const std::vector<Expr>& kernel,
                                    const SymbolBounds& bounds) {
   size_t rank = kernel.size();
@@ -131,7 +133,6 @@ namespace {
 
 
 // An index into an input dim of extent `extent`, clamped into range.
-Expr clamp_index(const Expr& i, const Expr& extent) { return max(min(i, extent - 1), Expr(0)); }
 
 // True when s[from, to) is one or more decimal digits.
 bool digits(const std::string& s, size_t from, size_t to = std::string::npos) {

@@ -58,7 +58,7 @@ Result<std::vector<tir::ComputeDef>> lower_pack_panels(const Node& n, LowerConte
   std::vector<std::string> axes = fresh_axes(ctx, y.shape.size());
   std::vector<Expr> v = axis_vars(axes);
   Expr o = v[0] * Expr(nr) + v.back();
-  std::vector<Expr> src = {max(min(o, w.shape[0] - 1), Expr(0))};
+  std::vector<Expr> src = {clamp_index(o, w.shape[0])};
   src.insert(src.end(), v.begin() + 1, v.end() - 1);
   Expr body = select(lt(o, w.shape[0]), ctx.load_input(0, src), const_of(y.dtype, 0));
   return std::vector<tir::ComputeDef>{make_stage(y.name, y.dtype, axes, y.shape, body)};
@@ -143,7 +143,7 @@ Result<std::vector<tir::ComputeDef>> lower_im2col(const Node& n, LowerContext& c
     Expr pos = v[rank + 2 + d] * Expr(g.stride[d]) + v[1 + d] * Expr(g.dilation[d]) - g.pad_begin[d];
     Expr ok = logical_and(le(Expr(0), pos), lt(pos, g.in[d]));
     valid = valid.defined() ? logical_and(valid, ok) : ok;
-    idx.push_back(max(min(pos, g.in[d] - 1), Expr(0)));
+    idx.push_back(clamp_index(pos, g.in[d]));
   }
   Expr body = select(valid, ctx.load_input(0, idx), const_of(y.dtype, 0));
   return std::vector<tir::ComputeDef>{make_stage(y.name, y.dtype, axes, y.shape, body)};
@@ -198,7 +198,7 @@ TapSources tap_sources(const ConvGeometry& g, const std::vector<Expr>& at, const
     Expr ok = logical_and(le(Expr(0), num), lt(pos, g.out[d]));
     if (g.stride[d] != 1) ok = logical_and(ok, eq(mod(num, Expr(g.stride[d])), Expr(0)));
     t.valid = t.valid.defined() ? logical_and(t.valid, ok) : ok;
-    t.pos.push_back(max(min(pos, g.out[d] - 1), Expr(0)));
+    t.pos.push_back(clamp_index(pos, g.out[d]));
   }
   return t;
 }

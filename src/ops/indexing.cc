@@ -23,7 +23,6 @@ namespace kiln::ops {
 
 namespace {
 
-Expr clamp_index(const Expr& i, const Expr& extent) { return max(min(i, extent - 1), Expr(0)); }
 
 // An index value loaded from an indices tensor, wrapped and clamped into [0, dim).
 Expr wrap_index(const Expr& loaded, const Expr& dim) {

@@ -93,7 +93,6 @@ std::vector<Expr> unravel(const Expr& flat, const std::vector<Expr>& shape) {
   return idx;
 }
 
-Expr clamp_index(const Expr& i, const Expr& extent) { return max(min(i, extent - 1), Expr(0)); }
 
 void set_sym(Node& n, size_t i, std::optional<std::vector<Expr>> v, const InferContext& ctx) {
   if (i >= n.num_outputs() || n.output(i) == nullptr) return;
