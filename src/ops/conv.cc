@@ -714,8 +714,9 @@ Result<std::vector<tir::ComputeDef>> lower_conv_transpose(const Node& n, LowerCo
 // and C input channels, taps K, output positions O and images N:
 //   dB = dY summed over all but the channel axis;
 //   dW = [M, N O] x [N O, C K]: the output gradient times the input's columns
-//        (kiln:Im2Col, [C K, N O]), as one MatMul of the columns with dY
-//        transposed to [N O, M], transposed back;
+//        (kiln:Im2Col, [C K, N O]), as products of the columns with dY
+//        transposed to [N O, M] over chunks of the batch (each added to
+//        the last by Gemm), transposed back;
 //   dX = at stride 1, where the padding allows, the Conv of dY with W's
 //        channels swapped and taps reversed (the convolution strategy's
 //        kernels, the weight packed per run); else the transposed weight
@@ -776,11 +777,37 @@ Status grad_conv(GradBuilder& b) {
   }
   channels_last.push_back(1);
   if (b.wants(1)) {
-    KILN_ASSIGN_OR_RETURN(std::vector<Value*> cols, b.add("Im2Col", {x}, window, 1, "kiln"));
-    KILN_ASSIGN_OR_RETURN(Value* cols2, b.add1("Reshape", {cols[0], b.ints({c * taps, positions})}));
-    KILN_ASSIGN_OR_RETURN(Value* dyt, b.add1("Transpose", {dy}, {{"perm", ints_attr(channels_last)}}));
-    KILN_ASSIGN_OR_RETURN(Value* dyt2, b.add1("Reshape", {dyt, b.ints({positions, m})}));
-    KILN_ASSIGN_OR_RETURN(Value* dwt, b.add1("MatMul", {cols2, dyt2}));
+    // With a static batch, in chunks of images so that the columns take no
+    // more memory than dY or dW: the backward's largest temporaries stay the
+    // size of activations, each chunk's product added to the last's (Gemm
+    // with C, so only two partial sums live at once).
+    const std::optional<int64_t> batch = x->type().shape->at(0).as_const();
+    int64_t positions_per_image = 1;
+    for (size_t d = 2; d < ys.size(); ++d) positions_per_image *= ys[d];
+    const int64_t cols_elems = batch ? c * taps * positions_per_image * *batch : 0;
+    const int64_t bound = batch ? std::max(m * positions_per_image * *batch, m * c * taps) : 1;
+    const int64_t chunks = batch && *batch > 1 ? std::min(*batch, (cols_elems + bound - 1) / bound) : 1;
+    const int64_t per = batch ? (*batch + chunks - 1) / chunks : 0;
+    Value* dwt = nullptr;
+    for (int64_t n0 = 0; n0 == 0 || (batch && n0 < *batch); n0 += per) {
+      Value* xc = x;
+      Value* dyc = dy;
+      if (chunks > 1) {
+        const int64_t n1 = std::min(*batch, n0 + per);
+        KILN_ASSIGN_OR_RETURN(xc, b.add1("Slice", {x, b.ints({n0}), b.ints({n1}), b.ints({0})}));
+        KILN_ASSIGN_OR_RETURN(dyc, b.add1("Slice", {dy, b.ints({n0}), b.ints({n1}), b.ints({0})}));
+      }
+      KILN_ASSIGN_OR_RETURN(std::vector<Value*> cols, b.add("Im2Col", {xc}, window, 1, "kiln"));
+      KILN_ASSIGN_OR_RETURN(Value* cols2, b.add1("Reshape", {cols[0], b.ints({c * taps, positions})}));
+      KILN_ASSIGN_OR_RETURN(Value* dyt, b.add1("Transpose", {dyc}, {{"perm", ints_attr(channels_last)}}));
+      KILN_ASSIGN_OR_RETURN(Value* dyt2, b.add1("Reshape", {dyt, b.ints({positions, m})}));
+      if (dwt == nullptr) {
+        KILN_ASSIGN_OR_RETURN(dwt, b.add1("MatMul", {cols2, dyt2}));
+      } else {
+        KILN_ASSIGN_OR_RETURN(dwt, b.add1("Gemm", {cols2, dyt2, dwt}));
+      }
+      if (chunks == 1) break;
+    }
     KILN_ASSIGN_OR_RETURN(Value* dw2, b.add1("Transpose", {dwt}, {{"perm", ints_attr({1, 0})}}));
     KILN_ASSIGN_OR_RETURN(Value* dw, b.add1("Reshape", {dw2, b.ints(ws)}));
     KILN_RETURN_IF_ERROR(b.set_input_grad(1, dw));

@@ -276,6 +276,11 @@ TEST(Autodiff, ConvAndPool) {
   })";
     check_case({"conv_batch", text.c_str(), {"x", "w"}, {{"n", 3}}});
   }
+  // dW over chunks of the batch (C K / M = 3 here: chunks of 2, 2 and 1 images).
+  check_case({"conv_chunks", R"(graph g(%x: f64[5, 1, 6, 6], %w: f64[3, 1, 3, 3]) -> (%y) {
+    opset "" 17
+    %y: f64[?] = Conv(%x, %w) {pads = [1, 1, 1, 1]}
+  })", {"x", "w"}, {}});
   // One and three spatial dims (kiln:Im2Col and kiln:Col2Im are rank-generic).
   check_case({"conv1d", R"(graph g(%x: f64[2, 3, 9], %w: f64[2, 3, 3]) -> (%y) {
     opset "" 17
