@@ -12,12 +12,21 @@ Reports the compile time, the median step time over --steps after one warm-up st
 alternate step by step, so a change in the host's load falls on both), the ratio, and the first
 step's loss on both sides (they must agree).
 
+Then automatic checkpointing (kiln.Trainer(memory_budget=...)) on the first model: no budget, and
+budgets of 50% and 20% of the unbudgeted step's activation bytes, each with the dynamic program
+("dp") and Chen et al.'s sqrt(n) segments ("sqrt"): the activation and peak bytes Kiln reports at
+compile time, the peak measured (the growth of the resident set over the first step, in a fresh
+process per plan), the median step time (all plans alternating step by step) and the time added
+over the unbudgeted step, and the recomputation (its estimated compute over the forward's). A
+budget no plan meets is reported with the least Kiln reaches.
+
 Then the loss curves: a small CNN and a small transformer trained 300 steps on synthetic tasks
 (kiln.Trainer with an appended cross-entropy; torch.nn.CrossEntropyLoss and torch.optim), from
 the same weights on the same batches: the final loss (mean of the last 10 steps) on both sides
 and the largest relative difference of any step's loss.
 
-    bench_training.py [--threads 2] [--steps 5] [--models resnet18[,bert]] [--no-curves] [--write-doc]
+    bench_training.py [--threads 2] [--steps 5] [--models resnet18[,bert]] [--no-memory] [--no-curves]
+                      [--write-doc]
 """
 import argparse
 import copy
@@ -84,21 +93,117 @@ def build(name):
     return model.train(), (x, onehot), batch, label
 
 
-def measure(name, threads, steps):
-    import kiln
-
+def export_step(name):
+    """The model with its loss as ONNX bytes in training form, example feeds, the parameter names
+    (every float initializer but BatchNormalization's running statistics), batch and label."""
     model, (x, onehot), batch, label = build(name)
     buf = io.BytesIO()
     torch.onnx.export(model, (x, onehot), buf, input_names=["x", "onehot"], output_names=["loss"], opset_version=17,
                       training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
-    model.train()
     proto = onnx.load_from_string(buf.getvalue())
     params = [i.name for i in proto.graph.initializer
               if i.data_type == onnx.TensorProto.FLOAT and "running_" not in i.name]
+    return model.train(), buf.getvalue(), {"x": x.numpy(), "onehot": onehot.numpy()}, params, batch, label
+
+
+def resident(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {key} in /proc/self/status")
+
+
+def peak_child(path, budget, policy, threads):
+    """In a fresh process: compile the step from `path` (its feeds in path + '.npz') under the
+    budget, reset the peak resident set, run one step; prints the growth of the resident set."""
+    import json
+
+    import kiln
+
+    proto = onnx.load(path)
+    params = [i.name for i in proto.graph.initializer
+              if i.data_type == onnx.TensorProto.FLOAT and "running_" not in i.name]
+    feeds = dict(np.load(path + ".npz"))
+    trainer = kiln.Trainer(path, params=params, optimizer="adamw", lr=1e-3, threads=threads, db="",
+                           memory_budget=budget or None, checkpoint_policy=policy)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak resident set starts again from the current one
+    before = resident("VmRSS")
+    trainer.step(feeds)
+    print(json.dumps({"measured": resident("VmHWM") - before}))
+
+
+def memory_table(name, threads, steps):
+    """Checkpointing under budgets on `name`: the table rows (markdown)."""
+    import json
+    import subprocess
+    import tempfile
+
+    import kiln
+
+    _, data, feeds, params, batch, label = export_step(name)
+    plans = [(0, "none", "dp")]
+    base = kiln.Trainer(data, params=params, optimizer="adamw", lr=1e-3, threads=threads, db="")
+    full = base.stats["activation_bytes"]
+    for share in (0.5, 0.2):
+        for policy in ("dp", "sqrt"):
+            plans.append((int(full * share), f"{int(share * 100)}%", policy))
+    rows, trainers = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "step.onnx")
+        with open(path, "wb") as f:
+            f.write(data)
+        np.savez(path + ".npz", **feeds)
+        for budget, share, policy in plans:
+            try:
+                trainer = base if budget == 0 else kiln.Trainer(
+                    data, params=params, optimizer="adamw", lr=1e-3, threads=threads, db="", memory_budget=budget,
+                    checkpoint_policy=policy)
+            except kiln.KilnError as e:
+                least = str(e).split("give a budget of at least ")[-1]
+                rows.append((share, policy, budget, None, f"not met: the least Kiln reaches is {least}"))
+                continue
+            child = subprocess.run([sys.executable, os.path.abspath(__file__), "--peak-child", path, str(budget),
+                                    policy, "--threads", str(threads)], capture_output=True, text=True, check=True)
+            measured = json.loads(child.stdout.strip().splitlines()[-1])["measured"]
+            trainers.append(trainer)
+            rows.append((share, policy, budget, trainer, measured))
+    times = {id(t): [] for t in trainers}
+    for t in trainers:
+        t.step(feeds)
+    for _ in range(steps):
+        for t in trainers:
+            t0 = time.perf_counter()
+            t.step(feeds)
+            times[id(t)].append(time.perf_counter() - t0)
+    base_time = statistics.median(times[id(base)])
+    mib = 1 << 20
+    out = [f"{label}, batch {batch}: activations without a budget {full / mib:.1f} MiB.", "",
+           "| budget | policy | activations reported MiB | peak reported MiB | peak measured MiB | "
+           "measured / reported | step s | added time % | recomputed (share of the forward's compute) % |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for share, policy, budget, trainer, measured in rows:
+        head = f"| {share}" + (f" ({budget / mib:.1f} MiB)" if budget else "") + f" | {policy if budget else '-'} |"
+        if trainer is None:
+            out.append(head + f" {measured} | | | | | | |")
+            continue
+        s = trainer.stats
+        step = statistics.median(times[id(trainer)])
+        out.append(head + f" {s['activation_bytes'] / mib:.1f} | {s['peak_bytes'] / mib:.1f} | "
+                   f"{measured / mib:.1f} | {measured / s['peak_bytes']:.3f} | {step:.3f} | "
+                   f"{100 * (step / base_time - 1):+.1f} | {100 * s.get('recompute_share', 0):.1f} |")
+    return out
+
+
+def measure(name, threads, steps):
+    import kiln
+
+    model, data, feeds, params, batch, label = export_step(name)
+    x, onehot = torch.from_numpy(feeds["x"]), torch.from_numpy(feeds["onehot"])
     t0 = time.perf_counter()
-    trainer = kiln.Trainer(buf.getvalue(), params=params, optimizer="adamw", lr=1e-3, threads=threads, db="")
+    trainer = kiln.Trainer(data, params=params, optimizer="adamw", lr=1e-3, threads=threads, db="")
     compile_s = time.perf_counter() - t0
-    feeds = {"x": x.numpy(), "onehot": onehot.numpy()}
     opt = torch.optim.AdamW([p for n, p in model.named_parameters()], lr=1e-3)
 
     def torch_step():
@@ -211,10 +316,17 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--models", default="resnet18", help="resnet18 and/or bert (comma-separated)")
+    ap.add_argument("--no-memory", dest="memory", action="store_false",
+                    help="skip the checkpointing table (budgets at 50% and 20% of the activation bytes)")
+    ap.add_argument("--peak-child", nargs=3, metavar=("MODEL", "BUDGET", "POLICY"), help=argparse.SUPPRESS)
     ap.add_argument("--no-curves", dest="curves", action="store_false",
                     help="skip the 300-step loss curves of a small CNN and a small transformer")
     ap.add_argument("--write-doc", action="store_true")
     args = ap.parse_args()
+    if args.peak_child:
+        path, budget, policy = args.peak_child
+        peak_child(path, int(budget), policy, args.threads)
+        return
     import kiln
 
     torch.set_num_threads(args.threads)
@@ -226,6 +338,10 @@ def main():
         out.append(measure(name, args.threads, args.steps))
         print(out[-1], flush=True)
     print("\n".join(out))
+    memory = []
+    if args.memory:
+        memory = memory_table(args.models.split(",")[0], args.threads, args.steps)
+        print("\n".join(memory), flush=True)
     curves = ["| model | steps | first loss | Kiln final loss | PyTorch final loss | final differs % | "
               "largest step difference % |", "|---|---|---|---|---|---|---|"]
     if args.curves:
@@ -234,6 +350,9 @@ def main():
             print(curves[-1], flush=True)
     if args.write_doc:
         write_table(DOC, "<!-- bench_training: begin -->", "<!-- bench_training: end -->", "\n".join(out))
+        if args.memory:
+            write_table(DOC, "<!-- bench_training memory: begin -->", "<!-- bench_training memory: end -->",
+                        "\n".join(memory))
         if args.curves:
             write_table(DOC, "<!-- bench_training curves: begin -->", "<!-- bench_training curves: end -->",
                         "\n".join(curves))

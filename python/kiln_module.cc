@@ -3,6 +3,8 @@
 // arrays and kiln::Tensor and turns a kiln Status into kiln.KilnError.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+
+#include "support/memory_limit.h"
 #include <pybind11/stl.h>
 
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "support/memory_limit.h"
 
 namespace py = pybind11;
 
@@ -431,6 +434,18 @@ class CompiledModel {
     d["arena_bytes"] = s.arena_bytes;
     d["num_nodes_imported"] = s.num_nodes_imported;
     d["num_nodes"] = s.num_nodes;
+    if (s.memory_known) {
+      d["activation_bytes"] = s.activation_bytes;
+      d["output_bytes"] = s.output_bytes;
+      d["scratch_bytes"] = s.scratch_bytes;
+      d["peak_bytes"] = s.peak_bytes;
+    }
+    if (s.unbudgeted_activation_bytes > 0) {
+      d["unbudgeted_activation_bytes"] = s.unbudgeted_activation_bytes;
+      d["recomputed_segments"] = s.recomputed_segments;
+      d["recomputed_calls"] = s.recomputed_calls;
+      d["recompute_share"] = s.recompute_share;
+    }
     return d;
   }
 
@@ -559,6 +574,8 @@ kiln::TrainOptions train_options(const py::dict& d) {
   t.loss_kind = d["loss_kind"].cast<std::string>();
   t.prediction = d["prediction"].cast<std::string>();
   t.target = d["target"].cast<std::string>();
+  t.memory_budget = d["memory_budget"].cast<int64_t>();
+  t.checkpoint_policy = d["checkpoint_policy"].cast<std::string>();
   return t;
 }
 
@@ -642,5 +659,13 @@ PYBIND11_MODULE(_kiln, m) {
         py::arg("prefer") = std::vector<std::string>{}, py::arg("gradient_of") = "",
         py::arg("gradient_wrt") = std::vector<std::string>{}, py::arg("train") = py::none());
   m.def("describe_model_file", &describe_model_file, py::arg("path"));
+  m.def(
+      "parse_byte_size",
+      [](const std::string& text) {
+        auto v = kiln::parse_byte_size(text);
+        if (!v) raise_status(v.status());
+        return *v;
+      },
+      py::arg("text"));
   m.def("load", &load, py::arg("path"), py::arg("threads") = 0, py::arg("max_memory") = 0);
 }

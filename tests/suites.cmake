@@ -103,6 +103,10 @@ if(KILN_BUILD_PYTHON)
   add_test(NAME train_losses
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_losses_test.py)
   set_tests_properties(train_losses PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
+  # Automatic checkpointing under a memory budget: bit-for-bit steps, dp against sqrt(n), errors.
+  add_test(NAME train_checkpointing
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_checkpointing_test.py --kiln $<TARGET_FILE:kiln>)
+  set_tests_properties(train_checkpointing PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
   # kiln.torch.compile in a PyTorch training loop against the plain module.
   add_test(NAME train_kiln_torch
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_kiln_torch_test.py)

@@ -43,6 +43,16 @@ struct TrainOptions {
   // the reported loss are averaged over the processes (kiln:AllReduceMean)
   // before clipping and the update, so every process updates alike.
   bool data_parallel = false;
+  // Automatic checkpointing (docs/training.md): > 0, the step's activation
+  // memory (every intermediate: what the forward keeps for the backward,
+  // gradients, temporaries; not its inputs or outputs) is kept under this
+  // many bytes by computing some forward values again in the backward, at
+  // the least estimated added compute. Needs static shapes. A budget the
+  // step cannot meet is an error saying the least it can.
+  int64_t memory_budget = 0;
+  // "dp" (dynamic programming, the default) or "sqrt" (Chen et al.'s
+  // equal segments, the baseline).
+  std::string checkpoint_policy = "dp";
 };
 
 struct CompileOptions {
@@ -115,6 +125,24 @@ struct CompileStats {
   int64_t arena_bytes = 0;      // static memory plan size (0 with symbolic shapes)
   int num_nodes_imported = 0;   // graph nodes as imported (top-level graph)
   int num_nodes = 0;            // graph nodes after the graph passes
+  // What one run allocates beyond its inputs and constants, known at compile
+  // time where shapes are static and there is no control flow
+  // (memory_known): every intermediate at the peak (the arena and what host
+  // kernels allocate), the outputs, the kernels' own scratch buffers (kept
+  // per thread across runs: each size once, on every thread where a parallel
+  // loop allocates it), and all of it at its peak.
+  bool memory_known = false;
+  int64_t activation_bytes = 0;
+  int64_t output_bytes = 0;
+  int64_t scratch_bytes = 0;
+  int64_t peak_bytes = 0;
+  // A training step under TrainOptions::memory_budget: its activation bytes
+  // without checkpointing, the forward segments computed again, the kernel
+  // calls that adds, and their estimated compute over the forward's.
+  int64_t unbudgeted_activation_bytes = 0;
+  int recomputed_segments = 0;
+  int recomputed_calls = 0;
+  double recompute_share = 0;
   // Each compile stage (import, support check, graph passes, ...) in the
   // order it ran, with its seconds (src/driver/compile.cc).
   std::vector<std::pair<std::string, double>> stages;

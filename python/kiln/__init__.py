@@ -237,12 +237,18 @@ class Trainer:
     optimizer: "sgd" (momentum=, nesterov=), "adam" or "adamw" (betas=, eps=);
         weight_decay=: L2 for sgd and adam, decoupled for adamw; clip_norm=: the gradients'
         global norm at most this (0: no clipping); lr: the learning rate, or pass lr= to step().
+    memory_budget: bytes (or a size such as "512MB") the step's activations may take: Kiln
+        computes some forward values again in the backward to fit (automatic checkpointing,
+        static shapes only); a budget it cannot meet raises KilnError saying the least it can.
+        checkpoint_policy: "dp" (default) or "sqrt" (Chen et al.'s equal segments).
+    stats: the compiled step's CompileStats as a dict (activation_bytes, peak_bytes, and under
+        a budget unbudgeted_activation_bytes, recomputed_calls, recompute_share).
     """
 
     def __init__(self, model, loss="loss", params=None, optimizer="sgd", lr=0.01, momentum=0.0,
                  nesterov=False, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, clip_norm=0.0,
                  threads=0, db=None, example_inputs=None, input_names=None, opset=17, target="target",
-                 prediction=None):
+                 prediction=None, memory_budget=None, checkpoint_policy="dp"):
         import numpy as np
         import onnx
         from onnx import numpy_helper
@@ -275,21 +281,28 @@ class Trainer:
             loss = "kiln.loss"
         settings = dict(loss=loss, loss_kind=loss_kind, target=str(target), prediction=prediction or "", params=params, optimizer=optimizer, momentum=float(momentum),
                         nesterov=bool(nesterov), beta1=float(betas[0]), beta2=float(betas[1]), eps=float(eps),
-                        weight_decay=float(weight_decay), clip_norm=float(clip_norm))
+                        weight_decay=float(weight_decay), clip_norm=float(clip_norm),
+                        memory_budget=_byte_size("memory_budget", memory_budget),
+                        checkpoint_policy=str(checkpoint_policy))
         self._impl = _kiln.compile_bytes(proto.SerializeToString(), threads=threads, db=db if db is None else os.fspath(db),
                                          source_name="<trainer>", train=settings)
         self.loss_name = loss
         self.lr = lr
         self.steps = 0
-        self.params = {p: np.array(initial[p], copy=True) for p in params}
+        # 64-byte aligned, as Kiln's kernels read them (the VM copies a misaligned input each step).
+        self.params = {p: _aligned(initial[p]) for p in params}
         names = {i.name: i for i in self._impl.inputs}
         outputs = {o.name for o in self._impl.outputs}
         # State: the step's inputs it outputs again as "<name>.next" besides the parameters: the
         # optimizer's (zeros at first) and BatchNormalization's running statistics (as stored).
-        self.state = {n: np.array(initial[n], copy=True) if n in initial
-                      else np.zeros([int(d) for d in info.dims], np.dtype(info.dtype))
+        self.state = {n: _aligned(initial[n]) if n in initial
+                      else _aligned(np.zeros([int(d) for d in info.dims], np.dtype(info.dtype)))
                       for n, info in names.items() if n + ".next" in outputs and n not in self.params}
         self._dtype = np.dtype(names["kiln.lr"].dtype)
+
+    @property
+    def stats(self):
+        return self._impl.stats
 
     def step(self, feeds, lr=None):
         """One step on the batch `feeds` (dict name -> array); returns the loss before the update."""
@@ -307,6 +320,29 @@ class Trainer:
         for name in self.state:
             self.state[name] = out[name + ".next"]
         return float(out[self.loss_name])
+
+
+def _aligned(array):
+    """A copy of `array` whose data starts on a 64-byte boundary."""
+    import numpy as np
+
+    array = np.asarray(array)
+    raw = np.empty(array.nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
+def _byte_size(what, value):
+    """None: 0; an int: itself; a str such as "512MB": its bytes."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return int(_kiln.parse_byte_size(value))
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise KilnError(f"{what} must be a positive number of bytes or a size such as '512MB', got {value!r}")
+    return int(value)
 
 
 def load(path, threads=0, max_memory=0):

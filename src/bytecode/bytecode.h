@@ -4,6 +4,9 @@
 //                   control flow (If branches and Loop/Scan bodies spliced in
 //                   with jumps; SequenceMap and batched Scan bodies as
 //                   sub-programs), with the run-time checks of dims and indices
+//   checkpoint      a training step's activation memory under a budget:
+//                   forward kernel calls repeated in the backward
+//                   (checkpoint.cc)
 //   plan_memory     register lifetimes and releases; where every planned
 //                   register has a static shape, one arena with offsets (and
 //                   Concat/Split in place)
@@ -54,6 +57,54 @@ Result<Bytecode> build_bytecode(const partition::Partition& p, const kernels::Ke
                                 const SymbolBounds& bounds);
 
 void plan_memory(Bytecode& bc);
+
+// What one run of the model's program allocates beyond its inputs and
+// constants, from its static plan (planned on a copy; `known` is false where
+// a register's shape is symbolic or the program has control flow).
+struct MemoryUse {
+  bool known = false;
+  int64_t arena_bytes = 0;      // the static plan's arena
+  int64_t unplanned_bytes = 0;  // intermediates allocated as they run (host kernels'), at their peak
+  int64_t output_bytes = 0;     // the outputs, allocated fresh each run
+  int64_t peak_bytes = 0;       // the arena plus unplanned intermediates and outputs at their peak together
+  // Every intermediate: what a training step's memory budget bounds.
+  int64_t activation_bytes() const { return arena_bytes + unplanned_bytes; }
+};
+MemoryUse memory_use(const Bytecode& bc);
+
+// Automatic checkpointing (checkpoint.cc): of a training step's forward (the
+// kernel calls its loss output depends on), which values the backward reads
+// are kept from the forward and which are computed again, by the same
+// kernels, just before the backward first reads them, so that the step's
+// activation memory (MemoryUse::activation_bytes) is at most `budget` at
+// the least added compute.
+struct CheckpointOptions {
+  int64_t budget = 0;
+  // "dp": dynamic programming over the forward's order (segments recomputed
+  // from kept boundaries, or kept whole; the least estimated compute under
+  // the budget). "sqrt": Chen et al.'s baseline, equal segments all
+  // recomputed, about sqrt(n) of them.
+  std::string policy = "dp";
+  std::vector<double> entry_cost;  // per call target (Bytecode::entries): its estimated compute
+  int loss_output = 0;             // the program output whose computation is the forward
+};
+struct CheckpointReport {
+  MemoryUse before, after;
+  int segments = 0;              // forward segments recomputed
+  int recomputed_calls = 0;      // instructions added
+  double forward_cost = 0;       // estimated compute of the forward
+  double recompute_cost = 0;     // of what is computed again
+};
+// Errors: a budget the step cannot meet (saying the least it can), a step
+// with symbolic shapes or control flow, an unknown policy.
+Result<CheckpointReport> checkpoint(Bytecode& bc, const CheckpointOptions& options);
+
+// A training step's calls that read only its inputs and constants (a
+// weight transposed, flipped or packed for the backward), and the calls
+// reading only those, moved to just before their first reader: their
+// results no longer live from the forward to the backward. Returns how many
+// moved; a program with control flow is left as it is.
+int sink_input_only_calls(Bytecode& bc);
 
 // Sets every program's kernel table: `lookup` gives a kernel's entry point
 // by name (codegen::CompiledModule::lookup).

@@ -217,4 +217,59 @@ void plan_memory(Bytecode& bc) {
   for (auto& [prog, sites] : bc.planned) plan_program(*prog, sites);
 }
 
+MemoryUse memory_use(const Bytecode& bc) {
+  MemoryUse use;
+  if (bc.program == nullptr) return use;
+  for (const runtime::Instr& in : bc.program->instrs)
+    if (in.end >= 0 || in.target >= 0 || in.loop >= 0 || !in.subprograms.empty()) return use;  // control flow
+  runtime::Program p = *bc.program;
+  for (const auto& [prog, sites] : bc.planned)
+    if (prog == bc.program) plan_program(p, sites);
+  if (!p.static_plan) return use;
+  // Registers the arena does not hold: outputs (live to the end) and
+  // intermediates a host kernel allocates (live to their last use).
+  const size_t nr = p.registers.size();
+  std::vector<int> def_at(nr, -1), last_use(nr, -1);
+  std::vector<bool> view(nr, false), input(nr, false);
+  for (int r : p.input_registers) input[static_cast<size_t>(r)] = true;
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    const runtime::Instr& in = p.instrs[i];
+    for (int r : in.inputs)
+      if (r >= 0) last_use[static_cast<size_t>(r)] = static_cast<int>(i);
+    for (int r : in.outputs) {
+      if (r < 0 || def_at[static_cast<size_t>(r)] >= 0) continue;
+      def_at[static_cast<size_t>(r)] = static_cast<int>(i);
+      view[static_cast<size_t>(r)] = in.op == runtime::OpCode::kView || in.op == runtime::OpCode::kMove;
+    }
+  }
+  std::vector<int64_t> delta(p.instrs.size() + 1, 0), delta_out(p.instrs.size() + 1, 0);
+  for (size_t r = 0; r < nr; ++r) {
+    const runtime::RegisterInfo& info = p.registers[r];
+    if (def_at[r] < 0 || input[r] || info.is_constant || view[r] || info.arena_offset >= 0) continue;
+    if (!shape_is_static(info.shape) || dtype_is_container(info.dtype) || info.dtype == DType::kString) return use;
+    std::vector<int64_t> dims;
+    for (const Expr& d : info.shape) dims.push_back(*d.as_const());
+    std::optional<int64_t> nb = checked_nbytes(info.dtype, dims);
+    if (!nb) return use;
+    if (info.is_output) {
+      use.output_bytes += *nb;
+      delta_out[static_cast<size_t>(def_at[r])] += *nb;
+      continue;
+    }
+    delta[static_cast<size_t>(def_at[r])] += *nb;
+    delta[static_cast<size_t>(std::max(last_use[r], def_at[r])) + 1] -= *nb;
+  }
+  int64_t live = 0, outputs = 0, peak_all = 0;
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    live += delta[i];
+    outputs += delta_out[i];
+    use.unplanned_bytes = std::max(use.unplanned_bytes, live);
+    peak_all = std::max(peak_all, live + outputs);
+  }
+  use.arena_bytes = p.arena_bytes;
+  use.peak_bytes = p.arena_bytes + peak_all;
+  use.known = true;
+  return use;
+}
+
 }  // namespace kiln::bytecode

@@ -4,7 +4,9 @@
 // compile reports in CompileStats::stages).
 #include "driver/compile.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "bytecode/bytecode.h"
@@ -13,6 +15,7 @@
 #include "kernels/kernels.h"
 #include "ops/registry.h"
 #include "partition/partition.h"
+#include "tune/features.h"
 
 namespace kiln::driver {
 
@@ -56,6 +59,61 @@ Result<std::shared_ptr<codegen::CompiledModule>> generate_code(const kernels::Ke
   auto module = codegen::compile(funcs, copts);
   if (!module.is_ok()) return module.status().with_context("code generation for " + source);
   return std::shared_ptr<codegen::CompiledModule>(std::move(*module));
+}
+
+// Stage "checkpointing": a training step's input-only calls (weights
+// transformed for the backward) moved to their first use, and under a
+// memory budget forward values recomputed in the backward
+// (bytecode/checkpoint.cc), each kernel's
+// compute estimated from its loop IR (the cost model's counts of loads,
+// stores and arithmetic).
+Status checkpoint_step(bytecode::Bytecode& bc, const kernels::KernelSet& ks, const CompileOptions& options,
+                       const std::string& source, CompileStats* stats) {
+  if (!options.train) return Status::ok();
+  bytecode::sink_input_only_calls(bc);
+  if (options.train->memory_budget <= 0) return Status::ok();
+  bytecode::CheckpointOptions o;
+  o.budget = options.train->memory_budget;
+  o.policy = options.train->checkpoint_policy;
+  const std::vector<std::string>& names = tune::feature_names();
+  auto index = [&](const char* name) {
+    return static_cast<size_t>(std::find(names.begin(), names.end(), name) - names.begin());
+  };
+  const size_t counts[] = {index("store_iters"), index("load_iters"), index("arith_ops")};
+  std::vector<double> kernel_cost;
+  for (const kernels::Kernel& k : ks.kernels) {
+    std::vector<float> f = tune::kernel_features(k.func, k.info.impl, k.info.knobs, 1, Target::host());
+    double c = 0;
+    for (size_t i : counts) c += i < f.size() ? std::exp2(static_cast<double>(f[i])) - 1 : 0;
+    kernel_cost.push_back(c);
+  }
+  for (const auto& [kernel, syms] : bc.entries)
+    o.entry_cost.push_back(kernel >= 0 && static_cast<size_t>(kernel) < kernel_cost.size()
+                               ? kernel_cost[static_cast<size_t>(kernel)]
+                               : 0);
+  auto report = bytecode::checkpoint(bc, o);
+  if (!report.is_ok()) return source.empty() ? report.status() : report.status().with_context(source);
+  stats->unbudgeted_activation_bytes = report->before.activation_bytes();
+  stats->recomputed_segments = report->segments;
+  stats->recomputed_calls = report->recomputed_calls;
+  stats->recompute_share = report->forward_cost > 0 ? report->recompute_cost / report->forward_cost : 0;
+  return Status::ok();
+}
+
+// The kernels' cached scratch (support/scratch.h keeps blocks per thread and
+// size): per size, the most any kernel holds at once, on every thread where
+// a parallel loop allocates it.
+int64_t scratch_bytes(const kernels::KernelSet& ks, int threads) {
+  std::map<int64_t, tir::ScratchUse> sizes;
+  for (const kernels::Kernel& k : ks.kernels)
+    for (const tir::ScratchUse& u : tir::heap_scratch(k.func)) {
+      tir::ScratchUse& s = sizes[u.bytes];
+      s.count = std::max(s.count, u.count);
+      s.per_thread = s.per_thread || u.per_thread;
+    }
+  int64_t total = 0;
+  for (const auto& [bytes, u] : sizes) total += bytes * u.count * (u.per_thread ? std::max(threads, 1) : 1);
+  return total;
 }
 
 }  // namespace
@@ -131,8 +189,11 @@ Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, con
   KILN_ASSIGN_OR_RETURN(out.module, generate_code(ks, options, g.source));
   stage("bytecode");
   KILN_ASSIGN_OR_RETURN(bytecode::Bytecode bc, bytecode::build_bytecode(parts, ks, bounds));
+  stage("checkpointing");
+  KILN_RETURN_IF_ERROR(checkpoint_step(bc, ks, options, g.source, &out.stats));
   stage("memory plan");
   bytecode::plan_memory(bc);
+  const bytecode::MemoryUse memory = bytecode::memory_use(bc);
   stage("link");
   KILN_RETURN_IF_ERROR(bytecode::link_kernels(bc, ks, [&](const std::string& name) { return out.module->lookup(name); }));
   stage.stop();
@@ -164,6 +225,11 @@ Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, con
   out.stats.num_kernels = static_cast<int>(ks.kernels.size());
   out.stats.num_runtime_kernels = bc.num_host_calls;
   out.stats.arena_bytes = bc.program->static_plan ? bc.program->arena_bytes : 0;
+  out.stats.memory_known = memory.known;
+  out.stats.activation_bytes = memory.activation_bytes();
+  out.stats.output_bytes = memory.output_bytes;
+  out.stats.scratch_bytes = scratch_bytes(ks, resolve_threads(options.threads));
+  out.stats.peak_bytes = memory.peak_bytes + out.stats.scratch_bytes;
   out.program = std::move(bc.program);
   out.stats.compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
@@ -171,6 +237,7 @@ Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, con
 
 KernelEvaluator::KernelEvaluator(CompileOptions options) : options_(std::move(options)) {
   options_.dump_ir = false;
+  options_.train.reset();
   options_.on_stage = nullptr;
 }
 

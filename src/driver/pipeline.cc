@@ -217,6 +217,7 @@ Result<double> measure_choice(const Graph& parent, const Node& n, const strategy
   KILN_RETURN_IF_ERROR(ops::infer_shapes(*g, again));
   CompileOptions o = options;
   o.dump_ir = false;
+  o.train.reset();
   KILN_ASSIGN_OR_RETURN(CompiledProgram p, compile_chosen(*g, again.bounds, o));
   runtime::VM vm(p.program, resolve_threads(options.threads));
   vm.set_memory_limit(options.max_memory_bytes);

@@ -74,10 +74,10 @@ Result<int64_t> parse_byte_size(const std::string& text) {
   std::string unit = text.substr(i);
   int shift = 0;
   if (unit.empty() || unit == "B") shift = 0;
-  else if (unit == "k" || unit == "K" || unit == "KiB") shift = 10;
-  else if (unit == "M" || unit == "MiB") shift = 20;
-  else if (unit == "G" || unit == "GiB") shift = 30;
-  else if (unit == "T" || unit == "TiB") shift = 40;
+  else if (unit == "k" || unit == "K" || unit == "KiB" || unit == "KB") shift = 10;
+  else if (unit == "M" || unit == "MiB" || unit == "MB") shift = 20;
+  else if (unit == "G" || unit == "GiB" || unit == "GB") shift = 30;
+  else if (unit == "T" || unit == "TiB" || unit == "TB") shift = 40;
   else return invalid_argument() << "unknown unit '" << unit << "' in byte size '" << text << "' (use K, M, G or T)";
   if (v > (std::numeric_limits<int64_t>::max() >> shift)) return invalid_argument() << "byte size '" << text << "' is too large";
   return v << shift;

@@ -35,7 +35,8 @@ std::optional<int64_t> checked_nbytes(DType dtype, const std::vector<int64_t>& s
 // `what`, the shape and the limit.
 Status check_allocation(DType dtype, const std::vector<int64_t>& shape, int64_t limit, const std::string& what);
 
-// Parses "4G", "512M", "100k", "123" (bytes; binary multiples).
+// Parses "4G", "512M", "512MB", "100k", "123" (bytes; K, M, G, T with or
+// without B or iB are binary multiples).
 Result<int64_t> parse_byte_size(const std::string& text);
 std::string format_bytes(int64_t bytes);
 

@@ -1,11 +1,70 @@
 #include "tir/tir.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
 #include <utility>
 
 namespace kiln::tir {
+
+namespace {
+
+// Heap scratch by size: how many blocks of it are live at once at most (nested
+// Allocates), and whether any is inside a parallel loop.
+struct ScratchWalk {
+  std::map<int64_t, int> live;
+  std::map<int64_t, ScratchUse> most;
+
+  void walk(const Stmt& s, bool parallel) {
+    if (s == nullptr) return;
+    switch (s->kind) {
+      case StmtKind::kFor:
+        walk(s->body, parallel || s->for_kind == ForKind::kParallel);
+        return;
+      case StmtKind::kAllocate: {
+        int64_t bytes = dtype_size(s->buffer.dtype);
+        bool known = true;
+        for (const Expr& d : s->buffer.shape) {
+          auto c = d.as_const();
+          known = known && c && *c >= 0 && bytes <= (int64_t{1} << 50) / std::max<int64_t>(*c, 1);
+          if (known) bytes *= *c;
+        }
+        if (!known || bytes <= kStackScratchBytes) {
+          walk(s->body, parallel);
+          return;
+        }
+        const int64_t size = (bytes + 63) / 64 * 64;
+        ScratchUse& u = most[size];
+        u.bytes = size;
+        u.count = std::max(u.count, ++live[size]);
+        u.per_thread = u.per_thread || parallel;
+        walk(s->body, parallel);
+        --live[size];
+        return;
+      }
+      case StmtKind::kIfThenElse:
+        walk(s->then_case, parallel);
+        walk(s->else_case, parallel);
+        return;
+      case StmtKind::kSeq:
+        for (const Stmt& t : s->seq) walk(t, parallel);
+        return;
+      default:
+        return;
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<ScratchUse> heap_scratch(const PrimFunc& f) {
+  ScratchWalk w;
+  w.walk(f.body, false);
+  std::vector<ScratchUse> out;
+  for (const auto& [size, u] : w.most) out.push_back(u);
+  return out;
+}
 
 const char* for_kind_name(ForKind k) {
   switch (k) {

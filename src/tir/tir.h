@@ -75,6 +75,22 @@ struct PrimFunc {
   Stmt body;
 };
 
+// Scratch buffers (kAllocate) of at most this many bytes and constant shape
+// live on the stack; larger ones come from the runtime's per-thread cache
+// (support/scratch.h).
+inline constexpr int64_t kStackScratchBytes = 64 * 1024;
+
+// The cached (heap) scratch buffers a function allocates, by size: the bytes
+// (rounded up to 64), how many of that size are live at once at most, and
+// whether one is allocated inside a parallel loop (then on every thread).
+// Buffers of symbolic size are left out.
+struct ScratchUse {
+  int64_t bytes = 0;
+  int count = 0;
+  bool per_thread = false;
+};
+std::vector<ScratchUse> heap_scratch(const PrimFunc& f);
+
 // How a reduction combines values.
 enum class Combiner : uint8_t { kNone, kSum, kProd, kMax, kMin };
 

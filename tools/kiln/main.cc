@@ -79,15 +79,23 @@ const char kInputOptionsHelp[] =
 std::string command_help(const std::string& command) {
   std::string compile = kCompileOptionsHelp, inputs = kInputOptionsHelp;
   if (command == "info")
-    return "usage: kiln info MODEL [--kernels] [--graph -o graph.html] [compile options]\n"
+    return "usage: kiln info MODEL [--kernels] [--memory] [--train [training options]] [--graph -o graph.html]\n"
+           "                 [compile options]\n"
            "  without --kernels: inputs, outputs, op histogram and the inferred (symbolic) type of every value;\n"
            "  with --kernels: compile, then list every kernel: its implementation, knobs and where the choice\n"
            "  came from (database, compatible target, predicted, priority);\n"
            "  with --graph -o FILE: the optimized graph as one self-contained HTML page (fused kernels in\n"
-           "  colours, each node's kernel choice shown when clicked)\n" +
+           "  colours, each node's kernel choice shown when clicked)\n"
+           "  with --memory: compile, then what one run allocates from the static plan: activations (every\n"
+           "  intermediate at the peak), outputs, the kernels' scratch, the peak of all together;\n"
+           "  with --train: of MODEL's training step, taking kiln train's --loss, --target, --prediction,\n"
+           "  --optimizer, --momentum, --nesterov, --weight-decay, --clip-norm, --memory-budget SIZE and\n"
+           "  --recompute dp|sqrt (automatic checkpointing: what is recomputed to fit is reported)\n" +
            compile +
            "  example: kiln info resnet50.onnx --kernels --threads 2 --db tuning.db\n"
-           "  example: kiln info bert.onnx --graph -o bert.html\n";
+           "  example: kiln info bert.onnx --graph -o bert.html\n"
+           "  example: kiln info resnet18.onnx --train --loss cross-entropy --optimizer adamw --memory\n"
+           "           --memory-budget 512MB\n";
   if (command == "run")
     return "usage: kiln run MODEL [options]\n"
            "  compile MODEL, run it once and print each output's dtype, shape and first values\n" +
@@ -117,7 +125,8 @@ std::string command_help(const std::string& command) {
     return "usage: kiln train MODEL --data DIR [--loss NAME|mse|l1|bce|cross-entropy [--target NAME]\n"
            "                  [--prediction NAME]] [--optimizer sgd|adam|adamw] [--lr X] [--momentum X]\n"
            "                  [--nesterov] [--weight-decay X] [--clip-norm X] [--epochs N] [--threads N]\n"
-           "                  [--checkpoint FILE [--resume]] [-o trained.onnx]\n"
+           "                  [--checkpoint FILE [--resume]] [--memory-budget SIZE [--recompute dp|sqrt]]\n"
+           "                  [-o trained.onnx]\n"
            "  train MODEL, whose output --loss (default 'loss') is the value to minimize: forward, backward,\n"
            "  clipping and the update compiled as one graph (docs/training.md), run over the batches of\n"
            "  DIR (one directory per batch, in name order, NAME.npy per input the loss needs). --loss mse,\n"
@@ -127,6 +136,9 @@ std::string command_help(const std::string& command) {
            "  every step is printed. --checkpoint FILE: parameters and optimizer state saved after every\n"
            "  epoch (replaced only by a complete file); --resume continues from it, bit for bit as if never\n"
            "  stopped. -o: the trained model for inference (the model with its trained initializers).\n"
+           "  --memory-budget SIZE (512MB, 2G): the step's activations kept under SIZE by recomputing forward\n"
+           "  values in the backward (automatic checkpointing; --recompute sqrt: Chen et al.'s segments);\n"
+           "  kiln info MODEL --train --memory shows the plan.\n"
            "  example: kiln train mlp.onnx --data batches/ --optimizer adamw --lr 0.001 --epochs 3 -o mlp.trained.onnx\n";
   if (command == "compile")
     return "usage: kiln compile MODEL -o model.kiln [compile options]\n"
@@ -555,13 +567,110 @@ Status write_outputs(const std::string& dir, const std::map<std::string, Tensor>
 // ---------------------------------------------------------------------------
 // Subcommands. Each returns an exit code or an error Status (exit code 2).
 
+// `kiln info MODEL --memory [--train ...]`: CompileStats' memory figures.
+std::string memory_report(const Model& model, bool train) {
+  const CompileStats& s = model.stats();
+  std::ostringstream os;
+  int64_t inputs = 0;
+  for (const TensorInfo& info : model.inputs()) {
+    int64_t n = dtype_size(info.dtype);
+    for (const std::string& d : info.dims) {
+      char* end = nullptr;
+      long long v = std::strtoll(d.c_str(), &end, 10);
+      n = end != d.c_str() && *end == '\0' ? n * v : -1;
+      if (n < 0) break;
+    }
+    inputs = n < 0 || inputs < 0 ? -1 : inputs + n;
+  }
+  os << (train ? "training step" : "model") << " memory (static plan):\n";
+  if (!s.memory_known) {
+    os << "  not known at compile time: shapes are symbolic or the program has control flow\n";
+    return os.str();
+  }
+  auto row = [&](const std::string& what, int64_t bytes, const std::string& note) {
+    os << "  " << std::left << std::setw(30) << what << std::right << std::setw(12) << format_bytes(bytes) << "  "
+       << note << "\n";
+  };
+  if (inputs >= 0)
+    row("inputs", inputs, train ? "(the caller's: data, parameters, optimizer state)" : "(the caller's)");
+  row("activations", s.activation_bytes, "every intermediate at the peak (arena " + format_bytes(s.arena_bytes) + ")");
+  row("outputs", s.output_bytes, "");
+  row("kernel scratch", s.scratch_bytes, "the kernels' own buffers, kept per thread across runs");
+  row("peak a run allocates", s.peak_bytes, "all of these at their peak together");
+  if (s.unbudgeted_activation_bytes > 0) {
+    row("activations without budget", s.unbudgeted_activation_bytes, "");
+    std::ostringstream share;
+    share << std::fixed << std::setprecision(1) << 100 * s.recompute_share;
+    os << "  recomputed: " << s.recomputed_segments << " forward segment" << (s.recomputed_segments == 1 ? "" : "s")
+       << ", " << s.recomputed_calls << " kernel call" << (s.recomputed_calls == 1 ? "" : "s") << ", "
+       << share.str() << "% of the forward's estimated compute\n";
+  }
+  return os.str();
+}
+
+// The training step's settings `kiln train` and `kiln info --train` share.
+const std::vector<std::string> kTrainValueOptions = {"loss", "target", "prediction", "optimizer", "momentum",
+                                                     "weight-decay", "clip-norm", "memory-budget", "recompute"};
+
+Result<TrainOptions> train_options(const ParsedArgs& args) {
+  TrainOptions t;
+  t.loss = args.get("loss").value_or("loss");
+  std::string kind = t.loss == "cross-entropy" ? "cross_entropy" : t.loss;
+  if (std::find(std::begin(train::kLossKinds), std::end(train::kLossKinds), kind) != std::end(train::kLossKinds)) {
+    t.loss_kind = kind;
+    t.loss = train::kLossOutput;
+    t.target = args.get("target").value_or("target");
+    t.prediction = args.get("prediction").value_or("");
+  } else if (args.get("target") || args.get("prediction")) {
+    return invalid_argument() << "--target and --prediction go with --loss mse, l1, bce or cross-entropy";
+  }
+  t.optimizer = args.get("optimizer").value_or("sgd");
+  t.nesterov = args.has("nesterov");
+  if (auto v = args.get("momentum")) {
+    KILN_ASSIGN_OR_RETURN(t.momentum, parse_tolerance(*v, "--momentum"));
+  }
+  if (auto v = args.get("weight-decay")) {
+    KILN_ASSIGN_OR_RETURN(t.weight_decay, parse_tolerance(*v, "--weight-decay"));
+  }
+  if (auto v = args.get("clip-norm")) {
+    KILN_ASSIGN_OR_RETURN(t.clip_norm, parse_tolerance(*v, "--clip-norm"));
+  }
+  if (auto v = args.get("memory-budget")) {
+    KILN_ASSIGN_OR_RETURN(t.memory_budget, parse_byte_size(*v));
+    if (t.memory_budget <= 0) return invalid_argument() << "--memory-budget must be positive";
+  }
+  t.checkpoint_policy = args.get("recompute").value_or("dp");
+  if (args.get("recompute") && t.memory_budget <= 0) return invalid_argument() << "--recompute goes with --memory-budget";
+  return t;
+}
+
 Result<int> cmd_info(const std::vector<std::string>& argv) {
   OptionSpec spec;
   spec.with_value = {"threads", "select", "impl", "passes", "max-memory", "db", "output"};
+  spec.with_value.insert(kTrainValueOptions.begin(), kTrainValueOptions.end());
   spec.repeatable = {"impl"};
-  spec.flags = {"kernels", "graph", "no-db", "tune-missing"};
+  spec.flags = {"kernels", "graph", "no-db", "tune-missing", "train", "memory", "nesterov"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "info"));
+  const bool train = args.has("train");
+  for (const std::string& o : kTrainValueOptions)
+    if (args.get(o) && !train) return invalid_argument() << "--" << o << " goes with --train";
+  if (args.has("nesterov") && !train) return invalid_argument() << "--nesterov goes with --train";
+  if (train && (args.flags.count("graph") || Model::is_package_file(path)))
+    return invalid_argument() << "--train goes with --memory or --kernels on a model file";
+  if (args.has("memory")) {
+    // What a run allocates, from the static memory plan: for a training
+    // step, with checkpointing under --memory-budget.
+    KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
+    if (train) {
+      KILN_ASSIGN_OR_RETURN(options.train, train_options(args));
+    }
+    KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
+    std::cout << memory_report(model, train);
+    if (args.flags.count("kernels")) std::cout << model.kernels_text();
+    return kExitOk;
+  }
+  if (train && !args.flags.count("kernels")) return invalid_argument() << "--train goes with --memory or --kernels";
   if (args.flags.count("graph")) {
     // The optimized graph as a page: fusion groups and kernel choices.
     auto out = args.get("output");
@@ -589,8 +698,11 @@ Result<int> cmd_info(const std::vector<std::string>& argv) {
     return kExitOk;
   }
   if (args.flags.count("kernels")) {
-    // Compiles the model and lists every kernel with its implementation.
+    // Compiles the model (or its training step) and lists every kernel with its implementation.
     KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
+    if (train) {
+      KILN_ASSIGN_OR_RETURN(options.train, train_options(args));
+    }
     KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
     std::cout << model.kernels_text();
     return kExitOk;
@@ -857,36 +969,15 @@ Result<int> cmd_train(const std::vector<std::string>& argv) {
 
 Result<int> train_steps(const std::vector<std::string>& argv, const std::shared_ptr<const Collective>& world) {
   OptionSpec spec;
-  spec.with_value = {"data", "loss", "target", "prediction", "optimizer", "lr", "momentum", "weight-decay",
-                     "clip-norm", "epochs", "threads", "checkpoint", "output", "max-memory", "db"};
+  spec.with_value = {"data", "lr", "epochs", "threads", "checkpoint", "output", "max-memory", "db"};
+  spec.with_value.insert(kTrainValueOptions.begin(), kTrainValueOptions.end());
   spec.flags = {"nesterov", "resume", "no-db"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "train"));
   auto data = args.get("data");
   if (!data) return invalid_argument() << "train needs --data DIR (a directory per batch, NAME.npy per input)";
   KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
-  TrainOptions t;
-  t.loss = args.get("loss").value_or("loss");
-  std::string kind = t.loss == "cross-entropy" ? "cross_entropy" : t.loss;
-  if (std::find(std::begin(train::kLossKinds), std::end(train::kLossKinds), kind) != std::end(train::kLossKinds)) {
-    t.loss_kind = kind;
-    t.loss = train::kLossOutput;
-    t.target = args.get("target").value_or("target");
-    t.prediction = args.get("prediction").value_or("");
-  } else if (args.get("target") || args.get("prediction")) {
-    return invalid_argument() << "--target and --prediction go with --loss mse, l1, bce or cross-entropy";
-  }
-  t.optimizer = args.get("optimizer").value_or("sgd");
-  t.nesterov = args.has("nesterov");
-  if (auto v = args.get("momentum")) {
-    KILN_ASSIGN_OR_RETURN(t.momentum, parse_tolerance(*v, "--momentum"));
-  }
-  if (auto v = args.get("weight-decay")) {
-    KILN_ASSIGN_OR_RETURN(t.weight_decay, parse_tolerance(*v, "--weight-decay"));
-  }
-  if (auto v = args.get("clip-norm")) {
-    KILN_ASSIGN_OR_RETURN(t.clip_norm, parse_tolerance(*v, "--clip-norm"));
-  }
+  KILN_ASSIGN_OR_RETURN(TrainOptions t, train_options(args));
   double lr = 0.01;
   if (auto v = args.get("lr")) {
     KILN_ASSIGN_OR_RETURN(lr, parse_tolerance(*v, "--lr"));

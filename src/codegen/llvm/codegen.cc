@@ -1962,7 +1962,7 @@ void Emitter::emit_allocate(const tir::Stmt& s) {
   }
   llvm::Value* heap = nullptr;
   llvm::Value* heap_bytes = nullptr;
-  if (is_const && const_elems * elem <= 64 * 1024) {
+  if (is_const && const_elems * elem <= tir::kStackScratchBytes) {
     ref.ptr = entry_alloca(mt, i64(std::max<int64_t>(const_elems, 1)), buf.name.c_str());
   } else {
     llvm::Value* bytes = i64(elem);
