@@ -662,9 +662,23 @@ Result<RuntimeKernel> scatter_elements_kernel(const Node& n) {
   });
 }
 
+// ScatterND's reduction of `n` updates into `out`, as scatter_one does it
+// element by element (op: 0 none, 1 add, 2 mul, 3 max, 4 min).
+template <typename T>
+void scatter_slice(T* out, const T* upd, int64_t n, int op) {
+  switch (op) {
+    case 0: std::memcpy(out, upd, static_cast<size_t>(n) * sizeof(T)); return;
+    case 1: for (int64_t e = 0; e < n; ++e) out[e] += upd[e]; return;
+    case 2: for (int64_t e = 0; e < n; ++e) out[e] *= upd[e]; return;
+    case 3: for (int64_t e = 0; e < n; ++e) out[e] = std::max(out[e], upd[e]); return;
+    default: for (int64_t e = 0; e < n; ++e) out[e] = std::min(out[e], upd[e]); return;
+  }
+}
+
 Result<RuntimeKernel> scatter_nd_kernel(const Node& n) {
   std::string reduction = n.attr_string("reduction", "none");
   KILN_RETURN_IF_ERROR(check_reduction(n, reduction));
+  const int op = reduction == "none" ? 0 : reduction == "add" ? 1 : reduction == "mul" ? 2 : reduction == "max" ? 3 : 4;
   std::string who = n.describe();
   return RuntimeKernel([=](const std::vector<Tensor>& in, std::vector<Tensor>& out) -> Status {
     const Tensor& data = in[0];
@@ -678,8 +692,17 @@ Result<RuntimeKernel> scatter_nd_kernel(const Node& n) {
     int64_t count = m == 0 ? 1 : ind.numel() / m;
     if (upd.numel() != count * slice) return invalid_argument() << who << ": updates have the wrong size";
     out.resize(1);
-    out[0] = data.clone();
+    // The output is passed in where the memory plan holds it
+    // (kernel_fills_outputs: no fresh pages each run), else allocated.
+    if (out[0].defined() && out[0].dtype() == data.dtype() && out[0].shape() == data.shape()) {
+      if (out[0].data() != data.data())
+        std::memcpy(out[0].data(), data.data(), static_cast<size_t>(data.numel() * dtype_size(data.dtype())));
+    } else {
+      out[0] = data.clone();
+    }
     std::vector<int64_t> ds = strides_of(data.shape());
+    const bool f32 = data.dtype() == DType::kFloat32 && upd.dtype() == DType::kFloat32;
+    const bool f64 = data.dtype() == DType::kFloat64 && upd.dtype() == DType::kFloat64;
     for (int64_t u = 0; u < count; ++u) {
       int64_t base = 0;
       for (int64_t j = 0; j < m; ++j) {
@@ -689,7 +712,14 @@ Result<RuntimeKernel> scatter_nd_kernel(const Node& n) {
         if (i < 0 || i >= dim) return invalid_argument() << who << ": index out of range";
         base += i * ds[j];
       }
-      for (int64_t e = 0; e < slice; ++e) scatter_one(out[0], base + e, upd, u * slice + e, reduction);
+      // Float slices (an embedding's gradient rows): one typed loop per slice.
+      if (f32) {
+        scatter_slice(out[0].data_as<float>() + base, upd.data_as<float>() + u * slice, slice, op);
+      } else if (f64) {
+        scatter_slice(out[0].data_as<double>() + base, upd.data_as<double>() + u * slice, slice, op);
+      } else {
+        for (int64_t e = 0; e < slice; ++e) scatter_one(out[0], base + e, upd, u * slice + e, reduction);
+      }
     }
     return Status::ok();
   });
@@ -1245,6 +1275,7 @@ void register_indexing_ops() {
   scatter_nd.name = "ScatterND";
   scatter_nd.infer = infer_scatter;
   scatter_nd.kernel = scatter_nd_kernel;
+  scatter_nd.kernel_fills_outputs = true;
   register_op(std::move(scatter_nd));
 
   OpDef non_zero;
