@@ -388,7 +388,8 @@ std::vector<DimCheck> inner_dim_checks(const Node& n, const SymbolBounds& bounds
 }
 
 // Y = A B (batched, broadcast batch dims): dA = dY B^T, dB = A^T dY, each
-// summed over the batch dims its operand was broadcast along.
+// summed over the batch dims its operand was broadcast along (for a matrix B
+// and A of the output's rank, one product over the flattened batch).
 Status grad_matmul(GradBuilder& b) {
   const Node& n = b.node();
   Value* a = n.input(0);
@@ -405,7 +406,16 @@ Status grad_matmul(GradBuilder& b) {
     full.push_back(a->type().shape->back());
     KILN_RETURN_IF_ERROR(b.give(0, g, &full));
   }
-  if (b.wants(1)) {
+  if (b.wants(1) && bm->type().rank() == 2 && a->type().rank() > 2 && a->type().rank() == r) {
+    // B shared by every matrix of A (a Linear layer over [batch, seq, K]):
+    // dB = A^T dY with the batch dims folded into the reduction, one product
+    // of [K, B M] and [B M, N], instead of a product per matrix summed after.
+    const int64_t axis = a->type().rank() - 1;
+    KILN_ASSIGN_OR_RETURN(Value* a2, b.add1("Flatten", {a}, {{"axis", Attribute::of_int(axis)}}));
+    KILN_ASSIGN_OR_RETURN(Value* gy2, b.add1("Flatten", {gy}, {{"axis", Attribute::of_int(r - 1)}}));
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Gemm", {a2, gy2}, {{"transA", Attribute::of_int(1)}}));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(1, g));
+  } else if (b.wants(1)) {
     KILN_ASSIGN_OR_RETURN(Value* at, b.transpose_last2(a, a->type().rank()));
     KILN_ASSIGN_OR_RETURN(Value* g, b.add1("MatMul", {at, gy}));
     Shape full(ys.begin(), ys.end() - 2);
