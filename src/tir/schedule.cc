@@ -134,10 +134,14 @@ int choose_parallel_by_footprint(const KernelDef& k, const std::vector<LoadVars>
 // axis is v, the row axis is the output height (see below) split into tiles
 // that divide it, and the output is stored with a stride, once per element.
 // Otherwise v is the innermost axis if some load's last index uses it at all.
+// A stage of one axis (a bias gradient: [tokens, C] summed over the tokens)
+// is tiled along it with no row axis: each tile's vector of sums accumulates
+// over the reduce loops, reading rows of the input contiguously, instead of
+// one output at a time down a column.
 // Returns false (and adds nothing) where the pattern does not apply.
 bool tile_reduction(const KernelDef& k, const ComputeDef& st, Schedule& s) {
   size_t n = st.axes.size();
-  if (n < 2) return false;
+  if (n < 1) return false;
   int64_t elem = static_cast<int64_t>(dtype_size(st.dtype));
   if (elem <= 0 || elem > 8) return false;
   // One vector register of the target (support/target.h) per row of the tile.
@@ -204,7 +208,7 @@ bool tile_reduction(const KernelDef& k, const ComputeDef& st, Schedule& s) {
   }
   if (r >= 0) {
     reuse = true;
-  } else if (vi == n - 1 && extent_ok(n - 2)) {
+  } else if (vi == n - 1 && n >= 2 && extent_ok(n - 2)) {
     r = static_cast<int>(n - 2);
   }
 
