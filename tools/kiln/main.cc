@@ -90,7 +90,8 @@ std::string command_help(const std::string& command) {
            "  intermediate at the peak), outputs, the kernels' scratch, the peak of all together;\n"
            "  with --train: of MODEL's training step, taking kiln train's --loss, --target, --prediction,\n"
            "  --optimizer, --momentum, --nesterov, --weight-decay, --clip-norm, --memory-budget SIZE and\n"
-           "  --recompute dp|sqrt (automatic checkpointing: what is recomputed to fit is reported)\n" +
+           "  --recompute dp|sqrt (automatic checkpointing: what is recomputed to fit is reported)\n"
+           "  --dump-ir               with --kernels or --memory: every kernel's loop IR and LLVM IR to stderr\n" +
            compile +
            "  example: kiln info resnet50.onnx --kernels --threads 2 --db tuning.db\n"
            "  example: kiln info bert.onnx --graph -o bert.html\n"
@@ -649,7 +650,7 @@ Result<int> cmd_info(const std::vector<std::string>& argv) {
   spec.with_value = {"threads", "select", "impl", "passes", "max-memory", "db", "output"};
   spec.with_value.insert(kTrainValueOptions.begin(), kTrainValueOptions.end());
   spec.repeatable = {"impl"};
-  spec.flags = {"kernels", "graph", "no-db", "tune-missing", "train", "memory", "nesterov"};
+  spec.flags = {"kernels", "graph", "no-db", "tune-missing", "train", "memory", "nesterov", "dump-ir"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "info"));
   const bool train = args.has("train");
