@@ -18,6 +18,10 @@ PKGS=(
   libsqlite3-dev libxgboost-dev libpq-dev postgresql
   python3 python3-dev python3-venv python3-numpy
   python3-torch python3-torchvision
+  # The BLAS Debian's torch calls through libblas.so.3: OpenBLAS's takes the
+  # alternative from the reference implementation, which the benchmarks'
+  # PyTorch side would otherwise run its matrix products on.
+  libopenblas0-pthread
   chromium
 )
 missing=()

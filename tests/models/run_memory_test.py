@@ -3,13 +3,14 @@
 and sequence) runs N times on random sequence lengths; after a warm-up, resident memory
 may not grow.
 
-    run_memory_test.py [--cache-dir DIR] [--runs 1000] [--warmup 200] [--max-growth-mib 8]
+    run_memory_test.py [--cache-dir DIR] [--runs 1000] [--warmup 200] [--max-growth-mib 6]
 
 Every sequence length of the range appears during the warm-up with high probability
 (the lengths are drawn from a fixed seed, so the run is repeatable); the check is that
-the pools and caches (buffer pool, kernel scratch) reach a steady state: the peak
+the pools and caches (buffer pool, kernel scratch) reach a steady state: the median
 resident memory of the second half of the runs after the warm-up may exceed that of the
-first half by at most --max-growth-mib. A leak of 20 KiB per run would exceed it.
+first half by at most --max-growth-mib. A leak of 20 KiB per run (7.8 MiB between the
+halves' middles) would exceed it.
 Exit code 0 pass, 1 growth, 2 error.
 """
 
@@ -40,7 +41,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--max-seq", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-growth-mib", type=float, default=8.0)
+    parser.add_argument("--max-growth-mib", type=float, default=6.0)
     args = parser.parse_args()
 
     spec = model_zoo.MODELS_BY_NAME["gpt2"]
@@ -55,16 +56,18 @@ def main():
         compiled.run(feeds[int(seq)])
         rss.append(rss_mib())
     # Resident memory moves with the sequence length of the moment (buffers of
-    # the pool are freed and allocated again within its bound): compare the
-    # peaks of the two halves after the warm-up rather than two single samples.
+    # the pool are freed and allocated again within its bound) and with the C
+    # library's heaps, which grow and shrink by megabytes at a time as threads
+    # free what others allocated: compare the medians of the two halves after
+    # the warm-up (a leak moves every sample; a heap's step moves a few).
     steady = rss[args.warmup:]
     half = len(steady) // 2
-    first, second = max(steady[:half]), max(steady[half:])
+    first, second = float(np.median(steady[:half])), float(np.median(steady[half:]))
     growth = second - first
     print(f"{args.runs} runs, sequence lengths 1..{args.max_seq} at random, {time.time() - t0:.1f} s")
     print("resident memory (MiB) every 100 runs: " +
           ", ".join(f"{i + 1}: {rss[i]:.1f}" for i in range(99, len(rss), 100)))
-    print(f"peak after warm-up: runs {args.warmup + 1}-{args.warmup + half} {first:.1f} MiB, "
+    print(f"median after warm-up: runs {args.warmup + 1}-{args.warmup + half} {first:.1f} MiB, "
           f"runs {args.warmup + half + 1}-{args.runs} {second:.1f} MiB: growth {growth:+.1f} MiB "
           f"(limit {args.max_growth_mib} MiB)")
     return 0 if growth <= args.max_growth_mib else 1
