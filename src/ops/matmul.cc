@@ -390,13 +390,74 @@ std::vector<DimCheck> inner_dim_checks(const Node& n, const SymbolBounds& bounds
 // Y = A B (batched, broadcast batch dims): dA = dY B^T, dB = A^T dY, each
 // summed over the batch dims its operand was broadcast along (for a matrix B
 // and A of the output's rank, one product over the flattened batch).
+// A 1-D operand (numpy's rule: a vector A is a row, a vector B a column,
+// the unit dim dropped from the result): outer products where the vector's
+// partner is a matrix, sums over what the vector was broadcast along.
+Status grad_matmul_vector(GradBuilder& b) {
+  const Node& n = b.node();
+  Value* a = n.input(0);
+  Value* bm = n.input(1);
+  Value* gy = b.output_grad(0);
+  const int64_t ra = a->type().rank(), rb = bm->type().rank(), ry = gy->type().rank();
+  if (ra < 1 || rb < 1 || ry < 0) return node_unsupported(n) << "the gradient of a MatMul of unknown rank";
+  auto sum_to_vector = [&](Value* x, int64_t rank) -> Result<Value*> {
+    // Every axis but the last summed away: [..., K] -> [K].
+    if (rank == 1) return x;
+    std::vector<int64_t> axes;
+    for (int64_t d = 0; d + 1 < rank; ++d) axes.push_back(d);
+    return b.reduce_sum(x, axes, false);
+  };
+  if (ra == 1 && rb == 1) {  // y = a . b, a scalar
+    if (b.wants(0)) {
+      KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {bm, gy}));
+      KILN_RETURN_IF_ERROR(b.set_input_grad(0, g));
+    }
+    if (b.wants(1)) {
+      KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {a, gy}));
+      KILN_RETURN_IF_ERROR(b.set_input_grad(1, g));
+    }
+    return Status::ok();
+  }
+  if (ra == 1) {  // y[..., N] = a[K] B[..., K, N]
+    KILN_ASSIGN_OR_RETURN(Value* gcol, b.unsqueeze(gy, {ry}));  // [..., N, 1]
+    if (b.wants(0)) {
+      KILN_ASSIGN_OR_RETURN(Value* p, b.add1("MatMul", {bm, gcol}));  // [..., K, 1]
+      KILN_ASSIGN_OR_RETURN(Value* sq, b.add1("Squeeze", {p, b.ints({rb - 1})}));
+      KILN_ASSIGN_OR_RETURN(Value* g, sum_to_vector(sq, rb - 1));
+      KILN_RETURN_IF_ERROR(b.set_input_grad(0, g));
+    }
+    if (b.wants(1)) {
+      KILN_ASSIGN_OR_RETURN(Value* acol, b.unsqueeze(a, {1}));          // [K, 1]
+      KILN_ASSIGN_OR_RETURN(Value* grow, b.unsqueeze(gy, {ry - 1}));    // [..., 1, N]
+      KILN_ASSIGN_OR_RETURN(Value* g, b.add1("MatMul", {acol, grow}));  // [..., K, N]
+      KILN_RETURN_IF_ERROR(b.set_input_grad(1, g));
+    }
+    return Status::ok();
+  }
+  // y[..., M] = A[..., M, K] b[K]
+  KILN_ASSIGN_OR_RETURN(Value* gcol, b.unsqueeze(gy, {ry}));  // [..., M, 1]
+  if (b.wants(0)) {
+    KILN_ASSIGN_OR_RETURN(Value* brow, b.unsqueeze(bm, {0}));          // [1, K]
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("MatMul", {gcol, brow}));  // [..., M, K]
+    KILN_RETURN_IF_ERROR(b.set_input_grad(0, g));
+  }
+  if (b.wants(1)) {
+    KILN_ASSIGN_OR_RETURN(Value* prod, b.add1("Mul", {a, gcol}));  // [..., M, K]
+    KILN_ASSIGN_OR_RETURN(Value* g, sum_to_vector(prod, ra));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(1, g));
+  }
+  return Status::ok();
+}
+
 Status grad_matmul(GradBuilder& b) {
   const Node& n = b.node();
   Value* a = n.input(0);
   Value* bm = n.input(1);
   Value* gy = b.output_grad(0);
+  if ((a->type().rank() == 1 || bm->type().rank() == 1) && n.output(0)->type().has_shape())
+    return grad_matmul_vector(b);
   if (a->type().rank() < 2 || bm->type().rank() < 2 || !n.output(0)->type().has_shape())
-    return node_unsupported(n) << "the gradient of MatMul with an operand of rank below 2 (not yet)";
+    return node_unsupported(n) << "the gradient of a MatMul of unknown rank";
   const Shape& ys = *n.output(0)->type().shape;
   const int64_t r = static_cast<int64_t>(ys.size());
   if (b.wants(0)) {

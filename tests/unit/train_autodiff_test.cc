@@ -169,6 +169,28 @@ TEST(Autodiff, WhereMaxMin) {
 }
 
 TEST(Autodiff, MatMulAndGemm) {
+  // A 1-D operand on either side (and both), against a matrix and a batch.
+  check_case({"matmul_vector_matrix", R"(graph g(%a: f64[3], %b: f64[3, 4]) -> (%y) {
+    opset "" 17
+    %y: f64[4] = MatMul(%a, %b)
+  })", {"a", "b"}, {}});
+  check_case({"matmul_vector_batch", R"(graph g(%a: f64[3], %b: f64[2, 3, 4]) -> (%y) {
+    opset "" 17
+    %y: f64[2, 4] = MatMul(%a, %b)
+  })", {"a", "b"}, {}});
+  check_case({"matmul_matrix_vector", R"(graph g(%a: f64[4, 3], %b: f64[3]) -> (%y) {
+    opset "" 17
+    %y: f64[4] = MatMul(%a, %b)
+  })", {"a", "b"}, {}});
+  check_case({"matmul_batch_vector", R"(graph g(%a: f64[2, n, 3], %b: f64[3]) -> (%y) {
+    opset "" 17
+    bound n [1, inf]
+    %y: f64[2, n] = MatMul(%a, %b)
+  })", {"a", "b"}, {{"n", 3}}});
+  check_case({"matmul_dot", R"(graph g(%a: f64[5], %b: f64[5]) -> (%y) {
+    opset "" 17
+    %y: f64[] = MatMul(%a, %b)
+  })", {"a", "b"}, {}});
   check_case({"matmul_batched", R"(graph g(%a: f64[2, n, 3], %b: f64[3, 4]) -> (%y) {
     opset "" 17
     bound n [1, inf]
