@@ -2,6 +2,7 @@
 // their global forms. Each lowers to a reduction over the window; padded or
 // out-of-range positions are excluded with a select on the bounds and their
 // load index is clamped into the tensor.
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -342,11 +343,71 @@ Status grad_max_pool(GradBuilder& b) {
   return b.set_input_grad(0, dx);
 }
 
+// AveragePool (static shapes, floor rounding, explicit or VALID padding): each
+// output's dy over its count, copied to every tap of its window as columns
+// [C, K..., N, O...] and summed back onto the input by kiln:Col2Im. The count
+// is the window's size, or without count_include_pad (and with padding) the
+// window's positions inside the input: K times an AveragePool of ones that
+// counts the padding.
+Status grad_average_pool(GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  Value* x = n.input(0);
+  const std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
+  if (!x->type().is_static() || n.attr_int("ceil_mode", 0) != 0 || (auto_pad != "NOTSET" && auto_pad != "VALID"))
+    return node_unsupported(n) << "the gradient of an AveragePool with symbolic shapes, ceil_mode or auto_pad "
+                                  "SAME (not yet)";
+  const std::vector<int64_t> xs = x->type().static_shape();
+  const size_t sp = xs.size() - 2;
+  const std::vector<int64_t> kernel = n.attr_ints("kernel_shape", {});
+  if (kernel.size() != sp) return node_invalid(n) << "kernel_shape needs one value per spatial dim";
+  int64_t taps = 1;
+  for (int64_t k : kernel) taps *= k;
+  std::vector<int64_t> pads = auto_pad == "VALID" ? std::vector<int64_t>(2 * sp, 0)
+                                                  : n.attr_ints("pads", std::vector<int64_t>(2 * sp, 0));
+  const bool padded = std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p != 0; });
+  Value* dy = b.output_grad(0);
+  const std::vector<int64_t> ys = n.output(0)->type().static_shape();
+  Value* scaled = nullptr;
+  if (padded && n.attr_int("count_include_pad", 0) == 0) {
+    std::vector<int64_t> one_shape = {1, 1};
+    one_shape.insert(one_shape.end(), xs.begin() + 2, xs.end());
+    Tensor ones(x->dtype(), one_shape);
+    for (int64_t e = 0; e < ones.numel(); ++e) ones.set_f64(e, 1.0);
+    std::map<std::string, Attribute> attrs(n.attrs().begin(), n.attrs().end());
+    attrs["count_include_pad"] = Attribute::of_int(1);
+    KILN_ASSIGN_OR_RETURN(Value* share, b.add1("AveragePool", {b.constant(std::move(ones))}, attrs));
+    KILN_ASSIGN_OR_RETURN(Value* count, b.add1("Mul", {share, b.scalar(static_cast<double>(taps), dy)}));
+    KILN_ASSIGN_OR_RETURN(scaled, b.add1("Div", {dy, count}));
+  } else {
+    KILN_ASSIGN_OR_RETURN(scaled, b.add1("Mul", {dy, b.scalar(1.0 / static_cast<double>(taps), dy)}));
+  }
+  std::vector<int64_t> perm = {1, 0}, taps_axes, cols = {xs[1]};
+  for (size_t d = 0; d < sp; ++d) {
+    perm.push_back(static_cast<int64_t>(d + 2));
+    taps_axes.push_back(static_cast<int64_t>(d + 1));
+  }
+  cols.insert(cols.end(), kernel.begin(), kernel.end());
+  cols.push_back(xs[0]);
+  cols.insert(cols.end(), ys.begin() + 2, ys.end());
+  KILN_ASSIGN_OR_RETURN(Value* t, b.add1("Transpose", {scaled}, {{"perm", Attribute::of_ints(perm)}}));
+  KILN_ASSIGN_OR_RETURN(Value* u, b.unsqueeze(t, taps_axes));
+  KILN_ASSIGN_OR_RETURN(Value* spread, b.add1("Expand", {u, b.ints(cols)}));
+  std::map<std::string, Attribute> window = {{"kernel_shape", Attribute::of_ints(kernel)},
+                                             {"pads", Attribute::of_ints(pads)},
+                                             {"image_shape", Attribute::of_ints(std::vector<int64_t>(xs.begin() + 2, xs.end()))}};
+  for (const char* name : {"strides", "dilations"})
+    if (n.has_attr(name)) window.emplace(name, *n.attr(name));
+  KILN_ASSIGN_OR_RETURN(std::vector<Value*> dx, b.add("Col2Im", {spread}, window, 1, "kiln"));
+  return b.set_input_grad(0, dx[0]);
+}
+
 void register_pool(const std::string& name, PoolKind kind) {
   OpDef def;
   def.name = name;
   def.infer = infer_pool;
   if (kind == PoolKind::kMax) def.gradient = grad_max_pool;
+  if (kind == PoolKind::kAverage) def.gradient = grad_average_pool;
   def.lower = [kind](const Node& n, LowerContext& ctx) { return lower_pool(n, ctx, kind); };
   register_op(std::move(def));
 }

@@ -314,6 +314,22 @@ TEST(Autodiff, ConvAndPool) {
   })", {"x", "w"}, {}});
 }
 
+TEST(Autodiff, AveragePool) {
+  for (const char* attrs : {"{kernel_shape = [3, 2], strides = [2, 2]}",
+                            "{kernel_shape = [3, 2], pads = [1, 0, 1, 1], strides = [2, 1]}",
+                            "{count_include_pad = 1, kernel_shape = [3, 3], pads = [1, 1, 1, 1]}"}) {
+    std::string text = std::string(R"(graph g(%x: f64[2, 3, 7, 6]) -> (%y) {
+    opset "" 17
+    %y: f64[?] = AveragePool(%x) )") + attrs + R"(
+  })";
+    check_case({"average_pool", text.c_str(), {"x"}, {}});
+  }
+  check_case({"average_pool_1d", R"(graph g(%x: f64[2, 2, 9]) -> (%y) {
+    opset "" 17
+    %y: f64[?] = AveragePool(%x) {kernel_shape = [4], pads = [2, 1], strides = [3]}
+  })", {"x"}, {}});
+}
+
 TEST(Autodiff, SliceMaxPoolDropout) {
   check_case({"slice", R"(graph g(%x: f64[4, 6]) -> (%y) {
     opset "" 17
