@@ -1232,6 +1232,26 @@ Status grad_gather(GradBuilder& b) {
   return b.set_input_grad(0, g);
 }
 
+// GatherElements: dy added into zeros of the data's shape at the indices
+// along the axis (ScatterElements with reduction add, so repeated indices
+// sum; negative indices count from the end there too).
+Status grad_gather_elements(GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  Value* data = n.input(0);
+  Value* idx = n.input(1);
+  KILN_ASSIGN_OR_RETURN(Value* shape, b.add1("Shape", {data}));
+  Tensor zero(data->dtype(), {1});
+  KILN_ASSIGN_OR_RETURN(Value* zeros, b.add1("ConstantOfShape", {shape}, {{"value", Attribute::of_tensor(zero)}}));
+  if (idx->dtype() != DType::kInt64) {
+    KILN_ASSIGN_OR_RETURN(idx, b.add1("Cast", {idx}, {{"to", Attribute::of_int(static_cast<int64_t>(DType::kInt64))}}));
+  }
+  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("ScatterElements", {zeros, idx, b.output_grad(0)},
+                                         {{"axis", Attribute::of_int(n.attr_int("axis", 0))},
+                                          {"reduction", Attribute::of_string("add")}}));
+  return b.set_input_grad(0, g);
+}
+
 }  // namespace
 
 void register_indexing_ops() {
@@ -1241,6 +1261,7 @@ void register_indexing_ops() {
   register_op(std::move(gather));
   OpDef gather_elements = make_def("GatherElements", infer_gather_elements, lower_gather_elements);
   gather_elements.index_checks = gather_index_checks;
+  gather_elements.gradient = grad_gather_elements;
   register_op(std::move(gather_elements));
   OpDef gather_nd = make_def("GatherND", infer_gather_nd, lower_gather_nd);
   gather_nd.index_checks = gather_nd_index_checks;

@@ -272,6 +272,17 @@ TEST(Autodiff, LayerNormAndGather) {
     %i: i64[] = const<i64[] [0]>
     %y: f64[n, 3] = Gather(%e, %i) {axis = 1}
   })", {"e"}, {{"n", 2}}});
+  // GatherElements along either axis: repeated and negative indices.
+  check_case({"gather_elements_axis1", R"(graph g(%e: f64[3, 4]) -> (%y) {
+    opset "" 17
+    %i: i64[3, 5] = const<i64[3, 5] [0, 3, 3, -1, 1, 2, 2, 0, -4, 1, 3, 0, 1, 2, 2]>
+    %y: f64[3, 5] = GatherElements(%e, %i) {axis = 1}
+  })", {"e"}, {}});
+  check_case({"gather_elements_axis0", R"(graph g(%e: f64[3, 4]) -> (%y) {
+    opset "" 17
+    %i: i32[2, 4] = const<i32[2, 4] [2, 0, 0, -1, 2, 1, 0, 2]>
+    %y: f64[2, 4] = GatherElements(%e, %i) {axis = 0}
+  })", {"e"}, {}});
   check_case({"gather_last_axis", R"(graph g(%e: f64[2, 3, 5]) -> (%y) {
     opset "" 17
     %i: i64[2, 2] = const<i64[2, 2] [4, -1, 1, 0]>
