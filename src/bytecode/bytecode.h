@@ -58,6 +58,10 @@ Result<Bytecode> build_bytecode(const partition::Partition& p, const kernels::Ke
 
 void plan_memory(Bytecode& bc);
 
+// An instruction of a region (an If's branch or join, a loop's, a sub-program
+// call) or a move between such regions' values.
+bool is_control_flow(const runtime::Instr& in);
+
 // What one run of the model's program allocates beyond its inputs and
 // constants, from its static plan (planned on a copy; `known` is false where
 // a register's shape is symbolic or the program has control flow).

@@ -55,7 +55,7 @@ class Forward {
     def_at_.assign(nr, -1);
     for (size_t i = 0; i < ni; ++i) {
       const Instr& in = p.instrs[i];
-      if (in.end >= 0 || in.target >= 0 || in.loop >= 0 || !in.subprograms.empty() || in.op == OpCode::kMove)
+      if (is_control_flow(in))
         return unsupported() << "checkpointing under a memory budget does not cross control flow (If, Loop, Scan) "
                                 "yet; " << in.where << " is one";
       for (int r : in.outputs) {
@@ -79,8 +79,8 @@ class Forward {
       std::vector<int64_t> dims;
       for (const Expr& d : info.shape) {
         if (!d.is_const())
-          return unsupported() << "a memory budget needs static shapes; '" << info.name << "' has shape ["
-                               << shape_text(info.shape) << "] (export the model with fixed dims)";
+          return unsupported() << "a memory budget needs static shapes; '" << info.name << "' has shape "
+                               << shape_to_string(info.shape) << " (export the model with fixed dims)";
         dims.push_back(*d.as_const());
       }
       if (dtype_is_container(info.dtype) || info.dtype == DType::kString)
@@ -242,7 +242,7 @@ class Forward {
     Program out = *p_;
     const size_t ni = p_->instrs.size();
     std::map<int, std::vector<Instr>> before;  // old index -> instructions inserted before it
-    std::vector<std::map<int, int>> rename_at(ni);
+    std::map<int, int> rename;                   // a dropped value -> its copy, for the backward
     *added = 0;
     for (auto [i, j] : plan) {
       std::vector<int> drop = dropped(i, j);
@@ -270,11 +270,9 @@ class Forward {
         list.push_back(std::move(in));
         ++*added;
       }
-      // The backward reads the copies of what was dropped.
-      std::set<int> dropped_set(drop.begin(), drop.end());
-      for (size_t k = static_cast<size_t>(first); k < ni; ++k)
-        for (int r : drop)
-          if (!is_forward_[k]) rename_at[k][r] = copy.at(r);
+      // The backward reads the copies of what was dropped (all its reads of
+      // them are at `first` or later).
+      for (int r : drop) rename[r] = copy.at(r);
     }
     out.instrs.clear();
     index_of->assign(ni, -1);
@@ -282,8 +280,9 @@ class Forward {
       if (auto it = before.find(static_cast<int>(k)); it != before.end())
         for (Instr& in : it->second) out.instrs.push_back(std::move(in));
       Instr in = p_->instrs[k];
-      for (int& r : in.inputs)
-        if (auto it = rename_at[k].find(r); it != rename_at[k].end()) r = it->second;
+      if (static_cast<int>(k) > last_forward_)
+        for (int& r : in.inputs)
+          if (auto it = rename.find(r); it != rename.end()) r = it->second;
       (*index_of)[k] = static_cast<int>(out.instrs.size());
       out.instrs.push_back(std::move(in));
     }
@@ -291,12 +290,6 @@ class Forward {
   }
 
  private:
-  static std::string shape_text(const std::vector<Expr>& shape) {
-    std::string s;
-    for (const Expr& d : shape) s += (s.empty() ? "" : ", ") + d.to_string();
-    return s;
-  }
-
   const Program* p_ = nullptr;
   int n_ = 0, last_forward_ = -1;
   std::vector<int> def_at_, root_, instr_at_, pos_of_instr_, fwd_last_read_, first_backward_read_;
@@ -445,7 +438,7 @@ int sink_input_only_calls(Bytecode& bc) {
   std::vector<int> def_at(nr, -1);
   for (size_t i = 0; i < ni; ++i) {
     const Instr& in = p.instrs[i];
-    if (in.end >= 0 || in.target >= 0 || in.loop >= 0 || !in.subprograms.empty() || in.op == OpCode::kMove) return 0;
+    if (is_control_flow(in)) return 0;
     for (int r : in.outputs)
       if (r >= 0) {
         if (def_at[static_cast<size_t>(r)] >= 0) return 0;

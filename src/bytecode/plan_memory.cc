@@ -217,11 +217,15 @@ void plan_memory(Bytecode& bc) {
   for (auto& [prog, sites] : bc.planned) plan_program(*prog, sites);
 }
 
+bool is_control_flow(const runtime::Instr& in) {
+  return in.end >= 0 || in.target >= 0 || in.loop >= 0 || !in.subprograms.empty() || in.op == runtime::OpCode::kMove;
+}
+
 MemoryUse memory_use(const Bytecode& bc) {
   MemoryUse use;
   if (bc.program == nullptr) return use;
   for (const runtime::Instr& in : bc.program->instrs)
-    if (in.end >= 0 || in.target >= 0 || in.loop >= 0 || !in.subprograms.empty()) return use;  // control flow
+    if (is_control_flow(in)) return use;
   runtime::Program p = *bc.program;
   for (const auto& [prog, sites] : bc.planned)
     if (prog == bc.program) plan_program(p, sites);
@@ -239,7 +243,7 @@ MemoryUse memory_use(const Bytecode& bc) {
     for (int r : in.outputs) {
       if (r < 0 || def_at[static_cast<size_t>(r)] >= 0) continue;
       def_at[static_cast<size_t>(r)] = static_cast<int>(i);
-      view[static_cast<size_t>(r)] = in.op == runtime::OpCode::kView || in.op == runtime::OpCode::kMove;
+      view[static_cast<size_t>(r)] = in.op == runtime::OpCode::kView;
     }
   }
   std::vector<int64_t> delta(p.instrs.size() + 1, 0), delta_out(p.instrs.size() + 1, 0);

@@ -71,7 +71,7 @@ Status checkpoint_step(bytecode::Bytecode& bc, const kernels::KernelSet& ks, con
                        const std::string& source, CompileStats* stats) {
   if (!options.train) return Status::ok();
   bytecode::sink_input_only_calls(bc);
-  if (options.train->memory_budget <= 0) return Status::ok();
+  if (options.train->memory_budget == 0) return Status::ok();  // a negative one is checkpoint()'s error
   bytecode::CheckpointOptions o;
   o.budget = options.train->memory_budget;
   o.policy = options.train->checkpoint_policy;
