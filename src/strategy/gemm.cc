@@ -19,6 +19,7 @@
 // matmul.default / gemm.default: the default schedule (any operands).
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "strategy/strategy.h"
 #include "strategy/template.h"
@@ -83,14 +84,23 @@ tir::KnobSpace gemm_packed_space(const Node& n, const Target& t) {
   if (nr.values.empty()) nr.values = {lanes, 2 * lanes, 3 * lanes, 4 * lanes};
   s.knobs.push_back(tir::Knob{"mr", {1, 2, 3, 4, 6, 8, 12}});
   s.knobs.push_back(nr);
-  s.knobs.push_back(tir::Knob{"prefetch", {0, 1}});
+  s.knobs.push_back(tir::Knob{"prefetch", {0, 1, 2, 4}});
   s.knobs.push_back(tir::Knob{"kc", {0, 128, 256, 512, 1024, 2048}});
   s.knobs.push_back(tir::Knob{"order", {0, 1}, 0});
+  s.knobs.push_back(tir::Knob{"mb", {0, 4, 8, 16, 32, 64}, 0});
+  s.knobs.push_back(tir::Knob{"pack", {0, 1}, 0});
   // Three-vector panels only for one row: LLVM legalizes a register tile of
   // several <48 x float> rows through per-element inserts and spills (mr 6
-  // nr 48 measured many times slower than nr 32).
-  s.valid = [lanes, acc](const tir::Knobs& k) {
-    return k.at("mr") * k.at("nr") / lanes <= acc && (k.at("nr") != 3 * lanes || k.at("mr") == 1);
+  // nr 48 measured many times slower than nr 32). Row blocks (mb) fix the
+  // loop order (blocks, panels, row tiles); packing A needs the rows of its
+  // block outside the panels (a block, or order 1) and several panels.
+  std::optional<int64_t> rows = output_rows(n);
+  s.valid = [lanes, acc, rows, cols](const tir::Knobs& k) {
+    if (k.at("mr") * k.at("nr") / lanes > acc || (k.at("nr") == 3 * lanes && k.at("mr") != 1)) return false;
+    const int64_t mb = k.at("mb");
+    if (mb > 0 && (k.at("order") != 0 || (rows && *rows <= mb * k.at("mr")))) return false;
+    if (k.at("pack") != 0 && ((mb == 0 && k.at("order") == 0) || cols <= k.at("nr") || (rows && *rows <= k.at("mr")))) return false;
+    return true;
   };
   return s;
 }
@@ -102,8 +112,8 @@ tir::Knobs gemm_packed_defaults(const Node& n, const Target& t) {
   if (rows && *rows == 1) {
     // Matrix-vector: one row, the widest panel (independent accumulators per vector).
     for (int64_t v : {4 * lanes, 3 * lanes, 2 * lanes, lanes})
-      if (cols % v == 0) return {{"mr", 1}, {"nr", v}, {"prefetch", 0}, {"kc", 0}, {"order", 0}};
-    return {{"mr", 1}, {"nr", 4 * lanes}, {"prefetch", 0}, {"kc", 0}, {"order", 0}};
+      if (cols % v == 0) return {{"mr", 1}, {"nr", v}, {"prefetch", 0}, {"kc", 0}, {"order", 0}, {"mb", 0}, {"pack", 0}};
+    return {{"mr", 1}, {"nr", 4 * lanes}, {"prefetch", 0}, {"kc", 0}, {"order", 0}, {"mb", 0}, {"pack", 0}};
   }
   // Two vectors of columns (16 accumulators with mr = 8 on AVX-512; one
   // vector leaves 8, too few to hide the FMA latency) unless padding N to
@@ -115,7 +125,7 @@ tir::Knobs gemm_packed_defaults(const Node& n, const Target& t) {
   int64_t mr = std::min<int64_t>(8, acc / (nr / lanes));
   // Several row tiles use each panel: the first would otherwise wait on
   // memory for all of it (weights that do not stay in cache between runs).
-  return {{"mr", mr}, {"nr", nr}, {"prefetch", 1}, {"kc", 0}, {"order", 0}};
+  return {{"mr", mr}, {"nr", nr}, {"prefetch", 1}, {"kc", 0}, {"order", 0}, {"mb", 0}, {"pack", 0}};
 }
 
 // B [K, N] (or [N, K] with transB) -> panels [ceil(N / nr), K, nr], the
@@ -148,6 +158,28 @@ Status gemm_packed_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
   return Status::ok();
 }
 
+// The input the stage reads as its left operand: the one param whose index
+// uses the row axis `m` and not the column axis `n`; empty when there is not
+// exactly one (A computed in the kernel by a fused producer).
+std::string lhs_param(const tir::KernelDef& k, const tir::ComputeDef& st, const std::string& m, const std::string& n) {
+  std::set<std::string> found;
+  rewrite(st.body, [&](const Expr& e) -> Expr {
+    if (e.kind() != ExprKind::kLoad) return Expr();
+    bool uses_m = false, uses_n = false;
+    for (const Expr& a : e->args)
+      for (const std::string& v : free_vars(a)) {
+        uses_m = uses_m || v == m;
+        uses_n = uses_n || v == n;
+      }
+    if (uses_m && !uses_n) found.insert(e->name);
+    return Expr();
+  });
+  if (found.size() != 1) return {};
+  for (int i = 0; i < k.num_inputs; ++i)
+    if (k.params[static_cast<size_t>(i)].name == *found.begin()) return *found.begin();
+  return {};
+}
+
 Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::string& stage, const tir::Knobs& knobs) {
   auto it = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& s) { return s.name == stage; });
   if (it == k.stages.end()) return invalid_argument() << "gemm.packed: kernel has no stage '" << stage << "'";
@@ -177,16 +209,30 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   int64_t kc = knobs.count("kc") ? knobs.at("kc") : 0;
   auto k_ext = st.reduce_extents.size() == 1 ? st.reduce_extents[0].as_const() : std::nullopt;
   const bool block_k = kc > 0 && k_ext && *k_ext > kc && (!m_ext || *m_ext > mr);
+  // Row blocks (knob mb, in row tiles): blocks of mb x mr rows outermost,
+  // then the panels, then the block's row tiles, so that a block of A (with
+  // kc, mb x mr rows by kc) stays in cache while every panel streams past it.
+  const int64_t mb = knobs.count("mb") ? knobs.at("mb") : 0;
+  const bool block_m = rank >= 2 && mb > 0 && (!m_ext || *m_ext > mb * mr);
+  std::string m_block;
   if (rank >= 2) {
     m_inner = st.axes[rank - 2];
-    if (!m_ext) {
-      prims.push_back(prim("split", stage, {m_inner}, mr));
-    } else if (*m_ext > mr) {
-      prims.push_back(prim(*m_ext % mr == 0 || block_k ? "split" : "split_overlap", stage, {m_inner}, mr));
-    }
-    if (!m_ext || *m_ext > mr) {
-      m_outer = m_inner + ".o";
-      m_inner += ".i";
+    if (block_m) {
+      prims.push_back(prim("split", stage, {m_inner}, mb * mr));
+      m_block = m_inner + ".o";
+      prims.push_back(prim("split", stage, {m_inner + ".i"}, mr));
+      m_outer = m_inner + ".i.o";
+      m_inner += ".i.i";
+    } else {
+      if (!m_ext) {
+        prims.push_back(prim("split", stage, {m_inner}, mr));
+      } else if (*m_ext > mr) {
+        prims.push_back(prim(*m_ext % mr == 0 || block_k ? "split" : "split_overlap", stage, {m_inner}, mr));
+      }
+      if (!m_ext || *m_ext > mr) {
+        m_outer = m_inner + ".o";
+        m_inner += ".i";
+      }
     }
   }
   std::vector<std::string> outer;
@@ -208,9 +254,16 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   auto push_m = [&] {
     if (m_outer.empty()) return;
     outer.push_back(m_outer);
-    counts.push_back(m_ext ? std::optional<int64_t>((*m_ext + mr - 1) / mr) : std::nullopt);
+    counts.push_back(block_m ? std::optional<int64_t>(mb)
+                     : m_ext ? std::optional<int64_t>((*m_ext + mr - 1) / mr)
+                             : std::nullopt);
   };
-  if (rows_outer) {
+  if (block_m) {
+    outer.push_back(m_block);
+    counts.push_back(m_ext ? std::optional<int64_t>((*m_ext + mb * mr - 1) / (mb * mr)) : std::nullopt);
+    push_n();
+    push_m();
+  } else if (rows_outer) {
     push_m();
     push_n();
   } else {
@@ -227,16 +280,36 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   prims.push_back(prim("vectorize", stage, {n_inner}));
   if (int par = tir::choose_parallel(counts); par >= 0)
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
+  // The loop whose one iteration fixes a block of A's rows while the panels
+  // stream past: the row block, else (rows outermost) the row tile.
+  std::string a_rows = block_m ? m_block : rows_outer && !n_outer.empty() ? m_outer : std::string();
   if (block_k) {
-    // The block loop just outside the innermost tile loop.
+    // The block loop just outside the innermost tile loop, or, with rows
+    // outside the panels, just inside the rows' loop (a kc block of A stays
+    // in cache while the panels' blocks stream past).
     std::vector<std::string> args = {st.reduce_axes[0] + ".o"};
-    if (outer.size() >= 2) args.push_back(outer[outer.size() - 2]);
+    if (!a_rows.empty()) args.push_back(a_rows);
+    else if (outer.size() >= 2) args.push_back(outer[outer.size() - 2]);
     prims.push_back(prim("split", stage, {st.reduce_axes[0]}, kc));
     prims.push_back(prim("hoist_reduce", stage, args));
   }
+  // Knob pack: A's block (its rows by K, or by kc) copied at the start of
+  // each block into [row tiles][k][rows of a tile], read as one stream.
+  if (knob_on(knobs, "pack") && !a_rows.empty() && !n_outer.empty()) {
+    if (std::string a = lhs_param(k, st, st.axes[rank - 2], st.axes[rank - 1]); !a.empty()) {
+      tir::Primitive p = prim("pack", stage, {a, block_k ? st.reduce_axes[0] + ".o" : a_rows});
+      p.factor = 0;
+      prims.push_back(p);
+    }
+  }
   // The next panel's prefetch serves a panel read once, start to end; with
-  // K blocked the next block of the same panel comes first.
-  if (knob_on(knobs, "prefetch") && !n_outer.empty() && !block_k) prims.push_back(prim("prefetch", stage, {n_outer}));
+  // K blocked the next block of the same panel comes first. Knob prefetch:
+  // how many panels ahead (0: none).
+  if (knob_on(knobs, "prefetch") && !n_outer.empty() && !block_k) {
+    tir::Primitive p = prim("prefetch", stage, {n_outer});
+    p.factor = knobs.at("prefetch") > 1 ? knobs.at("prefetch") : 0;
+    prims.push_back(p);
+  }
   return replace_stage_schedule(k, stage, prims);
 }
 

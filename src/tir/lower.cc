@@ -39,6 +39,12 @@ struct StagePlan {
   std::string cache_axis;  // empty: no cache_write
   std::string rfactor_axis;  // empty: no rfactor; else a reduce loop accumulated in vector lanes
   std::string prefetch_axis;  // empty: no prefetch; else the spatial loop whose next iteration's data is prefetched
+  int64_t prefetch_distance = 1;  // ... that many iterations ahead
+  // pack(stage, buffer, axis[, lanes]): param `pack_buffer` is copied, at the
+  // start of each iteration of loop `pack_axis`, into a local buffer indexed by
+  // the loops below that its index uses (in nest order), and read from there.
+  std::string pack_buffer, pack_axis;
+  int64_t pack_lanes = 0;
   bool overlapped = false;    // a spatial axis was split_overlap (tiles share points)
   std::string hoisted;        // hoist_reduce: a reduce loop run outside the tile (empty: none)
   std::string hoisted_at;     // ... just inside this spatial loop (empty: outermost)
@@ -495,6 +501,24 @@ struct Lowerer {
         return invalid_argument() << "schedule: prefetch(" << p.stage << ", " << p.axes[0] << ") of a reduce axis";
       }
       plan.prefetch_axis = p.axes[0];
+      plan.prefetch_distance = p.factor > 0 ? p.factor : 1;
+      plan.touched = true;
+      return Status::ok();
+    }
+    if (p.kind == "pack") {
+      if (p.axes.size() != 2) return invalid_argument() << "schedule: pack takes a stage, a buffer and an axis";
+      if (!is_reduction(st)) {
+        return invalid_argument() << "schedule: pack(" << p.stage << ") of a stage that is not a reduction";
+      }
+      auto b = param_index.find(p.axes[0]);
+      if (b == param_index.end() || b->second >= k.num_inputs) {
+        return invalid_argument() << "schedule: pack(" << p.stage << ", " << p.axes[0] << "): not an input of the kernel";
+      }
+      KILN_RETURN_IF_ERROR(find_loop(plan, p, p.axes[1]).status());
+      if (!plan.pack_buffer.empty()) return invalid_argument() << "schedule: pack(" << p.stage << ") applied twice";
+      plan.pack_buffer = p.axes[0];
+      plan.pack_axis = p.axes[1];
+      plan.pack_lanes = p.factor;
       plan.touched = true;
       return Status::ok();
     }
@@ -836,11 +860,11 @@ struct Lowerer {
   // current one is used from cache): the load at the current reduce point,
   // with `axis` one further and the inner loops at 0, spanning the vector
   // loop where the load is contiguous along it.
-  std::vector<Stmt> prefetches(const Expr& body, const std::string& axis, const std::vector<Loop>& inner) {
+  std::vector<Stmt> prefetches(const Expr& body, const std::string& axis, int64_t distance, const std::vector<Loop>& inner) {
     std::vector<Stmt> out;
     std::set<std::string> seen;
     ExprMap at;
-    at[axis] = var(axis) + int_imm(1);
+    at[axis] = var(axis) + int_imm(distance);
     std::string vec;
     int64_t lanes = 1;
     for (const Loop& l : inner) {
@@ -1105,6 +1129,106 @@ struct Lowerer {
     });
   }
 
+  // pack(stage, buffer, axis): the local buffer, the copy that fills it, and
+  // the rewrite of the stage's loads of `buffer` into loads of it.
+  struct PackPlan {
+    Buffer buffer;
+    Stmt copy;
+    std::string source;
+    std::vector<Expr> index;  // into the local buffer: the loop variables it is indexed by
+    Expr use(const Expr& e) const {
+      return rewrite(e, [&](const Expr& n) -> Expr {
+        if (n.kind() != ExprKind::kLoad || n->int_value < 0 || n->name != source) return Expr();
+        return load(buffer.name, -1, buffer.dtype, index);
+      });
+    }
+  };
+
+  // The region of param plan.pack_buffer that one iteration of loop
+  // plan.pack_axis (one of `outer`) reads: its dims are the loops below that
+  // axis (`outer` after it, then `update_loops`) its index uses, in that
+  // order, each whole; constant extents only. Every load of the param in
+  // `body` must be at one index. The copy runs those loops with the guards
+  // that involve them; its innermost loop is vectorized in pack_lanes-wide
+  // steps where the load is contiguous along it and the extent divides.
+  Result<PackPlan> plan_pack(const ComputeDef& st, const StagePlan& plan, const std::vector<Loop>& outer,
+                             const std::vector<Loop>& update_loops, const Expr& body,
+                             const std::set<std::string>& loop_vars) {
+    std::string where = "schedule: pack(" + st.name + ", " + plan.pack_buffer + ", " + plan.pack_axis + "): ";
+    auto at = std::find_if(outer.begin(), outer.end(), [&](const Loop& l) { return l.var == plan.pack_axis; });
+    if (at == outer.end()) return invalid_argument() << where << "the loop must be outside the register tile (cache_write)";
+    std::vector<Loop> below(at + 1, outer.end());
+    below.insert(below.end(), update_loops.begin(), update_loops.end());
+    std::set<std::string> outside = plan.shared;
+    for (auto it = outer.begin(); it != at + 1; ++it) outside.insert(it->var);
+    Expr src;
+    bool several = false;
+    rewrite(body, [&](const Expr& n) -> Expr {
+      if (n.kind() != ExprKind::kLoad || n->int_value < 0 || n->name != plan.pack_buffer) return Expr();
+      if (!src.defined()) src = n;
+      else several = several || src.to_string() != n.to_string();
+      return Expr();
+    });
+    if (!src.defined()) return invalid_argument() << where << "the stage does not read " << plan.pack_buffer;
+    if (several) return invalid_argument() << where << "the stage reads " << plan.pack_buffer << " at several indices";
+    std::set<std::string> used;
+    for (const Expr& a : src->args)
+      for (const std::string& v : free_vars(a)) used.insert(v);
+    PackPlan out;
+    out.source = plan.pack_buffer;
+    out.buffer.name = plan.pack_buffer + ".pack";
+    out.buffer.dtype = src->dtype;
+    std::vector<Loop> loops;
+    for (const Loop& l : below) {
+      if (!used.count(l.var)) continue;
+      auto c = l.extent.as_const();
+      if (!c || *c < 1) return invalid_argument() << where << "loop " << l.var << " has no constant extent";
+      loops.push_back(Loop{l.var, l.extent, ForKind::kSerial});
+      out.buffer.shape.push_back(l.extent);
+      out.index.push_back(var(l.var));
+    }
+    if (loops.empty()) return invalid_argument() << where << "no loop below the axis indexes " << plan.pack_buffer;
+    std::set<std::string> copy_vars = loop_vars;
+    std::vector<Expr> guards;
+    for (const Expr& g : plan.guards) {
+      bool mine = false, placeable = true;
+      for (const std::string& v : free_vars(g)) {
+        if (!loop_vars.count(v)) continue;
+        bool in_copy = std::any_of(loops.begin(), loops.end(), [&](const Loop& l) { return l.var == v; });
+        mine = mine || in_copy;
+        placeable = placeable && (in_copy || outside.count(v) != 0);
+      }
+      if (!mine) continue;
+      if (!placeable) return invalid_argument() << where << "guard " << g.to_string() << " involves loops the copy does not run";
+      guards.push_back(g);
+    }
+    Expr value = src;
+    std::vector<Expr> store_idx = out.index;
+    const Loop last = loops.back();
+    const int64_t extent = *last.extent.as_const(), lanes = plan.pack_lanes;
+    bool contiguous = true;
+    for (size_t i = 0; i + 1 < src->args.size(); ++i)
+      for (const std::string& v : free_vars(src->args[i])) contiguous = contiguous && v != last.var;
+    auto step = simplify(substitute(src->args.back(), {{last.var, var(last.var) + int_imm(1)}}) - src->args.back()).as_const();
+    if (lanes > 1 && contiguous && step && *step == 1 && extent % lanes == 0) {
+      if (extent == lanes) {
+        loops.back().kind = ForKind::kVectorized;
+      } else {
+        std::string o = last.var + ".po", l = last.var + ".pl";
+        copy_vars.insert(o);
+        copy_vars.insert(l);
+        ExprMap to = {{last.var, var(o) * int_imm(lanes) + var(l)}};
+        value = substitute(value, to);
+        for (Expr& e : store_idx) e = substitute(e, to);
+        for (Expr& g : guards) g = substitute(g, to);
+        loops.back() = Loop{o, int_imm(extent / lanes), ForKind::kSerial};
+        loops.push_back(Loop{l, int_imm(lanes), ForKind::kVectorized});
+      }
+    }
+    out.copy = build_nest(loops, make_store(out.buffer.name, -1, store_idx, value), guards, outside, copy_vars);
+    return out;
+  }
+
   Result<Stmt> lower_stage_nest(int s) {
     const ComputeDef& st = stages[s];
     const StagePlan& plan = plans[s];
@@ -1302,7 +1426,7 @@ struct Lowerer {
       if (plan.prefetch_axis.empty() || reduce_loops.empty()) return update_nest;
       std::vector<Loop> below = inner;
       if (rf) below.push_back(*rf);
-      return prepend_in_loop(update_nest, reduce_loops.back().var, prefetches(body, plan.prefetch_axis, below));
+      return prepend_in_loop(update_nest, reduce_loops.back().var, prefetches(body, plan.prefetch_axis, plan.prefetch_distance, below));
     };
     // Stores to the accumulator under a guard on the vector loop (a partial
     // tile's columns) keep every lane and select the old value in the lanes
@@ -1383,6 +1507,16 @@ struct Lowerer {
                                   guards, bound_outside, loop_vars);
       return make_allocate(acc, make_allocate(lanes, make_seq({lanes_init, update_nest, init_nest, fold_nest, final_nest})));
     };
+    // pack: the region of one input the loops below pack_axis read, copied
+    // into a local buffer at the start of each of its iterations.
+    PackPlan pack;
+    if (!plan.pack_buffer.empty()) {
+      if (deferred) {
+        return invalid_argument() << "schedule: pack(" << st.name << ") with a deferred epilogue (fuse_epilogue with an axis)";
+      }
+      KILN_ASSIGN_OR_RETURN(pack, plan_pack(st, plan, outer, update_loops, body, loop_vars));
+      body = pack.use(body);
+    }
     Stmt alloc = tile(plan.guards, body);
     // A tile whose guards hold at the last point of every inner loop holds
     // them everywhere in the tile (each guard is value < limit with value
@@ -1430,6 +1564,7 @@ struct Lowerer {
     if (rf) tile_loops.push_back(*rf);
     Expr interior;
     Expr interior_body = to_loops(strip_padding(cast_to(st.dtype, st.body), to_loops, tile_loops, &interior));
+    if (pack.copy) interior_body = pack.use(interior_body);
     Expr fast_cond = monotone && full.defined() ? full : Expr();
     if (interior.defined()) fast_cond = fast_cond.defined() ? logical_and(fast_cond, interior) : interior;
     if (fast_cond.defined()) {
@@ -1438,7 +1573,18 @@ struct Lowerer {
       if (always && *always != 0) alloc = fast;
       else if (!always) alloc = make_if(fast_cond, fast, alloc);
     }
-    if (!deferred) return build_nest(own(outer), alloc, plan.guards, plan.shared, loop_vars);
+    if (!deferred) {
+      Stmt nest = build_nest(own(outer), alloc, plan.guards, plan.shared, loop_vars);
+      if (!pack.copy) return nest;
+      bool found = false;
+      nest = wrap_loop_body(nest, plan.pack_axis, found,
+                            [&](const Stmt& b) { return make_allocate(pack.buffer, make_seq({pack.copy, b})); });
+      if (!found) {
+        return invalid_argument() << "schedule: pack(" << st.name << ", " << plan.pack_buffer << ", " << plan.pack_axis
+                                  << "): the loop is shared with a compute_at consumer";
+      }
+      return nest;
+    }
     return with_deferred_epilogue(s, outer, inner, out_indices, alloc, loop_vars, loop_bounds);
   }
 

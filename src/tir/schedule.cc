@@ -387,6 +387,7 @@ std::string Schedule::to_string() const {
     out += p.kind + "(" + p.stage;
     for (const auto& a : p.axes) out += ", " + a;
     if (p.kind == "split" || p.kind == "split_overlap" || p.kind == "split_padded") out += ", " + std::to_string(p.factor);
+    if ((p.kind == "prefetch" && p.factor > 1) || (p.kind == "pack" && p.factor > 0)) out += ", " + std::to_string(p.factor);
     out += ")\n";
   }
   return out;
@@ -421,7 +422,7 @@ Result<Schedule> parse_schedule(std::string_view text) {
     }
     static const std::map<std::string, std::pair<size_t, size_t>, std::less<>> kArity = {
         {"inline", {1, 1}},   {"split", {3, 3}}, {"split_overlap", {3, 3}}, {"split_padded", {3, 3}},     {"reorder", {2, 1000}}, {"parallel", {2, 2}},
-        {"vectorize", {2, 2}}, {"unroll", {2, 2}}, {"cache_write", {2, 2}}, {"fuse_epilogue", {1, 2}}, {"rfactor", {2, 2}}, {"hoist_reduce", {2, 3}}, {"prefetch", {2, 2}}, {"fuse", {3, 3}}, {"compute_at", {3, 3}}};
+        {"vectorize", {2, 2}}, {"unroll", {2, 2}}, {"cache_write", {2, 2}}, {"fuse_epilogue", {1, 2}}, {"rfactor", {2, 2}}, {"hoist_reduce", {2, 3}}, {"prefetch", {2, 3}}, {"fuse", {3, 3}}, {"compute_at", {3, 3}}, {"pack", {3, 4}}};
     auto ar = kArity.find(p.kind);
     if (ar == kArity.end()) {
       return invalid_argument() << "schedule line " << line_no << ": unknown primitive '" << p.kind
@@ -441,6 +442,15 @@ Result<Schedule> parse_schedule(std::string_view text) {
       }
       p.factor = std::stoll(f);
       p.axes = {args[1]};
+    } else if ((p.kind == "prefetch" && args.size() == 3) || (p.kind == "pack" && args.size() == 4)) {
+      // The optional last argument: prefetch's distance, pack's copy vector width.
+      const std::string& f = args.back();
+      bool digits = !f.empty() && f.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || f.size() > 18 || std::stoll(f) < 1) {
+        return invalid_argument() << "schedule line " << line_no << ": bad " << p.kind << " count '" << f << "'";
+      }
+      p.factor = std::stoll(f);
+      p.axes.assign(args.begin() + 1, args.end() - 1);
     } else {
       p.axes.assign(args.begin() + 1, args.end());
     }

@@ -51,13 +51,29 @@
 //                                        the fused epilogue). A GEMM's weight
 //                                        panel is then used in blocks that stay
 //                                        in cache across the row tiles
-//   prefetch(stage, axis)             -> for a reduction: each reduce step also
-//                                        prefetches (into L2) what the next
-//                                        iteration of spatial loop `axis` will
+//   prefetch(stage, axis [, distance]) -> for a reduction: each reduce step also
+//                                        prefetches (into L2) what the iteration
+//                                        `distance` (default 1) ahead of spatial
+//                                        loop `axis` will
 //                                        read from the params whose index uses
 //                                        it, so a GEMM's next weight panel
 //                                        streams from memory while the current
 //                                        one is used from cache. A hint only
+//   pack(stage, buffer, axis [, lanes]) -> for a reduction: at the start of each
+//                                        iteration of loop `axis` (outside the
+//                                        cache_write tile; a hoisted reduce loop
+//                                        counts), the region of input `buffer`
+//                                        that the loops below it read is copied
+//                                        into a local buffer, which the stage
+//                                        reads instead. Its dims are the loops
+//                                        below `axis` that the load's index
+//                                        uses, in nest order (a GEMM's A block
+//                                        as [row tiles][k][rows of a tile]: one
+//                                        contiguous stream per tile). The copy's
+//                                        innermost loop runs in vectors of
+//                                        `lanes` where the load is contiguous
+//                                        along it. The stage must read `buffer`
+//                                        at one index
 //   fuse_epilogue(stage)              -> for a reduction: the next stage that is
 //                                        not inlined, when it is elementwise over
 //                                        the same shape and reads this stage only
@@ -105,7 +121,7 @@
 namespace kiln::tir {
 
 struct Primitive {
-  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write, rfactor, hoist_reduce, prefetch, fuse_epilogue, compute_at
+  std::string kind;  // inline, split, reorder, parallel, vectorize, unroll, cache_write, rfactor, hoist_reduce, prefetch, pack, fuse_epilogue, compute_at
   std::string stage;
   std::vector<std::string> axes;
   int64_t factor = 0;

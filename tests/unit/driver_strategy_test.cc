@@ -368,6 +368,63 @@ TEST(StrategyCandidates, GemmKBlocksMatchNaive) {
   }
 }
 
+// Row blocks (mb), A packed per block (pack), prefetch distance: every
+// combination with and without K blocks and in both loop orders, against the
+// naive lowering. Rows that no block or tile divides, K that kc does not
+// divide, symbolic rows, a batch over one B, panels padded past N.
+TEST(StrategyCandidates, GemmRowBlocksAndPackedAMatchNaive) {
+  const std::vector<GemmCase> cases = {
+      {"MatMul", Shape{37, 300}, {300, 64}, false, false, {37, 300}},
+      {"MatMul", Shape{var("m"), 129}, {129, 80}, false, false, {45, 129}},
+      {"Gemm", Shape{29, 160}, {40, 160}, true, true, {29, 160}},
+      {"MatMul", Shape{2, 19, 130}, {130, 48}, false, false, {2, 19, 130}},
+  };
+  uint32_t seed = 200;
+  const Target target = *Target::named("avx512");
+  for (const GemmCase& c : cases) {
+    Tensor b = random_tensor(c.b, seed++);
+    int64_t cols = c.trans_b ? c.b[0] : c.b[1];
+    int64_t k = c.trans_b ? c.b[1] : c.b[0];
+    Tensor bias = random_tensor({cols}, seed++);
+    Tensor x = random_tensor(c.a_run, seed++);
+    auto want = run(gemm_graph(c, b, bias), true, x, 1, std::nullopt, nullptr);
+    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+    std::string name = c.op == "Gemm" ? "gemm.packed" : "matmul.packed";
+    auto probe = gemm_graph(c, b, bias);
+    ops::InferContext ictx;
+    ictx.graph = probe.get();
+    ictx.bounds = probe->bounds;
+    ASSERT_TRUE(ops::infer_shapes(*probe, ictx).is_ok());
+    tir::KnobSpace space = strategy::find_candidate(name)->space(*probe->nodes()[0], target);
+    int tried = 0;
+    for (int64_t kc : {0, 128})
+    for (int64_t order : {0, 1})
+    for (int64_t mb : {0, 4})
+    for (int64_t pack : {0, 1}) {
+      tir::Knobs knobs = {{"kc", kc}, {"mr", 4}, {"nr", 16}, {"prefetch", kc == 0 && pack ? 2 : 1},
+                          {"order", order}, {"mb", mb}, {"pack", pack}};
+      if (!space.contains(knobs)) continue;
+      ++tried;
+      for (int threads : {1, 2}) {
+        strategy::Choice choice{name, knobs, "database", ""};
+        std::string impl;
+        auto got = run(gemm_graph(c, b, bias), false, x, threads, choice, &impl, target);
+        std::string what = c.op + " " + shape_to_string(*probe->nodes()[0]->input(0)->type().shape) + " " +
+                           tir::knobs_to_string(knobs) + " threads " + std::to_string(threads);
+        ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+        EXPECT_EQ(impl, name + " " + tir::knobs_to_string(knobs)) << what;
+        ASSERT_EQ(got->shape(), want->shape()) << what;
+        if (int64_t i = first_mismatch(*got, *want, k); i >= 0)
+          ADD_FAILURE() << what << ", element " << i << ": " << got->data_as<float>()[i] << " vs naive "
+                        << want->data_as<float>()[i];
+      }
+    }
+    // Packing needs its rows outside the panels: order 1 or row blocks.
+    EXPECT_GE(tried, 10) << c.op;
+    EXPECT_FALSE(space.contains({{"kc", 0}, {"mr", 4}, {"nr", 16}, {"prefetch", 1}, {"order", 0}, {"mb", 0}, {"pack", 1}}));
+  }
+}
+
 struct ConvCase {
   Shape x;                       // may be symbolic ("h", "w")
   std::vector<int64_t> w;        // [O, I, KH, KW]

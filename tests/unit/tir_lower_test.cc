@@ -763,6 +763,57 @@ TEST(TirLower, HoistedReduceBlocks) {
   EXPECT_FALSE(lower(sym, *parse_schedule("split(C, k, 2)\nhoist_reduce(C, k.o)\n")).is_ok());
 }
 
+// pack: an input's region below a loop copied into a local buffer at each of
+// its iterations (dims: the loops below that index it, in nest order) and
+// read from there. A's rows outside the column tiles (region [k][rows of a
+// tile], rows guarded), A per hoisted block of K (a guarded last block), B
+// per row tile with its contiguous columns copied in vectors (whole, and in
+// steps of 4), against the reference; the buffers the printer shows; places
+// inside the tile, outputs and unknown buffers are errors.
+TEST(TirLower, PackedOperandBlocks) {
+  KernelDef k = matmul(7, 19, 5);
+  auto ref = [](const HostData& r) { return matmul_ref(r, 7, 19, 5); };
+  const std::string rows_outer =
+      "split(C, j, 16)\nsplit(C, i, 2)\nreorder(C, i.o, j.o, i.i, j.i)\ncache_write(C, j.o)\n"
+      "unroll(C, i.i)\nvectorize(C, j.i)\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {rows_outer + "pack(C, A, i.o)\n", "allocate A.pack:f32[5, 2]"},
+      {rows_outer + "pack(C, A, i.o)\nparallel(C, i.o)\n", "allocate A.pack:f32[5, 2]"},
+      {"split(C, k, 2)\n" + rows_outer + "hoist_reduce(C, k.o, i.o)\npack(C, A, k.o)\n", "allocate A.pack:f32[2, 2]"},
+      {rows_outer + "pack(C, B, i.o, 16)\n", "allocate B.pack:f32[2, 5, 16]"},
+      {rows_outer + "pack(C, B, i.o, 4)\n", "for j.i.pl in 0..4 vectorized"},
+  };
+  for (const auto& [hand, shows] : cases) {
+    auto s = parse_schedule(hand);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    expect_matches(k, *s, {}, ref);
+    auto f = lower(k, *s);
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    std::string text = print_func(*f);
+    EXPECT_NE(text.find(shows), std::string::npos) << hand << text;
+    EXPECT_EQ(parse_schedule(s->to_string())->to_string(), s->to_string());
+  }
+  for (const std::string& bad : {
+           rows_outer + "pack(C, A, i.i)\n",  // inside the register tile
+           rows_outer + "pack(C, C, i.o)\n",  // an output
+           rows_outer + "pack(C, X, i.o)\n",
+           rows_outer + "pack(C, A, q)\n",
+           rows_outer + "pack(C, A, i.o)\npack(C, B, i.o)\n",
+       }) {
+    auto b = parse_schedule(bad);
+    ASSERT_TRUE(b.is_ok()) << bad;
+    EXPECT_FALSE(lower(k, *b).is_ok()) << bad;
+  }
+  EXPECT_FALSE(parse_schedule("pack(C, A)\n").is_ok());
+  EXPECT_FALSE(parse_schedule("pack(C, A, i, x)\n").is_ok());
+  EXPECT_FALSE(parse_schedule("prefetch(C, j, 0)\n").is_ok());
+  // prefetch's distance: the panel two ahead.
+  auto f = lower(k, *parse_schedule("split_overlap(C, j, 4)\nreorder(C, j.o, i, j.i)\ncache_write(C, j.o)\n"
+                                    "prefetch(C, j.o, 2)\nvectorize(C, j.i)\n"));
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  EXPECT_NE(print_func(*f).find("prefetch B#1[k, min(15, 4*j.o + 8)]"), std::string::npos) << print_func(*f);
+}
+
 // fuse: C's rows and columns as one loop of 7 * 19, split, vectorized and
 // tiled like any other axis, gives the reference's results.
 TEST(TirLower, FuseAdjacentSpatialLoops) {
