@@ -710,8 +710,9 @@ Result<std::vector<tir::ComputeDef>> lower_conv_transpose(const Node& n, LowerCo
   return stages;
 }
 
-// Conv (one group, explicit or VALID padding, static shapes). With M output
-// and C input channels, taps K, output positions O and images N:
+// Conv (explicit or VALID padding, static shapes but the batch). With M
+// output and C input channels, taps K, output positions O and images N (with
+// G groups, each product below runs per group, batched over the groups):
 //   dB = dY summed over all but the channel axis;
 //   dW = [M, N O] x [N O, C K]: the output gradient times the input's columns
 //        (kiln:Im2Col, [C K, N O]), as products of the columns with dY
@@ -743,7 +744,7 @@ Status grad_conv(GradBuilder& b) {
   auto xd = dims(x), yd = dims(y);
   if (!xd || !yd || !w->type().is_static())
     return node_unsupported(n) << "the gradient of a Conv with symbolic shapes other than the batch (not yet)";
-  if (n.attr_int("group", 1) != 1) return node_unsupported(n) << "the gradient of a grouped Conv (not yet)";
+  const int64_t groups = n.attr_int("group", 1);
   const std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
   if (auto_pad != "NOTSET" && auto_pad != "VALID")
     return node_unsupported(n) << "the gradient of a Conv with auto_pad " << auto_pad << " (not yet)";
@@ -760,7 +761,10 @@ Status grad_conv(GradBuilder& b) {
     KILN_RETURN_IF_ERROR(b.set_input_grad(2, db));
   }
   auto ints_attr = [](std::vector<int64_t> v) { return Attribute::of_ints(std::move(v)); };
-  const int64_t m = ws[0], c = ws[1];
+  // Per group g: output channels g Mg .. (g + 1) Mg - 1 read input channels
+  // g Cg .. (g + 1) Cg - 1 (W is [M, Cg, K...]); every product below runs
+  // per group, as a MatMul batched over the groups.
+  const int64_t m = ws[0], c = ws[1], mg = m / groups;
   int64_t taps = 1;
   const int64_t positions = -1;  // N O
   std::vector<int64_t> kernel(ws.begin() + 2, ws.end());
@@ -798,17 +802,33 @@ Status grad_conv(GradBuilder& b) {
         KILN_ASSIGN_OR_RETURN(dyc, b.add1("Slice", {dy, b.ints({n0}), b.ints({n1}), b.ints({0})}));
       }
       KILN_ASSIGN_OR_RETURN(std::vector<Value*> cols, b.add("Im2Col", {xc}, window, 1, "kiln"));
-      KILN_ASSIGN_OR_RETURN(Value* cols2, b.add1("Reshape", {cols[0], b.ints({c * taps, positions})}));
-      KILN_ASSIGN_OR_RETURN(Value* dyt, b.add1("Transpose", {dyc}, {{"perm", ints_attr(channels_last)}}));
-      KILN_ASSIGN_OR_RETURN(Value* dyt2, b.add1("Reshape", {dyt, b.ints({positions, m})}));
-      if (dwt == nullptr) {
-        KILN_ASSIGN_OR_RETURN(dwt, b.add1("MatMul", {cols2, dyt2}));
+      if (groups == 1) {
+        KILN_ASSIGN_OR_RETURN(Value* cols2, b.add1("Reshape", {cols[0], b.ints({c * taps, positions})}));
+        KILN_ASSIGN_OR_RETURN(Value* dyt, b.add1("Transpose", {dyc}, {{"perm", ints_attr(channels_last)}}));
+        KILN_ASSIGN_OR_RETURN(Value* dyt2, b.add1("Reshape", {dyt, b.ints({positions, m})}));
+        if (dwt == nullptr) {
+          KILN_ASSIGN_OR_RETURN(dwt, b.add1("MatMul", {cols2, dyt2}));
+        } else {
+          KILN_ASSIGN_OR_RETURN(dwt, b.add1("Gemm", {cols2, dyt2, dwt}));
+        }
       } else {
-        KILN_ASSIGN_OR_RETURN(dwt, b.add1("Gemm", {cols2, dyt2, dwt}));
+        // Columns [G, Cg K, N O] times dY as [G, N O, Mg], per group; the
+        // chunks' products added.
+        KILN_ASSIGN_OR_RETURN(Value* cols3, b.add1("Reshape", {cols[0], b.ints({groups, c * taps, positions})}));
+        KILN_ASSIGN_OR_RETURN(Value* dyg, b.add1("Reshape", {dyc, b.ints({0, groups, mg, -1})}));
+        KILN_ASSIGN_OR_RETURN(Value* dygt, b.add1("Transpose", {dyg}, {{"perm", ints_attr({1, 0, 3, 2})}}));
+        KILN_ASSIGN_OR_RETURN(Value* dyg3, b.add1("Reshape", {dygt, b.ints({groups, positions, mg})}));
+        KILN_ASSIGN_OR_RETURN(Value* part, b.add1("MatMul", {cols3, dyg3}));
+        if (dwt == nullptr) {
+          dwt = part;
+        } else {
+          KILN_ASSIGN_OR_RETURN(dwt, b.add1("Add", {dwt, part}));
+        }
       }
       if (chunks == 1) break;
     }
-    KILN_ASSIGN_OR_RETURN(Value* dw2, b.add1("Transpose", {dwt}, {{"perm", ints_attr({1, 0})}}));
+    KILN_ASSIGN_OR_RETURN(Value* dw2, b.add1("Transpose", {dwt}, {{"perm", ints_attr(groups == 1 ? std::vector<int64_t>{1, 0}
+                                                                                                : std::vector<int64_t>{0, 2, 1})}}));
     KILN_ASSIGN_OR_RETURN(Value* dw, b.add1("Reshape", {dw2, b.ints(ws)}));
     KILN_RETURN_IF_ERROR(b.set_input_grad(1, dw));
   }
@@ -829,16 +849,38 @@ Status grad_conv(GradBuilder& b) {
       for (size_t d = 0; d < sp; ++d) flip_axes.push_back(static_cast<int64_t>(d + 2));
       KILN_ASSIGN_OR_RETURN(Value* flipped,
                             b.add1("Slice", {w, b.ints(starts), b.ints(ends), b.ints(flip_axes), b.ints(steps)}));
-      KILN_ASSIGN_OR_RETURN(Value* wt, b.add1("Transpose", {flipped}, {{"perm", ints_attr(channels_first)}}));
-      KILN_ASSIGN_OR_RETURN(dx, b.add1("Conv", {dy, wt},
-                                       {{"dilations", ints_attr(dilations)}, {"pads", ints_attr(conv_pads)}}));
+      Value* wt = nullptr;
+      std::map<std::string, Attribute> attrs = {{"dilations", ints_attr(dilations)}, {"pads", ints_attr(conv_pads)}};
+      if (groups == 1) {
+        KILN_ASSIGN_OR_RETURN(wt, b.add1("Transpose", {flipped}, {{"perm", ints_attr(channels_first)}}));
+      } else {
+        // Per group, Mg and Cg swapped: [G, Mg, Cg, K...] -> [G, Cg, Mg, K...] as [C, Mg, K...].
+        std::vector<int64_t> split = {groups, mg, c}, swap = {0, 2, 1}, merged = {groups * c, mg};
+        for (size_t d = 0; d < sp; ++d) {
+          split.push_back(kernel[d]);
+          swap.push_back(static_cast<int64_t>(d + 3));
+          merged.push_back(kernel[d]);
+        }
+        KILN_ASSIGN_OR_RETURN(Value* wg, b.add1("Reshape", {flipped, b.ints(split)}));
+        KILN_ASSIGN_OR_RETURN(Value* wgt, b.add1("Transpose", {wg}, {{"perm", ints_attr(swap)}}));
+        KILN_ASSIGN_OR_RETURN(wt, b.add1("Reshape", {wgt, b.ints(merged)}));
+        attrs["group"] = Attribute::of_int(groups);
+      }
+      KILN_ASSIGN_OR_RETURN(dx, b.add1("Conv", {dy, wt}, attrs));
     } else {
-      KILN_ASSIGN_OR_RETURN(Value* w2, b.add1("Reshape", {w, b.ints({m, c * taps})}));
-      KILN_ASSIGN_OR_RETURN(Value* wt2, b.add1("Transpose", {w2}, {{"perm", ints_attr({1, 0})}}));
+      // Per group: W's block transposed [Cg K, Mg] times dY's [Mg, N O].
+      // (One group: 2-D products.)
+      auto per_group = [&](std::vector<int64_t> dims) {
+        if (groups > 1) dims.insert(dims.begin(), groups);
+        return dims;
+      };
+      const std::vector<int64_t> swap = groups > 1 ? std::vector<int64_t>{0, 2, 1} : std::vector<int64_t>{1, 0};
+      KILN_ASSIGN_OR_RETURN(Value* w2, b.add1("Reshape", {w, b.ints(per_group({mg, c * taps}))}));
+      KILN_ASSIGN_OR_RETURN(Value* wt2, b.add1("Transpose", {w2}, {{"perm", ints_attr(swap)}}));
       KILN_ASSIGN_OR_RETURN(Value* dyc, b.add1("Transpose", {dy}, {{"perm", ints_attr(channels_first)}}));
-      KILN_ASSIGN_OR_RETURN(Value* dyc2, b.add1("Reshape", {dyc, b.ints({m, positions})}));
+      KILN_ASSIGN_OR_RETURN(Value* dyc2, b.add1("Reshape", {dyc, b.ints(per_group({mg, positions}))}));
       KILN_ASSIGN_OR_RETURN(Value* dcols, b.add1("MatMul", {wt2, dyc2}));
-      std::vector<int64_t> cols_shape = {c};
+      std::vector<int64_t> cols_shape = {groups * c};
       cols_shape.insert(cols_shape.end(), kernel.begin(), kernel.end());
       cols_shape.push_back(-1);  // N
       cols_shape.insert(cols_shape.end(), ys.begin() + 2, ys.end());

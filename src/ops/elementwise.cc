@@ -536,6 +536,58 @@ Status grad_extremum(GradBuilder& b, bool max) {
   return b.give(1, g1);
 }
 
+// Clip(x, min, max) = Min(Max(x, min), max) (max wins where min > max):
+// dy flows to x where min < x and Max(x, min) < max (strictly, as Relu's
+// x > 0 and PyTorch's hardtanh, which ReLU6 exports as); a bound given as an
+// input gets the sum of dy where it is the output.
+Status grad_clip(GradBuilder& b) {
+  const Node& n = b.node();
+  Value* x = n.input(0);
+  Value* gy = b.output_grad(0);
+  Value* zero = b.scalar(0, gy);
+  auto bound = [&](size_t i, const char* attr) -> Value* {
+    if (n.has_attr(attr)) return b.scalar(n.attr_float(attr, 0), x);
+    return i < n.num_inputs() ? n.input(i) : nullptr;
+  };
+  auto input_bound = [&](size_t i, const char* attr) { return !n.has_attr(attr) && b.wants(i); };
+  Value* lo = bound(1, "min");
+  Value* hi = bound(2, "max");
+  Value* to_x = nullptr;  // where dy reaches x
+  Value* pre = x;         // Max(x, min)
+  Value* to_lo = nullptr;
+  if (lo != nullptr) {
+    KILN_ASSIGN_OR_RETURN(to_x, b.add1("Greater", {x, lo}));
+    KILN_ASSIGN_OR_RETURN(pre, b.add1("Max", {x, lo}));
+    if (input_bound(1, "min")) {
+      KILN_ASSIGN_OR_RETURN(to_lo, b.add1("Less", {x, lo}));
+    }
+  }
+  if (hi != nullptr) {
+    KILN_ASSIGN_OR_RETURN(Value* below, b.add1("Less", {pre, hi}));
+    if (input_bound(2, "max")) {
+      KILN_ASSIGN_OR_RETURN(Value* above, b.add1("Greater", {pre, hi}));
+      KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Where", {above, gy, zero}));
+      KILN_RETURN_IF_ERROR(b.give(2, g));
+    }
+    if (to_x == nullptr) {
+      to_x = below;
+    } else {
+      KILN_ASSIGN_OR_RETURN(to_x, b.add1("And", {to_x, below}));
+    }
+    if (to_lo != nullptr) {
+      KILN_ASSIGN_OR_RETURN(to_lo, b.add1("And", {to_lo, below}));
+    }
+  }
+  if (to_lo != nullptr) {
+    KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Where", {to_lo, gy, zero}));
+    KILN_RETURN_IF_ERROR(b.give(1, g));
+  }
+  if (!b.wants(0)) return Status::ok();
+  if (to_x == nullptr) return b.give(0, gy);
+  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Where", {to_x, gy, zero}));
+  return b.give(0, g);
+}
+
 Result<Value*> one_minus(GradBuilder& b, Value* v) { return b.add1("Sub", {b.scalar(1, v), v}); }
 
 std::vector<Elementwise> elementwise_ops() {
@@ -790,7 +842,7 @@ std::vector<Elementwise> elementwise_ops() {
       if (hi.defined()) x = min(x, hi);
       return x;
     };
-    add_op(std::move(clip));
+    add_op(with_gradient(std::move(clip), grad_clip));
   }
 
   // ---- binary arithmetic ----

@@ -94,6 +94,26 @@ class Cnn(torch.nn.Module):
         return ((self.fc(h) - target) ** 2).mean()
 
 
+class MobileBlock(torch.nn.Module):
+    """An inverted residual as in MobileNetV2: 1x1 expansion, ReLU6, a depthwise 3x3 (stride 1
+    with the residual, and stride 2), a grouped 3x3 (2 groups), a 1x1 projection; MSE."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(4, 12, 1)
+        self.dw = torch.nn.Conv2d(12, 12, 3, padding=1, groups=12)
+        self.dw2 = torch.nn.Conv2d(12, 24, 3, stride=2, padding=1, groups=12)
+        self.grouped = torch.nn.Conv2d(24, 8, 3, padding=1, groups=2)
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x, target):
+        h = torch.nn.functional.relu6(self.expand(x))
+        h = h + torch.nn.functional.relu6(self.dw(h))
+        h = torch.relu(self.grouped(self.dw2(h)))
+        h = torch.nn.functional.adaptive_avg_pool2d(h, 1).flatten(1)
+        return ((self.fc(h) - target) ** 2).mean()
+
+
 @case
 def mlp_with_embedding_layernorm_gelu():
     torch.manual_seed(0)
@@ -112,6 +132,12 @@ def attention_block():
 def convolutional_network():
     torch.manual_seed(2)
     assert compare(Cnn(), [torch.randn(2, 3, 9, 9), torch.randn(2, 4)], ["x", "target"]) == 6
+
+
+@case
+def depthwise_and_grouped_convolutions():
+    torch.manual_seed(3)
+    assert compare(MobileBlock(), [torch.randn(3, 4, 10, 9), torch.randn(3, 3)], ["x", "target"]) == 10
 
 
 @case

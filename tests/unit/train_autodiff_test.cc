@@ -123,8 +123,9 @@ void check_case(const Case& c) {
       lo = std::min(lo, an);
       hi = std::max(hi, an);
     }
-    // An informative comparison: the gradient varies.
-    EXPECT_GT(hi - lo, 1e-3) << "the gradient of " << c.params[p] << " has no spread";
+    // An informative comparison: the gradient varies (a scalar's: it is not 0).
+    if (g.numel() == 1) EXPECT_GT(std::fabs(hi), 1e-3) << "the gradient of " << c.params[p] << " is 0";
+    else EXPECT_GT(hi - lo, 1e-3) << "the gradient of " << c.params[p] << " has no spread";
   }
 }
 
@@ -166,6 +167,24 @@ TEST(Autodiff, WhereMaxMin) {
     %m2: f64[4, 3] = Mul(%m, %m)
     %y: f64[4, 3] = Sum(%w, %x, %m2)
   })", {"a", "b"}, {}});
+}
+
+// Clip with both bounds as inputs (which then get gradients; min > max in
+// some draws, where max wins), one bound, and the bounds as attributes (opset 6).
+TEST(Autodiff, Clip) {
+  check_case({"clip_inputs", R"(graph g(%a: f64[4, 3], %lo: f64[], %hi: f64[]) -> (%y) {
+    opset "" 17
+    %c: f64[4, 3] = Clip(%a, %lo, %hi)
+    %y: f64[4, 3] = Mul(%c, %a)
+  })", {"a", "lo", "hi"}, {}});
+  check_case({"clip_min_only", R"(graph g(%a: f64[4, 3], %lo: f64[]) -> (%y) {
+    opset "" 17
+    %y: f64[4, 3] = Clip(%a, %lo)
+  })", {"a", "lo"}, {}});
+  check_case({"clip_attributes", R"(graph g(%a: f64[4, 3]) -> (%y) {
+    opset "" 6
+    %y: f64[4, 3] = Clip(%a) {max = 0.8, min = -0.9}
+  })", {"a"}, {}});
 }
 
 TEST(Autodiff, MatMulAndGemm) {
@@ -314,6 +333,27 @@ TEST(Autodiff, ConvAndPool) {
     opset "" 17
     %y: f64[?] = Conv(%x, %w) {pads = [1, 1, 1, 1]}
   })", {"x", "w"}, {}});
+  // Groups: two groups of 3 input and 2 output channels, depthwise, and
+  // depthwise with 2 outputs per channel; at stride 1 (dX as a grouped Conv)
+  // and strided (per-group products into kiln:Col2Im); a batch of 5 takes dW
+  // in chunks (the depthwise columns are 9 times dY).
+  for (const char* attrs : {"group = 2, pads = [1, 1, 1, 1]", "group = 2, pads = [1, 0, 2, 1], strides = [2, 2]"}) {
+    std::string text = std::string(R"(graph g(%x: f64[2, 6, 7, 6], %w: f64[4, 3, 3, 2], %b: f64[4]) -> (%y) {
+    opset "" 17
+    %y: f64[?] = Conv(%x, %w, %b) {)") + attrs + R"(}
+  })";
+    check_case({"conv_grouped", text.c_str(), {"x", "w", "b"}, {}});
+  }
+  for (const char* attrs : {"group = 4, pads = [1, 1, 1, 1]", "group = 4, pads = [1, 1, 1, 1], strides = [2, 2]",
+                            "dilations = [2, 2], group = 4, pads = [2, 2, 2, 2]"}) {
+    for (const char* shapes : {"%x: f64[5, 4, 7, 6], %w: f64[4, 1, 3, 3]", "%x: f64[2, 4, 7, 6], %w: f64[8, 1, 3, 3]"}) {
+      std::string text = std::string("graph g(") + shapes + R"() -> (%y) {
+    opset "" 17
+    %y: f64[?] = Conv(%x, %w) {)" + attrs + R"(}
+  })";
+      check_case({"conv_depthwise", text.c_str(), {"x", "w"}, {}});
+    }
+  }
   // One and three spatial dims (kiln:Im2Col and kiln:Col2Im are rank-generic).
   check_case({"conv1d", R"(graph g(%x: f64[2, 3, 9], %w: f64[2, 3, 3]) -> (%y) {
     opset "" 17
