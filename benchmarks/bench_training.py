@@ -2,12 +2,14 @@
 """One training step (forward, backward, AdamW update) in Kiln (kiln.Trainer: the step compiled
 as one graph) and in PyTorch eager, in the same run, from the same weights on the same batch.
 
-Models (--models resnet18,bert; resnet18 by default), each with a log-softmax cross-entropy loss:
+Models (--models resnet18,bert,mobilenet_v2; resnet18 by default), each with a log-softmax cross-entropy loss:
   resnet18: torchvision's resnet18 (10 classes) at batch 16, 224x224, in training mode
       (BatchNormalization with the batch's statistics, exported in training form);
   bert: a BERT-base-style encoder (vocabulary 30522, 12 layers of hidden 768, 12 heads, GELU
       feed-forward 3072, post-norm, dropout 0, learned positions) at batch 8, sequence 128,
-      classifying from the first token.
+      classifying from the first token;
+  mobilenet_v2: torchvision's mobilenet_v2 (10 classes) at batch 16, 224x224, in training mode,
+      its classifier's Dropout set to 0 (a random mask would make the two sides' losses differ).
 Reports the compile time, the median step time over --steps after one warm-up step (the two
 alternate step by step, so a change in the host's load falls on both), the ratio, and the first
 step's loss on both sides (they must agree).
@@ -25,7 +27,7 @@ Then the loss curves: a small CNN and a small transformer trained 300 steps on s
 the same weights on the same batches: the final loss (mean of the last 10 steps) on both sides
 and the largest relative difference of any step's loss.
 
-    bench_training.py [--threads 2] [--steps 5] [--models resnet18[,bert]] [--no-memory] [--no-curves]
+    bench_training.py [--threads 2] [--steps 5] [--models resnet18[,bert][,mobilenet_v2]] [--no-memory] [--no-curves]
                       [--write-doc]
 """
 import argparse
@@ -87,8 +89,15 @@ def build(name):
         x = torch.randint(0, 30522, (batch, 128))
         classes = 2
         label = "BERT-base-style encoder (seq 128), AdamW"
+    elif name == "mobilenet_v2":
+        batch = 16
+        model = WithLoss(torchvision.models.mobilenet_v2(num_classes=10))
+        model.model.classifier[0].p = 0.0  # the classifier's Dropout off: both sides' losses comparable
+        x = torch.randn(batch, 3, 224, 224)
+        classes = 10
+        label = "mobilenet_v2 (BN in training form, Dropout off), AdamW"
     else:
-        sys.exit(f"unknown model {name} (resnet18, bert)")
+        sys.exit(f"unknown model {name} (resnet18, bert, mobilenet_v2)")
     onehot = torch.nn.functional.one_hot(torch.randint(0, classes, (batch,)), classes).float()
     return model.train(), (x, onehot), batch, label
 
@@ -315,7 +324,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--models", default="resnet18", help="resnet18 and/or bert (comma-separated)")
+    ap.add_argument("--models", default="resnet18", help="resnet18, bert and/or mobilenet_v2 (comma-separated)")
     ap.add_argument("--no-memory", dest="memory", action="store_false",
                     help="skip the checkpointing table (budgets at 50% and 20% of the activation bytes)")
     ap.add_argument("--peak-child", nargs=3, metavar=("MODEL", "BUDGET", "POLICY"), help=argparse.SUPPRESS)
