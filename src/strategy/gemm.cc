@@ -297,19 +297,15 @@ Result<tir::Schedule> gemm_packed_schedule(const tir::KernelDef& k, const std::s
   // each block into [row tiles][k][rows of a tile], read as one stream.
   if (knob_on(knobs, "pack") && !a_rows.empty() && !n_outer.empty()) {
     if (std::string a = lhs_param(k, st, st.axes[rank - 2], st.axes[rank - 1]); !a.empty()) {
-      tir::Primitive p = prim("pack", stage, {a, block_k ? st.reduce_axes[0] + ".o" : a_rows});
-      p.factor = 0;
-      prims.push_back(p);
+      prims.push_back(prim("pack", stage, {a, block_k ? st.reduce_axes[0] + ".o" : a_rows}));
     }
   }
   // The next panel's prefetch serves a panel read once, start to end; with
   // K blocked the next block of the same panel comes first. Knob prefetch:
   // how many panels ahead (0: none).
-  if (knob_on(knobs, "prefetch") && !n_outer.empty() && !block_k) {
-    tir::Primitive p = prim("prefetch", stage, {n_outer});
-    p.factor = knobs.at("prefetch") > 1 ? knobs.at("prefetch") : 0;
-    prims.push_back(p);
-  }
+  const int64_t ahead = knobs.count("prefetch") ? knobs.at("prefetch") : 0;
+  if (ahead > 0 && !n_outer.empty() && !block_k)
+    prims.push_back(prim("prefetch", stage, {n_outer}, ahead > 1 ? ahead : 0));
   return replace_stage_schedule(k, stage, prims);
 }
 

@@ -433,23 +433,22 @@ Result<Schedule> parse_schedule(std::string_view text) {
                                 << line;
     }
     p.stage = args[0];
+    // A count argument: digits only (at most 18), at least `least`.
+    auto count = [](const std::string& f, int64_t least) -> std::optional<int64_t> {
+      if (f.empty() || f.size() > 18 || f.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+      int64_t v = std::stoll(f);
+      return v < least ? std::nullopt : std::optional<int64_t>(v);
+    };
     if (p.kind == "split" || p.kind == "split_overlap" || p.kind == "split_padded") {
-      const std::string& f = args[2];
-      bool digits = !f.empty() && f.find_first_not_of("0123456789") == std::string::npos;
-      if (!digits || f.size() > 18) {
-        return invalid_argument() << "schedule line " << line_no << ": bad split factor '" << f
-                                  << "'";
-      }
-      p.factor = std::stoll(f);
+      auto f = count(args[2], 0);
+      if (!f) return invalid_argument() << "schedule line " << line_no << ": bad split factor '" << args[2] << "'";
+      p.factor = *f;
       p.axes = {args[1]};
     } else if ((p.kind == "prefetch" && args.size() == 3) || (p.kind == "pack" && args.size() == 4)) {
       // The optional last argument: prefetch's distance, pack's copy vector width.
-      const std::string& f = args.back();
-      bool digits = !f.empty() && f.find_first_not_of("0123456789") == std::string::npos;
-      if (!digits || f.size() > 18 || std::stoll(f) < 1) {
-        return invalid_argument() << "schedule line " << line_no << ": bad " << p.kind << " count '" << f << "'";
-      }
-      p.factor = std::stoll(f);
+      auto f = count(args.back(), 1);
+      if (!f) return invalid_argument() << "schedule line " << line_no << ": bad " << p.kind << " count '" << args.back() << "'";
+      p.factor = *f;
       p.axes.assign(args.begin() + 1, args.end() - 1);
     } else {
       p.axes.assign(args.begin() + 1, args.end());

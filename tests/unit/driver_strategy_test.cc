@@ -196,6 +196,43 @@ int check_candidates(const std::string& op, const std::function<std::unique_ptr<
   return tried;
 }
 
+// A GEMM case's operands (B, bias, A drawn from `seed` on) and its naive result.
+struct GemmData {
+  Tensor b, bias, x, want;
+  int64_t k = 0;  // products per output
+};
+
+GemmData gemm_data(const GemmCase& c, uint32_t& seed) {
+  GemmData d;
+  d.b = random_tensor(c.b, seed++);
+  d.k = c.trans_b ? c.b[1] : c.b[0];
+  d.bias = random_tensor({c.trans_b ? c.b[0] : c.b[1]}, seed++);
+  d.x = random_tensor(c.a_run, seed++);
+  auto want = run(gemm_graph(c, d.b, d.bias), true, d.x, 1, std::nullopt, nullptr);
+  EXPECT_TRUE(want.is_ok()) << want.status().to_string();
+  if (want.is_ok()) d.want = *want;
+  return d;
+}
+
+// The packed GEMM candidate at `knobs` (recorded as a database choice) at 1
+// and 2 threads against the naive result: the kernel takes exactly those
+// knobs and every element matches.
+void expect_packed_matches(const GemmCase& c, const GemmData& d, const tir::Knobs& knobs, const std::string& label) {
+  const std::string name = c.op == "Gemm" ? "gemm.packed" : "matmul.packed";
+  for (int threads : {1, 2}) {
+    strategy::Choice choice{name, knobs, "database", ""};
+    std::string impl;
+    auto got = run(gemm_graph(c, d.b, d.bias), false, d.x, threads, choice, &impl, *Target::named("avx512"));
+    std::string what = label + " " + tir::knobs_to_string(knobs) + " threads " + std::to_string(threads);
+    ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+    EXPECT_EQ(impl, name + " " + tir::knobs_to_string(knobs)) << what;
+    ASSERT_EQ(got->shape(), d.want.shape()) << what;
+    if (int64_t i = first_mismatch(*got, d.want, d.k); i >= 0)
+      ADD_FAILURE() << what << ", element " << i << ": " << got->data_as<float>()[i] << " vs naive "
+                    << d.want.data_as<float>()[i];
+  }
+}
+
 TEST(StrategyCandidates, GemmTemplatesMatchNaiveAtRandomKnobs) {
   const std::vector<GemmCase> cases = {
       {"MatMul", Shape{1, 17}, {17, 16}, false, false, {1, 17}},
@@ -217,14 +254,8 @@ TEST(StrategyCandidates, GemmTemplatesMatchNaiveAtRandomKnobs) {
   std::mt19937_64 rng(42);
   uint32_t seed = 1;
   for (const GemmCase& c : cases) {
-    Tensor b = random_tensor(c.b, seed++);
-    int64_t cols = c.trans_b ? c.b[0] : c.b[1];
-    Tensor bias = random_tensor({cols}, seed++);
-    Tensor x = random_tensor(c.a_run, seed++);
-    auto want = run(gemm_graph(c, b, bias), true, x, 1, std::nullopt, nullptr);
-    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
-    int64_t k = c.trans_b ? c.b[1] : c.b[0];
-    int tried = check_candidates(c.op, [&] { return gemm_graph(c, b, bias); }, x, *want, k, rng);
+    GemmData d = gemm_data(c, seed);
+    int tried = check_candidates(c.op, [&] { return gemm_graph(c, d.b, d.bias); }, d.x, d.want, d.k, rng);
     EXPECT_GE(tried, 2) << c.op;  // the packed and the default candidate
   }
 }
@@ -338,32 +369,13 @@ TEST(StrategyCandidates, GemmKBlocksMatchNaive) {
   };
   uint32_t seed = 100;
   for (const GemmCase& c : cases) {
-    Tensor b = random_tensor(c.b, seed++);
-    int64_t cols = c.trans_b ? c.b[0] : c.b[1];
-    int64_t k = c.trans_b ? c.b[1] : c.b[0];
-    Tensor bias = random_tensor({cols}, seed++);
-    Tensor x = random_tensor(c.a_run, seed++);
-    auto want = run(gemm_graph(c, b, bias), true, x, 1, std::nullopt, nullptr);
-    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+    GemmData d = gemm_data(c, seed);
     // Both loop orders; a choice recorded before the knob `order` existed (-1 here) is order 0.
     for (int64_t kc : {128, 256})
     for (int64_t order : {-1, 0, 1}) {
-      for (int threads : {1, 2}) {
-        std::string name = c.op == "Gemm" ? "gemm.packed" : "matmul.packed";
-        tir::Knobs knobs = {{"kc", kc}, {"mr", 4}, {"nr", 16}, {"prefetch", 1}};
-        if (order >= 0) knobs["order"] = order;
-        strategy::Choice choice{name, knobs, "database", ""};
-        std::string impl;
-        auto got = run(gemm_graph(c, b, bias), false, x, threads, choice, &impl, *Target::named("avx512"));
-        std::string what = c.op + " K " + std::to_string(k) + " kc " + std::to_string(kc) + " order " +
-                           std::to_string(order) + " threads " + std::to_string(threads);
-        ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
-        EXPECT_EQ(impl, name + " " + tir::knobs_to_string(knobs)) << what;
-        ASSERT_EQ(got->shape(), want->shape()) << what;
-        if (int64_t i = first_mismatch(*got, *want, k); i >= 0)
-          ADD_FAILURE() << what << ", element " << i << ": " << got->data_as<float>()[i] << " vs naive "
-                        << want->data_as<float>()[i];
-      }
+      tir::Knobs knobs = {{"kc", kc}, {"mr", 4}, {"nr", 16}, {"prefetch", 1}};
+      if (order >= 0) knobs["order"] = order;
+      expect_packed_matches(c, d, knobs, c.op + " K " + std::to_string(d.k));
     }
   }
 }
@@ -380,22 +392,15 @@ TEST(StrategyCandidates, GemmRowBlocksAndPackedAMatchNaive) {
       {"MatMul", Shape{2, 19, 130}, {130, 48}, false, false, {2, 19, 130}},
   };
   uint32_t seed = 200;
-  const Target target = *Target::named("avx512");
   for (const GemmCase& c : cases) {
-    Tensor b = random_tensor(c.b, seed++);
-    int64_t cols = c.trans_b ? c.b[0] : c.b[1];
-    int64_t k = c.trans_b ? c.b[1] : c.b[0];
-    Tensor bias = random_tensor({cols}, seed++);
-    Tensor x = random_tensor(c.a_run, seed++);
-    auto want = run(gemm_graph(c, b, bias), true, x, 1, std::nullopt, nullptr);
-    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
-    std::string name = c.op == "Gemm" ? "gemm.packed" : "matmul.packed";
-    auto probe = gemm_graph(c, b, bias);
+    GemmData d = gemm_data(c, seed);
+    auto probe = gemm_graph(c, d.b, d.bias);
     ops::InferContext ictx;
     ictx.graph = probe.get();
     ictx.bounds = probe->bounds;
     ASSERT_TRUE(ops::infer_shapes(*probe, ictx).is_ok());
-    tir::KnobSpace space = strategy::find_candidate(name)->space(*probe->nodes()[0], target);
+    const std::string name = c.op == "Gemm" ? "gemm.packed" : "matmul.packed";
+    tir::KnobSpace space = strategy::find_candidate(name)->space(*probe->nodes()[0], *Target::named("avx512"));
     int tried = 0;
     for (int64_t kc : {0, 128})
     for (int64_t order : {0, 1})
@@ -405,19 +410,7 @@ TEST(StrategyCandidates, GemmRowBlocksAndPackedAMatchNaive) {
                           {"order", order}, {"mb", mb}, {"pack", pack}};
       if (!space.contains(knobs)) continue;
       ++tried;
-      for (int threads : {1, 2}) {
-        strategy::Choice choice{name, knobs, "database", ""};
-        std::string impl;
-        auto got = run(gemm_graph(c, b, bias), false, x, threads, choice, &impl, target);
-        std::string what = c.op + " " + shape_to_string(*probe->nodes()[0]->input(0)->type().shape) + " " +
-                           tir::knobs_to_string(knobs) + " threads " + std::to_string(threads);
-        ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
-        EXPECT_EQ(impl, name + " " + tir::knobs_to_string(knobs)) << what;
-        ASSERT_EQ(got->shape(), want->shape()) << what;
-        if (int64_t i = first_mismatch(*got, *want, k); i >= 0)
-          ADD_FAILURE() << what << ", element " << i << ": " << got->data_as<float>()[i] << " vs naive "
-                        << want->data_as<float>()[i];
-      }
+      expect_packed_matches(c, d, knobs, c.op + " " + shape_to_string(*probe->nodes()[0]->input(0)->type().shape));
     }
     // Packing needs its rows outside the panels: order 1 or row blocks.
     EXPECT_GE(tried, 10) << c.op;
