@@ -111,6 +111,11 @@ if(KILN_BUILD_PYTHON)
   add_test(NAME train_kiln_torch
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_kiln_torch_test.py)
   set_tests_properties(train_kiln_torch PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
+  # ONNX's training form (training_info): a hand-written algorithm against PyTorch's SGD,
+  # Kiln's steps exported and continued, malformed forms as errors.
+  add_test(NAME train_onnx_training_form
+    COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_onnx_training_form_test.py --kiln $<TARGET_FILE:kiln>)
+  set_tests_properties(train_onnx_training_form PROPERTIES LABELS train ENVIRONMENT "${KILN_TEST_ENV}" TIMEOUT 600)
   # kiln train: per-step losses, checkpoints and resume bit for bit, export.
   add_test(NAME train_cli
     COMMAND ${KILN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/run_kiln_train_test.py --kiln $<TARGET_FILE:kiln>)

@@ -21,6 +21,10 @@ namespace kiln {
 // A training step compiled as one graph (src/train/step.h): forward,
 // backward, gradient clipping and the optimizer's update.
 struct TrainOptions {
+  // The model's own training algorithm (ONNX's training_info: its loss,
+  // Gradient and optimizer ops; docs/training.md) instead of the loss and
+  // optimizer below; data_parallel and memory_budget still apply.
+  bool model_algorithm = false;
   std::string loss;                 // the output to minimize (a float value of one element)
   std::vector<std::string> params;  // initializers to train; empty: every float constant of 2+ elements
   std::string optimizer = "sgd";    // "sgd", "adam" or "adamw"

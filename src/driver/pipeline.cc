@@ -2,6 +2,7 @@
 // passes, kernel choice, measurement for --select=measure); compile.cc calls
 // them in order with the other folders' stages.
 #include "driver/pipeline.h"
+#include "train/algorithm.h"
 #include "train/autodiff.h"
 #include "train/step.h"
 
@@ -75,7 +76,8 @@ Status check_supported(const Graph& g) {
   std::map<std::string, std::vector<std::string>> missing;  // op -> node names
   for_each_node(g, [&](const Node* n) {
     const ops::OpDef* def = ops::find_op(n->domain(), n->op_type());
-    bool ok = def != nullptr && (def->lower || def->kernel || def->is_view || partition::is_control_flow(n));
+    bool ok = def != nullptr && (def->lower || def->kernel || def->is_view || def->expanded_by_autodiff ||
+                                  partition::is_control_flow(n));
     if (!ok) {
       std::string op = n->domain().empty() ? n->op_type() : n->domain() + ":" + n->op_type();
       missing[op].push_back(n->name().empty() ? "<unnamed>" : n->name());
@@ -310,12 +312,25 @@ std::pair<std::vector<std::string>, bool> split_pass_list(const CompileOptions& 
 }  // namespace
 
 Status append_requested_gradients(Graph& g, const CompileOptions& options) {
+  // ai.onnx.preview.training:Gradient nodes of the model's graph first.
+  bool gradient_ops = false;
+  for_each_node(g, [&](const Node* n) {
+    gradient_ops |= n->op_type() == "Gradient" && n->domain() == train::kTrainingDomain;
+  });
+  if (gradient_ops) {
+    ops::InferContext ctx;
+    ctx.graph = &g;
+    ctx.bounds = g.bounds;
+    KILN_RETURN_IF_ERROR(ops::infer_shapes(g, ctx));
+    KILN_RETURN_IF_ERROR(train::expand_gradient_ops(g));
+  }
   if (options.train) {
     if (!options.gradient_of.empty()) return invalid_argument() << "train and gradient_of exclude each other";
     ops::InferContext ctx;
     ctx.graph = &g;
     ctx.bounds = g.bounds;
     KILN_RETURN_IF_ERROR(ops::infer_shapes(g, ctx));
+    if (options.train->model_algorithm) return train::make_step_from_training_info(g, options.train->data_parallel);
     return train::make_training_step(g, *options.train);
   }
   if (options.gradient_of.empty()) {

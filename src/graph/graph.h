@@ -161,6 +161,23 @@ class Node {
   bool onnx_schema_pending_ = false;
 };
 
+class Graph;
+
+// ONNX's standard training form (ModelProto.training_info): one step of the
+// training algorithm runs the model's graph and `algorithm` together (the
+// algorithm reads the model's values by name, as captures, and computes
+// losses, ai.onnx.preview.training:Gradient and optimizer ops), after which
+// each initializer named in `update_binding` (of the model or of the
+// algorithm) takes the value of the algorithm output bound to it. The
+// initialization graph computes initial values of initializers once, before
+// the first step (`initialization_binding`: initializer -> its output).
+struct TrainingInfo {
+  std::shared_ptr<Graph> algorithm;
+  std::vector<std::pair<std::string, std::string>> update_binding;  // initializer, algorithm output
+  std::shared_ptr<Graph> initialization;                            // may be null
+  std::vector<std::pair<std::string, std::string>> initialization_binding;
+};
+
 class Graph {
  public:
   Graph() = default;
@@ -176,6 +193,9 @@ class Graph {
   // symbol it creates here, in the top-level graph: named dims (dim_param) get
   // [1, inf), dims with neither value nor name ("_u<N>") get [0, inf).
   SymbolBounds bounds;
+  // The top-level graph's training algorithms, in the order a step runs
+  // them (the ONNX importer fills it; inference ignores it).
+  std::vector<TrainingInfo> training_info;
 
   // Tensors that parse_graph() could not recreate because the text held only a
   // summary (see print_graph): zero-filled placeholders of the right type, with

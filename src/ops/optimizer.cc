@@ -151,9 +151,38 @@ OpDef training_op(const std::string& name, size_t groups, std::function<Result<R
   return def;
 }
 
+// Gradient(xs..., zs...) {xs, zs, y}: the gradients of the value named y
+// (summed over its elements when it has several) with respect to the values
+// named xs, each typed like its x. The gradients stage replaces the node by
+// the backward graph (train::expand_gradient_ops); here only its types.
+Status infer_gradient(Node& n, InferContext& ctx) {
+  const Attribute* xs = n.attr("xs");
+  const Attribute* y = n.attr("y");
+  if (xs == nullptr || xs->kind != Attribute::Kind::kStrings || y == nullptr || y->kind != Attribute::Kind::kString)
+    return node_invalid(n) << "needs the attributes xs (strings) and y (a string)";
+  if (n.num_outputs() != xs->strings.size())
+    return node_invalid(n) << "has " << n.num_outputs() << " outputs for " << xs->strings.size() << " names in xs";
+  if (ctx.graph == nullptr) return node_invalid(n) << "cannot find its xs without the graph";
+  for (size_t i = 0; i < xs->strings.size(); ++i) {
+    const Value* x = ctx.graph->find_value(xs->strings[i]);
+    if (x == nullptr) return node_invalid(n) << "xs names '" << xs->strings[i] << "', which the graph does not have";
+    if (!dtype_is_float(x->dtype()) || !x->type().has_shape())
+      return node_invalid(n) << "xs '" << xs->strings[i] << "' is " << x->type().to_string()
+                             << "; gradients are of float values of known rank";
+    set_output(n, i, x->dtype(), *x->type().shape, ctx);
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 void register_optimizer_ops() {
+  OpDef gradient;
+  gradient.name = "Gradient";
+  gradient.domain = "ai.onnx.preview.training";
+  gradient.infer = infer_gradient;
+  gradient.expanded_by_autodiff = true;
+  register_op(std::move(gradient));
   register_op(training_op("Adagrad", 3, adagrad_kernel));
   register_op(training_op("Momentum", 3, momentum_kernel));
   register_op(training_op("Adam", 4, adam_kernel));

@@ -113,6 +113,9 @@ struct OpDef {
   // Ops whose lowering or view assumes a symbolic dim's value: the run-time
   // checks (kCheckBroadcast: `dim` must be 1 or `to`).
   std::function<std::vector<DimCheck>(const Node&, const SymbolBounds&)> dim_checks;
+  // Replaced by the compiler's gradients stage before the graph passes, never
+  // lowered or run: ai.onnx.preview.training:Gradient (train/algorithm.h).
+  bool expanded_by_autodiff = false;
   // Reverse mode (ops/gradient.h, train/autodiff.cc): adds the nodes computing
   // the gradients of the node's inputs from those of its outputs. Unset: the
   // op cannot be differentiated (yet).

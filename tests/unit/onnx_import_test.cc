@@ -3,11 +3,16 @@
 #include <google/protobuf/unknown_field_set.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 
+#include "frontend/onnx/export.h"
 #include "frontend/onnx/import.h"
+#include "ops/registry.h"
+#include "train/algorithm.h"
 
 namespace kiln {
 namespace {
@@ -467,6 +472,135 @@ TEST(OnnxImport, ReadTensorProtoFile) {
 }
 
 // ---- malformed models
+
+// conv_relu_model with a training algorithm: MSE of Y against input T, the
+// Gradient of it by W and B, W and B bound to a step of plain SGD, the
+// algorithm's counter C to C + 1.
+onnx::ModelProto training_model() {
+  onnx::ModelProto m = conv_relu_model();
+  auto* op = m.add_opset_import();
+  op->set_domain("ai.onnx.preview.training");
+  op->set_version(1);
+  onnx::TrainingInfoProto* info = m.add_training_info();
+  onnx::GraphProto* a = info->mutable_algorithm();
+  a->set_name("sgd");
+  set_type(a->add_input(), "T", onnx::TensorProto::FLOAT, {"n", "4", "8", "?"});
+  auto* c = a->add_initializer();
+  c->set_name("C");
+  c->set_data_type(onnx::TensorProto::INT64);
+  c->add_int64_data(0);
+  auto* one = a->add_initializer();
+  one->set_name("one");
+  one->set_data_type(onnx::TensorProto::INT64);
+  one->add_int64_data(1);
+  auto* lr = a->add_initializer();
+  lr->set_name("lr");
+  lr->set_data_type(onnx::TensorProto::FLOAT);
+  lr->add_float_data(0.1f);
+  add_node(a, "Sub", {"Y", "T"}, {"d"});
+  add_node(a, "Mul", {"d", "d"}, {"d2"});
+  add_node(a, "ReduceMean", {"d2"}, {"loss"})->add_attribute()->CopyFrom([] {
+    onnx::AttributeProto k;
+    k.set_name("keepdims");
+    k.set_type(onnx::AttributeProto::INT);
+    k.set_i(0);
+    return k;
+  }());
+  auto* grad = add_node(a, "Gradient", {"W", "B"}, {"gW", "gB"});
+  grad->set_domain("ai.onnx.preview.training");
+  auto* xs = grad->add_attribute();
+  xs->set_name("xs");
+  xs->set_type(onnx::AttributeProto::STRINGS);
+  xs->add_strings("W");
+  xs->add_strings("B");
+  auto* y = grad->add_attribute();
+  y->set_name("y");
+  y->set_type(onnx::AttributeProto::STRING);
+  y->set_s("loss");
+  add_node(a, "Mul", {"gW", "lr"}, {"sW"});
+  add_node(a, "Sub", {"W", "sW"}, {"W_new"});
+  add_node(a, "Mul", {"gB", "lr"}, {"sB"});
+  add_node(a, "Sub", {"B", "sB"}, {"B_new"});
+  add_node(a, "Add", {"C", "one"}, {"C_new"});
+  for (const char* o : {"loss", "W_new", "B_new", "C_new"}) a->add_output()->set_name(o);
+  for (auto [k, v] : {std::pair{"W", "W_new"}, {"B", "B_new"}, {"C", "C_new"}}) {
+    auto* e = info->add_update_binding();
+    e->set_key(k);
+    e->set_value(v);
+  }
+  return m;
+}
+
+TEST(OnnxImport, TrainingInfoRoundTrip) {
+  auto g = import_onnx_bytes(bytes_of(training_model()), "train.onnx");
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  ASSERT_EQ((*g)->training_info.size(), 1u);
+  const TrainingInfo& info = (*g)->training_info[0];
+  ASSERT_NE(info.algorithm, nullptr);
+  EXPECT_EQ(info.initialization, nullptr);
+  // The model's values it reads are captures; its own initializers are constants of its own.
+  std::vector<std::string> captured;
+  for (const Value* c : info.algorithm->captures()) captured.push_back(c->name());
+  std::sort(captured.begin(), captured.end());
+  EXPECT_EQ(captured, (std::vector<std::string>{"B", "W", "Y"}));
+  ASSERT_NE(info.algorithm->find_value("C"), nullptr);
+  EXPECT_TRUE(info.algorithm->find_value("C")->is_constant());
+  EXPECT_EQ((*g)->find_value("C"), nullptr);
+  const std::vector<std::pair<std::string, std::string>> bindings = {{"W", "W_new"}, {"B", "B_new"}, {"C", "C_new"}};
+  EXPECT_EQ(info.update_binding, bindings);
+  // Export (types inferred, the algorithm's from the model's) and import again: the same
+  // algorithm and bindings.
+  ops::InferContext ctx;
+  ctx.graph = g->get();
+  ctx.bounds = (*g)->bounds;
+  ASSERT_TRUE(ops::infer_shapes(**g, ctx).is_ok());
+  Status typed = train::infer_training_types(**g);
+  ASSERT_TRUE(typed.is_ok()) << typed.to_string();
+  EXPECT_EQ(info.algorithm->find_value("W_new")->type().to_string(), "f32[4, 3, 3, 3]");
+  auto bytes = export_onnx_bytes(**g);
+  ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+  onnx::ModelProto back;
+  ASSERT_TRUE(back.ParseFromString(*bytes));
+  ASSERT_EQ(back.training_info_size(), 1);
+  EXPECT_EQ(back.training_info(0).algorithm().node_size(), 9);
+  EXPECT_EQ(back.training_info(0).algorithm().initializer_size(), 3);
+  auto again = import_onnx_bytes(*bytes, "again.onnx");
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  ASSERT_EQ((*again)->training_info.size(), 1u);
+  EXPECT_EQ((*again)->training_info[0].update_binding, bindings);
+  EXPECT_EQ((*again)->training_info[0].algorithm->num_nodes(), info.algorithm->num_nodes());
+}
+
+TEST(OnnxImportErrors, TrainingInfo) {
+  auto expect = [](const std::function<void(onnx::ModelProto&)>& edit, const std::string& fragment) {
+    onnx::ModelProto m = training_model();
+    edit(m);
+    auto g = import_onnx_bytes(bytes_of(m), "train.onnx");
+    ASSERT_FALSE(g.is_ok()) << fragment;
+    EXPECT_EQ(g.status().code(), StatusCode::kInvalidModel);
+    EXPECT_NE(g.status().message().find(fragment), std::string::npos) << g.status().message();
+  };
+  expect([](onnx::ModelProto& m) { m.mutable_training_info(0)->clear_algorithm(); }, "training_info[0] has no algorithm");
+  expect([](onnx::ModelProto& m) { m.mutable_training_info(0)->mutable_update_binding(0)->set_key("c"); },
+         "training_info[0].update_binding: 'c' is not an initializer");
+  expect([](onnx::ModelProto& m) { m.mutable_training_info(0)->mutable_update_binding(1)->set_value("sB"); },
+         "bound to 'sB', which is not an output of the algorithm");
+  expect([](onnx::ModelProto& m) { m.mutable_training_info(0)->add_update_binding()->set_key("W"); },
+         "'W' is bound twice");
+  expect(
+      [](onnx::ModelProto& m) {
+        onnx::GraphProto* a = m.mutable_training_info(0)->mutable_algorithm();
+        a->mutable_node(0)->set_output(0, "c");
+        a->mutable_node(1)->set_input(0, "c");
+        a->mutable_node(1)->set_input(1, "c");
+      },
+      "train.onnx: training_info[0].algorithm: value 'c' is defined twice (in the model's graph and in the algorithm "
+      "graph)");
+  expect([](onnx::ModelProto& m) { m.mutable_training_info(0)->mutable_algorithm()->mutable_node(0)->set_input(1, "U"); },
+         "train.onnx: training_info[0].algorithm: graph 'sgd': node Sub (#0): input 'U' is never defined");
+  expect([](onnx::ModelProto& m) { m.mutable_training_info(0)->mutable_algorithm()->mutable_input(0)->clear_type(); },
+         "training_info[0].algorithm");
+}
 
 TEST(OnnxImportErrors, TruncatedBytes) {
   std::string bytes = bytes_of(conv_relu_model());

@@ -43,6 +43,7 @@
 #include "frontend/onnx/export.h"
 #include "frontend/onnx/import.h"
 #include "ops/registry.h"
+#include "train/algorithm.h"
 #include "train/step.h"
 
 namespace kiln::cli {
@@ -127,7 +128,7 @@ std::string command_help(const std::string& command) {
            "                  [--prediction NAME]] [--optimizer sgd|adam|adamw] [--lr X] [--momentum X]\n"
            "                  [--nesterov] [--weight-decay X] [--clip-norm X] [--epochs N] [--threads N]\n"
            "                  [--checkpoint FILE [--resume]] [--memory-budget SIZE [--recompute dp|sqrt]]\n"
-           "                  [-o trained.onnx]\n"
+           "                  [-o trained.onnx] [--export-training FILE]\n"
            "  train MODEL, whose output --loss (default 'loss') is the value to minimize: forward, backward,\n"
            "  clipping and the update compiled as one graph (docs/training.md), run over the batches of\n"
            "  DIR (one directory per batch, in name order, NAME.npy per input the loss needs). --loss mse,\n"
@@ -137,6 +138,10 @@ std::string command_help(const std::string& command) {
            "  every step is printed. --checkpoint FILE: parameters and optimizer state saved after every\n"
            "  epoch (replaced only by a complete file); --resume continues from it, bit for bit as if never\n"
            "  stopped. -o: the trained model for inference (the model with its trained initializers).\n"
+           "  A model in ONNX's training form (training_info: loss, Gradient and optimizer ops) trains by its\n"
+           "  own algorithm unless a loss or optimizer option is given (its input kiln.lr, if any, takes\n"
+           "  --lr; its other inputs come from the batches). --export-training FILE: the model with its\n"
+           "  training algorithm and state (trained, or as given without --data) in ONNX's training form.\n"
            "  --memory-budget SIZE (512MB, 2G): the step's activations kept under SIZE by recomputing forward\n"
            "  values in the backward (automatic checkpointing; --recompute sqrt: Chen et al.'s segments);\n"
            "  kiln info MODEL --train --memory shows the plan.\n"
@@ -613,8 +618,13 @@ std::string memory_report(const Model& model, bool train) {
 const std::vector<std::string> kTrainValueOptions = {"loss", "target", "prediction", "optimizer", "momentum",
                                                      "weight-decay", "clip-norm", "memory-budget", "recompute"};
 
-Result<TrainOptions> train_options(const ParsedArgs& args) {
+// model_algorithm: the model carries its own training algorithm (ONNX
+// training_info), used unless a loss or optimizer option replaces it.
+Result<TrainOptions> train_options(const ParsedArgs& args, bool model_algorithm) {
   TrainOptions t;
+  const char* replacing[] = {"loss", "target", "prediction", "optimizer", "momentum", "weight-decay", "clip-norm"};
+  t.model_algorithm = model_algorithm && !args.has("nesterov") &&
+                      std::none_of(std::begin(replacing), std::end(replacing), [&](const char* o) { return args.get(o).has_value(); });
   t.loss = args.get("loss").value_or("loss");
   std::string kind = t.loss == "cross-entropy" ? "cross_entropy" : t.loss;
   if (std::find(std::begin(train::kLossKinds), std::end(train::kLossKinds), kind) != std::end(train::kLossKinds)) {
@@ -664,7 +674,8 @@ Result<int> cmd_info(const std::vector<std::string>& argv) {
     // step, with checkpointing under --memory-budget.
     KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
     if (train) {
-      KILN_ASSIGN_OR_RETURN(options.train, train_options(args));
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(path));
+      KILN_ASSIGN_OR_RETURN(options.train, train_options(args, !g->training_info.empty()));
     }
     KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
     std::cout << memory_report(model, train);
@@ -702,7 +713,8 @@ Result<int> cmd_info(const std::vector<std::string>& argv) {
     // Compiles the model (or its training step) and lists every kernel with its implementation.
     KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
     if (train) {
-      KILN_ASSIGN_OR_RETURN(options.train, train_options(args));
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(path));
+      KILN_ASSIGN_OR_RETURN(options.train, train_options(args, !g->training_info.empty()));
     }
     KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
     std::cout << model.kernels_text();
@@ -970,15 +982,18 @@ Result<int> cmd_train(const std::vector<std::string>& argv) {
 
 Result<int> train_steps(const std::vector<std::string>& argv, const std::shared_ptr<const Collective>& world) {
   OptionSpec spec;
-  spec.with_value = {"data", "lr", "epochs", "threads", "checkpoint", "output", "max-memory", "db"};
+  spec.with_value = {"data", "lr", "epochs", "threads", "checkpoint", "output", "max-memory", "db", "export-training"};
   spec.with_value.insert(kTrainValueOptions.begin(), kTrainValueOptions.end());
   spec.flags = {"nesterov", "resume", "no-db"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs args, parse_args(argv, spec));
   KILN_ASSIGN_OR_RETURN(std::string path, single_model_argument(args, "train"));
   auto data = args.get("data");
-  if (!data) return invalid_argument() << "train needs --data DIR (a directory per batch, NAME.npy per input)";
+  const std::string export_training = args.get("export-training").value_or("");
+  if (!data && export_training.empty())
+    return invalid_argument() << "train needs --data DIR (a directory per batch, NAME.npy per input)";
   KILN_ASSIGN_OR_RETURN(CompileOptions options, compile_options(args));
-  KILN_ASSIGN_OR_RETURN(TrainOptions t, train_options(args));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, import_onnx_file(path));
+  KILN_ASSIGN_OR_RETURN(TrainOptions t, train_options(args, !graph->training_info.empty()));
   double lr = 0.01;
   if (auto v = args.get("lr")) {
     KILN_ASSIGN_OR_RETURN(lr, parse_tolerance(*v, "--lr"));
@@ -998,29 +1013,34 @@ Result<int> train_steps(const std::vector<std::string>& argv, const std::shared_
 
   // The batches: one directory each, in name order.
   std::vector<std::filesystem::path> batches;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(*data, ec))
-    if (entry.is_directory()) batches.push_back(entry.path());
-  if (ec) return io_error() << "cannot list --data '" << *data << "': " << ec.message();
-  if (batches.empty()) return invalid_argument() << "--data '" << *data << "' holds no batch directory";
-  std::sort(batches.begin(), batches.end());
+  if (data) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(*data, ec))
+      if (entry.is_directory()) batches.push_back(entry.path());
+    if (ec) return io_error() << "cannot list --data '" << *data << "': " << ec.message();
+    if (batches.empty()) return invalid_argument() << "--data '" << *data << "' holds no batch directory";
+    std::sort(batches.begin(), batches.end());
+  }
 
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, import_onnx_file(path));
   KILN_ASSIGN_OR_RETURN(Model model, compile_with_progress(path, options));
   // The step's inputs: parameters (the model's initializers), optimizer
   // state, the learning rate and step count, and the data.
   std::map<std::string, Tensor> state;  // parameters and optimizer state
   std::vector<std::string> data_inputs;
   DType dt = DType::kFloat32;
+  bool feeds_lr = false, feeds_step = false;
   for (const TensorInfo& info : model.inputs()) {
     if (info.name == train::kLearningRateInput) {
       dt = info.dtype;
+      feeds_lr = true;
       continue;
     }
-    if (info.name == train::kStepInput) continue;
-    const Value* v = graph->find_value(info.name);
-    if (v != nullptr && v->is_constant()) {
-      state[info.name] = v->constant().clone();
+    if (info.name == train::kStepInput && !t.model_algorithm) {
+      feeds_step = true;
+      continue;
+    }
+    if (const Tensor* initial = train::training_initializer(*graph, info.name)) {
+      state[info.name] = initial->clone();
       continue;
     }
     const std::string& n = info.name;
@@ -1050,7 +1070,7 @@ Result<int> train_steps(const std::vector<std::string>& argv, const std::shared_
               << " (step " << at.step + 1 << ")\n";
   }
   std::cout << std::setprecision(9);
-  for (int64_t epoch = at.epoch; epoch < epochs; ++epoch) {
+  for (int64_t epoch = at.epoch; data && epoch < epochs; ++epoch) {
     for (size_t b = epoch == at.epoch ? static_cast<size_t>(at.batch) : 0; b < batches.size(); ++b) {
       std::map<std::string, Tensor> feeds = state;
       for (const std::string& name : data_inputs) {
@@ -1066,8 +1086,8 @@ Result<int> train_steps(const std::vector<std::string>& argv, const std::shared_
       Tensor lr_t(dt, {}), step_t(dt, {});
       lr_t.set_f64(0, lr);
       step_t.set_f64(0, static_cast<double>(step));
-      feeds[train::kLearningRateInput] = lr_t;
-      feeds[train::kStepInput] = step_t;
+      if (feeds_lr) feeds[train::kLearningRateInput] = lr_t;
+      if (feeds_step) feeds[train::kStepInput] = step_t;
       if (leader)
         progress().show("kiln: train: epoch " + std::to_string(epoch + 1) + "/" + std::to_string(epochs) +
                         " batch " + std::to_string(b + 1) + "/" + std::to_string(batches.size()));
@@ -1079,7 +1099,7 @@ Result<int> train_steps(const std::vector<std::string>& argv, const std::shared_
       if (!leader) continue;
       progress().clear();
       std::cout << "epoch " << epoch + 1 << " batch " << b + 1 << " step " << step << " loss "
-                << out.at(t.loss).get_f64(0) << std::endl;
+                << out.at(model.outputs()[0].name).get_f64(0) << std::endl;
     }
     at.epoch = epoch + 1;
     at.batch = 0;
@@ -1089,16 +1109,36 @@ Result<int> train_steps(const std::vector<std::string>& argv, const std::shared_
     }
   }
   if (!leader) return kExitOk;
+  // The trained values in the model (and in its training algorithm).
+  for (const auto& [name, value] : state) {
+    Value* v = graph->find_value(name);
+    if (v == nullptr && !graph->training_info.empty()) v = graph->training_info[0].algorithm->find_value(name);
+    if (v != nullptr && v->is_constant()) v->set_constant(value);
+  }
+  ops::InferContext ctx;
+  ctx.graph = graph.get();
+  ctx.bounds = graph->bounds;
+  KILN_RETURN_IF_ERROR(ops::infer_shapes(*graph, ctx));
+  if (!export_training.empty()) {
+    if (t.model_algorithm) {
+      KILN_RETURN_IF_ERROR(train::infer_training_types(*graph));
+    } else {
+      // Kiln's step as ONNX's training algorithm, from the state reached.
+      std::map<std::string, Tensor> algorithm_state = state;
+      Tensor count(DType::kInt64, {});
+      count.data_as<int64_t>()[0] = at.step;
+      algorithm_state[train::kIterationsInitializer] = count;
+      KILN_RETURN_IF_ERROR(train::attach_training_algorithm(*graph, t, algorithm_state));
+    }
+    KILN_RETURN_IF_ERROR(export_onnx_file(*graph, export_training));
+    std::cout << "wrote " << export_training << " (ONNX training form)\n";
+  }
   if (auto out = args.get("output")) {
     // The trained model for inference: the original with the trained values.
-    for (const auto& [name, value] : state) {
-      Value* v = graph->find_value(name);
-      if (v != nullptr && v->is_constant()) v->set_constant(value);
-    }
-    ops::InferContext ctx;
-    ctx.graph = graph.get();
-    ctx.bounds = graph->bounds;
-    KILN_RETURN_IF_ERROR(ops::infer_shapes(*graph, ctx));
+    graph->training_info.clear();
+    const std::vector<Node*> nodes = graph->nodes();
+    if (std::none_of(nodes.begin(), nodes.end(), [](const Node* n) { return n->domain() == train::kTrainingDomain; }))
+      graph->opsets.erase(train::kTrainingDomain);
     KILN_RETURN_IF_ERROR(export_onnx_file(*graph, *out));
     std::cout << "wrote " << *out << "\n";
   }

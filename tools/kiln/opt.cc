@@ -287,6 +287,13 @@ Result<int> cmd_opt(const std::vector<std::string>& argv) {
   }
   bool printed_by_instrumentation = inst.print_after_all || !inst.print_after.empty();
   if (to_onnx) {
+    // The passes rename and remove values a training algorithm may read:
+    // the optimized model is written for inference.
+    if (!g->training_info.empty()) {
+      g->training_info.clear();
+      std::cerr << "kiln: note: " << path << "'s training algorithm (training_info) is not written; "
+                << "the optimized model is for inference\n";
+    }
     KILN_RETURN_IF_ERROR(export_onnx_file(*g, out_path));
   } else if (!out_path.empty()) {
     std::ofstream out(out_path, std::ios::binary);
@@ -322,6 +329,7 @@ Result<int> cmd_ops(const std::vector<std::string>& argv) {
     if (def->lower) how += "compiled";
     if (def->kernel) how += std::string(how.empty() ? "" : ", ") + "runtime kernel";
     if (def->is_view) how += std::string(how.empty() ? "" : ", ") + "view";
+    if (def->expanded_by_autodiff) how += std::string(how.empty() ? "" : ", ") + "expanded into the backward graph";
     if (def->is_elementwise) how += ", fusable";
     if (def->gradient) how += ", differentiable";
     std::cout << full << "\t" << how << "\n";

@@ -159,6 +159,26 @@ Result<std::string> export_onnx_bytes(const Graph& g) {
   model.set_ir_version(opset >= 21 ? 10 : opset >= 19 ? 9 : 8);
   model.set_producer_name("kiln");
   Status st = graph_to_proto(g, model.mutable_graph());
+  for (size_t i = 0; st.is_ok() && i < g.training_info.size(); ++i) {
+    const TrainingInfo& info = g.training_info[i];
+    onnx::TrainingInfoProto* tp = model.add_training_info();
+    if (info.algorithm == nullptr) {
+      st = internal_error() << "training_info[" << i << "] has no algorithm graph";
+      break;
+    }
+    st = graph_to_proto(*info.algorithm, tp->mutable_algorithm());
+    if (st.is_ok() && info.initialization != nullptr) st = graph_to_proto(*info.initialization, tp->mutable_initialization());
+    for (const auto& [key, value] : info.update_binding) {
+      onnx::StringStringEntryProto* e = tp->add_update_binding();
+      e->set_key(key);
+      e->set_value(value);
+    }
+    for (const auto& [key, value] : info.initialization_binding) {
+      onnx::StringStringEntryProto* e = tp->add_initialization_binding();
+      e->set_key(key);
+      e->set_value(value);
+    }
+  }
   if (!st.is_ok()) return st.with_context(g.source.empty() ? "ONNX export" : g.source + ": ONNX export");
   std::string bytes;
   if (!model.SerializeToString(&bytes))

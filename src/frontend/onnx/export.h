@@ -7,6 +7,8 @@
 //   string_data; 4-bit types packed two to a byte, low nibble first).
 // - Graph inputs and outputs carry their types; a symbolic dim becomes a
 //   dim_param holding its expression as Kiln prints it ("a*b", "n + 1").
+// - Graph::training_info becomes ModelProto.training_info (its graphs'
+//   captures are references to the model's names; bindings as they are).
 // - Nested graphs are exported recursively; their captures are plain
 //   references to the outer names, as ONNX has them.
 // Attributes internal to Kiln (names starting "kiln_", set by passes such

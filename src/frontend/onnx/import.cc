@@ -7,6 +7,7 @@
 #include <google/protobuf/unknown_field_set.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <filesystem>
@@ -247,6 +248,9 @@ class Importer {
     }
     if (m.graph().output_size() == 0) return err() << "graph " << graph_label(m.graph().name()) << " has no outputs";
     KILN_RETURN_IF_ERROR(import_graph(m.graph(), *g, nullptr, m.mutable_graph()));
+    for (int i = 0; i < m.training_info_size(); ++i) {
+      KILN_RETURN_IF_ERROR(import_training_info(m.training_info(i), *g, i));
+    }
     Status v = g->verify();
     if (!v.is_ok()) return err() << "imported graph is inconsistent: " << v.message();
     return g;
@@ -748,10 +752,75 @@ class Importer {
   }
 
   // release: the same GraphProto, mutable, to free initializer data once converted.
-  Status import_graph(const onnx::GraphProto& gp, Graph& g, const Scope* parent, onnx::GraphProto* release = nullptr) {
+  // ModelProto.training_info[index]: its graphs read the model's values as
+  // captures; their own names may not repeat the model's (ONNX runs the
+  // model's graph and the algorithm as one). Bindings name initializers of
+  // the model or of the algorithm, bound to outputs of the graph they come from.
+  Status import_training_info(const onnx::TrainingInfoProto& tp, Graph& model, int index) {
+    const std::string where = "training_info[" + std::to_string(index) + "]";
+    TrainingInfo info;
+    Scope outer{&model, nullptr};
+    auto captured = [](const Graph& g, const Value* v) {
+      return std::find(g.captures().begin(), g.captures().end(), v) != g.captures().end();
+    };
+    auto import_part = [&](const onnx::GraphProto& gp, const char* part) -> Result<std::shared_ptr<Graph>> {
+      auto g = std::make_shared<Graph>();
+      Status st = import_graph(gp, *g, &outer, nullptr, /*typed_inputs=*/true);
+      if (!st.is_ok()) {
+        // "<file>: <what>" becomes "<file>: training_info[i].<part>: <what>".
+        std::string what = st.message();
+        if (what.rfind(source_ + ": ", 0) == 0) what = what.substr(source_.size() + 2);
+        return Status(st.code(), source_ + ": " + where + "." + part + ": " + what);
+      }
+      for (const Value* v : g->values())
+        if (!captured(*g, v) && model.find_value(v->name()) != nullptr)
+          return err() << where << "." << part << ": value '" << v->name()
+                       << "' is defined twice (in the model's graph and in the " << part << " graph)";
+      return g;
+    };
+    if (!tp.has_algorithm()) return err() << where << " has no algorithm graph";
+    KILN_ASSIGN_OR_RETURN(info.algorithm, import_part(tp.algorithm(), "algorithm"));
+    if (tp.has_initialization() && tp.initialization().node_size() + tp.initialization().output_size() > 0) {
+      KILN_ASSIGN_OR_RETURN(info.initialization, import_part(tp.initialization(), "initialization"));
+      if (!info.initialization->inputs().empty())
+        return err() << where << ".initialization has inputs; ONNX's initialization graph has none";
+    }
+    auto is_initializer = [&](const std::string& name) {
+      const Value* v = model.find_value(name);
+      if (v == nullptr) v = info.algorithm->find_value(name);
+      return v != nullptr && v->is_constant();
+    };
+    auto bindings = [&](const auto& entries, const Graph* from, const char* what,
+                        std::vector<std::pair<std::string, std::string>>& out) -> Status {
+      std::set<std::string> keys;
+      for (const auto& e : entries) {
+        if (!is_initializer(e.key()))
+          return err() << where << "." << what << ": '" << e.key() << "' is not an initializer of the model or its algorithm";
+        if (!keys.insert(e.key()).second) return err() << where << "." << what << ": '" << e.key() << "' is bound twice";
+        const Value* to = from == nullptr ? nullptr : from->find_value(e.value());
+        bool is_output = to != nullptr && std::find(from->outputs().begin(), from->outputs().end(), to) != from->outputs().end();
+        if (!is_output)
+          return err() << where << "." << what << ": '" << e.key() << "' is bound to '" << e.value()
+                       << "', which is not an output of the " << (from == info.algorithm.get() ? "algorithm" : "initialization")
+                       << " graph";
+        out.emplace_back(e.key(), e.value());
+      }
+      return Status::ok();
+    };
+    KILN_RETURN_IF_ERROR(bindings(tp.update_binding(), info.algorithm.get(), "update_binding", info.update_binding));
+    KILN_RETURN_IF_ERROR(bindings(tp.initialization_binding(), info.initialization.get(), "initialization_binding",
+                                  info.initialization_binding));
+    model.training_info.push_back(std::move(info));
+    return Status::ok();
+  }
+
+  // typed_inputs: the graph's inputs must have tensor types, as the top
+  // level's do (a training algorithm's are fed like the model's).
+  Status import_graph(const onnx::GraphProto& gp, Graph& g, const Scope* parent, onnx::GraphProto* release = nullptr,
+                      bool typed_inputs = false) {
     g.name = gp.name();
     Scope scope{&g, parent};
-    bool top = parent == nullptr;
+    bool top = parent == nullptr || typed_inputs;
     std::string gl = "graph " + graph_label(gp.name());
     auto define_check = [&](const std::string& name, const std::string& what) -> Status {
       if (name.empty()) return err() << gl << ": " << what << " has an empty name";

@@ -15,6 +15,11 @@
 //   keyword gets a trailing '_'); a dim with neither is a fresh symbol "_u<N>".
 //   Bounds go to the top-level Graph::bounds: [1, inf) for named dims, [0, inf)
 //   for fresh ones.
+// - ModelProto.training_info becomes Graph::training_info: the algorithm and
+//   initialization graphs are imported like nested graphs of the model's
+//   (the model's values they read become captures; their inputs need types),
+//   may not redefine the model's names, and their bindings must name
+//   initializers (of the model or the algorithm) and outputs of the graph.
 // - Nested graphs (If/Loop/Scan attributes) are imported recursively; names
 //   they read from enclosing graphs become captures (see graph.h).
 // - Model-local functions (ModelProto.functions) are expanded inline, also
