@@ -576,6 +576,7 @@ kiln::TrainOptions train_options(const py::dict& d) {
   t.target = d["target"].cast<std::string>();
   t.memory_budget = d["memory_budget"].cast<int64_t>();
   t.checkpoint_policy = d["checkpoint_policy"].cast<std::string>();
+  t.model_algorithm = d.contains("model_algorithm") && d["model_algorithm"].cast<bool>();
   return t;
 }
 

@@ -228,13 +228,17 @@ class Trainer:
     live here as numpy arrays; `step(feeds)` runs one step on a batch and returns the loss.
 
     model: as for kiln.compile (a path, bytes, an onnx.ModelProto, or a torch.nn.Module with
-        `example_inputs`), whose output `loss` is the value to minimize.
-    loss: the name of that output, or a loss Kiln appends: "mse", "l1", "bce" (binary
+        `example_inputs`), whose output `loss` is the value to minimize. A model in ONNX's
+        training form (training_info: a loss, Gradient and optimizer ops) trains by its own
+        algorithm when neither `loss` nor `optimizer` is given: its initialization graph, if
+        any, runs first; an algorithm input "kiln.lr" takes lr; step() returns the loss (the
+        y of its first Gradient node); the other optimizer arguments do not apply.
+    loss: the name of that output (default "loss"), or a loss Kiln appends: "mse", "l1", "bce" (binary
         cross-entropy of logits) or "cross_entropy" (logits [N, C, ...] against int64 class
         indices [N, ...]), the mean over the elements, of the output `prediction` (None: the
         first) against a new input `target` that each step's batch holds.
     params: initializer names to train; None: every float initializer.
-    optimizer: "sgd" (momentum=, nesterov=), "adam" or "adamw" (betas=, eps=);
+    optimizer: "sgd" (the default; momentum=, nesterov=), "adam" or "adamw" (betas=, eps=);
         weight_decay=: L2 for sgd and adam, decoupled for adamw; clip_norm=: the gradients'
         global norm at most this (0: no clipping); lr: the learning rate, or pass lr= to step().
     memory_budget: bytes (or a size such as "512MB") the step's activations may take: Kiln
@@ -245,7 +249,7 @@ class Trainer:
         a budget unbudgeted_activation_bytes, recomputed_calls, recompute_share).
     """
 
-    def __init__(self, model, loss="loss", params=None, optimizer="sgd", lr=0.01, momentum=0.0,
+    def __init__(self, model, loss=None, params=None, optimizer=None, lr=0.01, momentum=0.0,
                  nesterov=False, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, clip_norm=0.0,
                  threads=0, db=None, example_inputs=None, input_names=None, opset=17, target="target",
                  prediction=None, memory_budget=None, checkpoint_policy="dp"):
@@ -265,6 +269,20 @@ class Trainer:
             raise TypeError("Trainer expects a path, the model's bytes, an onnx.ModelProto or a "
                             f"torch.nn.Module, got {type(model).__name__}")
         initial = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+        own = len(proto.training_info) > 0 and loss is None and optimizer is None
+        if own:
+            if params is not None or momentum or nesterov or weight_decay or clip_norm or prediction:
+                raise KilnError("the model trains by its own algorithm (training_info): params, momentum, "
+                                "nesterov, weight_decay, clip_norm and prediction go with loss= or optimizer=")
+            algorithm = proto.training_info[0]
+            initial.update({i.name: numpy_helper.to_array(i) for i in algorithm.algorithm.initializer})
+            if algorithm.HasField("initialization") and len(algorithm.initialization.output):
+                initial.update(_run_initialization(proto, algorithm, threads))
+            # The model's initializers the algorithm updates; the algorithm's own are state.
+            main = {i.name for i in proto.graph.initializer}
+            params = [e.key for e in algorithm.update_binding if e.key in main]
+        loss = "loss" if loss is None else loss
+        optimizer = "sgd" if optimizer is None else optimizer
         if params is None:
             # Every float initializer but BatchNormalization's running statistics in training form
             # (step state, updated by the node).
@@ -283,10 +301,10 @@ class Trainer:
                         nesterov=bool(nesterov), beta1=float(betas[0]), beta2=float(betas[1]), eps=float(eps),
                         weight_decay=float(weight_decay), clip_norm=float(clip_norm),
                         memory_budget=_byte_size("memory_budget", memory_budget),
-                        checkpoint_policy=str(checkpoint_policy))
+                        checkpoint_policy=str(checkpoint_policy), model_algorithm=own)
         self._impl = _kiln.compile_bytes(proto.SerializeToString(), threads=threads, db=db if db is None else os.fspath(db),
                                          source_name="<trainer>", train=settings)
-        self.loss_name = loss
+        self.loss_name = self._impl.outputs[0].name
         self.lr = lr
         self.steps = 0
         # 64-byte aligned, as Kiln's kernels read them (the VM copies a misaligned input each step).
@@ -298,7 +316,8 @@ class Trainer:
         self.state = {n: _aligned(initial[n]) if n in initial
                       else _aligned(np.zeros([int(d) for d in info.dims], np.dtype(info.dtype)))
                       for n, info in names.items() if n + ".next" in outputs and n not in self.params}
-        self._dtype = np.dtype(names["kiln.lr"].dtype)
+        self._dtype = np.dtype(names["kiln.lr"].dtype) if "kiln.lr" in names else None
+        self._feeds_step = "kiln.step" in names and not own
 
     @property
     def stats(self):
@@ -312,14 +331,28 @@ class Trainer:
         inputs = dict(feeds)
         inputs.update(self.params)
         inputs.update(self.state)
-        inputs["kiln.lr"] = np.array(self.lr if lr is None else lr, self._dtype)
-        inputs["kiln.step"] = np.array(self.steps, self._dtype)
+        if self._dtype is not None:
+            inputs["kiln.lr"] = np.array(self.lr if lr is None else lr, self._dtype)
+        if self._feeds_step:
+            inputs["kiln.step"] = np.array(self.steps, self._dtype)
         out = self._impl.run(inputs, None)
         for name in self.params:
             self.params[name] = out[name + ".next"]
         for name in self.state:
             self.state[name] = out[name + ".next"]
         return float(out[self.loss_name])
+
+
+def _run_initialization(proto, info, threads):
+    """The values a training algorithm's initialization graph gives the initializers it binds."""
+    import onnx
+
+    init = onnx.helper.make_model(info.initialization, opset_imports=list(proto.opset_import),
+                                  ir_version=proto.ir_version)
+    compiled = _kiln.compile_bytes(init.SerializeToString(), threads=threads, db=None,
+                                   source_name="<initialization graph>")
+    out = compiled.run({}, None)
+    return {e.key: out[e.value] for e in info.initialization_binding}
 
 
 def _aligned(array):

@@ -194,23 +194,26 @@ Status make_step_from_training_info(Graph& g, bool data_parallel) {
   TrainingInfo info = std::move(g.training_info[0]);
   g.training_info.clear();
   if (info.algorithm == nullptr) return invalid_model() << g.source << ": the training algorithm has no graph";
-  if (info.initialization != nullptr)
-    return unsupported() << g.source << ": the training algorithm has an initialization graph; Kiln starts from the "
-                                        "initializers' stored values and does not run one";
   const Graph& alg = *info.algorithm;
   KILN_RETURN_IF_ERROR(inline_algorithm(g, alg));
   // Each bound initializer becomes an input of its name (before inference,
   // which would take it for a constant), its update an output "<name>.next".
+  // An initializer the initialization graph sets but no step updates is
+  // state too (fed, and output unchanged).
+  std::vector<std::pair<std::string, std::string>> bindings = info.update_binding;
+  for (const auto& [init, out] : info.initialization_binding)
+    if (std::none_of(bindings.begin(), bindings.end(), [&](const auto& b) { return b.first == init; }))
+      bindings.push_back({init, init});
   std::vector<Value*> updates;
   std::set<std::string> bound_outputs;
-  for (const auto& [init, out] : info.update_binding) {
+  for (const auto& [init, out] : bindings) {
     Value* update = g.find_value(out);
     if (update == nullptr) return internal_error() << "training algorithm: the output '" << out << "' went missing";
     updates.push_back(update);
     bound_outputs.insert(out);
   }
-  for (size_t i = 0; i < info.update_binding.size(); ++i) {
-    const std::string& init = info.update_binding[i].first;
+  for (size_t i = 0; i < bindings.size(); ++i) {
+    const std::string& init = bindings[i].first;
     Value* c = g.find_value(init);
     if (c == nullptr || !c->is_constant())
       return invalid_model() << g.source << ": update_binding names '" << init << "', which is not an initializer";
@@ -245,8 +248,8 @@ Status make_step_from_training_info(Graph& g, bool data_parallel) {
   }
   std::vector<Value*> next;
   std::set<const Value*> renamed;
-  for (size_t i = 0; i < info.update_binding.size(); ++i) {
-    const std::string next_name = info.update_binding[i].first + ".next";
+  for (size_t i = 0; i < bindings.size(); ++i) {
+    const std::string next_name = bindings[i].first + ".next";
     Value* update = updates[i];
     if (update->producer() != nullptr && !renamed.count(update) && update != reported) {
       if (update->name() != next_name) g.rename_value(update, next_name);

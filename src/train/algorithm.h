@@ -35,8 +35,10 @@ Status expand_gradient_ops(Graph& g, bool data_parallel = false);
 // step outputs as "<initializer>.next". Outputs, in order: the loss (the y
 // of the algorithm's first Gradient node; averaged over the processes when
 // data_parallel), the algorithm's other outputs, then the "<name>.next"
-// values. An initialization graph is kUnsupported (Kiln starts from the
-// initializers' stored values).
+// values. Initializers the initialization graph sets are inputs too (output
+// unchanged as "<name>.next" where the step does not update them); running
+// that graph once before the first step is the caller's
+// (run_initialization in tools/kiln, kiln.Trainer).
 Status make_step_from_training_info(Graph& g, bool data_parallel = false);
 
 // Infers the types of g.training_info's graphs (after g's own): their

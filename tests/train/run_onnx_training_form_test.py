@@ -8,8 +8,10 @@ ops) in `kiln train`:
 - Kiln's own steps (SGD with momentum, AdamW with clipping, BatchNormalization's running
   statistics) exported in the training form pass the ONNX checker, and training that file by its
   own algorithm continues exactly as the uninterrupted Kiln run;
+- an initialization graph runs once before the first step (training starts from its values);
 - malformed training forms (a binding to a non-initializer, a name the model has too, a
-  Gradient fed another value, an initialization graph, two algorithms) are clear errors.
+  Gradient fed another value, an initialization graph reading the model, two algorithms) are
+  clear errors.
 
     PYTHONPATH=build/python run_onnx_training_form_test.py --kiln build/bin/kiln
 """
@@ -25,6 +27,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+import kiln
 from cases import case, finish
 
 PARSER = argparse.ArgumentParser()
@@ -34,7 +37,7 @@ ARGS = PARSER.parse_args()
 TRAINING = "ai.onnx.preview.training"
 
 
-def kiln(*args, check=True):
+def run_kiln(*args, check=True):
     r = subprocess.run([ARGS.kiln, *args], capture_output=True, text=True)
     if check:
         assert r.returncode == 0, r.stderr
@@ -129,6 +132,10 @@ def torch_mlp_run(weights, batches, lr=0.05, momentum=0.9, decay=0.01, optimizer
     return out, {n: p.detach().numpy().copy() for n, p in params.items()}, opt
 
 
+def onnx_weight(path, name):
+    return next(numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer if i.name == name)
+
+
 def close(a, b, rtol):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     scale = max(np.abs(b).max(), 1e-3)
@@ -147,9 +154,14 @@ def hand_written_algorithm_follows_pytorch():
         first = write_batches(os.path.join(tmp, "first"), batches[:4])
         later = write_batches(os.path.join(tmp, "later"), batches[4:])
         trained, cont = os.path.join(tmp, "trained.onnx"), os.path.join(tmp, "cont.onnx")
-        r = kiln("train", model, "--data", first, "--threads", "2", "-o", trained, "--export-training", cont)
+        r = run_kiln("train", model, "--data", first, "--threads", "2", "-o", trained, "--export-training", cont)
         ref_losses, ref_weights, opt = torch_mlp_run(weights, batches[:4])
         got = losses(r.stdout)
+        # kiln.Trainer on the same file: its own algorithm, the same compiled step, the same losses.
+        trainer = kiln.Trainer(model, threads=2)
+        assert sorted(trainer.params) == sorted(weights), trainer.params
+        assert [f"{trainer.step(b):.9g}" for b in batches[:4]] == [f"{v:.9g}" for v in got]
+        assert int(trainer.state["T"]) == 4 and np.array_equal(trainer.params["W1"], onnx_weight(trained, "W1"))
         assert len(got) == 4 and np.std(got) > 1e-3, r.stdout
         assert close(got, ref_losses, 1e-5), (got, ref_losses)
         # The inference model: no training form, PyTorch's weights.
@@ -164,7 +176,7 @@ def hand_written_algorithm_follows_pytorch():
         assert len(saved.training_info) == 1
         state = {i.name: numpy_helper.to_array(i) for i in saved.training_info[0].algorithm.initializer}
         assert int(state["T"]) == 4, state["T"]
-        r2 = kiln("train", cont, "--data", later, "--threads", "2")
+        r2 = run_kiln("train", cont, "--data", later, "--threads", "2")
         params = list(opt.param_groups[0]["params"])
         for p, (n, w) in zip(params, ref_weights.items()):
             assert np.array_equal(p.detach().numpy(), w), n
@@ -177,6 +189,42 @@ def hand_written_algorithm_follows_pytorch():
             opt.step()
             ref2.append(loss.item())
         assert close(losses(r2.stdout), ref2, 1e-5), (r2.stdout, ref2)
+
+
+@case
+def initialization_graph_runs_before_the_first_step():
+    weights = mlp_weights(3)
+    batches = mlp_batches(4, 3)
+    start = dict(weights)
+    start["W1"] = (np.random.default_rng(9).standard_normal((5, 8)) * 0.3).astype(np.float32)
+    start["b2"] = np.array([0.5, -0.25, 0.125], np.float32) * 2
+
+    def initialization(m):
+        nodes = [helper.make_node("Constant", [], ["W1_init"], value=numpy_helper.from_array(start["W1"])),
+                 helper.make_node("Constant", [], ["half"], value=numpy_helper.from_array(start["b2"] / 2)),
+                 helper.make_node("Add", ["half", "half"], ["b2_init"])]
+        init = helper.make_graph(nodes, "init", [], [
+            helper.make_tensor_value_info("W1_init", TensorProto.FLOAT, [5, 8]),
+            helper.make_tensor_value_info("b2_init", TensorProto.FLOAT, [3])])
+        m.training_info[0].initialization.CopyFrom(init)
+        m.training_info[0].initialization_binding.add(key="W1", value="W1_init")
+        m.training_info[0].initialization_binding.add(key="b2", value="b2_init")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "init.onnx")
+        m = hand_model(weights, edit=initialization)
+        onnx.checker.check_model(m)
+        onnx.save(m, model)
+        data = write_batches(os.path.join(tmp, "d"), batches)
+        cont = os.path.join(tmp, "cont.onnx")
+        got = losses(run_kiln("train", model, "--data", data, "--threads", "2", "--export-training", cont).stdout)
+        ref, _, _ = torch_mlp_run(start, batches)
+        assert close(got, ref, 1e-5), (got, ref)
+        trainer = kiln.Trainer(model, threads=2)
+        assert [f"{trainer.step(b):.9g}" for b in batches] == [f"{v:.9g}" for v in got]
+        assert not close(got, torch_mlp_run(weights, batches)[0], 1e-3), "the initialization graph changed nothing"
+        # Run once: the training form written afterwards holds the state, not the initialization graph.
+        assert not onnx.load(cont).training_info[0].HasField("initialization")
 
 
 class SmallCNN(torch.nn.Module):
@@ -218,9 +266,9 @@ def kiln_steps_exported_continue_alike():
                  {"Gradient", "Momentum"}),
                 ("adamw", ["--optimizer", "adamw", "--weight-decay", "0.01", "--clip-norm", "0.5"], {"Gradient"})]:
             common = ["--loss", "cross-entropy", "--lr", "0.01", "--threads", "2", *flags]
-            whole = losses(kiln("train", model, "--data", every, *common).stdout)
+            whole = losses(run_kiln("train", model, "--data", every, *common).stdout)
             exported = os.path.join(tmp, name + ".onnx")
-            kiln("train", model, "--data", first, *common, "--export-training", exported)
+            run_kiln("train", model, "--data", first, *common, "--export-training", exported)
             m = onnx.load(exported)
             onnx.checker.check_model(m)
             info = m.training_info[0]
@@ -232,7 +280,7 @@ def kiln_steps_exported_continue_alike():
             state = {i.name: numpy_helper.to_array(i) for i in info.algorithm.initializer}
             assert int(state["kiln.iterations"]) == 2, name
             # Trained by the file's own algorithm (no loss or optimizer option): the same later losses.
-            later_losses = losses(kiln("train", exported, "--data", later, "--lr", "0.01", "--threads", "2").stdout)
+            later_losses = losses(run_kiln("train", exported, "--data", later, "--lr", "0.01", "--threads", "2").stdout)
             assert len(whole) == 4 and np.std(whole) > 1e-4, whole
             assert close(later_losses, whole[2:], 1e-5), (name, later_losses, whole)
 
@@ -241,7 +289,7 @@ def expect_error(tmp, model, *fragments):
     path = os.path.join(tmp, "bad.onnx")
     onnx.save(model, path)
     data = write_batches(os.path.join(tmp, f"data_{len(os.listdir(tmp))}"), mlp_batches(1, 1))
-    r = kiln("train", path, "--data", data, check=False)
+    r = run_kiln("train", path, "--data", data, check=False)
     assert r.returncode == 2, (r.returncode, r.stderr)
     for f in fragments:
         assert f in r.stderr, (f, r.stderr)
@@ -261,10 +309,9 @@ def malformed_training_forms_are_errors():
     def fed_other(m):
         m.training_info[0].algorithm.node[3].input[0] = "W2"
 
-    def initialization(m):
-        init = helper.make_graph([helper.make_node("Constant", [], ["W1_init"], value=numpy_helper.from_array(
-            np.zeros((5, 8), np.float32)))], "init", [], [helper.make_tensor_value_info("W1_init", TensorProto.FLOAT,
-                                                                                        [5, 8])])
+    def initialization_reads_model(m):
+        init = helper.make_graph([helper.make_node("Neg", ["W1"], ["W1_init"])], "init", [],
+                                 [helper.make_tensor_value_info("W1_init", TensorProto.FLOAT, [5, 8])])
         m.training_info[0].initialization.CopyFrom(init)
         m.training_info[0].initialization_binding.add(key="W1", value="W1_init")
 
@@ -276,7 +323,8 @@ def malformed_training_forms_are_errors():
                      "not an initializer")
         expect_error(tmp, hand_model(weights, edit=clash), "training_info[0]", "'h'")
         expect_error(tmp, hand_model(weights, edit=fed_other), "Gradient", "not 'W1' itself")
-        expect_error(tmp, hand_model(weights, edit=initialization), "initialization graph")
+        expect_error(tmp, hand_model(weights, edit=initialization_reads_model), "initialization graph reads",
+                     "'W1'")
         expect_error(tmp, hand_model(weights, edit=two), "2 training algorithms")
 
 

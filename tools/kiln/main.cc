@@ -969,6 +969,36 @@ Result<Tensor> batch_share(const Tensor& t, const Collective& world, const std::
 
 Result<int> train_steps(const std::vector<std::string>& argv, const std::shared_ptr<const Collective>& world);
 
+// The values the training algorithm's initialization graph gives the
+// initializers it binds (ONNX runs it once, when training starts). `model`
+// has its types inferred.
+Result<std::map<std::string, Tensor>> run_initialization(Graph& model, const CompileOptions& options) {
+  std::map<std::string, Tensor> out;
+  if (model.training_info.empty() || model.training_info[0].initialization == nullptr) return out;
+  const TrainingInfo& info = model.training_info[0];
+  Graph& init = *info.initialization;
+  if (!init.captures().empty())
+    return unsupported() << model.source << ": the initialization graph reads the model's value '"
+                         << init.captures()[0]->name() << "'; Kiln runs initialization graphs that stand alone";
+  KILN_RETURN_IF_ERROR(train::infer_training_types(model));
+  init.opsets = model.opsets;
+  KILN_ASSIGN_OR_RETURN(std::string bytes, export_onnx_bytes(init));
+  CompileOptions o = options;
+  o.train.reset();
+  auto compiled = Model::compile_bytes(bytes, o, model.source + " (initialization graph)");
+  if (!compiled.is_ok()) return compiled.status();
+  KILN_ASSIGN_OR_RETURN(auto values, compiled->run({}));
+  for (const auto& [name, output] : info.initialization_binding) {
+    const Tensor* current = train::training_initializer(model, name);
+    const Tensor& v = values.at(output);
+    if (current == nullptr || current->dtype() != v.dtype() || current->shape() != v.shape())
+      return invalid_argument() << model.source << ": the initialization graph gives '" << name << "' " << v.describe()
+                                << (current ? ", not " + current->describe() : std::string());
+    out[name] = v;
+  }
+  return out;
+}
+
 Result<int> cmd_train(const std::vector<std::string>& argv) {
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<const Collective> world, start_mpi_if_launched());
   Result<int> r = train_steps(argv, world);
@@ -1068,6 +1098,17 @@ Result<int> train_steps(const std::vector<std::string>& argv, const std::shared_
     if (leader)
       std::cout << "resumed from " << checkpoint << " at epoch " << at.epoch + 1 << ", batch " << at.batch + 1
               << " (step " << at.step + 1 << ")\n";
+  } else if (t.model_algorithm && data) {
+    // Training starts: the initialization graph's values, where it has one.
+    ops::InferContext ictx;
+    ictx.graph = graph.get();
+    ictx.bounds = graph->bounds;
+    KILN_RETURN_IF_ERROR(ops::infer_shapes(*graph, ictx));
+    KILN_ASSIGN_OR_RETURN(auto initial, run_initialization(*graph, options));
+    for (auto& [name, value] : initial) state[name] = std::move(value);
+    // Once run, its values are the state: a training form written later holds them instead.
+    graph->training_info[0].initialization.reset();
+    graph->training_info[0].initialization_binding.clear();
   }
   std::cout << std::setprecision(9);
   for (int64_t epoch = at.epoch; data && epoch < epochs; ++epoch) {
