@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/rnn_grad.h"
 #include "support/thread_pool.h"
 
 namespace kiln::ops {
@@ -974,6 +975,7 @@ void register_rnn(const char* name, Cell cell) {
   def.infer = [cell](Node& n, InferContext& ctx) { return infer_rnn(cell, n, ctx); };
   def.kernel = [cell](const Node& n) { return rnn_kernel(cell, n); };
   def.kernel_fills_outputs = true;
+  if (cell == Cell::kLstm) def.gradient = grad_lstm;
   register_op(std::move(def));
 }
 

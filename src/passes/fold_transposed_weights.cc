@@ -16,6 +16,7 @@ bool foldable(const Value* v) {
 
 Result<int> fold_transposed_weights(Graph& g) {
   int rewrites = 0;
+  std::vector<Node*> folded;
   for (Node* n : g.nodes()) {
     if (!n->domain().empty()) continue;
     if (n->op_type() == "Gemm") {
@@ -47,15 +48,16 @@ Result<int> fold_transposed_weights(Graph& g) {
       Value* out = n->output(0);
       Value* c = g.add_constant(g.unique_name(out->name() + ".folded"), transpose_tensor(in, perm));
       g.replace_all_uses(out, c);
+      folded.push_back(n);
       ++rewrites;
     }
   }
-  // Transposes whose outputs lost all uses, then constants nobody reads.
-  for (Node* n : g.nodes()) {
-    if (n->op_type() != "Transpose" || n->output(0) == nullptr || !n->output(0)->uses().empty()) continue;
+  // The folded Transposes (their readers, subgraph captures included, now
+  // read the constant), then constants nobody reads.
+  for (Node* n : folded) {
     bool is_output = false;
     for (const Value* o : g.outputs()) is_output |= o == n->output(0);
-    if (!is_output) g.remove_node(n);
+    if (!is_output && n->output(0)->uses().empty()) g.remove_node(n);
   }
   g.remove_dead_values();
   return rewrites;

@@ -2,7 +2,8 @@
 exported to ONNX; kiln.compile(..., gradient_of="loss") appends the backward graph (reverse mode
 over the graph IR, src/train) and compiles forward and backward together; every parameter's
 gradient must match torch's autograd on the same inputs, and have spread (an informative
-comparison). Also: an op without a gradient rule is an error naming every such op at once.
+comparison). The models: an MLP, an attention block, CNNs with grouped and depthwise
+convolutions, a two-layer LSTM language model. Also: an op without a gradient rule is an error naming every such op at once.
 
     PYTHONPATH=build/python run_torch_gradients_test.py
 """
@@ -112,6 +113,31 @@ class MobileBlock(torch.nn.Module):
         h = torch.relu(self.grouped(self.dw2(h)))
         h = torch.nn.functional.adaptive_avg_pool2d(h, 1).flatten(1)
         return ((self.fc(h) - target) ** 2).mean()
+
+
+class LstmModel(torch.nn.Module):
+    """A two-layer LSTM language model's shape: Embedding, nn.LSTM (exported as two ONNX LSTM
+    ops with their weights reordered from PyTorch's gate order), a Linear decoder, log-softmax
+    cross-entropy against one-hot targets."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 8)
+        self.lstm = torch.nn.LSTM(8, 6, num_layers=2)
+        self.out = torch.nn.Linear(6, 5)
+
+    def forward(self, tokens, onehot):
+        h, _ = self.lstm(self.emb(tokens))
+        logp = torch.log_softmax(self.out(h), dim=-1)
+        return -(logp * onehot).sum() / tokens.numel()
+
+
+@case
+def lstm_language_model():
+    torch.manual_seed(4)
+    tokens = torch.randint(0, 20, (7, 3))
+    onehot = torch.nn.functional.one_hot(torch.randint(0, 5, (7, 3)), 5).float()
+    assert compare(LstmModel(), [tokens, onehot], ["tokens", "onehot"]) == 11
 
 
 @case

@@ -401,6 +401,45 @@ TEST(Autodiff, SliceMaxPoolDropout) {
   })", {"x"}, {}});
 }
 
+TEST(Autodiff, Lstm) {
+  // Every output in the loss (Y, and Y_h, Y_c stacked after it), biases and both initial states.
+  check_case({"lstm_full", R"(graph g(%x: f64[4, 2, 3], %w: f64[1, 8, 3], %r: f64[1, 8, 2], %b: f64[1, 16],
+                                      %h0: f64[1, 2, 2], %c0: f64[1, 2, 2]) -> (%y) {
+    opset "" 17
+    %ax: i64[1] = const<i64[1] [1]>
+    %s: f64[4, 1, 2, 2], %sh: f64[1, 2, 2], %sc: f64[1, 2, 2] = LSTM(%x, %w, %r, %b, _, %h0, %c0) {hidden_size = 2}
+    %uh: f64[1, 1, 2, 2] = Unsqueeze(%sh, %ax)
+    %uc: f64[1, 1, 2, 2] = Unsqueeze(%sc, %ax)
+    %y: f64[6, 1, 2, 2] = Concat(%s, %uh, %uc) {axis = 0}
+  })", {"x", "w", "r", "b", "h0", "c0"}, {}});
+  // Symbolic sequence and batch, no bias or initial states, only Y_c read.
+  check_case({"lstm_symbolic_last_cell", R"(graph g(%x: f64[t, n, 3], %w: f64[1, 12, 3], %r: f64[1, 12, 3]) -> (%y) {
+    opset "" 17
+    bound t [1, inf]
+    bound n [1, inf]
+    %s: f64[t, 1, n, 3], %y: f64[1, n, 3] = LSTM(%x, %w, %r) {hidden_size = 3}
+  })", {"x", "w", "r"}, {{"t", 3}, {"n", 2}}});
+}
+
+TEST(Autodiff, LstmOutsideTheRuleIsNamed) {
+  auto g = parse_graph(R"(graph g(%x: f64[4, 2, 3], %w: f64[2, 8, 3], %r: f64[2, 8, 2]) -> (%s) {
+    opset "" 17
+    %s: f64[4, 2, 2, 2] = LSTM(%x, %w, %r) {direction = "bidirectional", hidden_size = 2}
+  })");
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  ops::InferContext ctx;
+  ctx.graph = g->get();
+  ASSERT_TRUE(ops::infer_shapes(**g, ctx).is_ok());
+  Node* sum = (*g)->add_node("ReduceSum", {(*g)->find_value("s")}, {"loss"});
+  sum->set_attr("keepdims", Attribute::of_int(0));
+  ASSERT_TRUE(ops::infer_node(*sum, ctx).is_ok());
+  auto grads = append_gradients(**g, sum->output(0), {(*g)->find_value("w")});
+  ASSERT_FALSE(grads.is_ok());
+  EXPECT_EQ(grads.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(grads.status().message().find("the LSTM gradient covers direction forward"), std::string::npos)
+      << grads.status().message();
+}
+
 TEST(Autodiff, Losses) {
   check_case({"softmax_cross_entropy_mean", R"(graph g(%x: f64[3, 4]) -> (%y) {
     opset "" 17
