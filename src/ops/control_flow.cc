@@ -13,6 +13,7 @@
 #include <set>
 
 #include "ops/common.h"
+#include "ops/rnn_grad.h"
 
 namespace kiln::ops {
 
@@ -468,8 +469,8 @@ Status infer_sequence_map(Node& n, InferContext& ctx) {
 
 void register_control_flow_ops() {
   register_op(OpDef{.name = "If", .infer = infer_if, .takes_containers = true});
-  register_op(OpDef{.name = "Loop", .infer = infer_loop, .takes_containers = true});
-  register_op(OpDef{.name = "Scan", .infer = infer_scan});
+  register_op(OpDef{.name = "Loop", .infer = infer_loop, .takes_containers = true, .gradient = grad_loop});
+  register_op(OpDef{.name = "Scan", .infer = infer_scan, .gradient = grad_scan});
   register_op(OpDef{.name = "SequenceMap", .infer = infer_sequence_map, .takes_containers = true});
 }
 

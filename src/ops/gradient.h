@@ -37,6 +37,15 @@ class GradBuilder {
   virtual int64_t opset() const = 0;
   // The gradient of input i (of input i's type).
   virtual Status set_input_grad(size_t i, Value* grad) = 0;
+  // The values of the enclosing graph the node's subgraphs capture
+  // (Graph::implicit_inputs), whether each needs a gradient, and giving it one.
+  virtual std::vector<Value*> implicit_inputs() const = 0;
+  virtual bool wants_value(const Value* v) const = 0;
+  virtual Status add_value_grad(Value* v, Value* grad) = 0;
+  // Reverse mode over another graph (a subgraph the rule builds; types
+  // inferred here): the gradients of `loss` (one float element) with
+  // respect to `params` (its inputs, captures or constants), appended to it.
+  virtual Result<std::vector<Value*>> differentiate(Graph& sub, Value* loss, const std::vector<Value*>& params) = 0;
 
   // Helpers built on the above.
   Result<Value*> add1(const std::string& op_type, const std::vector<Value*>& inputs,

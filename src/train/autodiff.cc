@@ -50,11 +50,27 @@ class Builder : public ops::GradBuilder {
 
   Value* constant(Tensor t) override { return g_.add_constant(g_.unique_name("grad_const"), std::move(t)); }
 
+  std::vector<Value*> implicit_inputs() const override { return g_.implicit_inputs(node_); }
+  bool wants_value(const Value* v) const override { return v != nullptr && live_.count(v) != 0; }
+  Status add_value_grad(Value* v, Value* grad) override { return add_grad(v, grad, "value '" + (v ? v->name() : "") + "'"); }
+  Result<std::vector<Value*>> differentiate(Graph& sub, Value* loss, const std::vector<Value*>& params) override {
+    ops::InferContext ctx;
+    ctx.graph = &sub;
+    ctx.bounds = g_.bounds;
+    ctx.next_fresh = ctx_.next_fresh + (1 << 16);
+    KILN_RETURN_IF_ERROR(ops::infer_shapes(sub, ctx));
+    return append_gradients(sub, loss, params, /*computed_params=*/true);
+  }
+
   Status set_input_grad(size_t i, Value* grad) override {
-    Value* in = node_->input(i);
+    return add_grad(node_->input(i), grad, "input " + std::to_string(i));
+  }
+
+ private:
+  Status add_grad(Value* in, Value* grad, const std::string& what) {
     if (in == nullptr || grad == nullptr || !live_.count(in)) return Status::ok();
     if (grad->dtype() != in->dtype())
-      return internal_error() << node_->describe() << ": the gradient rule gave input " << i << " dtype "
+      return internal_error() << node_->describe() << ": the gradient rule gave " << what << " dtype "
                               << dtype_name(grad->dtype()) << ", not " << dtype_name(in->dtype());
     auto it = grads_.find(in);
     if (it == grads_.end()) {
@@ -66,7 +82,6 @@ class Builder : public ops::GradBuilder {
     return Status::ok();
   }
 
- private:
   Graph& g_;
   ops::InferContext& ctx_;
   std::map<const Value*, Value*>& grads_;
@@ -80,7 +95,8 @@ bool differentiable_dtype(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kFloat16 || t == DType::kBFloat16;
 }
 
-Result<std::vector<Value*>> append_gradients(Graph& g, Value* loss, const std::vector<Value*>& params) {
+Result<std::vector<Value*>> append_gradients(Graph& g, Value* loss, const std::vector<Value*>& params,
+                                             bool computed_params) {
   if (loss == nullptr || !differentiable_dtype(loss->dtype()) || !loss->type().has_shape() || !loss->type().is_static() ||
       loss->type().numel().as_const() != 1)
     return invalid_argument() << "the loss must be a float value of one element"
@@ -88,7 +104,7 @@ Result<std::vector<Value*>> append_gradients(Graph& g, Value* loss, const std::v
   for (const Value* p : params) {
     if (p == nullptr || !differentiable_dtype(p->dtype()))
       return invalid_argument() << "parameter " << (p ? "'" + p->name() + "'" : "(null)") << " is not a float value";
-    if (p->producer() != nullptr)
+    if (p->producer() != nullptr && !computed_params)
       return invalid_argument() << "parameter '" << p->name() << "' is computed by " << p->producer()->describe()
                                 << "; parameters are graph inputs or constants";
   }

@@ -23,6 +23,10 @@ bool differentiable_dtype(DType t);
 // loss needs a gradient rule: the ops without one are named, all at once, in
 // one error (kUnsupported). The new nodes are ordinary ops after the forward
 // graph's, with their types inferred: the result compiles like any graph.
-Result<std::vector<Value*>> append_gradients(Graph& g, Value* loss, const std::vector<Value*>& params);
+// computed_params: params may also be values nodes compute, each taken as a
+// leaf (the gradient flowing into it, its own producers held fixed); no
+// param may then depend on another (gradient rules over a subgraph).
+Result<std::vector<Value*>> append_gradients(Graph& g, Value* loss, const std::vector<Value*>& params,
+                                             bool computed_params = false);
 
 }  // namespace kiln::train

@@ -421,6 +421,81 @@ TEST(Autodiff, Lstm) {
   })", {"x", "w", "r"}, {{"t", 3}, {"n", 2}}});
 }
 
+TEST(Autodiff, Scan) {
+  // A recurrence h' = tanh(h W + x_t) with a scan output h' * x_t; W captured by the body;
+  // the final state and every step's output in the loss.
+  check_case({"scan_recurrence", R"(graph g(%x: f64[4, 2, 3], %h0: f64[2, 3], %w: f64[3, 3]) -> (%y) {
+    opset "" 17
+    %ht: f64[2, 3], %ys: f64[4, 2, 3] = Scan(%h0, %x) {body = graph b(%h: f64[2, 3], %xt: f64[2, 3]) -> (%h2, %o) {
+      capture %w: f64[3, 3]
+      %m: f64[2, 3] = MatMul(%h, %w)
+      %a: f64[2, 3] = Add(%m, %xt)
+      %h2: f64[2, 3] = Tanh(%a)
+      %o: f64[2, 3] = Mul(%h2, %xt)
+    }, num_scan_inputs = 1}
+    %ax: i64[1] = const<i64[1] [0]>
+    %u: f64[1, 2, 3] = Unsqueeze(%ht, %ax)
+    %y: f64[5, 2, 3] = Concat(%ys, %u) {axis = 0}
+  })", {"x", "h0", "w"}, {}});
+  // Symbolic steps, an integer state beside the float one (a step counter scaling the
+  // input), two scan inputs, a body constant; only the scan output in the loss.
+  check_case({"scan_counter", R"(graph g(%x: f64[t, 3], %z: f64[t, 3], %s0: f64[3], %w: f64[3]) -> (%y) {
+    opset "" 17
+    bound t [1, inf]
+    %k0: i64[] = const<i64[] [1]>
+    %st: f64[3], %kt: i64[], %y: f64[t, 3] = Scan(%s0, %k0, %x, %z) {body = graph b(%s: f64[3], %k: i64[], %xt: f64[3], %zt: f64[3]) -> (%s2, %k2, %o) {
+      capture %w: f64[3]
+      %one: i64[] = const<i64[] [1]>
+      %k2: i64[] = Add(%k, %one)
+      %kf: f64[] = Cast(%k) {to = 11}
+      %sx: f64[3] = Mul(%xt, %kf)
+      %sw: f64[3] = Mul(%s, %w)
+      %s2: f64[3] = Add(%sw, %sx)
+      %o: f64[3] = Mul(%s2, %zt)
+    }, num_scan_inputs = 2}
+  })", {"x", "z", "s0", "w"}, {{"t", 3}}});
+}
+
+TEST(Autodiff, Loop) {
+  // A for-loop over a captured sequence (Gather at the iteration number): the final state and
+  // every iteration's scan output in the loss; h0, W and the sequence get gradients.
+  check_case({"loop_for", R"(graph g(%h0: f64[2, 3], %w: f64[3, 3], %x: f64[4, 2, 3]) -> (%y) {
+    opset "" 17
+    %m: i64[] = const<i64[] [4]>
+    %ht: f64[?], %ys: f64[?] = Loop(%m, _, %h0) {body = graph b(%i: i64[], %c: bool[], %h: f64[2, 3]) -> (%c2, %h2, %o) {
+      capture %w: f64[3, 3]
+      capture %x: f64[4, 2, 3]
+      %xt: f64[2, 3] = Gather(%x, %i)
+      %hw: f64[2, 3] = MatMul(%h, %w)
+      %a: f64[2, 3] = Add(%hw, %xt)
+      %h2: f64[2, 3] = Tanh(%a)
+      %o: f64[2, 3] = Mul(%h2, %xt)
+      %c2: bool[] = Identity(%c)
+    }}
+    %ax: i64[1] = const<i64[1] [0]>
+    %u: f64[?] = Unsqueeze(%ht, %ax)
+    %y: f64[?] = Concat(%ys, %u) {axis = 0}
+  })", {"h0", "w", "x"}, {}});
+  // A while-loop: its condition from an integer counter (3 iterations of at most 10).
+  check_case({"loop_while", R"(graph g(%s0: f64[3], %w: f64[3]) -> (%y) {
+    opset "" 17
+    %m: i64[] = const<i64[] [10]>
+    %go: bool[] = const<bool[] [true]>
+    %k0: i64[] = const<i64[] [0]>
+    %st: f64[?], %kt: i64[?], %ys: f64[?] = Loop(%m, %go, %s0, %k0) {body = graph b(%i: i64[], %c: bool[], %s: f64[3], %k: i64[]) -> (%c2, %s2, %k2, %o) {
+      capture %w: f64[3]
+      %one: i64[] = const<i64[] [1]>
+      %three: i64[] = const<i64[] [3]>
+      %k2: i64[] = Add(%k, %one)
+      %c2: bool[] = Less(%k2, %three)
+      %sw: f64[3] = Mul(%s, %w)
+      %s2: f64[3] = Sin(%sw)
+      %o: f64[3] = Mul(%s2, %s)
+    }}
+    %y: f64[?] = Add(%ys, %st)
+  })", {"s0", "w"}, {}});
+}
+
 TEST(Autodiff, LstmOutsideTheRuleIsNamed) {
   auto g = parse_graph(R"(graph g(%x: f64[4, 2, 3], %w: f64[2, 8, 3], %r: f64[2, 8, 2]) -> (%s) {
     opset "" 17

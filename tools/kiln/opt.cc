@@ -330,6 +330,8 @@ Result<int> cmd_ops(const std::vector<std::string>& argv) {
     if (def->kernel) how += std::string(how.empty() ? "" : ", ") + "runtime kernel";
     if (def->is_view) how += std::string(how.empty() ? "" : ", ") + "view";
     if (def->expanded_by_autodiff) how += std::string(how.empty() ? "" : ", ") + "expanded into the backward graph";
+    if (how.empty() && (name == "If" || name == "Loop" || name == "Scan" || name == "SequenceMap") && domain.empty())
+      how = "control flow (VM code)";
     if (def->is_elementwise) how += ", fusable";
     if (def->gradient) how += ", differentiable";
     std::cout << full << "\t" << how << "\n";
