@@ -246,7 +246,7 @@ Status grad_loop(GradBuilder& b) {
   auto back = std::make_shared<Graph>();
   back->opsets = body.opsets;
   Value* iter = back->add_input(base + ".i", TensorType{DType::kInt64, Shape{}});
-  Value* cond_in = back->add_input(base + ".cond", TensorType{DType::kBool, Shape{}});
+  back->add_input(base + ".cond", TensorType{DType::kBool, Shape{}});  // always true: the step ran
   std::vector<size_t> float_states;
   for (size_t j = 0; j < ns; ++j)
     if (is_float_type(body.inputs()[2 + j]->type())) float_states.push_back(j);
@@ -306,7 +306,6 @@ Status grad_loop(GradBuilder& b) {
     outs.push_back(back->add_node("Add", {sums[q], grads[float_states.size() + q]},
                                   {back->unique_name(base + ".bwd.sum")})->output(0));
   back->set_outputs(outs);
-  (void)cond_in;
 
   // 3. The backward Loop: T iterations, carries from the final states' gradients, sums from zeros.
   std::vector<Value*> bin = {trips_scalar, nullptr};

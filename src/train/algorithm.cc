@@ -201,9 +201,11 @@ Status make_step_from_training_info(Graph& g, bool data_parallel) {
   // An initializer the initialization graph sets but no step updates is
   // state too (fed, and output unchanged).
   std::vector<std::pair<std::string, std::string>> bindings = info.update_binding;
-  for (const auto& [init, out] : info.initialization_binding)
+  for (const auto& entry : info.initialization_binding) {
+    const std::string& init = entry.first;
     if (std::none_of(bindings.begin(), bindings.end(), [&](const auto& b) { return b.first == init; }))
       bindings.push_back({init, init});
+  }
   std::vector<Value*> updates;
   std::set<std::string> bound_outputs;
   for (const auto& [init, out] : bindings) {
