@@ -2,14 +2,16 @@
 """One training step (forward, backward, AdamW update) in Kiln (kiln.Trainer: the step compiled
 as one graph) and in PyTorch eager, in the same run, from the same weights on the same batch.
 
-Models (--models resnet18,bert,mobilenet_v2; resnet18 by default), each with a log-softmax cross-entropy loss:
+Models (--models resnet18,bert,mobilenet_v2,lstm; resnet18 by default), each with a log-softmax cross-entropy loss:
   resnet18: torchvision's resnet18 (10 classes) at batch 16, 224x224, in training mode
       (BatchNormalization with the batch's statistics, exported in training form);
   bert: a BERT-base-style encoder (vocabulary 30522, 12 layers of hidden 768, 12 heads, GELU
       feed-forward 3072, post-norm, dropout 0, learned positions) at batch 8, sequence 128,
       classifying from the first token;
   mobilenet_v2: torchvision's mobilenet_v2 (10 classes) at batch 16, 224x224, in training mode,
-      its classifier's Dropout set to 0 (a random mask would make the two sides' losses differ).
+      its classifier's Dropout set to 0 (a random mask would make the two sides' losses differ);
+  lstm: the model zoo's LSTM language model (embedding, two LSTM layers of 512, a decoder to
+      10000 words) at batch 8, 64 tokens, a cross-entropy per token.
 Reports the compile time, the median step time over --steps after one warm-up step (the two
 alternate step by step, so a change in the host's load falls on both), the ratio, and the first
 step's loss on both sides (they must agree).
@@ -27,7 +29,7 @@ Then the loss curves: a small CNN and a small transformer trained 300 steps on s
 the same weights on the same batches: the final loss (mean of the last 10 steps) on both sides
 and the largest relative difference of any step's loss.
 
-    bench_training.py [--threads 2] [--steps 5] [--models resnet18[,bert][,mobilenet_v2]] [--no-memory] [--no-curves]
+    bench_training.py [--threads 2] [--steps 5] [--models resnet18[,bert][,mobilenet_v2][,lstm]] [--no-memory] [--no-curves]
                       [--write-doc]
 """
 import argparse
@@ -74,6 +76,22 @@ class Encoder(torch.nn.Module):
         return self.head(self.encoder(h)[:, 0])
 
 
+class LstmLm(torch.nn.Module):
+    """The model zoo's LSTM language model: vocabulary 10000, two layers of hidden 512."""
+
+    def __init__(self, vocab=10000, hidden=512, layers=2):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.lstm = torch.nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True)
+        self.decoder = torch.nn.Linear(hidden, vocab)
+        for p in self.parameters():
+            torch.nn.init.uniform_(p, -0.1, 0.1)
+
+    def forward(self, ids):
+        out, _ = self.lstm(self.embed(ids))
+        return self.decoder(out)
+
+
 def build(name):
     """(module with its loss, example inputs, input names, export in training form?, label)."""
     torch.manual_seed(0)
@@ -96,9 +114,16 @@ def build(name):
         x = torch.randn(batch, 3, 224, 224)
         classes = 10
         label = "mobilenet_v2 (BN in training form, Dropout off), AdamW"
+    elif name == "lstm":
+        batch = 8
+        model = WithLoss(LstmLm())
+        x = torch.randint(0, 10000, (batch, 64))
+        classes = 10000
+        label = "LSTM language model (2 x 512, vocabulary 10000, 64 tokens), AdamW"
     else:
-        sys.exit(f"unknown model {name} (resnet18, bert, mobilenet_v2)")
-    onehot = torch.nn.functional.one_hot(torch.randint(0, classes, (batch,)), classes).float()
+        sys.exit(f"unknown model {name} (resnet18, bert, mobilenet_v2, lstm)")
+    targets = (batch, 64) if name == "lstm" else (batch,)
+    onehot = torch.nn.functional.one_hot(torch.randint(0, classes, targets), classes).float()
     return model.train(), (x, onehot), batch, label
 
 
@@ -324,7 +349,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--models", default="resnet18", help="resnet18, bert and/or mobilenet_v2 (comma-separated)")
+    ap.add_argument("--models", default="resnet18", help="resnet18, bert, mobilenet_v2 and/or lstm (comma-separated)")
     ap.add_argument("--no-memory", dest="memory", action="store_false",
                     help="skip the checkpointing table (budgets at 50% and 20% of the activation bytes)")
     ap.add_argument("--peak-child", nargs=3, metavar=("MODEL", "BUDGET", "POLICY"), help=argparse.SUPPRESS)

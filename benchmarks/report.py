@@ -6,12 +6,19 @@ import sys
 
 
 def host_name():
-    """`lscpu`'s model name (the CPU the figures were measured on)."""
+    """`lscpu`'s model name (the CPU the figures were measured on), with its CPU family and model
+    numbers where lscpu gives them: one name ("AMD EPYC") covers several generations."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        fields = {}
         for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+        name = fields.get("Model name")
+        if name:
+            if fields.get("CPU family") and fields.get("Model"):
+                name += f", CPU family {fields['CPU family']} model {fields['Model']}"
+            return name
     except OSError:
         pass
     return platform.processor() or "unknown"
