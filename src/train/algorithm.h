@@ -62,8 +62,8 @@ const Tensor* training_initializer(const Graph& g, const std::string& name);
 // ("<p>.momentum", "<p>.adam_m", "<p>.adam_v", zeros) and the step count
 // kiln.iterations (0); `state` gives them other values (a checkpoint's) by
 // name. Every parameter, state tensor, running statistic and the count is
-// bound to its update. Errors: as make_training_step's, and data_parallel
-// or a memory budget (they belong to a run, not to the algorithm).
+// bound to its update. Errors: as make_training_step's. data_parallel and a
+// memory budget belong to a run, not to the algorithm, and are not written.
 Status attach_training_algorithm(Graph& g, const TrainOptions& o,
                                  const std::map<std::string, Tensor>& state = {});
 
