@@ -50,6 +50,22 @@ void copy_body(const Graph& from, Graph& into, std::map<const Value*, Value*>& m
   }
 }
 
+// Adds sum(out * seed) to `surrogate` (null: none yet): one term of the
+// vector-Jacobian product a backward step differentiates.
+void add_vjp_term(Graph& g, Value*& surrogate, Value* out, Value* seed, const std::string& base) {
+  Value* prod = g.add_node("Mul", {out, seed}, {g.unique_name(base + ".vjp")})->output(0);
+  Node* sum = g.add_node("ReduceSum", {prod}, {g.unique_name(base + ".vjp_sum")});
+  sum->set_attr("keepdims", Attribute::of_int(0));
+  Value* s = sum->output(0);
+  surrogate = surrogate == nullptr ? s : g.add_node("Add", {surrogate, s}, {g.unique_name(base + ".vjp_total")})->output(0);
+}
+
+// Zeros of v's shape and dtype, in the enclosing graph.
+Result<Value*> zeros_of_shape(GradBuilder& b, Value* v) {
+  KILN_ASSIGN_OR_RETURN(Value* shape, b.add1("Shape", {v}));
+  return b.add1("ConstantOfShape", {shape}, {{"value", Attribute::of_tensor(Tensor(v->dtype(), {1}))}});
+}
+
 // A copy of `body` that also outputs its `ns` state inputs (from input
 // `first` on) as scan outputs after its own: each step's incoming states.
 std::shared_ptr<Graph> keeping_states(const Graph& body, size_t first, size_t ns, const std::string& base) {
@@ -89,10 +105,7 @@ Status grad_scan(GradBuilder& b) {
     if (!v->type().has_shape()) return unsupported() << n.describe() << ": the Scan gradient needs typed body inputs";
   const std::string base = (n.name().empty() ? std::string("scan") : n.name()) + ".bptt";
 
-  auto zeros_like = [&](Value* v) -> Result<Value*> {
-    KILN_ASSIGN_OR_RETURN(Value* shape, b.add1("Shape", {v}));
-    return b.add1("ConstantOfShape", {shape}, {{"value", Attribute::of_tensor(Tensor(v->dtype(), {1}))}});
-  };
+  auto zeros_like = [&](Value* v) { return zeros_of_shape(b, v); };
 
   // 1. The steps again, each step's incoming states kept: outputs as the
   // node's, then the N states before each step, [T, ...].
@@ -126,14 +139,7 @@ Status grad_scan(GradBuilder& b) {
     dys.push_back(back->add_input(base + ".dy" + std::to_string(k), body.outputs()[ns + k]->type()));
   copy_body(body, *back, map, base + ".bwd.");
   Value* surrogate = nullptr;
-  auto add_term = [&](const Value* out, Value* seed) {
-    Value* o = map.at(out);
-    Value* prod = back->add_node("Mul", {o, seed}, {back->unique_name(base + ".vjp")})->output(0);
-    Node* sum = back->add_node("ReduceSum", {prod}, {back->unique_name(base + ".vjp_sum")});
-    sum->set_attr("keepdims", Attribute::of_int(0));
-    Value* s = sum->output(0);
-    surrogate = surrogate == nullptr ? s : back->add_node("Add", {surrogate, s}, {back->unique_name(base + ".vjp_total")})->output(0);
-  };
+  auto add_term = [&](const Value* out, Value* seed) { add_vjp_term(*back, surrogate, map.at(out), seed, base); };
   for (size_t c = 0; c < float_states.size(); ++c) add_term(body.outputs()[float_states[c]], carries[c]);
   for (size_t k = 0; k < nk; ++k)
     if (is_float_type(body.outputs()[ns + k]->type())) add_term(body.outputs()[ns + k], dys[k]);
@@ -144,10 +150,10 @@ Status grad_scan(GradBuilder& b) {
   // Captured values of the enclosing graph that want a gradient.
   std::vector<Value*> outer_wanted;
   for (Value* v : b.implicit_inputs()) {
-    const Value* cap = back->find_value(v->name());
+    Value* cap = back->find_value(v->name());
     if (cap == nullptr || !b.wants_value(v) || !is_float_type(v->type())) continue;
     outer_wanted.push_back(v);
-    params.push_back(const_cast<Value*>(cap));
+    params.push_back(cap);
   }
   KILN_ASSIGN_OR_RETURN(std::vector<Value*> grads, b.differentiate(*back, surrogate, params));
   // Outputs: the new carries, then per step dx (float scan inputs) and d(capture).
@@ -217,10 +223,7 @@ Status grad_loop(GradBuilder& b) {
   }
   if (ns + nk == 0) return Status::ok();
   const std::string base = (n.name().empty() ? std::string("loop") : n.name()) + ".bptt";
-  auto zeros_like = [&](Value* v) -> Result<Value*> {
-    KILN_ASSIGN_OR_RETURN(Value* shape, b.add1("Shape", {v}));
-    return b.add1("ConstantOfShape", {shape}, {{"value", Attribute::of_tensor(Tensor(v->dtype(), {1}))}});
-  };
+  auto zeros_like = [&](Value* v) { return zeros_of_shape(b, v); };
 
   // 1. The iterations again, each one's incoming states kept as scan outputs.
   std::shared_ptr<Graph> save = keeping_states(body, 2, ns, base);
@@ -284,13 +287,7 @@ Status grad_loop(GradBuilder& b) {
   }
   copy_body(body, *back, map, base + ".bwd.");
   Value* surrogate = nullptr;
-  auto add_term = [&](const Value* out, Value* seed) {
-    Value* prod = back->add_node("Mul", {map.at(out), seed}, {back->unique_name(base + ".vjp")})->output(0);
-    Node* sum = back->add_node("ReduceSum", {prod}, {back->unique_name(base + ".vjp_sum")});
-    sum->set_attr("keepdims", Attribute::of_int(0));
-    Value* s = sum->output(0);
-    surrogate = surrogate == nullptr ? s : back->add_node("Add", {surrogate, s}, {back->unique_name(base + ".vjp_total")})->output(0);
-  };
+  auto add_term = [&](const Value* out, Value* seed) { add_vjp_term(*back, surrogate, map.at(out), seed, base); };
   for (size_t c = 0; c < float_states.size(); ++c) add_term(body.outputs()[1 + float_states[c]], carries[c]);
   for (size_t k = 0; k < nk; ++k)
     if (is_float_type(body.outputs()[1 + ns + k]->type())) add_term(body.outputs()[1 + ns + k], at_t(dys[k]));
