@@ -8,6 +8,7 @@
 // step, summed afterwards).
 #include <memory>
 
+#include "graph/copy.h"
 #include "ops/common.h"
 #include "ops/gradient.h"
 #include "ops/rnn_grad.h"
@@ -32,22 +33,13 @@ bool all_zero(const Node& n, const char* key) {
 // Copies the nodes of `from` into `into` (new values named prefix + name),
 // reading map[v] for `from`'s inputs; its captures become `into`'s captures
 // and its constants `into`'s constants.
-void copy_body(const Graph& from, Graph& into, std::map<const Value*, Value*>& map, const std::string& prefix) {
+Status copy_body(const Graph& from, Graph& into, std::map<const Value*, Value*>& map, const std::string& prefix) {
   for (const Value* c : from.captures()) {
     Value* existing = into.find_value(c->name());
     map[c] = existing != nullptr ? existing : into.add_capture(c->name(), c->type());
   }
   for (const Value* c : from.constants()) map[c] = into.add_constant(into.unique_name(prefix + c->name()), c->constant());
-  for (const Node* m : from.nodes()) {
-    std::vector<Value*> ins;
-    for (const Value* v : m->inputs()) ins.push_back(v == nullptr ? nullptr : map.at(v));
-    std::vector<std::string> outs;
-    for (const Value* o : m->outputs()) outs.push_back(o == nullptr ? std::string() : into.unique_name(prefix + o->name()));
-    Node* copy = into.add_node(m->op_type(), ins, outs, m->domain(), m->name());
-    for (const auto& [key, a] : m->attrs()) copy->set_attr(key, a);
-    for (size_t k = 0; k < m->num_outputs(); ++k)
-      if (m->output(k) != nullptr) map[m->output(k)] = copy->output(k);
-  }
+  return copy_nodes(from, into, map, [&](const Value* o) { return into.unique_name(prefix + o->name()); });
 }
 
 // Adds sum(out * seed) to `surrogate` (null: none yet): one term of the
@@ -68,12 +60,12 @@ Result<Value*> zeros_of_shape(GradBuilder& b, Value* v) {
 
 // A copy of `body` that also outputs its `ns` state inputs (from input
 // `first` on) as scan outputs after its own: each step's incoming states.
-std::shared_ptr<Graph> keeping_states(const Graph& body, size_t first, size_t ns, const std::string& base) {
+Result<std::shared_ptr<Graph>> keeping_states(const Graph& body, size_t first, size_t ns, const std::string& base) {
   auto save = std::make_shared<Graph>();
   save->opsets = body.opsets;
   std::map<const Value*, Value*> map;
   for (const Value* in : body.inputs()) map[in] = save->add_input(base + ".fwd." + in->name(), in->type());
-  copy_body(body, *save, map, base + ".fwd.");
+  KILN_RETURN_IF_ERROR(copy_body(body, *save, map, base + ".fwd."));
   std::vector<Value*> outs;
   for (const Value* o : body.outputs()) outs.push_back(map.at(o));
   for (size_t j = 0; j < ns; ++j)
@@ -109,7 +101,7 @@ Status grad_scan(GradBuilder& b) {
 
   // 1. The steps again, each step's incoming states kept: outputs as the
   // node's, then the N states before each step, [T, ...].
-  std::shared_ptr<Graph> save = keeping_states(body, 0, ns, base);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<Graph> save, keeping_states(body, 0, ns, base));
   std::vector<Value*> inputs(n.inputs().begin(), n.inputs().end());
   KILN_ASSIGN_OR_RETURN(std::vector<Value*> fwd,
                         b.add("Scan", inputs,
@@ -137,7 +129,7 @@ Status grad_scan(GradBuilder& b) {
   std::vector<Value*> dys;
   for (size_t k = 0; k < nk; ++k)
     dys.push_back(back->add_input(base + ".dy" + std::to_string(k), body.outputs()[ns + k]->type()));
-  copy_body(body, *back, map, base + ".bwd.");
+  KILN_RETURN_IF_ERROR(copy_body(body, *back, map, base + ".bwd."));
   Value* surrogate = nullptr;
   auto add_term = [&](const Value* out, Value* seed) { add_vjp_term(*back, surrogate, map.at(out), seed, base); };
   for (size_t c = 0; c < float_states.size(); ++c) add_term(body.outputs()[float_states[c]], carries[c]);
@@ -226,7 +218,7 @@ Status grad_loop(GradBuilder& b) {
   auto zeros_like = [&](Value* v) { return zeros_of_shape(b, v); };
 
   // 1. The iterations again, each one's incoming states kept as scan outputs.
-  std::shared_ptr<Graph> save = keeping_states(body, 2, ns, base);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<Graph> save, keeping_states(body, 2, ns, base));
   std::vector<Value*> inputs(n.inputs().begin(), n.inputs().end());
   KILN_ASSIGN_OR_RETURN(std::vector<Value*> fwd, b.add("Loop", inputs, {{"body", Attribute::of_graph(save)}}, ns + nk + ns));
   // The iterations run: the kept states' (or a scan output's) leading dim.
@@ -285,7 +277,7 @@ Status grad_loop(GradBuilder& b) {
     kept.push_back(at_t(fwd[ns + nk + j]));
     map[body.inputs()[2 + j]] = kept.back();
   }
-  copy_body(body, *back, map, base + ".bwd.");
+  KILN_RETURN_IF_ERROR(copy_body(body, *back, map, base + ".bwd."));
   Value* surrogate = nullptr;
   auto add_term = [&](const Value* out, Value* seed) { add_vjp_term(*back, surrogate, map.at(out), seed, base); };
   for (size_t c = 0; c < float_states.size(); ++c) add_term(body.outputs()[1 + float_states[c]], carries[c]);

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/copy.h"
 #include "passes/rewrite.h"
 
 namespace kiln::passes {
@@ -118,23 +119,8 @@ Result<int> sequence_map_to_loop(Graph& g, PassContext&) {
       auto it = map.find(v);
       return it == map.end() ? nullptr : it->second;
     };
-    bool complete = true;
-    for (const Node* m : body.nodes()) {
-      std::vector<Value*> ins;
-      for (const Value* v : m->inputs()) {
-        ins.push_back(v == nullptr ? nullptr : mapped(v));
-        complete = complete && (v == nullptr || ins.back() != nullptr);
-      }
-      if (!complete)
-        return internal_error() << n->describe() << ": sequence-map-to-loop: body node " << m->describe()
-                                << " reads a value defined nowhere before it";
-      std::vector<std::string> outs;
-      for (const Value* o : m->outputs()) outs.push_back(o == nullptr ? std::string() : lb->unique_name(o->name()));
-      Node* copy = lb->add_node(m->op_type(), ins, outs, m->domain(), m->name());
-      for (const auto& [key, a] : m->attrs()) copy->set_attr(key, a);
-      for (size_t k = 0; k < m->num_outputs(); ++k)
-        if (m->output(k) != nullptr) map[m->output(k)] = copy->output(k);
-    }
+    Status copied = copy_nodes(body, *lb, map, [&](const Value* o) { return lb->unique_name(o->name()); });
+    if (!copied.is_ok()) return copied.with_context(n->describe() + ": sequence-map-to-loop");
     std::vector<Value*> outs = {lb->add_node("Identity", {cond_in}, {lb->unique_name(base + ".cond_out")})->output(0)};
     for (size_t k = 0; k < n->num_outputs(); ++k) {
       Value* r = mapped(body.outputs()[k]);

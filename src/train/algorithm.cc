@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <set>
 
+#include "graph/copy.h"
 #include "ops/registry.h"
 #include "train/autodiff.h"
 #include "train/step.h"
@@ -69,29 +70,12 @@ Status inline_algorithm(Graph& g, const Graph& alg) {
     KILN_RETURN_IF_ERROR(fresh(c->name()));
     map[c] = g.add_constant(c->name(), c->constant());
   }
-  for (const Node* m : alg.nodes()) {
-    std::vector<Value*> ins;
-    for (const Value* v : m->inputs()) {
-      if (v == nullptr) {
-        ins.push_back(nullptr);
-        continue;
-      }
-      auto it = map.find(v);
-      if (it == map.end()) return internal_error() << "training algorithm: " << m->describe() << " reads an unknown value";
-      ins.push_back(it->second);
-    }
-    std::vector<std::string> outs;
-    for (const Value* o : m->outputs()) {
+  for (const Node* m : alg.nodes())
+    for (const Value* o : m->outputs())
       if (o != nullptr) KILN_RETURN_IF_ERROR(fresh(o->name()));
-      outs.push_back(o == nullptr ? std::string() : o->name());
-    }
-    Node* copy = g.add_node(m->op_type(), ins, outs, m->domain(), m->name());
-    for (const auto& [key, a] : m->attrs()) copy->set_attr(key, a);
-    for (size_t k = 0; k < m->num_outputs(); ++k)
-      if (m->output(k) != nullptr) map[m->output(k)] = copy->output(k);
-  }
-  return Status::ok();
+  return copy_nodes(alg, g, map, [](const Value* v) { return v->name(); });
 }
+
 
 }  // namespace
 
