@@ -4,7 +4,9 @@
 //   kiln:PackPanels(w) attr nr: [O, R...] -> [ceil(O / nr), R..., nr], zero
 //       past O. The layout "P<nr>" conv.panels and conv.wvec read
 //       (strategy/conv.cc), made each run for a weight that is not a
-//       constant (a training step's parameters).
+//       constant (a training step's parameters). With attr transpose = 1, a
+//       2-D [K, N] -> [ceil(N / nr), K, nr], zero past N: a computed B's
+//       panels of columns (strategy/gemm.cc, matmul.dynamic).
 //   kiln:Im2Col(x) attrs kernel_shape, strides, pads, dilations:
 //       [N, C, S...] -> [C, K..., N, O...]: every tap's input at every output
 //       position, zero in the padding (rows: the taps of a channel; columns:
@@ -39,11 +41,20 @@ Result<int64_t> panel_width(const Node& n) {
   return nr;
 }
 
+Result<bool> pack_transposed(const Node& n, size_t rank) {
+  int64_t t = n.attr_int("transpose", 0);
+  if (t != 0 && t != 1) return node_invalid(n) << "attribute 'transpose' must be 0 or 1, got " << t;
+  if (t == 1 && rank != 2) return node_invalid(n) << "transpose = 1 packs a 2-D input, got rank " << rank;
+  return t == 1;
+}
+
 Status infer_pack_panels(Node& n, InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType wt, input_type(n, 0));
   KILN_ASSIGN_OR_RETURN(Shape w, input_shape(n, 0));
   KILN_ASSIGN_OR_RETURN(int64_t nr, panel_width(n));
   if (w.empty()) return node_invalid(n) << "weight must have rank >= 1";
+  KILN_ASSIGN_OR_RETURN(bool transposed, pack_transposed(n, w.size()));
+  if (transposed) std::swap(w[0], w[1]);
   Shape out = {simplify(floordiv(w[0] + (nr - 1), Expr(nr)), ctx.bounds)};
   out.insert(out.end(), w.begin() + 1, w.end());
   out.push_back(Expr(nr));
@@ -55,12 +66,15 @@ Result<std::vector<tir::ComputeDef>> lower_pack_panels(const Node& n, LowerConte
   const tir::Buffer& w = ctx.inputs[0];
   const tir::Buffer& y = ctx.outputs[0];
   KILN_ASSIGN_OR_RETURN(int64_t nr, panel_width(n));
+  KILN_ASSIGN_OR_RETURN(bool transposed, pack_transposed(n, w.shape.size()));
   std::vector<std::string> axes = fresh_axes(ctx, y.shape.size());
   std::vector<Expr> v = axis_vars(axes);
   Expr o = v[0] * Expr(nr) + v.back();
-  std::vector<Expr> src = {clamp_index(o, w.shape[0])};
+  const Expr& extent = transposed ? w.shape[1] : w.shape[0];
+  std::vector<Expr> src = {clamp_index(o, extent)};
   src.insert(src.end(), v.begin() + 1, v.end() - 1);
-  Expr body = select(lt(o, w.shape[0]), ctx.load_input(0, src), const_of(y.dtype, 0));
+  if (transposed) std::swap(src[0], src[1]);
+  Expr body = select(lt(o, extent), ctx.load_input(0, src), const_of(y.dtype, 0));
   return std::vector<tir::ComputeDef>{make_stage(y.name, y.dtype, axes, y.shape, body)};
 }
 

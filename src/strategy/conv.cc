@@ -403,35 +403,6 @@ Tensor pack_panels(const Tensor& t, int64_t nr) {
   return out;
 }
 
-// A kernel-computed node `op` (domain kiln) reading n's weight (and `extra`)
-// with the int attributes `attrs`, inserted before n unless an equal one
-// already reads it: one per weight and layout.
-Value* runtime_weight_node(Graph& g, Node& n, Value* w, const std::string& op,
-                           const std::function<std::vector<Value*>()>& extra,
-                           const std::vector<std::pair<std::string, int64_t>>& attrs, const std::string& suffix,
-                           std::vector<int64_t> dims) {
-  for (const auto& [user, slot] : w->uses()) {
-    if (slot != 0 || user->domain() != "kiln" || user->op_type() != op) continue;
-    bool same = true;
-    for (const auto& [k, v] : attrs) same = same && user->attr_int(k, -1) == v;
-    if (same) return user->output(0);
-  }
-  std::vector<Value*> inputs = {w};
-  if (extra) {
-    std::vector<Value*> more = extra();
-    inputs.insert(inputs.end(), more.begin(), more.end());
-  }
-  const std::string name = g.unique_name(w->name() + "." + suffix);
-  Node* t = g.insert_node_before(&n, op, inputs, {name}, "kiln");
-  t->set_name(name);
-  for (const auto& [k, v] : attrs) set_int_attr(*t, k, v);
-  TensorType tt;
-  tt.dtype = w->type().dtype;
-  tt.shape = Shape(dims.begin(), dims.end());
-  t->output(0)->set_type(std::move(tt));
-  return t->output(0);
-}
-
 // n's computed weight [O, I, KH, KW] packed by kiln:PackPanels into
 // [ceil(O / nr), I, KH, KW, nr].
 Value* runtime_panels(Graph& g, Node& n, int64_t nr) {

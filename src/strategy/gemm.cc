@@ -16,6 +16,14 @@
 // 2, 3, 4, 6, 8, 12} with at most Target::accumulators() accumulator vectors
 // (24 with AVX-512, 12 with AVX2).
 //
+// matmul.dynamic / gemm.dynamic: B computed at run time (an activation, a
+// training step's parameter or gradient), 2-D f32. The same template over B
+// either as stored (knob packb 0: a tile of nr columns reads nr floats of
+// each of K rows) or packed into the same panels by a kernel each run
+// (packb 1: kiln:PackPanels, transposed for B [K, N]; required for Gemm's
+// transB, whose columns are B's rows). Knobs as gemm.packed's, plus packb;
+// the panels' prefetch only when packed.
+//
 // matmul.default / gemm.default: the default schedule (any operands).
 #include <algorithm>
 #include <cstring>
@@ -72,9 +80,8 @@ bool gemm_packed_applies(const Node& n, std::string* why) {
   return true;
 }
 
-tir::KnobSpace gemm_packed_space(const Node& n, const Target& t) {
-  int64_t cols = constant_b_columns(n, nullptr);
-  const int64_t lanes = t.lanes(), acc = t.accumulators();
+// The register-tile template's space for N = `cols` (0: unknown) and M = `rows`.
+tir::KnobSpace gemm_space(int64_t cols, std::optional<int64_t> rows, int64_t lanes, int64_t acc) {
   tir::KnobSpace s;
   // Panel widths of one to four vectors that divide N, or all of them when
   // none does (the last panel is then zero-padded and its write-back guarded).
@@ -94,7 +101,6 @@ tir::KnobSpace gemm_packed_space(const Node& n, const Target& t) {
   // nr 48 measured many times slower than nr 32). Row blocks (mb) fix the
   // loop order (blocks, panels, row tiles); packing A needs the rows of its
   // block outside the panels (a block, or order 1) and several panels.
-  std::optional<int64_t> rows = output_rows(n);
   s.valid = [lanes, acc, rows, cols](const tir::Knobs& k) {
     if (k.at("mr") * k.at("nr") / lanes > acc || (k.at("nr") == 3 * lanes && k.at("mr") != 1)) return false;
     const int64_t mb = k.at("mb");
@@ -105,10 +111,12 @@ tir::KnobSpace gemm_packed_space(const Node& n, const Target& t) {
   return s;
 }
 
-tir::Knobs gemm_packed_defaults(const Node& n, const Target& t) {
-  int64_t cols = constant_b_columns(n, nullptr);
-  const int64_t lanes = t.lanes(), acc = t.accumulators();
-  std::optional<int64_t> rows = output_rows(n);
+tir::KnobSpace gemm_packed_space(const Node& n, const Target& t) {
+  return gemm_space(constant_b_columns(n, nullptr), output_rows(n), t.lanes(), t.accumulators());
+}
+
+// The template's default point for N = `cols` and M = `rows`.
+tir::Knobs gemm_defaults(int64_t cols, std::optional<int64_t> rows, int64_t lanes, int64_t acc) {
   if (rows && *rows == 1) {
     // Matrix-vector: one row, the widest panel (independent accumulators per vector).
     for (int64_t v : {4 * lanes, 3 * lanes, 2 * lanes, lanes})
@@ -126,6 +134,91 @@ tir::Knobs gemm_packed_defaults(const Node& n, const Target& t) {
   // Several row tiles use each panel: the first would otherwise wait on
   // memory for all of it (weights that do not stay in cache between runs).
   return {{"mr", mr}, {"nr", nr}, {"prefetch", 1}, {"kc", 0}, {"order", 0}, {"mb", 0}, {"pack", 0}};
+}
+
+tir::Knobs gemm_packed_defaults(const Node& n, const Target& t) {
+  return gemm_defaults(constant_b_columns(n, nullptr), output_rows(n), t.lanes(), t.accumulators());
+}
+
+// B's columns (N) for a candidate reading B as stored or packed: a constant's,
+// else its static type's (0 when symbolic or unknown).
+int64_t b_columns(const Node& n) {
+  const Value* b = n.input(1);
+  if (b->is_constant()) return constant_b_columns(n, nullptr);
+  const TensorType& t = b->type();
+  if (t.rank() != 2) return 0;
+  auto c = (*t.shape)[is_gemm(n) && n.attr_int("transB", 0) != 0 ? 0 : 1].as_const();
+  return c ? *c : 0;
+}
+
+bool dynamic_trans_b(const Node& n) { return is_gemm(n) && n.attr_int("transB", 0) != 0; }
+
+bool dynamic_b_applies(const Node& n, std::string* why) {
+  auto no = [&](const char* w) {
+    if (why) *why = w;
+    return false;
+  };
+  if (n.has_attr("kiln_weight_layout")) return no("B already packed");
+  const Value* b = n.num_inputs() > 1 ? n.input(1) : nullptr;
+  if (b == nullptr) return no("no B");
+  if (b->is_constant()) return no("B is a constant");
+  const TensorType& t = b->type();
+  if (t.dtype != DType::kFloat32 || t.rank() != 2) return no("B is not a 2-D f32 value");
+  if (dynamic_trans_b(n) && !t.is_static()) return no("transB with a symbolic B (its panels need its shape)");
+  const Value* a = n.input(0);
+  if (a->type().dtype != DType::kFloat32 || !a->type().shape) return no("A is not f32 of known rank");
+  const Value* y = n.output(0);
+  if (y == nullptr || !y->type().shape || y->dtype() != DType::kFloat32) return no("output type unknown or not f32");
+  return true;
+}
+
+tir::KnobSpace dynamic_b_space(const Node& n, const Target& t) {
+  const int64_t lanes = t.lanes(), acc = t.accumulators();
+  const int64_t cols = b_columns(n);
+  tir::KnobSpace s = gemm_space(cols, output_rows(n), lanes, acc);
+  s.knobs.push_back(tir::Knob{"packb", {0, 1}, 0});
+  const bool trans_b = dynamic_trans_b(n), static_b = n.input(1)->type().is_static();
+  auto packed_valid = s.valid;
+  s.valid = [packed_valid, trans_b, static_b](const tir::Knobs& k) {
+    if (trans_b && k.at("packb") == 0) return false;  // as stored, a tile's columns would be a gather
+    if ((k.at("packb") == 0 && k.at("prefetch") != 0) || (k.at("packb") != 0 && !static_b)) return false;
+    return packed_valid(k);
+  };
+  return s;
+}
+
+tir::Knobs dynamic_b_defaults(const Node& n, const Target& t) {
+  tir::Knobs k = gemm_defaults(b_columns(n), output_rows(n), t.lanes(), t.accumulators());
+  const bool trans_b = dynamic_trans_b(n);
+  k["packb"] = trans_b ? 1 : 0;
+  k["prefetch"] = 0;  // B was just written (packed) or computed: it comes from cache
+  // K in blocks where a whole panel (K x nr) would not stay in this core's L2
+  // while every row tile reads it: blocks of a quarter of L2.
+  const Value* b = n.input(1);
+  auto kdim = (*b->type().shape)[trans_b ? 1 : 0].as_const();
+  const int64_t panel_bytes = kdim ? *kdim * k["nr"] * 4 : 0;
+  if (panel_bytes > t.l2_bytes / 2) {
+    int64_t kc = 2048;
+    while (kc > 128 && kc * k["nr"] * 4 > t.l2_bytes / 4) kc /= 2;
+    k["kc"] = kc;
+  }
+  return k;
+}
+
+Status dynamic_b_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
+  if (!knob_on(knobs, "packb")) return Status::ok();
+  const int64_t nr = knobs.at("nr");
+  Value* b = n.input(1);
+  const bool trans_b = dynamic_trans_b(n);
+  const std::vector<int64_t> bs = b->type().static_shape();
+  if (bs.size() != 2) return invalid_argument() << "matmul.dynamic: packing B needs its static shape";
+  const int64_t k = trans_b ? bs[1] : bs[0], cols = trans_b ? bs[0] : bs[1];
+  if (cols % nr != 0) set_int_attr(n, "kiln_b_columns", cols);
+  Value* packed = runtime_weight_node(g, n, b, "PackPanels", nullptr, {{"nr", nr}, {"transpose", trans_b ? 0 : 1}},
+                                      "p" + std::to_string(nr), {(cols + nr - 1) / nr, k, nr});
+  g.set_input(&n, 1, packed);
+  set_string_attr(n, "kiln_weight_layout", "P" + std::to_string(nr));
+  return Status::ok();
 }
 
 // B [K, N] (or [N, K] with transB) -> panels [ceil(N / nr), K, nr], the
@@ -321,19 +414,30 @@ void register_default(const std::string& name, const std::string& op) {
 }  // namespace
 
 void register_gemm_candidates() {
-  for (const char* op : {"MatMul", "Gemm"}) {
-    Candidate c;
-    c.name = std::string(op == std::string("MatMul") ? "matmul" : "gemm") + ".packed";
-    c.op = op;
-    c.priority = 20;
-    c.summary = "constant B packed into [N/nr, K, nr] panels; mr x nr register tile, panel outermost";
-    c.applies = gemm_packed_applies;
-    c.space = gemm_packed_space;
-    c.default_knobs = gemm_packed_defaults;
-    c.transform = gemm_packed_transform;
-    c.schedule = gemm_packed_schedule;
-    register_candidate(std::move(c));
-  }
+  // Both templates for MatMul and Gemm: `name` gets the op's prefix.
+  auto both = [](const std::string& name, int priority, const std::string& summary, Candidate c) {
+    for (const char* op : {"MatMul", "Gemm"}) {
+      c.name = std::string(op == std::string("MatMul") ? "matmul" : "gemm") + "." + name;
+      c.op = op;
+      c.priority = priority;
+      c.summary = summary;
+      c.schedule = gemm_packed_schedule;
+      register_candidate(c);
+    }
+  };
+  Candidate packed;
+  packed.applies = gemm_packed_applies;
+  packed.space = gemm_packed_space;
+  packed.default_knobs = gemm_packed_defaults;
+  packed.transform = gemm_packed_transform;
+  both("packed", 20, "constant B packed into [N/nr, K, nr] panels; mr x nr register tile, panel outermost", packed);
+  Candidate dynamic;
+  dynamic.applies = dynamic_b_applies;
+  dynamic.space = dynamic_b_space;
+  dynamic.default_knobs = dynamic_b_defaults;
+  dynamic.transform = dynamic_b_transform;
+  both("dynamic", 15, "B computed at run time, as stored or packed into panels each run; the packed template's tile",
+       dynamic);
   register_default("matmul.default", "MatMul");
   register_default("gemm.default", "Gemm");
 }

@@ -1,5 +1,6 @@
 #include "strategy/template.h"
 
+#include <functional>
 #include <set>
 
 namespace kiln::strategy {
@@ -111,6 +112,32 @@ void parallelize_rows_or_outer(std::vector<tir::Primitive>& prims, const std::st
   } else if (int par = tir::choose_parallel(counts); par >= 0) {
     prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
   }
+}
+
+Value* runtime_weight_node(Graph& g, Node& n, Value* w, const std::string& op,
+                           const std::function<std::vector<Value*>()>& extra,
+                           const std::vector<std::pair<std::string, int64_t>>& attrs, const std::string& suffix,
+                           std::vector<int64_t> dims) {
+  for (const auto& [user, slot] : w->uses()) {
+    if (slot != 0 || user->domain() != "kiln" || user->op_type() != op) continue;
+    bool same = true;
+    for (const auto& [k, v] : attrs) same = same && user->attr_int(k, -1) == v;
+    if (same) return user->output(0);
+  }
+  std::vector<Value*> inputs = {w};
+  if (extra) {
+    std::vector<Value*> more = extra();
+    inputs.insert(inputs.end(), more.begin(), more.end());
+  }
+  const std::string name = g.unique_name(w->name() + "." + suffix);
+  Node* t = g.insert_node_before(&n, op, inputs, {name}, "kiln");
+  t->set_name(name);
+  for (const auto& [k, v] : attrs) set_int_attr(*t, k, v);
+  TensorType tt;
+  tt.dtype = w->type().dtype;
+  tt.shape = Shape(dims.begin(), dims.end());
+  t->output(0)->set_type(std::move(tt));
+  return t->output(0);
 }
 
 }  // namespace kiln::strategy

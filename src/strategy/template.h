@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -73,5 +74,14 @@ bool input_outweighs_weights(const Node& n);
 void parallelize_rows_or_outer(std::vector<tir::Primitive>& prims, const std::string& stage, const tir::Knobs& knobs,
                                const std::string& rows_axis, const Expr& rows, const std::vector<std::string>& outer,
                                const std::vector<std::optional<int64_t>>& counts);
+
+// A kernel-computed node `op` (domain kiln) reading `w` (and `extra`) with
+// the int attributes `attrs`, of type `w`'s dtype by `dims`, inserted before n
+// unless an equal one already reads `w`: one per operand and layout (a
+// computed weight packed each run).
+Value* runtime_weight_node(Graph& g, Node& n, Value* w, const std::string& op,
+                           const std::function<std::vector<Value*>()>& extra,
+                           const std::vector<std::pair<std::string, int64_t>>& attrs, const std::string& suffix,
+                           std::vector<int64_t> dims);
 
 }  // namespace kiln::strategy

@@ -260,6 +260,90 @@ TEST(StrategyCandidates, GemmTemplatesMatchNaiveAtRandomKnobs) {
   }
 }
 
+// matmul.dynamic / gemm.dynamic: B a graph input (an activation, a training
+// step's parameter), read as stored or packed each run by kiln:PackPanels
+// (transposed for B [K, N]; as rows for Gemm's transB), at knobs drawn from
+// the space and at both packb values, 1 and 2 threads, against the naive
+// lowering: N that no panel divides, symbolic rows, a batched A, K blocks.
+TEST(StrategyCandidates, DynamicBMatchesNaiveAtRandomKnobs) {
+  struct Case {
+    std::string op;
+    Shape a, b;
+    bool trans_b;
+    std::vector<int64_t> a_run, b_run;
+  };
+  const std::vector<Case> cases = {
+      {"MatMul", Shape{17, 33}, Shape{33, 40}, false, {17, 33}, {33, 40}},
+      {"MatMul", Shape{var("m"), 9}, Shape{9, 64}, false, {23, 9}, {9, 64}},
+      {"MatMul", Shape{2, 5, 300}, Shape{300, 16}, false, {2, 5, 300}, {300, 16}},
+      {"MatMul", Shape{3, var("k")}, Shape{var("k"), 32}, false, {3, 7}, {7, 32}},
+      {"Gemm", Shape{19, 12}, Shape{50, 12}, true, {19, 12}, {50, 12}},
+      {"Gemm", Shape{var("m"), 260}, Shape{260, 48}, false, {9, 260}, {260, 48}},
+  };
+  auto graph = [](const Case& c) {
+    auto g = std::make_unique<Graph>();
+    g->source = "dynamic";
+    g->opsets[""] = 17;
+    Value* a = g->add_input("a", TensorType{DType::kFloat32, c.a});
+    Value* b = g->add_input("b", TensorType{DType::kFloat32, c.b});
+    Node* n = g->add_node(c.op, {a, b}, {"y"});
+    if (c.op == "Gemm") n->set_attr("transB", Attribute::of_int(c.trans_b ? 1 : 0));
+    Node* relu = g->add_node("Relu", {n->output(0)}, {"r"});
+    g->set_outputs({relu->output(0)});
+    g->bounds["m"] = Interval{1, std::nullopt};
+    g->bounds["k"] = Interval{1, std::nullopt};
+    return g;
+  };
+  std::mt19937_64 rng(44);
+  uint32_t seed = 200;
+  for (const Case& c : cases) {
+    std::vector<Tensor> feeds = {random_tensor(c.a_run, seed++), random_tensor(c.b_run, seed++)};
+    auto want = run_feeds(graph(c), true, feeds, 1, std::nullopt, nullptr);
+    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+    const int64_t k = c.a_run.back();
+    auto probe = graph(c);
+    ops::InferContext ictx;
+    ictx.graph = probe.get();
+    ictx.bounds = probe->bounds;
+    ASSERT_TRUE(ops::infer_shapes(*probe, ictx).is_ok());
+    const Node* node = probe->nodes()[0];
+    const strategy::Candidate* cand = strategy::find_candidate(c.op == "Gemm" ? "gemm.dynamic" : "matmul.dynamic");
+    ASSERT_NE(cand, nullptr);
+    std::string why;
+    ASSERT_TRUE(cand->applies(*node, &why)) << why;
+    const Target target = *Target::named("avx512");
+    tir::KnobSpace space = cand->space(*node, target);
+    std::vector<tir::Knobs> points = {cand->default_knobs(*node, target)};
+    EXPECT_TRUE(space.contains(points[0])) << tir::knobs_to_string(points[0]);
+    for (int draw = 0; draw < 4; ++draw) {
+      auto knobs = tir::sample_knobs(space, rng);
+      ASSERT_TRUE(knobs.is_ok()) << knobs.status().to_string();
+      points.push_back(*knobs);
+    }
+    // Each packb value the space allows.
+    for (int64_t packb : {0, 1}) {
+      tir::Knobs p = points[0];
+      p["packb"] = packb;
+      p["prefetch"] = 0;
+      if (space.contains(p)) points.push_back(p);
+    }
+    for (const tir::Knobs& knobs : points)
+      for (int threads : {1, 2}) {
+        strategy::Choice choice{cand->name, knobs, "database", ""};
+        std::string impl;
+        auto got = run_feeds(graph(c), false, feeds, threads, choice, &impl, target);
+        std::string what = c.op + " " + shape_to_string(c.b) + " " + tir::knobs_to_string(knobs) + " threads " +
+                           std::to_string(threads);
+        ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+        EXPECT_EQ(impl, cand->name + " " + tir::knobs_to_string(knobs)) << what;
+        ASSERT_EQ(got->shape(), want->shape()) << what;
+        if (int64_t i = first_mismatch(*got, *want, k); i >= 0)
+          ADD_FAILURE() << what << ", element " << i << ": " << got->data_as<float>()[i] << " vs naive "
+                        << want->data_as<float>()[i];
+      }
+  }
+}
+
 // matmul.attention: Softmax((q kt) / 2.5 + bias) v as one kernel with its
 // stages per block of rows, against the naive lowering: odd sizes (1, 3,
 // 17, 1023 columns), a bias broadcast over heads and rows, symbolic rows and
