@@ -21,6 +21,13 @@ bool is_elementwise(const Node* n) {
   return n->domain().empty() && n->op_type() == "BatchNormalization" && n->num_outputs() == 1;
 }
 
+// A reduction over its input 0 read at the reduced point (ReduceSum,
+// ReduceMean, ...): an elementwise tree producing that input is computed in
+// its loads (ReduceSum(dy * xhat) in a normalization's backward read two
+// tensors instead of writing and reading a third).
+bool is_plain_reduction(const Node* n) {
+  return n->domain().empty() && n->op_type().rfind("Reduce", 0) == 0 && ops::find_op("", n->op_type()) != nullptr;
+}
 
 bool is_graph_output(const Graph& g, const Value* v) {
   for (const Value* o : g.outputs())
@@ -57,6 +64,7 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
   // before producers (reverse order) so a producer can look up its consumer's root.
   std::map<const Node*, const Node*> root_of;
   std::set<const Node*> anchored_roots;  // groups that already took an anchor (one per kernel)
+  std::set<const Node*> reduction_roots;  // groups whose root is a reduction: no anchor joins them
   // The attention chain of a matmul.attention choice (the score MatMul, the
   // elementwise ops on the scores, the Softmax) joins that MatMul's group.
   std::map<const Node*, const Node*> chain_anchor;
@@ -91,7 +99,7 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
           break;
         }
         const Node* r = root_of[user];
-        if (root != nullptr && r != root) one_group = false;
+        if ((root != nullptr && r != root) || reduction_roots.count(r)) one_group = false;
         root = r;
       }
       if (one_group && root != nullptr && anchored_roots.insert(root).second) root_of[n] = root;
@@ -100,8 +108,13 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
     if (!enable || !is_elementwise(n) || n->num_outputs() != 1) continue;
     const Value* out = n->output(0);
     if (out == nullptr || out->uses().size() != 1 || must_exist(out)) continue;
-    const Node* consumer = out->uses()[0].first;
-    if (!compiled.count(consumer) || !is_elementwise(consumer)) continue;
+    const auto [consumer, slot] = out->uses()[0];
+    if (!compiled.count(consumer)) continue;
+    if (is_plain_reduction(consumer) && slot == 0 && root_of[consumer] == consumer) {
+      reduction_roots.insert(consumer);
+    } else if (!is_elementwise(consumer)) {
+      continue;
+    }
     root_of[n] = root_of[consumer];
   }
 

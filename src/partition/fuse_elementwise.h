@@ -10,8 +10,10 @@
 // joins the group of its consumers when all of them are elementwise nodes of
 // one group (at most one such node per group): its schedule
 // (strategy::schedule_for) then computes the group's elementwise tail on the
-// register tile (tir fuse_epilogue). Every other compiled node is a group of
-// its own.
+// register tile (tir fuse_epilogue). A reduction over its first input
+// (ReduceSum, ReduceMean, ...) takes the elementwise tree producing that
+// input into its group the same way, computed in its loads; no anchor joins
+// such a group. Every other compiled node is a group of its own.
 #pragma once
 
 #include <set>
