@@ -218,10 +218,19 @@ Result<std::vector<tir::ComputeDef>> lower_pool(const Node& n, LowerContext& ctx
         flat = flat * g.in[d] + substitute(pos[d], repl);
       }
       Expr is_max = eq(substitute(xv, repl), stage_load(stages[0], iv2));
-      if (valid.defined()) is_max = logical_and(substitute(valid, repl), is_max);
       Expr none = int_imm(std::numeric_limits<int64_t>::max());
+      // flat = the window's first position (taps at 0) + the tap's offset: the
+      // taps reduce over their constant offsets, the position added once.
+      std::map<std::string, Expr, std::less<>> at_origin;
+      for (const std::string& r : raxes2) at_origin[r] = Expr(0);
+      Expr origin = simplify(substitute(flat, at_origin));
+      Expr offset = simplify(flat - origin);
+      // The padding test apart from the comparison, as the values' stage
+      // has it: tiles that read no padding drop it (tir lower, strip_padding).
+      Expr tap = select(is_max, offset, none);
+      if (valid.defined()) tap = select(substitute(valid, repl), tap, none);
       stages.push_back(make_reduce_stage(ind.name, DType::kInt64, axes2, ind.shape, raxes2, rext, tir::Combiner::kMin,
-                                         none, select(is_max, flat, none)));
+                                         none, tap, var("acc", DType::kInt64) + origin));
     }
     return stages;
   }

@@ -409,39 +409,56 @@ TEST(PoolNumerics, AverageIncludePadCeil) {
 }
 TEST(PoolNumerics, AverageNoPad) { run_pool_case({"AveragePool", 5, 5, 2, 3, {1, 2}, {0, 0, 0, 0}, {1, 1}, false, true}); }
 
+// Values and flat indices against a direct loop (the first position of the
+// maximum in row-major window order): a ramp on a small plane, and a plane
+// large enough for tiles that read no padding, half of it zeros (ReLU's
+// output), so most windows tie.
 TEST(PoolNumerics, MaxPoolIndices) {
-  Graph g;
-  Value* x = g.add_input("x", tt(DType::kFloat32, {2, 2, 4, 5}));
-  Node* node = g.add_node("MaxPool", {x}, {"y", "idx"});
-  node->set_attr("kernel_shape", Attribute::of_ints({2, 3}));
-  node->set_attr("strides", Attribute::of_ints({2, 2}));
-  node->set_attr("pads", Attribute::of_ints({0, 1, 0, 1}));
-  ASSERT_TRUE(infer(g).is_ok());
-  ASSERT_EQ(node->output(1)->type().static_shape(), (std::vector<int64_t>{2, 2, 2, 3}));
-  std::vector<double> xv = ramp(80, -1, 1, 12);
-  auto out = run_node(g, *node, {make_tensor(DType::kFloat32, {2, 2, 4, 5}, xv)});
-  ASSERT_EQ(out.size(), 2u);
-  std::vector<double> want_v, want_i;
-  for (int64_t pc = 0; pc < 4; ++pc)
-    for (int64_t i = 0; i < 2; ++i)
-      for (int64_t j = 0; j < 3; ++j) {
-        double mx = -INFINITY;
-        int64_t arg = -1;
-        for (int64_t r = 0; r < 2; ++r)
-          for (int64_t q = 0; q < 3; ++q) {
-            int64_t ih = i * 2 + r, iw = j * 2 - 1 + q;
-            if (iw < 0 || iw >= 5) continue;
-            int64_t flat = (pc * 4 + ih) * 5 + iw;
-            if (xv[flat] > mx) {
-              mx = xv[flat];
-              arg = flat;
+  struct Case {
+    std::vector<int64_t> shape, kernel, strides, pads;
+    bool ties;
+  };
+  for (const Case& c : {Case{{2, 2, 4, 5}, {2, 3}, {2, 2}, {0, 1, 0, 1}, false},
+                        Case{{1, 3, 20, 37}, {3, 3}, {2, 2}, {1, 1, 1, 1}, true}}) {
+    Graph g;
+    Value* x = g.add_input("x", tt(DType::kFloat32, Shape(c.shape.begin(), c.shape.end())));
+    Node* node = g.add_node("MaxPool", {x}, {"y", "idx"});
+    node->set_attr("kernel_shape", Attribute::of_ints(c.kernel));
+    node->set_attr("strides", Attribute::of_ints(c.strides));
+    node->set_attr("pads", Attribute::of_ints(c.pads));
+    ASSERT_TRUE(infer(g).is_ok());
+    const int64_t planes = c.shape[0] * c.shape[1], h = c.shape[2], w = c.shape[3];
+    const int64_t oh = (h + c.pads[0] + c.pads[2] - c.kernel[0]) / c.strides[0] + 1;
+    const int64_t ow = (w + c.pads[1] + c.pads[3] - c.kernel[1]) / c.strides[1] + 1;
+    ASSERT_EQ(node->output(1)->type().static_shape(), (std::vector<int64_t>{c.shape[0], c.shape[1], oh, ow}));
+    std::vector<double> xv = ramp(planes * h * w, -1, 1, 12);
+    if (c.ties)
+      for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::max(0.0, std::sin(0.7 * static_cast<double>(i)));
+    auto out = run_node(g, *node, {make_tensor(DType::kFloat32, c.shape, xv)});
+    ASSERT_EQ(out.size(), 2u);
+    std::vector<double> want_v, want_i;
+    for (int64_t pc = 0; pc < planes; ++pc)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          double mx = -INFINITY;
+          int64_t arg = -1;
+          for (int64_t r = 0; r < c.kernel[0]; ++r)
+            for (int64_t q = 0; q < c.kernel[1]; ++q) {
+              int64_t ih = i * c.strides[0] - c.pads[0] + r, iw = j * c.strides[1] - c.pads[1] + q;
+              if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+              int64_t flat = (pc * h + ih) * w + iw;
+              double v = static_cast<float>(xv[flat]);
+              if (v > mx) {
+                mx = v;
+                arg = flat;
+              }
             }
-          }
-        want_v.push_back(mx);
-        want_i.push_back(static_cast<double>(arg));
-      }
-  expect_close(out[0], want_v, 1e-6, "values");
-  expect_close(out[1], want_i, 0, "indices");
+          want_v.push_back(mx);
+          want_i.push_back(static_cast<double>(arg));
+        }
+    expect_close(out[0], want_v, 1e-6, "values");
+    expect_close(out[1], want_i, 0, "indices");
+  }
 }
 
 TEST(PoolNumerics, GlobalAverageAndMaxAndLp) {
