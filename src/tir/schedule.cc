@@ -477,6 +477,63 @@ void plain_reduction_schedule(const ComputeDef& st, Schedule& s) {
   s.prims.push_back(prim("parallel", st.name, {st.axes[par < 0 ? 0 : static_cast<size_t>(par)]}));
 }
 
+namespace {
+// A stage that transposes: some load steps by one element along an outer
+// axis `a` (its last index) and reads the innermost axis `v` in another
+// index, so a vector along v gathers one element from each of its lines.
+// Where one sweep of v touches more lines than half a 32 KB L1 holds (over
+// 256 elements of v, a line each), they are gone before the next step of a
+// reads the next element of each: tiled in blocks of 16 x 16 (a.o, v.o
+// outside a.i, v.i), the 16 lines a block's gathers touch stay in L1 while
+// the 16 steps of a.i use them. Returns false (nothing added) when no load
+// transposes, v is shorter or symbolic, or a's extent is under 32.
+bool tile_transpose(const ComputeDef& st, Schedule& s) {
+  constexpr int64_t kTile = 16, kLines = 256;
+  const size_t n = st.axes.size();
+  if (n < 2) return false;
+  const std::string& v = st.axes[n - 1];
+  auto v_ext = st.shape[n - 1].as_const();
+  if (!v_ext || *v_ext <= kLines) return false;
+  int outer = -1;
+  rewrite(st.body, [&](const Expr& e) -> Expr {
+    if (outer >= 0 || e.kind() != ExprKind::kLoad || e->args.size() < 2) return Expr();
+    bool reads_v = false;
+    for (size_t i = 0; i + 1 < e->args.size(); ++i)
+      for (const std::string& f : free_vars(e->args[i])) reads_v = reads_v || f == v;
+    if (!reads_v) return Expr();
+    for (size_t a = 0; a + 1 < n; ++a) {
+      auto ext = st.shape[a].as_const();
+      if (ext && *ext >= 2 * kTile && unit_stride(e->args.back(), st.axes[a])) outer = static_cast<int>(a);
+    }
+    return Expr();
+  });
+  if (outer < 0) return false;
+  const std::string& a = st.axes[static_cast<size_t>(outer)];
+  const int64_t a_ext = *st.shape[static_cast<size_t>(outer)].as_const();
+  s.prims.push_back(prim(a_ext % kTile == 0 ? "split" : "split_overlap", st.name, {a}, kTile));
+  s.prims.push_back(prim(*v_ext % kTile == 0 ? "split" : "split_overlap", st.name, {v}, kTile));
+  std::vector<std::string> order;
+  std::vector<std::optional<int64_t>> counts;
+  for (size_t i = 0; i + 1 < n; ++i) {
+    if (static_cast<int>(i) == outer) continue;
+    order.push_back(st.axes[i]);
+    counts.push_back(st.shape[i].as_const());
+  }
+  order.push_back(a + ".o");
+  counts.push_back((a_ext + kTile - 1) / kTile);
+  order.push_back(v + ".o");
+  counts.push_back((*v_ext + kTile - 1) / kTile);
+  const size_t tiled = order.size();
+  order.push_back(a + ".i");
+  order.push_back(v + ".i");
+  s.prims.push_back(prim("reorder", st.name, order));
+  s.prims.push_back(prim("vectorize", st.name, {v + ".i"}));
+  int par = choose_parallel(counts);
+  if (par >= 0 && static_cast<size_t>(par) < tiled) s.prims.push_back(prim("parallel", st.name, {order[static_cast<size_t>(par)]}));
+  return true;
+}
+}  // namespace
+
 Schedule default_schedule(const KernelDef& k) {
   Schedule s;
   std::set<std::string> params;
@@ -503,6 +560,7 @@ Schedule default_schedule(const KernelDef& k) {
       // per element, which took most of a depthwise 3x3 kernel's time.
       bool odd_copy = !params.count(st.name) && inner_extent && *inner_extent > 16 &&
                       (*inner_extent & (*inner_extent - 1)) != 0;
+      if (params.count(st.name) && tile_transpose(st, s)) continue;
       if (odd_copy) {
         s.prims.push_back(prim("split_overlap", st.name, {innermost}, 16));
         s.prims.push_back(prim("vectorize", st.name, {innermost + ".i"}));
