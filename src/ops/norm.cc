@@ -568,10 +568,18 @@ Status grad_layer_norm(GradBuilder& b) {
 }
 
 // BatchNormalization in training form (training_mode = 1): the batch's
-// statistics over every axis but the channels' (recomputed here), xhat =
-// (x - mean) rstd; dB = sum dY, dscale = sum dY xhat and, with g = dY scale,
-// dX = (g - mean g - xhat mean(g xhat)) rstd, as LayerNormalization's over
-// those axes. The running statistics outputs carry no gradient.
+// statistics over every axis but the channels' (recomputed here: mean mu,
+// xc = x - mu, rstd = 1 / sqrt(mean(xc^2) + eps)), the N elements per
+// channel; with per-channel sums Sdy = sum dY and Sc = sum dY xc:
+//   dB = Sdy, dscale = Sc rstd,
+//   dX = scale rstd (dY - Sdy / N - xc rstd^2 Sc / N)
+//      = k1 dY + k2 + k3 xc with per-channel k1 = scale rstd,
+//        k2 = -k1 Sdy / N, k3 = -k1 rstd^2 Sc / N,
+// so the backward reads x, xc and dY a few times and writes xc and dX
+// (xhat and dY scale are never stored; the reductions compute their
+// products in their loads). With a symbolic N, the means of dY and dY xc
+// replace Sdy / N and Sc / N. The running statistics outputs carry no
+// gradient.
 Status grad_batch_norm_training(GradBuilder& b, const std::vector<int64_t>& per_channel,
                                 const std::vector<int64_t>& others) {
   const Node& n = b.node();
@@ -579,20 +587,56 @@ Status grad_batch_norm_training(GradBuilder& b, const std::vector<int64_t>& per_
     if (b.output_grad(i) != nullptr) return node_unsupported(n) << "a gradient through the running statistics";
   if (b.wants(3) || b.wants(4)) return node_unsupported(n) << "the gradient with respect to the running statistics";
   Value* dy = b.output_grad(0);
-  KILN_ASSIGN_OR_RETURN(Normalized st, normalize_again(b, n.input(0), others, n.attr_float("epsilon", 1e-5)));
+  Value* x = n.input(0);
+  KILN_ASSIGN_OR_RETURN(Value* mu, b.reduce_mean(x, others));
+  KILN_ASSIGN_OR_RETURN(Value* xc, b.add1("Sub", {x, mu}));
+  KILN_ASSIGN_OR_RETURN(Value* sq, b.add1("Mul", {xc, xc}));
+  KILN_ASSIGN_OR_RETURN(Value* var, b.reduce_mean(sq, others));
+  KILN_ASSIGN_OR_RETURN(Value* ve, b.add1("Add", {var, b.scalar(n.attr_float("epsilon", 1e-5), x)}));
+  KILN_ASSIGN_OR_RETURN(Value* sd, b.add1("Sqrt", {ve}));
+  KILN_ASSIGN_OR_RETURN(Value* rstd, b.add1("Reciprocal", {sd}));
+  KILN_ASSIGN_OR_RETURN(Value* sdy, b.reduce_sum(dy, others, true));
+  KILN_ASSIGN_OR_RETURN(Value* dyxc, b.add1("Mul", {dy, xc}));
+  KILN_ASSIGN_OR_RETURN(Value* sc, b.reduce_sum(dyxc, others, true));
+  Value* flat = b.ints({-1});
   if (b.wants(2)) {
-    KILN_ASSIGN_OR_RETURN(Value* db, b.reduce_sum(dy, others, false));
+    KILN_ASSIGN_OR_RETURN(Value* db, b.add1("Reshape", {sdy, flat}));
     KILN_RETURN_IF_ERROR(b.set_input_grad(2, db));
   }
   if (b.wants(1)) {
-    KILN_ASSIGN_OR_RETURN(Value* prod, b.add1("Mul", {dy, st.xhat}));
-    KILN_ASSIGN_OR_RETURN(Value* ds, b.reduce_sum(prod, others, false));
+    KILN_ASSIGN_OR_RETURN(Value* scr, b.add1("Mul", {sc, rstd}));
+    KILN_ASSIGN_OR_RETURN(Value* ds, b.add1("Reshape", {scr, flat}));
     KILN_RETURN_IF_ERROR(b.set_input_grad(1, ds));
   }
   if (!b.wants(0)) return Status::ok();
+  // Sdy / N and Sc / N: by a constant 1 / N where every reduced dim is static.
+  Value* mdy = nullptr;
+  Value* mc = nullptr;
+  std::optional<int64_t> count = 1;
+  for (int64_t d : others) {
+    auto c = (*x->type().shape)[static_cast<size_t>(d)].as_const();
+    count = c && count ? std::optional<int64_t>(*count * *c) : std::nullopt;
+  }
+  if (count && *count > 0) {
+    Value* inv_n = b.scalar(1.0 / static_cast<double>(*count), x);
+    KILN_ASSIGN_OR_RETURN(mdy, b.add1("Mul", {sdy, inv_n}));
+    KILN_ASSIGN_OR_RETURN(mc, b.add1("Mul", {sc, inv_n}));
+  } else {
+    KILN_ASSIGN_OR_RETURN(mdy, b.reduce_mean(dy, others));
+    KILN_ASSIGN_OR_RETURN(mc, b.reduce_mean(dyxc, others));
+  }
   KILN_ASSIGN_OR_RETURN(Value* scale_c, b.add1("Reshape", {n.input(1), b.ints(per_channel)}));
-  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Mul", {dy, scale_c}));
-  KILN_ASSIGN_OR_RETURN(Value* dx, normalized_input_grad(b, g, st, others));
+  KILN_ASSIGN_OR_RETURN(Value* k1, b.add1("Mul", {scale_c, rstd}));
+  KILN_ASSIGN_OR_RETURN(Value* k1m, b.add1("Mul", {k1, mdy}));
+  KILN_ASSIGN_OR_RETURN(Value* k2, b.add1("Neg", {k1m}));
+  KILN_ASSIGN_OR_RETURN(Value* r2, b.add1("Mul", {rstd, rstd}));
+  KILN_ASSIGN_OR_RETURN(Value* k1r2, b.add1("Mul", {k1, r2}));
+  KILN_ASSIGN_OR_RETURN(Value* k1r2m, b.add1("Mul", {k1r2, mc}));
+  KILN_ASSIGN_OR_RETURN(Value* k3, b.add1("Neg", {k1r2m}));
+  KILN_ASSIGN_OR_RETURN(Value* t1, b.add1("Mul", {dy, k1}));
+  KILN_ASSIGN_OR_RETURN(Value* t2, b.add1("Add", {t1, k2}));
+  KILN_ASSIGN_OR_RETURN(Value* t3, b.add1("Mul", {xc, k3}));
+  KILN_ASSIGN_OR_RETURN(Value* dx, b.add1("Add", {t2, t3}));
   return b.set_input_grad(0, dx);
 }
 

@@ -557,6 +557,13 @@ TEST(Autodiff, BatchNormTraining) {
     %v: f64[2] = const<f64[2] [1.5, 0.75]>
     %y: f64[3, 2, 2, 3] = BatchNormalization(%x, %s, %b, %m, %v) {epsilon = 0.01, training_mode = 1}
   })", {"x", "s", "b"}, {}});
+  // A symbolic batch: the means of dY and dY xc instead of sums over a constant count.
+  check_case({"batch_norm_training_batch", R"(graph g(%x: f64[n, 2, 3], %s: f64[2], %b: f64[2]) -> (%y) {
+    opset "" 15
+    %m: f64[2] = const<f64[2] [0.5, -0.25]>
+    %v: f64[2] = const<f64[2] [1.5, 0.75]>
+    %y: f64[?] = BatchNormalization(%x, %s, %b, %m, %v) {epsilon = 0.01, training_mode = 1}
+  })", {"x", "s", "b"}, {{"n", 4}}});
 }
 
 TEST(Autodiff, MissingRulesAreNamedAllAtOnce) {
