@@ -29,6 +29,15 @@ bool is_plain_reduction(const Node* n) {
   return n->domain().empty() && n->op_type().rfind("Reduce", 0) == 0 && ops::find_op("", n->op_type()) != nullptr;
 }
 
+// A Slice (a copy of a region) and the copies that may read it in place:
+// both are index maps, so the consumer's loads take the slice's offsets.
+bool is_slice_into_copy(const Node* n) {
+  return n->domain().empty() && n->op_type() == "Slice" && n->num_outputs() == 1;
+}
+bool reads_slices(const Node* n) {
+  return (n->domain().empty() && n->op_type() == "Transpose") || (n->domain() == "kiln" && n->op_type() == "Im2Col");
+}
+
 bool is_graph_output(const Graph& g, const Value* v) {
   for (const Value* o : g.outputs())
     if (o == v) return true;
@@ -103,6 +112,18 @@ std::vector<FusedGroup> fuse_elementwise(const Graph& g, const std::set<const No
         root = r;
       }
       if (one_group && root != nullptr && anchored_roots.insert(root).second) root_of[n] = root;
+      continue;
+    }
+    if (enable && is_slice_into_copy(n)) {
+      // A Slice read only by a Transpose or kiln:Im2Col at its input: the
+      // copy reads the slice's region of the whole tensor (a training step's
+      // chunks of the batch), no sliced copy in between.
+      const Value* out = n->output(0);
+      if (out != nullptr && out->uses().size() == 1 && !must_exist(out)) {
+        const auto [consumer, slot] = out->uses()[0];
+        if (compiled.count(consumer) && slot == 0 && root_of[consumer] == consumer && reads_slices(consumer))
+          root_of[n] = consumer;
+      }
       continue;
     }
     if (!enable || !is_elementwise(n) || n->num_outputs() != 1) continue;

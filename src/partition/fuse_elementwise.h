@@ -13,7 +13,9 @@
 // register tile (tir fuse_epilogue). A reduction over its first input
 // (ReduceSum, ReduceMean, ...) takes the elementwise tree producing that
 // input into its group the same way, computed in its loads; no anchor joins
-// such a group. Every other compiled node is a group of its own.
+// such a group. A Slice read only by a Transpose or kiln:Im2Col joins that
+// copy's group (its loads take the slice's offsets). Every other compiled
+// node is a group of its own.
 #pragma once
 
 #include <set>
