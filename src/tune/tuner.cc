@@ -112,7 +112,8 @@ Result<double> parse_duration(const std::string& text) {
 namespace {
 
 // Stages 1-4 of compilation (driver/compile.cc) with --dim bindings: the
-// graph kernel choice would see, and its symbol bounds.
+// graph kernel choice would see (a training step's with options.train), and
+// its symbol bounds.
 Result<std::pair<std::unique_ptr<Graph>, SymbolBounds>> graph_before_choice(const std::string& model_path,
                                                                            const TuneOptions& options) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(model_path));
@@ -128,7 +129,9 @@ Result<std::pair<std::unique_ptr<Graph>, SymbolBounds>> graph_before_choice(cons
   }
   CompileOptions copts;
   copts.threads = options.threads;
+  copts.train = options.train;
   KILN_RETURN_IF_ERROR(driver::check_supported(*g));
+  KILN_RETURN_IF_ERROR(driver::append_requested_gradients(*g, copts));
   driver::KernelEvaluator evaluator(copts);
   KILN_ASSIGN_OR_RETURN(passes::PassContext ctx, driver::pass_context(*g, copts, &evaluator));
   KILN_RETURN_IF_ERROR(driver::run_graph_passes(*g, copts, ctx));
@@ -173,6 +176,9 @@ std::vector<kernels::GroupWorkload> tuning_workloads(Graph& g, const SymbolBound
 }  // namespace
 
 Result<int64_t> enqueue_model(const std::string& model_path, const TuneOptions& options, std::ostream& log) {
+  if (options.train)
+    return unsupported() << "a training step's workloads cannot be queued yet: a job names the model and its --dim "
+                            "bindings, not the training options; tune them here (kiln tune MODEL --train ...)";
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<db::Database> database, db::open_database(options.db, true));
   KILN_ASSIGN_OR_RETURN(auto prepared, graph_before_choice(model_path, options));
   const std::string target = TargetKey::host(Target::host()).text();

@@ -18,10 +18,12 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <ostream>
 #include <string>
 
+#include "kiln/kiln.h"
 #include "tune/cost_model.h"
 #include "tune/measure.h"
 
@@ -38,6 +40,9 @@ struct TuneOptions {
   bool live = false;                  // redraw a table on a terminal (else one line per round)
   Objective objective = Objective::kRegression;  // the cost model's (cost_model.h)
   std::set<std::string> only_workloads;  // non-empty: tune these workload keys only (a worker's job)
+  // The model's training step (forward, backward and update, as kiln train
+  // compiles it) instead of its inference graph: its kernels' workloads.
+  std::optional<TrainOptions> train;
   MeasureOptions measure;
 };
 

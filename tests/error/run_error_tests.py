@@ -546,6 +546,9 @@ def cli_argument_cases(work):
         ("missing test data", ["run", valid, "--test-data", os.path.join(work, "nodir")],
          ["nodir"]),
         ("info on missing file", ["info", os.path.join(work, "absent.onnx")], ["absent.onnx"]),
+        ("tune step option without --train", ["tune", valid, "--optimizer", "adamw"], ["--optimizer", "--train"]),
+        ("tune --train --enqueue", ["tune", valid, "--train", "--enqueue"], ["--enqueue", "training options"]),
+        ("tune --train bad loss option", ["tune", valid, "--train", "--target", "t"], ["--target", "--loss"]),
     ]
 
 

@@ -140,17 +140,23 @@ TEST(Measure, CrashesAndHangsCostOnlyTheirTrial) {
   EXPECT_NE((*second)[2].error.find("no candidate"), std::string::npos) << (*second)[2].error;
 }
 
+// A short tuning run into dir/NAME with the test's worker binary.
+TuneOptions short_run(const std::string& dir, const std::string& name, int64_t trials) {
+  TuneOptions to;
+  to.db = dir + "/" + name;
+  to.max_trials = trials;
+  to.measure.worker = KILN_BINARY;
+  to.measure.min_seconds = 0.01;
+  return to;
+}
+
 TEST(Tuner, TunedRecordsAreWhatTheNextCompileUses) {
   TempDir temp;
   const std::string& dir = temp.path;
   auto g = mlp("", 128, 64, 4);
   std::string model = write_model(*g, dir, "mlp.onnx");
   ASSERT_FALSE(model.empty());
-  TuneOptions to;
-  to.db = dir + "/tuning.db";
-  to.max_trials = 10;
-  to.measure.worker = KILN_BINARY;
-  to.measure.min_seconds = 0.01;
+  TuneOptions to = short_run(dir, "tuning.db", 10);
   std::ostringstream log;
   auto summary = tune_model(model, to, log);
   ASSERT_TRUE(summary.is_ok()) << summary.status().to_string() << "\n" << log.str();
@@ -196,6 +202,51 @@ TEST(Tuner, TunedRecordsAreWhatTheNextCompileUses) {
   CompileOptions missing;
   missing.db = dir + "/absent.db";
   EXPECT_FALSE(driver::compile_model(src, missing).is_ok());
+}
+
+// kiln tune --train: the workloads of the model's training step (the
+// backward's products, whose B is computed, with matmul.dynamic among their
+// candidates) are tuned, and compiling the same step with the database takes
+// them; the inference graph has only its one MatMul.
+TEST(Tuner, TrainingStepKernelsAreTunedAndServed) {
+  TempDir temp;
+  const std::string& dir = temp.path;
+  auto g = mlp("", 128, 64, 4);
+  std::string model = write_model(*g, dir, "mlp.onnx");
+  ASSERT_FALSE(model.empty());
+  TrainOptions t;
+  t.loss_kind = "mse";
+  t.loss = "kiln.loss";
+  t.optimizer = "sgd";
+  TuneOptions to = short_run(dir, "tuning.db", 24);
+  to.train = t;
+  std::ostringstream log;
+  auto summary = tune_model(model, to, log);
+  ASSERT_TRUE(summary.is_ok()) << summary.status().to_string() << "\n" << log.str();
+  EXPECT_GT(summary->workloads, 1) << log.str();
+  EXPECT_GT(summary->committed, 0) << log.str();
+
+  driver::ModelSource src;
+  src.path = model;
+  CompileOptions with_db;
+  with_db.threads = 1;
+  with_db.db = to.db;
+  with_db.train = t;
+  auto step = driver::compile_model(src, with_db);
+  ASSERT_TRUE(step.is_ok()) << step.status().to_string();
+  int from_db = 0, dynamic = 0;
+  for (const auto& k : step->kernel_choices) {
+    from_db += k.source == "database";
+    dynamic += k.impl == "matmul.dynamic" || k.impl == "gemm.dynamic";
+  }
+  EXPECT_GT(from_db, 1) << "the forward's and the backward's products both come from the records";
+  EXPECT_GT(dynamic, 0) << "the backward multiplies two computed values";
+
+  // The inference graph's workloads alone: one MatMul (and its generic kernels).
+  TuneOptions inference = short_run(dir, "inference.db", 1);
+  auto alone = tune_model(model, inference, log);
+  ASSERT_TRUE(alone.is_ok()) << alone.status().to_string();
+  EXPECT_LT(alone->workloads, summary->workloads);
 }
 
 // Which record a compile takes, on records of known latencies (no timing involved).

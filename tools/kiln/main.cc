@@ -655,6 +655,55 @@ Result<TrainOptions> train_options(const ParsedArgs& args, bool model_algorithm)
   return t;
 }
 
+// kiln tune: --train and kiln train's step options are taken out here (the
+// same parsing as kiln train's) and the rest goes to tools/kiln/tune.cc.
+Result<int> cmd_tune_command(const std::vector<std::string>& argv) {
+  std::vector<std::string> rest, step_args;
+  bool train = false;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    const std::string name = a.rfind("--", 0) == 0 ? a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2) : "";
+    if (a == "--train") {
+      train = true;
+    } else if (a == "--nesterov") {
+      step_args.push_back(a);
+    } else if (!name.empty() && std::find(kTrainValueOptions.begin(), kTrainValueOptions.end(), name) != kTrainValueOptions.end()) {
+      step_args.push_back(a);
+      if (a.find('=') == std::string::npos && i + 1 < argv.size()) step_args.push_back(argv[++i]);
+    } else {
+      rest.push_back(a);
+    }
+  }
+  if (!train) {
+    if (!step_args.empty()) return invalid_argument() << step_args[0] << " goes with --train";
+    return cmd_tune(rest, std::nullopt);
+  }
+  if (std::find(rest.begin(), rest.end(), "--enqueue") != rest.end())
+    return invalid_argument() << "--train does not go with --enqueue: a job names the model and its --dim bindings, "
+                                 "not the training options; tune the step here";
+  OptionSpec spec;
+  spec.with_value.insert(kTrainValueOptions.begin(), kTrainValueOptions.end());
+  spec.flags = {"nesterov"};
+  KILN_ASSIGN_OR_RETURN(ParsedArgs step, parse_args(step_args, spec));
+  // The model's own training algorithm (training_info) applies unless a loss
+  // or optimizer option replaces it, as in kiln train: the first argument
+  // that is not an option's value names the model.
+  bool model_algorithm = false;
+  for (size_t i = 0; i < rest.size(); ++i) {
+    if (rest[i].rfind("-", 0) == 0) {
+      if (rest[i] != "--enqueue" && rest[i] != "--warm-caches" && rest[i] != "--help" && rest[i] != "-h") ++i;
+      continue;
+    }
+    if (!Model::is_package_file(rest[i])) {
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(rest[i]));
+      model_algorithm = !g->training_info.empty();
+    }
+    break;
+  }
+  KILN_ASSIGN_OR_RETURN(TrainOptions t, train_options(step, model_algorithm));
+  return cmd_tune(rest, t);
+}
+
 Result<int> cmd_info(const std::vector<std::string>& argv) {
   OptionSpec spec;
   spec.with_value = {"threads", "select", "impl", "passes", "max-memory", "db", "output"};
@@ -1229,7 +1278,7 @@ int main_impl(int argc, char** argv) {
   using Command = Result<int> (*)(const std::vector<std::string>&);
   const std::map<std::string, Command> commands = {
       {"info", cmd_info}, {"run", cmd_run}, {"compile", cmd_compile}, {"train", cmd_train}, {"bench", cmd_bench}, {"opt", cmd_opt}, {"ops", cmd_ops}, {"profile", cmd_profile},
-      {"db", cmd_db}, {"tune", cmd_tune}, {"tune-measure", cmd_tune_measure},
+      {"db", cmd_db}, {"tune", cmd_tune_command}, {"tune-measure", cmd_tune_measure},
       {"tune-worker", cmd_tune_worker}};
   auto it = commands.find(command);
   if (it != commands.end() && !command_help(command).empty()) {

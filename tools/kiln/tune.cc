@@ -16,6 +16,8 @@ namespace {
 
 const char kTuneUsage[] =
     "usage: kiln tune MODEL [--db PATH] [--time-budget SECONDS|10m] [--trials N] [--threads T] [--dim NAME=VALUE ...]\n"
+    "                  [--train [kiln train's --loss, --target, --prediction, --optimizer, --momentum, --nesterov,\n"
+    "                   --weight-decay, --clip-norm]]\n"
     "  measure the schedules of every kernel of MODEL and commit them to the tuning database\n"
     "  (default $KILN_DB, else ~/.cache/kiln/tuning.db); Ctrl-C keeps every committed record, running again resumes.\n"
     "  --time-budget   wall time for the model (default 600 s)\n"
@@ -23,6 +25,8 @@ const char kTuneUsage[] =
     "  --threads T     the thread count the model will run with (default 1)\n"
     "  --dim NAME=V    bind a symbolic input dim (kernels with symbolic shapes are skipped otherwise)\n"
     "  --enqueue       queue the model's workloads as jobs for kiln tune-worker instead of tuning them here\n"
+    "  --train         the kernels of MODEL's training step (forward, backward, update) as kiln train compiles it\n"
+    "                  with the same options; kiln train and kiln.Trainer then find them in the database\n"
     "  --warm-caches   time repeated runs back to back (default: the caches are evicted before each run and\n"
     "                  the kernel's inputs read back, so weights come from memory as in the model)\n"
     "  example: kiln tune resnet50.onnx --db tuning.db --time-budget 10m\n";
@@ -57,8 +61,9 @@ Result<bool> shared_option(const std::vector<std::string>& args, size_t& i, tune
 
 }  // namespace
 
-Result<int> cmd_tune(const std::vector<std::string>& args) {
+Result<int> cmd_tune(const std::vector<std::string>& args, const std::optional<TrainOptions>& train) {
   tune::TuneOptions options;
+  options.train = train;
   std::string model;
   bool enqueue = false;
   for (size_t i = 0; i < args.size(); ++i) {
