@@ -210,8 +210,9 @@ Status dynamic_b_transform(Graph& g, Node& n, const tir::Knobs& knobs) {
   const int64_t nr = knobs.at("nr");
   Value* b = n.input(1);
   const bool trans_b = dynamic_trans_b(n);
+  if (!b->type().is_static() || b->type().rank() != 2)
+    return invalid_argument() << n.describe() << ": matmul.dynamic packs B each run only with B's static 2-D shape";
   const std::vector<int64_t> bs = b->type().static_shape();
-  if (bs.size() != 2) return invalid_argument() << "matmul.dynamic: packing B needs its static shape";
   const int64_t k = trans_b ? bs[1] : bs[0], cols = trans_b ? bs[0] : bs[1];
   if (cols % nr != 0) set_int_attr(n, "kiln_b_columns", cols);
   Value* packed = runtime_weight_node(g, n, b, "PackPanels", nullptr, {{"nr", nr}, {"transpose", trans_b ? 0 : 1}},
