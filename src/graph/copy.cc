@@ -2,9 +2,10 @@
 
 namespace kiln {
 
-Status copy_nodes(const Graph& from, Graph& into, std::map<const Value*, Value*>& map,
-                  const std::function<std::string(const Value*)>& name) {
-  for (const Node* m : from.nodes()) {
+Status copy_nodes(const std::vector<const Node*>& nodes, Graph& into, std::map<const Value*, Value*>& map,
+                  const std::function<std::string(const Value*)>& name,
+                  const std::function<Value*(const Value*)>& unmapped) {
+  for (const Node* m : nodes) {
     std::vector<Value*> ins;
     for (const Value* v : m->inputs()) {
       if (v == nullptr) {
@@ -12,7 +13,12 @@ Status copy_nodes(const Graph& from, Graph& into, std::map<const Value*, Value*>
         continue;
       }
       auto it = map.find(v);
-      if (it == map.end()) return internal_error() << "copying " << m->describe() << ": it reads an unmapped value";
+      if (it == map.end()) {
+        Value* added = unmapped ? unmapped(v) : nullptr;
+        if (added == nullptr)
+          return internal_error() << "copying " << m->describe() << ": it reads an unmapped value '" << v->name() << "'";
+        it = map.emplace(v, added).first;
+      }
       ins.push_back(it->second);
     }
     std::vector<std::string> outs;
@@ -23,6 +29,12 @@ Status copy_nodes(const Graph& from, Graph& into, std::map<const Value*, Value*>
       if (m->output(k) != nullptr) map[m->output(k)] = copy->output(k);
   }
   return Status::ok();
+}
+
+Status copy_nodes(const Graph& from, Graph& into, std::map<const Value*, Value*>& map,
+                  const std::function<std::string(const Value*)>& name) {
+  std::vector<Node*> all = from.nodes();
+  return copy_nodes(std::vector<const Node*>(all.begin(), all.end()), into, map, name);
 }
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "graph/copy.h"
 #include "ops/registry.h"
 #include "partition/partition.h"
 #include "strategy/strategy.h"
@@ -11,31 +12,12 @@ namespace kiln::tune {
 
 namespace {
 
-// Copies `nodes` into `g` (attributes included), mapping their inputs
-// through `map` (constants not in it are added) and adding their outputs.
+// Copies `nodes` into `g` (graph/copy.h), their names kept; a constant
+// outside the map is added to `g`.
 Status copy_nodes(const std::vector<const Node*>& nodes, Graph& g, std::map<const Value*, Value*>& map) {
-  for (const Node* n : nodes) {
-    std::vector<Value*> ins;
-    for (const Value* v : n->inputs()) {
-      if (v == nullptr) {
-        ins.push_back(nullptr);
-        continue;
-      }
-      auto it = map.find(v);
-      if (it == map.end()) {
-        if (!v->is_constant()) return internal_error() << n->describe() << ": input '" << v->name() << "' is outside the graph";
-        it = map.emplace(v, g.add_constant(v->name(), v->constant())).first;
-      }
-      ins.push_back(it->second);
-    }
-    std::vector<std::string> outs;
-    for (const Value* o : n->outputs()) outs.push_back(o ? o->name() : "");
-    Node* m = g.add_node(n->op_type(), ins, outs, n->domain(), n->name());
-    for (const auto& [k, a] : n->attrs()) m->set_attr(k, a);
-    for (size_t k = 0; k < n->num_outputs(); ++k)
-      if (n->output(k)) map[n->output(k)] = m->output(k);
-  }
-  return Status::ok();
+  return kiln::copy_nodes(
+      nodes, g, map, [](const Value* o) { return o->name(); },
+      [&g](const Value* v) -> Value* { return v->is_constant() ? g.add_constant(v->name(), v->constant()) : nullptr; });
 }
 
 // A graph without subgraphs, copied: the same constants (tensors are shared,
