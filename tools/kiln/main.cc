@@ -662,7 +662,8 @@ Result<int> cmd_tune_command(const std::vector<std::string>& argv) {
   bool train = false;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
-    const std::string name = a.rfind("--", 0) == 0 ? a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2) : "";
+    std::string name = a.rfind("--", 0) == 0 ? a.substr(2) : "";
+    name = name.substr(0, name.find('='));  // --loss=mse names loss
     if (a == "--train") {
       train = true;
     } else if (a == "--nesterov") {
@@ -676,32 +677,22 @@ Result<int> cmd_tune_command(const std::vector<std::string>& argv) {
   }
   if (!train) {
     if (!step_args.empty()) return invalid_argument() << step_args[0] << " goes with --train";
-    return cmd_tune(rest, std::nullopt);
+    return cmd_tune(rest, nullptr);
   }
-  if (std::find(rest.begin(), rest.end(), "--enqueue") != rest.end())
-    return invalid_argument() << "--train does not go with --enqueue: a job names the model and its --dim bindings, "
-                                 "not the training options; tune the step here";
   OptionSpec spec;
   spec.with_value.insert(kTrainValueOptions.begin(), kTrainValueOptions.end());
   spec.flags = {"nesterov"};
   KILN_ASSIGN_OR_RETURN(ParsedArgs step, parse_args(step_args, spec));
   // The model's own training algorithm (training_info) applies unless a loss
-  // or optimizer option replaces it, as in kiln train: the first argument
-  // that is not an option's value names the model.
-  bool model_algorithm = false;
-  for (size_t i = 0; i < rest.size(); ++i) {
-    if (rest[i].rfind("-", 0) == 0) {
-      if (rest[i] != "--enqueue" && rest[i] != "--warm-caches" && rest[i] != "--help" && rest[i] != "-h") ++i;
-      continue;
-    }
-    if (!Model::is_package_file(rest[i])) {
-      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(rest[i]));
+  // or optimizer option replaces it, as in kiln train.
+  return cmd_tune(rest, [step](const std::string& model) -> Result<TrainOptions> {
+    bool model_algorithm = false;
+    if (!Model::is_package_file(model)) {
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_onnx_file(model));
       model_algorithm = !g->training_info.empty();
     }
-    break;
-  }
-  KILN_ASSIGN_OR_RETURN(TrainOptions t, train_options(step, model_algorithm));
-  return cmd_tune(rest, t);
+    return train_options(step, model_algorithm);
+  });
 }
 
 Result<int> cmd_info(const std::vector<std::string>& argv) {

@@ -61,9 +61,8 @@ Result<bool> shared_option(const std::vector<std::string>& args, size_t& i, tune
 
 }  // namespace
 
-Result<int> cmd_tune(const std::vector<std::string>& args, const std::optional<TrainOptions>& train) {
+Result<int> cmd_tune(const std::vector<std::string>& args, const TrainOptionsFor& train) {
   tune::TuneOptions options;
-  options.train = train;
   std::string model;
   bool enqueue = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -95,6 +94,13 @@ Result<int> cmd_tune(const std::vector<std::string>& args, const std::optional<T
     }
   }
   if (model.empty()) return invalid_argument() << "kiln tune needs a MODEL\n" << kTuneUsage;
+  if (train) {
+    if (enqueue)
+      return invalid_argument() << "--train does not go with --enqueue: a job names the model and its --dim "
+                                   "bindings, not the training options; tune the step here";
+    KILN_ASSIGN_OR_RETURN(TrainOptions t, train(model));
+    options.train = t;
+  }
   if (options.db.empty()) options.db = db::default_database_path();
   options.live = isatty(STDOUT_FILENO) != 0;
   options.measure.worker = "/proc/self/exe";
