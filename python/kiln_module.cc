@@ -443,6 +443,7 @@ class CompiledModel {
     if (s.unbudgeted_activation_bytes > 0) {
       d["unbudgeted_activation_bytes"] = s.unbudgeted_activation_bytes;
       d["recomputed_segments"] = s.recomputed_segments;
+      d["recomputed_values"] = s.recomputed_values;
       d["recomputed_calls"] = s.recomputed_calls;
       d["recompute_share"] = s.recompute_share;
     }

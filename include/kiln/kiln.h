@@ -141,10 +141,12 @@ struct CompileStats {
   int64_t scratch_bytes = 0;
   int64_t peak_bytes = 0;
   // A training step under TrainOptions::memory_budget: its activation bytes
-  // without checkpointing, the forward segments computed again, the kernel
-  // calls that adds, and their estimated compute over the forward's.
+  // without checkpointing, the forward segments computed again, the values
+  // computed again alone (each by the call that made it), the kernel calls
+  // that adds, and their estimated compute over the forward's.
   int64_t unbudgeted_activation_bytes = 0;
   int recomputed_segments = 0;
+  int recomputed_values = 0;
   int recomputed_calls = 0;
   double recompute_share = 0;
   // Each compile stage (import, support check, graph passes, ...) in the

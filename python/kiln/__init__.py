@@ -246,7 +246,8 @@ class Trainer:
         static shapes only); a budget it cannot meet raises KilnError saying the least it can.
         checkpoint_policy: "dp" (default) or "sqrt" (Chen et al.'s equal segments).
     stats: the compiled step's CompileStats as a dict (activation_bytes, peak_bytes, and under
-        a budget unbudgeted_activation_bytes, recomputed_calls, recompute_share).
+        a budget unbudgeted_activation_bytes, recomputed_segments, recomputed_values, recomputed_calls,
+        recompute_share).
     """
 
     def __init__(self, model, loss=None, params=None, optimizer=None, lr=0.01, momentum=0.0,

@@ -822,6 +822,10 @@ Result<Bytecode> build_bytecode(const partition::Partition& p, const kernels::Ke
   ProgramBuilder top(p.top(), state, bounds);
   KILN_RETURN_IF_ERROR(top.build_program());
   out.program = top.program();
+  for (const auto& [kernel, syms] : out.entries)
+    out.in_place.push_back(kernel >= 0 && static_cast<size_t>(kernel) < ks.kernels.size()
+                               ? tir::in_place_pairs(ks.kernels[static_cast<size_t>(kernel)].canon.def)
+                               : std::vector<std::pair<int, int>>{});
   return out;
 }
 

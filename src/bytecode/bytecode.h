@@ -49,6 +49,10 @@ struct Bytecode {
   // Call targets: a kernel and the symbols a call passes it, in the order of
   // its (canonical) sym_names; runtime::Instr::callee indexes these.
   std::vector<std::pair<int, std::vector<std::string>>> entries;
+  // Per entry: (input, output) parameter positions its kernel lets share one
+  // buffer (tir::in_place_pairs); the memory plan writes such an output over
+  // an input whose last reader is that call.
+  std::vector<std::vector<std::pair<int, int>>> in_place;
   std::vector<kernels::KernelChoiceInfo> host_choices;  // host kernels a candidate chose (conv.onednn)
   int num_host_calls = 0;
 };
@@ -95,6 +99,7 @@ struct CheckpointOptions {
 struct CheckpointReport {
   MemoryUse before, after;
   int segments = 0;              // forward segments recomputed
+  int singles = 0;               // saved values recomputed alone, each by the call that made them
   int recomputed_calls = 0;      // instructions added
   double forward_cost = 0;       // estimated compute of the forward
   double recompute_cost = 0;     // of what is computed again
@@ -109,6 +114,14 @@ Result<CheckpointReport> checkpoint(Bytecode& bc, const CheckpointOptions& optio
 // results no longer live from the forward to the backward. Returns how many
 // moved; a program with control flow is left as it is.
 int sink_input_only_calls(Bytecode& bc);
+
+// The opposite for a step's results: calls whose outputs are program
+// outputs (an optimizer's update of one parameter), and the calls feeding
+// only those, moved to just after the last call making their inputs, so a
+// parameter's gradient dies once its update has run instead of living to
+// the end of the backward. Returns how many moved; a program with control
+// flow is left as it is.
+int hoist_output_calls(Bytecode& bc);
 
 // Sets every program's kernel table: `lookup` gives a kernel's entry point
 // by name (codegen::CompiledModule::lookup).

@@ -252,28 +252,131 @@ class Forward {
       std::map<int, int> copy;  // original register -> its recomputed copy
       std::vector<Instr>& list = before[first];
       for (int at : closure(i, j, drop)) {
-        Instr in = p_->instrs[static_cast<size_t>(at)];
-        for (int& r : in.inputs)
-          if (auto it = copy.find(r); it != copy.end()) r = it->second;
-        for (int& r : in.outputs) {
-          if (r < 0) continue;
-          runtime::RegisterInfo info = p_->registers[static_cast<size_t>(r)];
-          info.name += " (recomputed)";
-          info.is_output = false;
-          info.arena_offset = -1;
-          int fresh = static_cast<int>(out.registers.size());
-          out.registers.push_back(std::move(info));
-          copy[r] = fresh;
-          r = fresh;
-        }
-        in.where += " (recomputed)";
-        list.push_back(std::move(in));
+        std::vector<std::pair<int, int>> made;
+        list.push_back(rerun(at, out, copy, &made));
+        for (auto [r, fresh] : made) copy[r] = fresh;
         ++*added;
       }
       // The backward reads the copies of what was dropped (all its reads of
       // them are at `first` or later).
       for (int r : drop) rename[r] = copy.at(r);
     }
+    return splice(std::move(out), before, rename, index_of);
+  }
+
+  // A saved value one forward call makes; dropping it alone means running
+  // that call again in the backward.
+  struct Single {
+    int reg = -1;
+    int64_t bytes = 0;
+    double cost = 0;
+  };
+
+  // Candidates for single recomputation, most bytes freed per compute
+  // first: saved values of kernel calls (not views, not host calls).
+  std::vector<Single> singles() const {
+    std::vector<Single> out;
+    for (size_t u = 0; u < saved_.size(); ++u) {
+      if (!saved_[u] || pinned_[u] || def_at_[u] < 0 || root_[u] != static_cast<int>(u) || bytes_[u] <= 0) continue;
+      const size_t at = static_cast<size_t>(def_at_[u]);
+      if (!is_forward_[at] || p_->instrs[at].op != OpCode::kCall) continue;
+      out.push_back({static_cast<int>(u), bytes_[u], cost_[at]});
+    }
+    std::stable_sort(out.begin(), out.end(), [](const Single& a, const Single& b) {
+      return static_cast<double>(a.bytes) * (b.cost + 1) > static_cast<double>(b.bytes) * (a.cost + 1);
+    });
+    return out;
+  }
+
+  // The program with each of `candidates` that can be dropped alone dropped:
+  // the call that made it runs again (new registers) just before the
+  // backward first reads it (or a recomputation reads it), reading the
+  // recomputed copies of other dropped values and otherwise values the
+  // backward reads anyway or the step's inputs, so nothing else lives
+  // longer across the turn. `*dropped` counts them, `*cost` their compute.
+  Program rematerialize(const std::vector<Single>& candidates, std::vector<int>* index_of, int* added, int* dropped,
+                        double* cost) const {
+    const size_t ni = p_->instrs.size();
+    std::vector<bool> drop(saved_.size(), false);
+    std::vector<int> chosen;
+    for (const Single& c : candidates) {
+      const Instr& in = p_->instrs[static_cast<size_t>(def_at_[static_cast<size_t>(c.reg)])];
+      bool ok = true;
+      for (int s : in.inputs) {
+        if (s < 0) continue;
+        const size_t u = static_cast<size_t>(s);
+        ok = ok && (pinned_[u] || def_at_[u] < 0 || saved_[u] || drop[u]);
+      }
+      if (!ok) continue;
+      drop[static_cast<size_t>(c.reg)] = true;
+      chosen.push_back(c.reg);
+    }
+    // Where each is needed: its first backward read, or earlier where the
+    // recomputation of another dropped value reads it.
+    std::sort(chosen.begin(), chosen.end(), [&](int a, int b) {
+      return def_at_[static_cast<size_t>(a)] > def_at_[static_cast<size_t>(b)];
+    });
+    std::vector<int> needed_at(saved_.size(), static_cast<int>(ni));
+    for (int r : chosen) {
+      const size_t u = static_cast<size_t>(r);
+      needed_at[u] = std::min(needed_at[u], first_backward_read_[u]);
+      for (int s : p_->instrs[static_cast<size_t>(def_at_[u])].inputs)
+        if (s >= 0 && drop[static_cast<size_t>(s)])
+          needed_at[static_cast<size_t>(s)] = std::min(needed_at[static_cast<size_t>(s)], needed_at[u]);
+    }
+    std::reverse(chosen.begin(), chosen.end());  // in forward order
+    std::stable_sort(chosen.begin(), chosen.end(), [&](int a, int b) {
+      return needed_at[static_cast<size_t>(a)] < needed_at[static_cast<size_t>(b)];
+    });
+    Program out = *p_;
+    std::map<int, int> copy;  // a dropped value -> its recomputed copy
+    std::map<int, std::vector<Instr>> before;
+    *added = 0;
+    *dropped = static_cast<int>(chosen.size());
+    *cost = 0;
+    std::set<int> emitted;  // a call with several dropped outputs runs once, where the first is needed
+    for (int r : chosen) {
+      const size_t at = static_cast<size_t>(def_at_[static_cast<size_t>(r)]);
+      if (!emitted.insert(static_cast<int>(at)).second) continue;
+      std::vector<std::pair<int, int>> made;
+      before[needed_at[static_cast<size_t>(r)]].push_back(rerun(static_cast<int>(at), out, copy, &made));
+      for (auto [o, fresh] : made)
+        if (drop[static_cast<size_t>(o)]) copy[o] = fresh;
+      ++*added;
+      *cost += cost_[at];
+    }
+    return splice(std::move(out), before, copy, index_of);
+  }
+
+ private:
+  // Forward instruction `at` run again on new registers (named
+  // "(recomputed)"), reading `copy`'s copies of its inputs; `*made` gets
+  // (register, its copy) per output.
+  Instr rerun(int at, Program& out, const std::map<int, int>& copy, std::vector<std::pair<int, int>>* made) const {
+    Instr in = p_->instrs[static_cast<size_t>(at)];
+    for (int& r : in.inputs)
+      if (auto it = copy.find(r); it != copy.end()) r = it->second;
+    for (int& r : in.outputs) {
+      if (r < 0) continue;
+      runtime::RegisterInfo info = p_->registers[static_cast<size_t>(r)];
+      info.name += " (recomputed)";
+      info.is_output = false;
+      info.arena_offset = -1;
+      const int fresh = static_cast<int>(out.registers.size());
+      out.registers.push_back(std::move(info));
+      made->push_back({r, fresh});
+      r = fresh;
+    }
+    in.where += " (recomputed)";
+    return in;
+  }
+
+  // `out` (a copy of the program with the new registers) with `before[k]`
+  // inserted before instruction k and the backward reading `rename`'s
+  // copies; `index_of` maps old instruction indices to new.
+  Program splice(Program out, std::map<int, std::vector<Instr>>& before, const std::map<int, int>& rename,
+                 std::vector<int>* index_of) const {
+    const size_t ni = p_->instrs.size();
     out.instrs.clear();
     index_of->assign(ni, -1);
     for (size_t k = 0; k < ni; ++k) {
@@ -289,7 +392,6 @@ class Forward {
     return out;
   }
 
- private:
   const Program* p_ = nullptr;
   int n_ = 0, last_forward_ = -1;
   std::vector<int> def_at_, root_, instr_at_, pos_of_instr_, fwd_last_read_, first_backward_read_;
@@ -430,21 +532,39 @@ Plan plan_segments(const Forward& f, int len) {
 
 std::string mb(int64_t b) { return format_bytes(b); }
 
+// The instruction defining each register (-1: none), or false where the
+// program has control flow or defines a register twice.
+bool straight_line_definitions(const Program& p, std::vector<int>* def_at) {
+  def_at->assign(p.registers.size(), -1);
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    const Instr& in = p.instrs[i];
+    if (is_control_flow(in)) return false;
+    for (int r : in.outputs)
+      if (r >= 0) {
+        if ((*def_at)[static_cast<size_t>(r)] >= 0) return false;
+        (*def_at)[static_cast<size_t>(r)] = static_cast<int>(i);
+      }
+  }
+  return true;
+}
+
+// The step's program with its instructions in `order` (`index_of`: old
+// index -> new), its in-place Concat sites following them.
+void reorder(Bytecode& bc, std::vector<Instr> order, const std::vector<int>& index_of) {
+  bc.program->instrs = std::move(order);
+  for (auto& [prog, sites] : bc.planned)
+    if (prog == bc.program)
+      for (ConcatSite& s : sites) s.instr = static_cast<size_t>(index_of[s.instr]);
+}
+
+
 }  // namespace
 
 int sink_input_only_calls(Bytecode& bc) {
   Program& p = *bc.program;
   const size_t ni = p.instrs.size(), nr = p.registers.size();
-  std::vector<int> def_at(nr, -1);
-  for (size_t i = 0; i < ni; ++i) {
-    const Instr& in = p.instrs[i];
-    if (is_control_flow(in)) return 0;
-    for (int r : in.outputs)
-      if (r >= 0) {
-        if (def_at[static_cast<size_t>(r)] >= 0) return 0;
-        def_at[static_cast<size_t>(r)] = static_cast<int>(i);
-      }
-  }
+  std::vector<int> def_at;
+  if (!straight_line_definitions(p, &def_at)) return 0;
   // Input-only calls, in order: every input a step input, a constant, or
   // another such call's. Outputs of the program stay where they are made.
   std::vector<bool> sink(ni, false), is_output(nr, false);
@@ -496,10 +616,86 @@ int sink_input_only_calls(Bytecode& bc) {
     index_of[k] = static_cast<int>(order.size());
     order.push_back(std::move(p.instrs[k]));
   }
-  p.instrs = std::move(order);
-  for (auto& [prog, sites] : bc.planned)
-    if (prog == bc.program)
-      for (ConcatSite& s : sites) s.instr = static_cast<size_t>(index_of[s.instr]);
+  reorder(bc, std::move(order), index_of);
+  return moved;
+}
+
+int hoist_output_calls(Bytecode& bc) {
+  Program& p = *bc.program;
+  const size_t ni = p.instrs.size(), nr = p.registers.size();
+  std::vector<int> def_at;
+  if (!straight_line_definitions(p, &def_at)) return 0;
+  std::vector<bool> is_output(nr, false);
+  for (int r : p.output_registers) is_output[static_cast<size_t>(r)] = true;
+  std::vector<std::vector<int>> readers(nr);
+  for (size_t i = 0; i < ni; ++i)
+    for (int r : p.instrs[i].inputs)
+      if (r >= 0) readers[static_cast<size_t>(r)].push_back(static_cast<int>(i));
+  // Candidates, last first: calls (no host calls: those may talk to other
+  // processes, in order) whose every output is a program output or read
+  // only by candidates.
+  std::vector<bool> hoist(ni, false);
+  for (size_t k = ni; k-- > 0;) {
+    const Instr& in = p.instrs[k];
+    if (in.op != OpCode::kCall && in.op != OpCode::kView && in.op != OpCode::kCopy) continue;
+    bool ok = !in.outputs.empty();
+    for (int r : in.outputs) {
+      ok = ok && r >= 0;
+      if (!ok) break;
+      if (is_output[static_cast<size_t>(r)]) continue;
+      ok = !readers[static_cast<size_t>(r)].empty();
+      for (int reader : readers[static_cast<size_t>(r)]) ok = ok && hoist[static_cast<size_t>(reader)];
+    }
+    hoist[k] = ok;
+  }
+  // Each one's anchor: the last instruction that stays among those making
+  // its inputs (through candidates). One reading only the step's inputs
+  // stays where it is, and so does one making an intermediate that a
+  // reader would not read until a later anchor (its output would live
+  // longer).
+  std::vector<int> anchor(ni, -1);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t k = 0; k < ni; ++k) {
+      if (!hoist[k]) continue;
+      int a = -1;
+      for (int r : p.instrs[k].inputs) {
+        if (r < 0 || def_at[static_cast<size_t>(r)] < 0) continue;
+        const size_t d = static_cast<size_t>(def_at[static_cast<size_t>(r)]);
+        a = std::max(a, hoist[d] ? anchor[d] : static_cast<int>(d));
+      }
+      if (a < 0) hoist[k] = false;
+      anchor[k] = a;
+    }
+    for (size_t k = 0; k < ni && !changed; ++k) {
+      if (!hoist[k]) continue;
+      for (int r : p.instrs[k].outputs)
+        if (!is_output[static_cast<size_t>(r)])
+          for (int reader : readers[static_cast<size_t>(r)])
+            if (!hoist[static_cast<size_t>(reader)] || anchor[static_cast<size_t>(reader)] > anchor[k]) changed = true;
+      if (changed) hoist[k] = false;
+    }
+  }
+  std::vector<std::vector<int>> after(ni);
+  int moved = 0;
+  for (size_t k = 0; k < ni; ++k)
+    if (hoist[k]) {
+      after[static_cast<size_t>(anchor[k])].push_back(static_cast<int>(k));
+      moved += static_cast<int>(k) > anchor[k] + 1;
+    }
+  if (moved == 0) return 0;
+  std::vector<Instr> order;
+  std::vector<int> index_of(ni, -1);
+  for (size_t k = 0; k < ni; ++k) {
+    if (hoist[k]) continue;
+    index_of[k] = static_cast<int>(order.size());
+    order.push_back(std::move(p.instrs[k]));
+    for (int m : after[k]) {
+      index_of[static_cast<size_t>(m)] = static_cast<int>(order.size());
+      order.push_back(std::move(p.instrs[static_cast<size_t>(m)]));
+    }
+  }
+  reorder(bc, std::move(order), index_of);
   return moved;
 }
 
@@ -515,89 +711,169 @@ Result<CheckpointReport> checkpoint(Bytecode& bc, const CheckpointOptions& o) {
   if (!report.before.known) return unsupported() << "a memory budget needs a static memory plan";
   report.after = report.before;
   if (report.before.activation_bytes() <= o.budget) return report;
-  const SegmentTable table(f);
 
   std::vector<ConcatSite>* sites = nullptr;
   for (auto& [prog, s] : bc.planned)
     if (prog == bc.program) sites = &s;
-  // A plan applied to a copy of the bytecode: its exact memory use.
-  struct Applied {
-    Bytecode bc;
+  // A program derived from the step's, with its exact memory use and what
+  // it recomputes.
+  struct Candidate {
+    std::shared_ptr<Program> program;
     std::vector<ConcatSite> sites;
-    int added = 0;
     MemoryUse use;
+    double cost = 0;
+    int added = 0, segments = 0, singles = 0;
+    bool fits = false;
   };
-  auto apply = [&](const Plan& plan) {
-    Applied a;
-    std::vector<int> index_of;
-    auto prog = std::make_shared<Program>(f.apply(plan.recompute, &index_of, &a.added));
-    if (sites != nullptr) {
-      a.sites = *sites;
-      for (ConcatSite& s : a.sites) s.instr = static_cast<size_t>(index_of[s.instr]);
-    }
-    a.bc.program = prog;
-    a.bc.planned.emplace_back(prog, a.sites);
-    a.use = memory_use(a.bc);
-    return a;
+  int64_t budget = o.budget;  // the budget searched for (lowered by the search for the least below)
+  // `index_of` maps the instructions of `base`'s program to `prog`'s.
+  auto derive = [&](Program prog, const std::vector<int>& index_of, const Candidate& base) {
+    Candidate c;
+    c.program = std::make_shared<Program>(std::move(prog));
+    c.sites = base.sites;
+    for (ConcatSite& s : c.sites) s.instr = static_cast<size_t>(index_of[s.instr]);
+    Bytecode copy;
+    copy.program = c.program;
+    copy.in_place = bc.in_place;
+    copy.planned.emplace_back(c.program, c.sites);
+    c.use = memory_use(copy);
+    c.fits = c.use.known && c.use.activation_bytes() <= budget;
+    c.cost = base.cost;
+    c.added = base.added;
+    c.singles = base.singles;
+    return c;
   };
+  Candidate step;
+  step.program = bc.program;
+  if (sites != nullptr) step.sites = *sites;
+  step.use = report.before;
 
-  // The unmodelled part (gradients, temporaries) is taken as what the
-  // model misses of the whole-kept plan; the model's budget is lowered by
-  // any excess of the exact figure until the plan fits.
-  Plan keep_all = plan_dp(table, std::numeric_limits<int64_t>::max() / 4);
-  int64_t unmodelled = std::max<int64_t>(0, report.before.activation_bytes() - keep_all.model_bytes);
-  std::optional<Applied> found;
-  Plan chosen;
-  // The least an equal-segment plan reaches: a budget of that much is met
-  // (the search below finds that plan again).
-  int64_t least = report.before.activation_bytes();
-  if (o.policy == "dp") {
-    int64_t model_budget = o.budget - unmodelled;
+  // Segments of `base`'s forward `fb` recomputed as the dp plans them. The
+  // unmodelled part of its memory (gradients, temporaries) is taken as what
+  // the model misses of the whole-kept plan; the model's budget is lowered
+  // by any excess of the exact figure until the plan fits.
+  auto segments_dp = [&](const Forward& fb, const Candidate& base) -> std::optional<Candidate> {
+    const SegmentTable table(fb);
+    Plan keep_all = plan_dp(table, std::numeric_limits<int64_t>::max() / 4);
+    int64_t unmodelled = std::max<int64_t>(0, base.use.activation_bytes() - keep_all.model_bytes);
+    int64_t model_budget = budget - unmodelled;
     for (int round = 0; round < 12 && model_budget > 0; ++round) {
       Plan p = plan_dp(table, model_budget);
       if (!p.ok) break;
-      Applied a = apply(p);
-      if (a.use.known && a.use.activation_bytes() <= o.budget) {
-        found = std::move(a);
-        chosen = std::move(p);
-        break;
+      std::vector<int> index_of;
+      int added = 0;
+      Candidate c = derive(fb.apply(p.recompute, &index_of, &added), index_of, base);
+      if (c.fits) {
+        c.cost += p.cost;
+        c.added += added;
+        c.segments = static_cast<int>(p.recompute.size());
+        return c;
       }
-      int64_t excess = a.use.activation_bytes() - o.budget;
+      int64_t excess = c.use.activation_bytes() - budget;
       model_budget = std::min(model_budget - excess, p.model_bytes - std::max<int64_t>(excess, 1));
     }
-  }
-  if (!found) {
-    // Equal segments (Chen et al.), every one recomputed: sqrt(n) long
-    // first, then lengths growing by half, the least recomputation among
-    // those that fit. The "sqrt" policy, and the fallback of "dp".
-    const int n = f.n();
+    return std::nullopt;
+  };
+  // Equal segments (Chen et al.), every one recomputed: sqrt(n) long first,
+  // then lengths growing by half, the least recomputation among those that
+  // fit (only sqrt(n) for `sqrt_only`). `*least`: the least memory seen.
+  auto segments_equal = [&](const Forward& fb, const Candidate& base, bool sqrt_only,
+                            int64_t* least) -> std::optional<Candidate> {
+    std::optional<Candidate> found;
+    const int n = fb.n();
     const int root = std::max(1, static_cast<int>(std::ceil(std::sqrt(static_cast<double>(n)))));
     std::vector<int> lens = {root};
     for (int len = 1; len <= n; len = std::max(len + 1, len * 3 / 2))
       if (len != root) lens.push_back(len);
     for (int len : lens) {
-      Plan p = plan_segments(f, len);
-      Applied a = apply(p);
-      if (a.use.known) least = std::min(least, a.use.activation_bytes());
-      if (!a.use.known || a.use.activation_bytes() > o.budget) continue;
-      if (!found || p.cost < chosen.cost) {
-        found = std::move(a);
-        chosen = std::move(p);
-      }
-      if (len == root && o.policy == "sqrt") break;
+      Plan p = plan_segments(fb, len);
+      std::vector<int> index_of;
+      int added = 0;
+      Candidate c = derive(fb.apply(p.recompute, &index_of, &added), index_of, base);
+      if (c.use.known) *least = std::min(*least, c.use.activation_bytes());
+      c.cost += p.cost;
+      c.added += added;
+      c.segments = static_cast<int>(p.recompute.size());
+      if (c.fits && (!found || c.cost < found->cost)) found = std::move(c);
+      if (len == root && sqrt_only && found) break;
     }
-  }
-  if (!found) {
+    return found;
+  };
+
+  // "dp": saved values that one cheap call makes are dropped alone (the
+  // call runs again in the backward), most bytes per compute first; for
+  // each number of them, the dp's segments on top; the least recomputation
+  // that fits. "sqrt", and the fallback of "dp": equal segments.
+  int64_t least = report.before.activation_bytes();
+  const std::vector<Forward::Single> singles = o.policy == "dp" ? f.singles() : std::vector<Forward::Single>{};
+  auto drop_singles = [&](size_t k) {
+    std::vector<int> index_of;
+    int added = 0, dropped = 0;
+    double cost = 0;
+    Program prog = f.rematerialize({singles.begin(), singles.begin() + static_cast<std::ptrdiff_t>(k)}, &index_of,
+                                   &added, &dropped, &cost);
+    Candidate c = derive(std::move(prog), index_of, step);
+    c.cost = cost;
+    c.added = added;
+    c.singles = dropped;
+    if (c.use.known) least = std::min(least, c.use.activation_bytes());
+    return c;
+  };
+  // The plan for `budget`; deterministic, so a budget once met is met again.
+  auto search = [&](std::optional<Candidate>* best) -> Status {
+    best->reset();
+    if (o.policy == "dp") {
+      std::vector<size_t> counts = {0};
+      for (size_t k = 1; k < singles.size(); k = std::max(k + 1, k * 3 / 2)) counts.push_back(k);
+      if (!singles.empty()) counts.push_back(singles.size());
+      for (size_t k : counts) {
+        Candidate base = k == 0 ? step : drop_singles(k);
+        if (*best && base.cost >= (*best)->cost) break;  // more singles only cost more
+        if (base.fits) {
+          *best = std::move(base);
+          break;
+        }
+        Forward fb;
+        KILN_RETURN_IF_ERROR(fb.analyze(*base.program, o.loss_output, o.entry_cost));
+        std::optional<Candidate> c = segments_dp(fb, base);
+        if (c && (!*best || c->cost < (*best)->cost)) *best = std::move(c);
+      }
+    }
+    if (!*best) {
+      *best = segments_equal(f, step, o.policy == "sqrt", &least);
+      if (!*best && !singles.empty()) {
+        Candidate all = drop_singles(singles.size());
+        Forward fa;
+        KILN_RETURN_IF_ERROR(fa.analyze(*all.program, o.loss_output, o.entry_cost));
+        *best = segments_equal(fa, all, false, &least);
+      }
+    }
+    return Status::ok();
+  };
+  std::optional<Candidate> best;
+  KILN_RETURN_IF_ERROR(search(&best));
+  if (!best) {
+    // The least budget the search meets: between the one refused and the
+    // least memory a budget-independent plan (equal segments, values
+    // dropped alone) reached, which it meets; halved a few times.
+    int64_t lo = o.budget, hi = least;
+    for (int round = 0; round < 10 && hi - lo > std::max<int64_t>(hi / 128, 1); ++round) {
+      budget = lo + (hi - lo) / 2;
+      std::optional<Candidate> c;
+      KILN_RETURN_IF_ERROR(search(&c));
+      (c ? hi : lo) = budget;
+    }
     return resource_exhausted() << "memory budget " << mb(o.budget) << " cannot be met: the step's activations take "
                                 << mb(report.before.activation_bytes()) << " as planned, and the least Kiln reaches by "
-                                << "recomputing them is " << mb(least) << "; give a budget of at least " << mb(least);
+                                << "recomputing them is " << mb(hi) << "; give a budget of at least " << mb(hi);
   }
-  *bc.program = *found->bc.program;
-  if (sites != nullptr) *sites = found->sites;
-  report.after = found->use;
-  report.segments = static_cast<int>(chosen.recompute.size());
-  report.recomputed_calls = found->added;
-  report.recompute_cost = chosen.cost;
+  *bc.program = *best->program;
+  if (sites != nullptr) *sites = best->sites;
+  report.after = best->use;
+  report.segments = best->segments;
+  report.singles = best->singles;
+  report.recomputed_calls = best->added;
+  report.recompute_cost = best->cost;
   return report;
 }
 

@@ -19,7 +19,8 @@ bool shape_is_static(const std::vector<Expr>& shape) {
 
 // Lifetimes of registers in instruction order; releases after last use; a
 // static arena when every planned register has a static shape.
-void plan_program(runtime::Program& p, const std::vector<ConcatSite>& concat_sites_) {
+void plan_program(runtime::Program& p, const std::vector<ConcatSite>& concat_sites_,
+                  const std::vector<std::vector<std::pair<int, int>>>& in_place) {
   size_t nr = p.registers.size();
   std::vector<int> def_at(nr, -1), last_use(nr, -1), alias_of(nr, -1);
   std::vector<bool> host_owned(nr, false), pinned(nr, false);
@@ -196,11 +197,39 @@ void plan_program(runtime::Program& p, const std::vector<ConcatSite>& concat_sit
     in.callee = -1;
     in.inputs.clear();
   }
+  // Outputs written over an input (Bytecode::in_place): the call is the
+  // input's last reader (and of every value already in its buffer), the
+  // input appears once among the call's inputs, neither is in an in-place
+  // Concat or Split, and both have the same size. The output then lives in
+  // the input's buffer, which lives on to the output's last use; a chain of
+  // such calls shares one buffer.
+  std::vector<int> owner(nr, -1);
+  std::vector<int64_t> size_of(nr, -1);
+  for (size_t i = 0; i < planned.size(); ++i) size_of[static_cast<size_t>(planned[i])] = bytes[i];
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    const runtime::Instr& in = p.instrs[i];
+    if (in.op != runtime::OpCode::kCall || in.callee < 0 || static_cast<size_t>(in.callee) >= in_place.size()) continue;
+    for (auto [ki, ko] : in_place[static_cast<size_t>(in.callee)]) {
+      const size_t ni = in.inputs.size();
+      if (ki < 0 || static_cast<size_t>(ki) >= ni || static_cast<size_t>(ko) < ni ||
+          static_cast<size_t>(ko) - ni >= in.outputs.size())
+        continue;
+      const int r = in.inputs[static_cast<size_t>(ki)], o = in.outputs[static_cast<size_t>(ko) - ni];
+      if (r < 0 || o < 0 || std::count(in.inputs.begin(), in.inputs.end(), r) != 1 || !is_planned.count(r) ||
+          !is_planned.count(o) || host[r] >= 0 || host[o] >= 0 || owner[o] >= 0 || size_of[r] != size_of[o])
+        continue;
+      const int h = owner[r] >= 0 ? owner[r] : r;
+      if (last[h] != static_cast<int>(i)) continue;
+      owner[o] = h;
+      last[h] = std::max(last[h], last[o]);
+      break;
+    }
+  }
   std::vector<runtime::BufferLifetime> lifetimes;
   std::vector<int> owners;
   for (size_t i = 0; i < planned.size(); ++i) {
     int r = planned[i];
-    if (host[r] >= 0 && host[r] != r) continue;
+    if ((host[r] >= 0 && host[r] != r) || owner[r] >= 0) continue;
     owners.push_back(r);
     lifetimes.push_back({bytes[i], first[r], last[r]});
   }
@@ -208,13 +237,14 @@ void plan_program(runtime::Program& p, const std::vector<ConcatSite>& concat_sit
   for (size_t i = 0; i < owners.size(); ++i) p.registers[owners[i]].arena_offset = plan.offsets[i];
   for (int r : planned)
     if (host[r] >= 0 && host[r] != r) p.registers[r].arena_offset = p.registers[host[r]].arena_offset + slice[r];
+    else if (owner[r] >= 0) p.registers[r].arena_offset = p.registers[owner[r]].arena_offset;
   p.arena_bytes = plan.arena_bytes;
 }
 
 }  // namespace
 
 void plan_memory(Bytecode& bc) {
-  for (auto& [prog, sites] : bc.planned) plan_program(*prog, sites);
+  for (auto& [prog, sites] : bc.planned) plan_program(*prog, sites, bc.in_place);
 }
 
 bool is_control_flow(const runtime::Instr& in) {
@@ -228,7 +258,7 @@ MemoryUse memory_use(const Bytecode& bc) {
     if (is_control_flow(in)) return use;
   runtime::Program p = *bc.program;
   for (const auto& [prog, sites] : bc.planned)
-    if (prog == bc.program) plan_program(p, sites);
+    if (prog == bc.program) plan_program(p, sites, bc.in_place);
   if (!p.static_plan) return use;
   // Registers the arena does not hold: outputs (live to the end) and
   // intermediates a host kernel allocates (live to their last use).

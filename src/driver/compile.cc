@@ -71,6 +71,7 @@ Status checkpoint_step(bytecode::Bytecode& bc, const kernels::KernelSet& ks, con
                        const std::string& source, CompileStats* stats) {
   if (!options.train) return Status::ok();
   bytecode::sink_input_only_calls(bc);
+  bytecode::hoist_output_calls(bc);
   if (options.train->memory_budget == 0) return Status::ok();  // a negative one is checkpoint()'s error
   bytecode::CheckpointOptions o;
   o.budget = options.train->memory_budget;
@@ -95,6 +96,7 @@ Status checkpoint_step(bytecode::Bytecode& bc, const kernels::KernelSet& ks, con
   if (!report.is_ok()) return source.empty() ? report.status() : report.status().with_context(source);
   stats->unbudgeted_activation_bytes = report->before.activation_bytes();
   stats->recomputed_segments = report->segments;
+  stats->recomputed_values = report->singles;
   stats->recomputed_calls = report->recomputed_calls;
   stats->recompute_share = report->forward_cost > 0 ? report->recompute_cost / report->forward_cost : 0;
   return Status::ok();

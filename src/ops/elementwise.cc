@@ -735,8 +735,10 @@ std::vector<Elementwise> elementwise_ops() {
   add_op(with_gradient(unary_any("Relu", [](const Node&, const Expr& x) { return max(x, c_of(x, 0)); }),
                        [](GradBuilder& b) -> Status {
                          if (!b.wants(0)) return Status::ok();
-                         Value* x = b.node().input(0);
-                         KILN_ASSIGN_OR_RETURN(Value* pos, b.add1("Greater", {x, b.scalar(0, x)}));
+                         // y > 0 where x > 0: the backward keeps the output,
+                         // which the next layer's gradient reads anyway.
+                         Value* y = b.node().output(0);
+                         KILN_ASSIGN_OR_RETURN(Value* pos, b.add1("Greater", {y, b.scalar(0, y)}));
                          Value* gy = b.output_grad(0);
                          KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Where", {pos, gy, b.scalar(0, gy)}));
                          return b.set_input_grad(0, g);

@@ -1,8 +1,8 @@
 // Static memory planning: places buffers with known sizes and lifetimes at
 // offsets in one arena so that buffers alive at the same time never overlap
-// and the arena is small. Greedy: largest buffers first, each at the lowest
-// 64-byte-aligned offset that does not collide with an already placed buffer
-// whose lifetime overlaps.
+// and the arena is small. Greedy placements (largest, longest-lived, most
+// bytes x lifetime first; each at the lowest fitting 64-byte-aligned offset
+// or in the smallest fitting gap); the smallest arena is kept.
 #pragma once
 
 #include <cstdint>

@@ -386,4 +386,64 @@ std::string print_kernel_def(const KernelDef& k) {
   return os.str();
 }
 
+std::vector<std::pair<int, int>> in_place_pairs(const KernelDef& k) {
+  const int np = static_cast<int>(k.params.size());
+  if (np - k.num_inputs != 1 || k.stages.empty()) return {};
+  const int out = np - 1;
+  const Buffer& ob = k.params[static_cast<size_t>(out)];
+  if (k.stages.back().name != ob.name) return {};  // nothing may run after the output is written
+  auto same_shape = [](const std::vector<Expr>& a, const std::vector<Expr>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!a[i].same_as(b[i])) return false;
+    return true;
+  };
+  // Every load of a stage's body: (param index or -1, stage name, at the stage's point).
+  struct Read {
+    int param;
+    std::string stage;
+    bool at_point;
+  };
+  std::vector<std::vector<Read>> reads(k.stages.size());
+  for (size_t si = 0; si < k.stages.size(); ++si) {
+    const ComputeDef& s = k.stages[si];
+    std::vector<const ExprNode*> stack = {s.body.get(), s.init.get(), s.finalize.get()};
+    while (!stack.empty()) {
+      const ExprNode* e = stack.back();
+      stack.pop_back();
+      if (e == nullptr) continue;
+      for (const Expr& a : e->args) stack.push_back(a.get());
+      if (e->kind != ExprKind::kLoad) continue;
+      bool at_point = e->args.size() == s.axes.size();
+      for (size_t d = 0; at_point && d < s.axes.size(); ++d)
+        at_point = e->args[d].is_var() && e->args[d]->name == s.axes[d];
+      reads[si].push_back({static_cast<int>(e->int_value), e->int_value >= 0 ? std::string() : e->name, at_point});
+      if (e->int_value == out) return {};  // the output is read back
+    }
+  }
+  std::vector<std::pair<int, int>> pairs;
+  for (int in = 0; in < k.num_inputs; ++in) {
+    const Buffer& b = k.params[static_cast<size_t>(in)];
+    if (b.dtype != ob.dtype || !same_shape(b.shape, ob.shape)) continue;
+    // Stages that depend on the input: each must be pointwise over the
+    // output's shape and read the input and such stages only at its point.
+    std::set<std::string> depends;
+    bool ok = true;
+    for (size_t si = 0; ok && si < k.stages.size(); ++si) {
+      const ComputeDef& s = k.stages[si];
+      bool dep = false, displaced = false;
+      for (const Read& r : reads[si]) {
+        const bool on = r.param == in || (r.param < 0 && depends.count(r.stage));
+        dep = dep || on;
+        displaced = displaced || (on && !r.at_point);
+      }
+      if (!dep) continue;
+      ok = !displaced && s.reduce_axes.empty() && s.axes.size() == ob.shape.size() && same_shape(s.shape, ob.shape);
+      depends.insert(s.name);
+    }
+    if (ok && depends.count(ob.name)) pairs.push_back({in, out});
+  }
+  return pairs;
+}
+
 }  // namespace kiln::tir

@@ -141,6 +141,17 @@ CanonicalKernel canonicalize(const KernelDef& k, const SymbolBounds* bounds = nu
 // independent of buffer, axis, symbol and kernel names: canonicalize(k).hash.
 uint64_t structural_hash(const KernelDef& k);
 
+// Pairs (input param, output param) of a kernel that may share one buffer,
+// so a call may write its output over an input nothing reads afterwards: the
+// kernel has one output, written by its last stage and never read; the input
+// has the output's dtype and shape; and every stage that depends on the
+// input is pointwise (no reduce axes) over the output's shape and reads the
+// input and such stages only at the point it computes (stages that do not
+// depend on it, such as per-channel factors, are free). Any schedule of such
+// a kernel reads each element of the input before it writes the same element
+// of the output, and no other.
+std::vector<std::pair<int, int>> in_place_pairs(const KernelDef& k);
+
 std::string print_stmt(const Stmt& s, int indent = 0);
 std::string print_func(const PrimFunc& f);
 std::string print_kernel_def(const KernelDef& k);

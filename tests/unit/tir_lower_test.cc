@@ -399,6 +399,67 @@ TEST(TirLower, ChainOfThreeStagesFusedAndMaterialized) {
   for (int t = 0; t < 30; ++t) expect_matches(k, random_schedule(k, rng), {}, chain_ref, t);
 }
 
+// C[i, j] = A[j, i] (square): reads A away from the point it writes.
+KernelDef transpose_square(int64_t n) {
+  KernelDef k;
+  k.name = "transpose";
+  k.params = {buf("A", {n, n}), buf("C", {n, n})};
+  k.num_inputs = 1;
+  k.stages = {stage("C", {"i", "j"}, {n, n}, ld("A", 0, {var("j"), var("i")}))};
+  return k;
+}
+
+// The output written over input `in` (one buffer passed for both) under
+// `s`: it must equal the reference computed from the untouched inputs.
+void expect_in_place_matches(const KernelDef& k, int in, const Schedule& s, const Reference& ref, uint32_t seed) {
+  SCOPED_TRACE("in place over param " + std::to_string(in) + ", schedule:\n" + s.to_string());
+  auto f = lower(k, s);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  HostData r = make_inputs(k, {}, seed);
+  const HostData original = r;
+  std::vector<void*> ptrs;
+  for (auto& b : r.bytes) ptrs.push_back(b.data());
+  const size_t out = k.params.size() - 1;
+  ptrs[out] = ptrs[static_cast<size_t>(in)];
+  ASSERT_TRUE(interpret(*f, ptrs, {}).is_ok());
+  std::vector<float> want = ref(original)[0];
+  std::vector<float> got = as_floats(r.bytes[static_cast<size_t>(in)]);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-5f * std::max(1.0f, std::fabs(want[i]))) << "element " << i;
+}
+
+TEST(TirInPlace, PointwiseKernelsOnlyAndEverySchedule) {
+  using Pairs = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(in_place_pairs(add_broadcast(5, 7)), (Pairs{{0, 2}}));  // B is broadcast: not its size
+  EXPECT_EQ(in_place_pairs(chain(6, 9)), (Pairs{{0, 2}, {1, 2}}));
+  EXPECT_TRUE(in_place_pairs(transpose_square(6)).empty());
+  EXPECT_TRUE(in_place_pairs(matmul(4, 4, 4)).empty());
+  EXPECT_TRUE(in_place_pairs(softmax(4, 8)).empty());
+  // A per-channel factor stage that does not read A is free; a row sum of A is not.
+  KernelDef scaled;
+  scaled.name = "scaled";
+  scaled.params = {buf("A", {4, 8}), buf("B", {8}), buf("C", {4, 8})};
+  scaled.num_inputs = 2;
+  scaled.stages = {stage("f", {"j"}, {8}, ld("B", 1, {var("j")}) * float_imm(2.0)),
+                   stage("C", {"i", "j"}, {4, 8}, ld("A", 0, {var("i"), var("j")}) * ld("f", -1, {var("j")}))};
+  EXPECT_EQ(in_place_pairs(scaled), (Pairs{{0, 2}}));
+  KernelDef centered = scaled;
+  centered.stages = {reduce_stage("m", {"i"}, {4}, {"r"}, {8}, Combiner::kSum, ld("A", 0, {var("i"), var("r")})),
+                     stage("C", {"i", "j"}, {4, 8}, ld("A", 0, {var("i"), var("j")}) - ld("m", -1, {var("i")}))};
+  EXPECT_TRUE(in_place_pairs(centered).empty());
+  std::mt19937 rng(11);
+  for (int in : {0, 1}) {
+    KernelDef k = chain(6, 9);
+    expect_in_place_matches(k, in, naive_schedule(k), chain_ref, 3);
+    expect_in_place_matches(k, in, default_schedule(k), chain_ref, 3);
+    for (int t = 0; t < 30; ++t) expect_in_place_matches(k, in, random_schedule(k, rng), chain_ref, t);
+  }
+  KernelDef b = add_broadcast(5, 7);
+  auto bref = [](const HostData& r) { return add_broadcast_ref(r, 5, 7); };
+  for (int t = 0; t < 30; ++t) expect_in_place_matches(b, 0, random_schedule(b, rng), bref, t);
+}
+
 TEST(TirLower, MatmulSchedules) {
   KernelDef k = matmul(7, 19, 5);
   auto ref = [](const HostData& r) { return matmul_ref(r, 7, 19, 5); };

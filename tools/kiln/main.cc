@@ -608,7 +608,7 @@ std::string memory_report(const Model& model, bool train) {
     std::ostringstream share;
     share << std::fixed << std::setprecision(1) << 100 * s.recompute_share;
     os << "  recomputed: " << s.recomputed_segments << " forward segment" << (s.recomputed_segments == 1 ? "" : "s")
-       << ", " << s.recomputed_calls << " kernel call" << (s.recomputed_calls == 1 ? "" : "s") << ", "
+       << ", " << s.recomputed_values << " value" << (s.recomputed_values == 1 ? "" : "s") << " alone, " << s.recomputed_calls << " kernel call" << (s.recomputed_calls == 1 ? "" : "s") << ", "
        << share.str() << "% of the forward's estimated compute\n";
   }
   return os.str();
