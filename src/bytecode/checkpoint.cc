@@ -24,6 +24,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "bytecode/bytecode.h"
 #include "support/memory_limit.h"
@@ -270,17 +271,22 @@ class Forward {
     int reg = -1;
     int64_t bytes = 0;
     double cost = 0;
+    bool helped = false;  // made through values nothing keeps (helpers_of)
   };
 
   // Candidates for single recomputation, most bytes freed per compute
   // first: saved values of kernel calls (not views, not host calls).
   std::vector<Single> singles() const {
     std::vector<Single> out;
+    const std::vector<bool> none(saved_.size(), false);
     for (size_t u = 0; u < saved_.size(); ++u) {
       if (!saved_[u] || pinned_[u] || def_at_[u] < 0 || root_[u] != static_cast<int>(u) || bytes_[u] <= 0) continue;
       const size_t at = static_cast<size_t>(def_at_[u]);
       if (!is_forward_[at] || p_->instrs[at].op != OpCode::kCall) continue;
-      out.push_back({static_cast<int>(u), bytes_[u], cost_[at]});
+      std::vector<int> helpers;
+      double cost = cost_[at];
+      if (!helpers_of(static_cast<int>(u), none, &helpers, &cost)) continue;
+      out.push_back({static_cast<int>(u), bytes_[u], cost, !helpers.empty()});
     }
     std::stable_sort(out.begin(), out.end(), [](const Single& a, const Single& b) {
       return static_cast<double>(a.bytes) * (b.cost + 1) > static_cast<double>(b.bytes) * (a.cost + 1);
@@ -288,28 +294,59 @@ class Forward {
     return out;
   }
 
+  // The forward values, not kept across the turn, that making `reg` again
+  // needs made again first (a BatchNormalization's output on the way from
+  // the convolution output the backward keeps to the ReLU output dropped),
+  // appended to `*helpers` with their compute added to `*cost`; false where
+  // one cannot run twice or the chain is longer than a few calls. Values
+  // kept (saved and not in `drop`), dropped ones and the step's inputs are
+  // there already.
+  bool helpers_of(int reg, const std::vector<bool>& drop, std::vector<int>* helpers, double* cost) const {
+    std::vector<int> stack = {reg};
+    while (!stack.empty()) {
+      const int r = stack.back();
+      stack.pop_back();
+      for (int s : p_->instrs[static_cast<size_t>(def_at_[static_cast<size_t>(r)])].inputs) {
+        if (s < 0) continue;
+        const size_t u = static_cast<size_t>(s);
+        if (pinned_[u] || def_at_[u] < 0 || saved_[u] || drop[u] ||
+            std::find(helpers->begin(), helpers->end(), s) != helpers->end())
+          continue;
+        const size_t at = static_cast<size_t>(def_at_[u]);
+        const OpCode op = p_->instrs[at].op;
+        if (!is_forward_[at] || (op != OpCode::kCall && op != OpCode::kView) || helpers->size() >= 4) return false;
+        helpers->push_back(s);
+        *cost += cost_[at];
+        stack.push_back(s);
+      }
+    }
+    return true;
+  }
+
   // The program with each of `candidates` that can be dropped alone dropped:
   // the call that made it runs again (new registers) just before the
-  // backward first reads it (or a recomputation reads it), reading the
-  // recomputed copies of other dropped values and otherwise values the
-  // backward reads anyway or the step's inputs, so nothing else lives
-  // longer across the turn. `*dropped` counts them, `*cost` their compute.
+  // backward first reads it (or a recomputation reads it), after the calls
+  // making its helpers (helpers_of), reading the recomputed copies of
+  // dropped values and otherwise values the backward reads anyway or the
+  // step's inputs, so nothing else lives longer across the turn.
+  // `*dropped` counts the saved values dropped, `*cost` the compute added.
   Program rematerialize(const std::vector<Single>& candidates, std::vector<int>* index_of, int* added, int* dropped,
                         double* cost) const {
     const size_t ni = p_->instrs.size();
     std::vector<bool> drop(saved_.size(), false);
     std::vector<int> chosen;
+    int saved_dropped = 0;
     for (const Single& c : candidates) {
-      const Instr& in = p_->instrs[static_cast<size_t>(def_at_[static_cast<size_t>(c.reg)])];
-      bool ok = true;
-      for (int s : in.inputs) {
-        if (s < 0) continue;
-        const size_t u = static_cast<size_t>(s);
-        ok = ok && (pinned_[u] || def_at_[u] < 0 || saved_[u] || drop[u]);
-      }
-      if (!ok) continue;
+      std::vector<int> helpers;
+      double unused = 0;
+      if (!helpers_of(c.reg, drop, &helpers, &unused)) continue;
       drop[static_cast<size_t>(c.reg)] = true;
       chosen.push_back(c.reg);
+      ++saved_dropped;
+      for (int h : helpers) {
+        drop[static_cast<size_t>(h)] = true;
+        chosen.push_back(h);
+      }
     }
     // Where each is needed: its first backward read, or earlier where the
     // recomputation of another dropped value reads it.
@@ -319,7 +356,7 @@ class Forward {
     std::vector<int> needed_at(saved_.size(), static_cast<int>(ni));
     for (int r : chosen) {
       const size_t u = static_cast<size_t>(r);
-      needed_at[u] = std::min(needed_at[u], first_backward_read_[u]);
+      if (first_backward_read_[u] >= 0) needed_at[u] = std::min(needed_at[u], first_backward_read_[u]);
       for (int s : p_->instrs[static_cast<size_t>(def_at_[u])].inputs)
         if (s >= 0 && drop[static_cast<size_t>(s)])
           needed_at[static_cast<size_t>(s)] = std::min(needed_at[static_cast<size_t>(s)], needed_at[u]);
@@ -332,7 +369,7 @@ class Forward {
     std::map<int, int> copy;  // a dropped value -> its recomputed copy
     std::map<int, std::vector<Instr>> before;
     *added = 0;
-    *dropped = static_cast<int>(chosen.size());
+    *dropped = saved_dropped;
     *cost = 0;
     std::set<int> emitted;  // a call with several dropped outputs runs once, where the first is needed
     for (int r : chosen) {
@@ -805,13 +842,19 @@ Result<CheckpointReport> checkpoint(Bytecode& bc, const CheckpointOptions& o) {
   // each number of them, the dp's segments on top; the least recomputation
   // that fits. "sqrt", and the fallback of "dp": equal segments.
   int64_t least = report.before.activation_bytes();
+  // Two rankings of the values dropped alone: those one call makes from
+  // values kept, and all of them (some made through helpers); the prefixes
+  // of each are tried.
   const std::vector<Forward::Single> singles = o.policy == "dp" ? f.singles() : std::vector<Forward::Single>{};
-  auto drop_singles = [&](size_t k) {
+  std::vector<Forward::Single> direct;
+  for (const Forward::Single& c : singles)
+    if (!c.helped) direct.push_back(c);
+  auto drop_singles = [&](const std::vector<Forward::Single>& list, size_t k) {
     std::vector<int> index_of;
     int added = 0, dropped = 0;
     double cost = 0;
-    Program prog = f.rematerialize({singles.begin(), singles.begin() + static_cast<std::ptrdiff_t>(k)}, &index_of,
-                                   &added, &dropped, &cost);
+    Program prog = f.rematerialize({list.begin(), list.begin() + static_cast<std::ptrdiff_t>(k)}, &index_of, &added,
+                                   &dropped, &cost);
     Candidate c = derive(std::move(prog), index_of, step);
     c.cost = cost;
     c.added = added;
@@ -823,26 +866,30 @@ Result<CheckpointReport> checkpoint(Bytecode& bc, const CheckpointOptions& o) {
   auto search = [&](std::optional<Candidate>* best) -> Status {
     best->reset();
     if (o.policy == "dp") {
-      std::vector<size_t> counts = {0};
-      for (size_t k = 1; k < singles.size(); k = std::max(k + 1, k * 3 / 2)) counts.push_back(k);
-      if (!singles.empty()) counts.push_back(singles.size());
-      for (size_t k : counts) {
-        Candidate base = k == 0 ? step : drop_singles(k);
-        if (*best && base.cost >= (*best)->cost) break;  // more singles only cost more
-        if (base.fits) {
-          *best = std::move(base);
-          break;
+      for (const std::vector<Forward::Single>* list : {&std::as_const(direct), &singles}) {
+        if (list == &singles && direct.size() == singles.size()) break;
+        std::vector<size_t> counts = {list == &direct ? size_t{0} : size_t{1}};
+        for (size_t k = counts[0] + 1; k < list->size(); k = std::max(k + 1, k * 3 / 2)) counts.push_back(k);
+        if (!list->empty()) counts.push_back(list->size());
+        for (size_t k : counts) {
+          if (k > list->size()) break;
+          Candidate base = k == 0 ? step : drop_singles(*list, k);
+          if (*best && base.cost >= (*best)->cost) break;  // more singles only cost more
+          if (base.fits) {
+            *best = std::move(base);
+            break;
+          }
+          Forward fb;
+          KILN_RETURN_IF_ERROR(fb.analyze(*base.program, o.loss_output, o.entry_cost));
+          std::optional<Candidate> c = segments_dp(fb, base);
+          if (c && (!*best || c->cost < (*best)->cost)) *best = std::move(c);
         }
-        Forward fb;
-        KILN_RETURN_IF_ERROR(fb.analyze(*base.program, o.loss_output, o.entry_cost));
-        std::optional<Candidate> c = segments_dp(fb, base);
-        if (c && (!*best || c->cost < (*best)->cost)) *best = std::move(c);
       }
     }
     if (!*best) {
       *best = segments_equal(f, step, o.policy == "sqrt", &least);
       if (!*best && !singles.empty()) {
-        Candidate all = drop_singles(singles.size());
+        Candidate all = drop_singles(singles, singles.size());
         Forward fa;
         KILN_RETURN_IF_ERROR(fa.analyze(*all.program, o.loss_output, o.entry_cost));
         *best = segments_equal(fa, all, false, &least);
@@ -856,12 +903,21 @@ Result<CheckpointReport> checkpoint(Bytecode& bc, const CheckpointOptions& o) {
     // The least budget the search meets: between the one refused and the
     // least memory a budget-independent plan (equal segments, values
     // dropped alone) reached, which it meets; halved a few times.
-    int64_t lo = o.budget, hi = least;
+    int64_t lo = o.budget, hi = least, reached = least;
     for (int round = 0; round < 10 && hi - lo > std::max<int64_t>(hi / 128, 1); ++round) {
       budget = lo + (hi - lo) / 2;
       std::optional<Candidate> c;
       KILN_RETURN_IF_ERROR(search(&c));
       (c ? hi : lo) = budget;
+      if (c) reached = std::min(reached, c->use.activation_bytes());
+    }
+    // A plan found may lie below the budget it was found for: that figure,
+    // where the search meets it as a budget too.
+    if (reached < hi && reached > o.budget) {
+      budget = reached;
+      std::optional<Candidate> c;
+      KILN_RETURN_IF_ERROR(search(&c));
+      if (c) hi = reached;
     }
     return resource_exhausted() << "memory budget " << mb(o.budget) << " cannot be met: the step's activations take "
                                 << mb(report.before.activation_bytes()) << " as planned, and the least Kiln reaches by "
