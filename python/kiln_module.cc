@@ -439,6 +439,12 @@ class CompiledModel {
       d["output_bytes"] = s.output_bytes;
       d["scratch_bytes"] = s.scratch_bytes;
       d["peak_bytes"] = s.peak_bytes;
+      if (!s.peak_at.empty()) {
+        d["peak_at"] = s.peak_at;
+        py::list values;
+        for (const auto& [name, bytes] : s.peak_values) values.append(py::make_tuple(name, bytes));
+        d["peak_values"] = values;
+      }
     }
     if (s.unbudgeted_activation_bytes > 0) {
       d["unbudgeted_activation_bytes"] = s.unbudgeted_activation_bytes;

@@ -144,6 +144,10 @@ struct CompileStats {
   // without checkpointing, the forward segments computed again, the values
   // computed again alone (each by the call that made it), the kernel calls
   // that adds, and their estimated compute over the forward's.
+  // Where the most arena bytes are live at once (the instruction's node) and
+  // the largest values live there (at most five, largest first).
+  std::string peak_at;
+  std::vector<std::pair<std::string, int64_t>> peak_values;
   int64_t unbudgeted_activation_bytes = 0;
   int recomputed_segments = 0;
   int recomputed_values = 0;

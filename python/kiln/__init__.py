@@ -245,7 +245,8 @@ class Trainer:
         computes some forward values again in the backward to fit (automatic checkpointing,
         static shapes only); a budget it cannot meet raises KilnError saying the least it can.
         checkpoint_policy: "dp" (default) or "sqrt" (Chen et al.'s equal segments).
-    stats: the compiled step's CompileStats as a dict (activation_bytes, peak_bytes, and under
+    stats: the compiled step's CompileStats as a dict (activation_bytes, peak_bytes, peak_at and
+        peak_values (where the most arena bytes are live, the largest values there), and under
         a budget unbudgeted_activation_bytes, recomputed_segments, recomputed_values, recomputed_calls,
         recompute_share).
     """

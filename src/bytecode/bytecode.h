@@ -75,6 +75,10 @@ struct MemoryUse {
   int64_t unplanned_bytes = 0;  // intermediates allocated as they run (host kernels'), at their peak
   int64_t output_bytes = 0;     // the outputs, allocated fresh each run
   int64_t peak_bytes = 0;       // the arena plus unplanned intermediates and outputs at their peak together
+  // Where the most arena bytes are live at once (the instruction's node) and
+  // the largest values live there, largest first (at most five).
+  std::string peak_at;
+  std::vector<std::pair<std::string, int64_t>> peak_values;
   // Every intermediate: what a training step's memory budget bounds.
   int64_t activation_bytes() const { return arena_bytes + unplanned_bytes; }
 };

@@ -19,8 +19,14 @@ bool shape_is_static(const std::vector<Expr>& shape) {
 
 // Lifetimes of registers in instruction order; releases after last use; a
 // static arena when every planned register has a static shape.
+struct PlannedBuffer {
+  int reg = -1;  // the register owning it (others share it in place)
+  runtime::BufferLifetime life;
+};
+
 void plan_program(runtime::Program& p, const std::vector<ConcatSite>& concat_sites_,
-                  const std::vector<std::vector<std::pair<int, int>>>& in_place) {
+                  const std::vector<std::vector<std::pair<int, int>>>& in_place,
+                  std::vector<PlannedBuffer>* buffers = nullptr) {
   size_t nr = p.registers.size();
   std::vector<int> def_at(nr, -1), last_use(nr, -1), alias_of(nr, -1);
   std::vector<bool> host_owned(nr, false), pinned(nr, false);
@@ -234,6 +240,8 @@ void plan_program(runtime::Program& p, const std::vector<ConcatSite>& concat_sit
     lifetimes.push_back({bytes[i], first[r], last[r]});
   }
   runtime::MemoryPlan plan = runtime::plan_memory(lifetimes);
+  if (buffers != nullptr)
+    for (size_t i = 0; i < owners.size(); ++i) buffers->push_back({owners[i], lifetimes[i]});
   for (size_t i = 0; i < owners.size(); ++i) p.registers[owners[i]].arena_offset = plan.offsets[i];
   for (int r : planned)
     if (host[r] >= 0 && host[r] != r) p.registers[r].arena_offset = p.registers[host[r]].arena_offset + slice[r];
@@ -257,9 +265,37 @@ MemoryUse memory_use(const Bytecode& bc) {
   for (const runtime::Instr& in : bc.program->instrs)
     if (is_control_flow(in)) return use;
   runtime::Program p = *bc.program;
+  std::vector<PlannedBuffer> buffers;
   for (const auto& [prog, sites] : bc.planned)
-    if (prog == bc.program) plan_program(p, sites, bc.in_place);
+    if (prog == bc.program) plan_program(p, sites, bc.in_place, &buffers);
   if (!p.static_plan) return use;
+  // The instruction where the most arena bytes are live, and its largest.
+  {
+    std::vector<int64_t> live_delta(p.instrs.size() + 1, 0);
+    for (const PlannedBuffer& b : buffers) {
+      if (b.life.first < 0 || static_cast<size_t>(b.life.last) >= p.instrs.size()) continue;
+      live_delta[static_cast<size_t>(b.life.first)] += b.life.bytes;
+      live_delta[static_cast<size_t>(b.life.last) + 1] -= b.life.bytes;
+    }
+    int64_t live = 0, most = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < p.instrs.size(); ++i) {
+      live += live_delta[i];
+      if (live > most) {
+        most = live;
+        at = i;
+      }
+    }
+    if (most > 0) {
+      use.peak_at = p.instrs[at].where;
+      for (const PlannedBuffer& b : buffers)
+        if (b.life.first <= static_cast<int>(at) && b.life.last >= static_cast<int>(at))
+          use.peak_values.push_back({p.registers[static_cast<size_t>(b.reg)].name, b.life.bytes});
+      std::stable_sort(use.peak_values.begin(), use.peak_values.end(),
+                       [](const auto& a, const auto& b) { return a.second > b.second; });
+      if (use.peak_values.size() > 5) use.peak_values.resize(5);
+    }
+  }
   // Registers the arena does not hold: outputs (live to the end) and
   // intermediates a host kernel allocates (live to their last use).
   const size_t nr = p.registers.size();

@@ -230,6 +230,8 @@ Result<CompiledProgram> compile_chosen(Graph& g, const SymbolBounds& bounds, con
   out.stats.memory_known = memory.known;
   out.stats.activation_bytes = memory.activation_bytes();
   out.stats.output_bytes = memory.output_bytes;
+  out.stats.peak_at = memory.peak_at;
+  out.stats.peak_values = memory.peak_values;
   out.stats.scratch_bytes = scratch_bytes(ks, resolve_threads(options.threads));
   out.stats.peak_bytes = memory.peak_bytes + out.stats.scratch_bytes;
   out.program = std::move(bc.program);

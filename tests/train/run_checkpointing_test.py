@@ -181,6 +181,8 @@ def cli_reports_the_plan():
                 "--threads", "2", "--no-db"]
         out = subprocess.run(base, capture_output=True, text=True, check=True).stdout
         assert "activations" in out and "peak a run allocates" in out and "recomputed" not in out, out
+        assert "largest at the peak" in out and BASE.stats["peak_at"] in out, (out, BASE.stats)
+        assert BASE.stats["peak_values"] and all(b > 0 for _, b in BASE.stats["peak_values"]), BASE.stats
         out = subprocess.run(base + ["--memory-budget", str(int(FULL * 0.7))], capture_output=True, text=True,
                              check=True).stdout
         assert "activations without budget" in out and "recomputed:" in out, out

@@ -600,6 +600,12 @@ std::string memory_report(const Model& model, bool train) {
   if (inputs >= 0)
     row("inputs", inputs, train ? "(the caller's: data, parameters, optimizer state)" : "(the caller's)");
   row("activations", s.activation_bytes, "every intermediate at the peak (arena " + format_bytes(s.arena_bytes) + ")");
+  if (!s.peak_at.empty()) {
+    os << "  " << std::left << std::setw(44) << "largest at the peak" << std::right << s.peak_at << ": ";
+    for (size_t i = 0; i < s.peak_values.size(); ++i)
+      os << (i ? ", " : "") << s.peak_values[i].first << " " << format_bytes(s.peak_values[i].second);
+    os << "\n";
+  }
   row("outputs", s.output_bytes, "");
   row("kernel scratch", s.scratch_bytes, "the kernels' own buffers, kept per thread across runs");
   row("peak a run allocates", s.peak_bytes, "all of these at their peak together");
