@@ -271,25 +271,14 @@ MemoryUse memory_use(const Bytecode& bc) {
   if (!p.static_plan) return use;
   // The instruction where the most arena bytes are live, and its largest.
   {
-    std::vector<int64_t> live_delta(p.instrs.size() + 1, 0);
-    for (const PlannedBuffer& b : buffers) {
-      if (b.life.first < 0 || static_cast<size_t>(b.life.last) >= p.instrs.size()) continue;
-      live_delta[static_cast<size_t>(b.life.first)] += b.life.bytes;
-      live_delta[static_cast<size_t>(b.life.last) + 1] -= b.life.bytes;
-    }
-    int64_t live = 0, most = 0;
-    size_t at = 0;
-    for (size_t i = 0; i < p.instrs.size(); ++i) {
-      live += live_delta[i];
-      if (live > most) {
-        most = live;
-        at = i;
-      }
-    }
-    if (most > 0) {
-      use.peak_at = p.instrs[at].where;
+    std::vector<runtime::BufferLifetime> lives;
+    for (const PlannedBuffer& b : buffers) lives.push_back(b.life);
+    const runtime::LivePeak peak = runtime::peak_of(lives);
+    const int at = peak.at;
+    if (peak.bytes > 0 && at >= 0 && static_cast<size_t>(at) < p.instrs.size()) {
+      use.peak_at = p.instrs[static_cast<size_t>(at)].where;
       for (const PlannedBuffer& b : buffers)
-        if (b.life.first <= static_cast<int>(at) && b.life.last >= static_cast<int>(at))
+        if (b.life.first <= at && b.life.last >= at)
           use.peak_values.push_back({p.registers[static_cast<size_t>(b.reg)].name, b.life.bytes});
       std::stable_sort(use.peak_values.begin(), use.peak_values.end(),
                        [](const auto& a, const auto& b) { return a.second > b.second; });

@@ -48,22 +48,28 @@ MemoryPlan place(const std::vector<BufferLifetime>& buffers, const std::vector<s
 
 }  // namespace
 
-MemoryPlan plan_memory(const std::vector<BufferLifetime>& buffers) {
-  // The most bytes alive at once: no plan is smaller.
-  int64_t live_peak = 0;
-  {
-    std::vector<std::pair<int, int64_t>> events;
-    for (const BufferLifetime& b : buffers) {
-      events.push_back({b.first, align_up(std::max<int64_t>(b.bytes, 1))});
-      events.push_back({b.last + 1, -align_up(std::max<int64_t>(b.bytes, 1))});
-    }
-    std::sort(events.begin(), events.end());
-    int64_t live = 0;
-    for (size_t k = 0; k < events.size(); ++k) {
-      live += events[k].second;
-      if (k + 1 == events.size() || events[k + 1].first != events[k].first) live_peak = std::max(live_peak, live);
+LivePeak peak_of(const std::vector<BufferLifetime>& buffers) {
+  std::vector<std::pair<int, int64_t>> events;  // (instruction, bytes gained there)
+  for (const BufferLifetime& b : buffers) {
+    events.push_back({b.first, align_up(std::max<int64_t>(b.bytes, 1))});
+    events.push_back({b.last + 1, -align_up(std::max<int64_t>(b.bytes, 1))});
+  }
+  std::sort(events.begin(), events.end());
+  LivePeak peak;
+  int64_t live = 0;
+  for (size_t k = 0; k < events.size(); ++k) {
+    live += events[k].second;
+    if ((k + 1 == events.size() || events[k + 1].first != events[k].first) && live > peak.bytes) {
+      peak.bytes = live;
+      peak.at = events[k].first;
     }
   }
+  return peak;
+}
+
+MemoryPlan plan_memory(const std::vector<BufferLifetime>& buffers) {
+  // The most bytes alive at once: no plan is smaller.
+  const int64_t live_peak = peak_of(buffers).bytes;
   // Orders: largest first; longest-lived first; most bytes x lifetime
   // first; each placed first-fit and best-fit. The smallest arena wins
   // (the first among equals).

@@ -23,4 +23,12 @@ struct MemoryPlan {
 
 MemoryPlan plan_memory(const std::vector<BufferLifetime>& buffers);
 
+// The most (64-byte aligned) bytes alive at once and the first instruction
+// where they are: no plan's arena is smaller.
+struct LivePeak {
+  int64_t bytes = 0;
+  int at = -1;
+};
+LivePeak peak_of(const std::vector<BufferLifetime>& buffers);
+
 }  // namespace kiln::runtime
