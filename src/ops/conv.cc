@@ -714,10 +714,12 @@ Result<std::vector<tir::ComputeDef>> lower_conv_transpose(const Node& n, LowerCo
 // output and C input channels, taps K, output positions O and images N (with
 // G groups, each product below runs per group, batched over the groups):
 //   dB = dY summed over all but the channel axis;
-//   dW = [M, N O] x [N O, C K]: the output gradient times the input's columns
-//        (kiln:Im2Col, [C K, N O]), as products of the columns with dY
-//        transposed to [N O, M] over chunks of the batch (each added to
-//        the last by Gemm), transposed back;
+//   dW = with one group, kiln:ConvWeightGrad: per tap, dY times the input
+//        at that tap summed over images and positions, the wider channel
+//        dim's tensor made channels-last; with groups, [Mg, N O] x [N O,
+//        Cg K] per group: the input's columns (kiln:Im2Col, [C K, N O])
+//        times dY transposed to [N O, Mg] over chunks of the batch (each
+//        added to the last), transposed back;
 //   dX = at stride 1, where the padding allows, the Conv of dY with W's
 //        channels swapped and taps reversed (the convolution strategy's
 //        kernels, the weight packed per run); else the transposed weight
@@ -780,11 +782,28 @@ Status grad_conv(GradBuilder& b) {
     channels_last.push_back(static_cast<int64_t>(d + 2));
   }
   channels_last.push_back(1);
-  if (b.wants(1)) {
-    // With a static batch, in chunks of images so that the columns take no
-    // more memory than dY or dW: the backward's largest temporaries stay the
-    // size of activations, each chunk's product added to the last's (Gemm
-    // with C, so only two partial sums live at once).
+  if (b.wants(1) && groups == 1) {
+    // The taps' products summed over images and positions in one kernel
+    // (kiln:ConvWeightGrad), reading x and dY where they are: the wider of
+    // the two channel dims is the vector dim, its tensor made channels-last
+    // (one copy), the other read as stored; [K..., M, C] (or [K..., C, M])
+    // transposed to W's layout.
+    const bool window_on_a = m > c;
+    std::map<std::string, Attribute> attrs = window;
+    attrs.emplace("window", Attribute::of_int(window_on_a ? 1 : 0));
+    KILN_ASSIGN_OR_RETURN(Value* lanes, b.add1("Transpose", {window_on_a ? dy : x}, {{"perm", ints_attr(channels_last)}}));
+    KILN_ASSIGN_OR_RETURN(std::vector<Value*> taps_first,
+                          b.add("ConvWeightGrad", {window_on_a ? x : dy, lanes}, attrs, 1, "kiln"));
+    const int64_t spi = static_cast<int64_t>(sp);
+    std::vector<int64_t> perm = {window_on_a ? spi + 1 : spi, window_on_a ? spi : spi + 1};
+    for (int64_t d = 0; d < spi; ++d) perm.push_back(d);
+    KILN_ASSIGN_OR_RETURN(Value* dw, b.add1("Transpose", {taps_first[0]}, {{"perm", ints_attr(perm)}}));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(1, dw));
+  } else if (b.wants(1)) {
+    // Groups: with a static batch, in chunks of images so that the columns
+    // take no more memory than dY or dW: the backward's largest temporaries
+    // stay the size of activations, each chunk's product added to the
+    // last's.
     const std::optional<int64_t> batch = x->type().shape->at(0).as_const();
     int64_t positions_per_image = 1;
     for (size_t d = 2; d < ys.size(); ++d) positions_per_image *= ys[d];
@@ -802,33 +821,21 @@ Status grad_conv(GradBuilder& b) {
         KILN_ASSIGN_OR_RETURN(dyc, b.add1("Slice", {dy, b.ints({n0}), b.ints({n1}), b.ints({0})}));
       }
       KILN_ASSIGN_OR_RETURN(std::vector<Value*> cols, b.add("Im2Col", {xc}, window, 1, "kiln"));
-      if (groups == 1) {
-        KILN_ASSIGN_OR_RETURN(Value* cols2, b.add1("Reshape", {cols[0], b.ints({c * taps, positions})}));
-        KILN_ASSIGN_OR_RETURN(Value* dyt, b.add1("Transpose", {dyc}, {{"perm", ints_attr(channels_last)}}));
-        KILN_ASSIGN_OR_RETURN(Value* dyt2, b.add1("Reshape", {dyt, b.ints({positions, m})}));
-        if (dwt == nullptr) {
-          KILN_ASSIGN_OR_RETURN(dwt, b.add1("MatMul", {cols2, dyt2}));
-        } else {
-          KILN_ASSIGN_OR_RETURN(dwt, b.add1("Gemm", {cols2, dyt2, dwt}));
-        }
+      // Columns [G, Cg K, N O] times dY as [G, N O, Mg], per group; the
+      // chunks' products added.
+      KILN_ASSIGN_OR_RETURN(Value* cols3, b.add1("Reshape", {cols[0], b.ints({groups, c * taps, positions})}));
+      KILN_ASSIGN_OR_RETURN(Value* dyg, b.add1("Reshape", {dyc, b.ints({0, groups, mg, -1})}));
+      KILN_ASSIGN_OR_RETURN(Value* dygt, b.add1("Transpose", {dyg}, {{"perm", ints_attr({1, 0, 3, 2})}}));
+      KILN_ASSIGN_OR_RETURN(Value* dyg3, b.add1("Reshape", {dygt, b.ints({groups, positions, mg})}));
+      KILN_ASSIGN_OR_RETURN(Value* part, b.add1("MatMul", {cols3, dyg3}));
+      if (dwt == nullptr) {
+        dwt = part;
       } else {
-        // Columns [G, Cg K, N O] times dY as [G, N O, Mg], per group; the
-        // chunks' products added.
-        KILN_ASSIGN_OR_RETURN(Value* cols3, b.add1("Reshape", {cols[0], b.ints({groups, c * taps, positions})}));
-        KILN_ASSIGN_OR_RETURN(Value* dyg, b.add1("Reshape", {dyc, b.ints({0, groups, mg, -1})}));
-        KILN_ASSIGN_OR_RETURN(Value* dygt, b.add1("Transpose", {dyg}, {{"perm", ints_attr({1, 0, 3, 2})}}));
-        KILN_ASSIGN_OR_RETURN(Value* dyg3, b.add1("Reshape", {dygt, b.ints({groups, positions, mg})}));
-        KILN_ASSIGN_OR_RETURN(Value* part, b.add1("MatMul", {cols3, dyg3}));
-        if (dwt == nullptr) {
-          dwt = part;
-        } else {
-          KILN_ASSIGN_OR_RETURN(dwt, b.add1("Add", {dwt, part}));
-        }
+        KILN_ASSIGN_OR_RETURN(dwt, b.add1("Add", {dwt, part}));
       }
       if (chunks == 1) break;
     }
-    KILN_ASSIGN_OR_RETURN(Value* dw2, b.add1("Transpose", {dwt}, {{"perm", ints_attr(groups == 1 ? std::vector<int64_t>{1, 0}
-                                                                                                : std::vector<int64_t>{0, 2, 1})}}));
+    KILN_ASSIGN_OR_RETURN(Value* dw2, b.add1("Transpose", {dwt}, {{"perm", ints_attr({0, 2, 1})}}));
     KILN_ASSIGN_OR_RETURN(Value* dw, b.add1("Reshape", {dw2, b.ints(ws)}));
     KILN_RETURN_IF_ERROR(b.set_input_grad(1, dw));
   }

@@ -17,6 +17,20 @@
 //       the sum of the columns whose tap read it (the adjoint of Im2Col): an
 //       input gradient from the product of the transposed weight with the
 //       output gradient.
+//   kiln:ConvWeightGrad(a, b) attrs kernel_shape, strides, pads, dilations,
+//       window: a Conv's weight gradient (one group) as a product summed over
+//       the images and output positions, taps outermost, each operand read
+//       along its contiguous dim (no columns materialized):
+//         window 0: a = dY [N, M, O...], b = x channels-last [N, S..., C]
+//           -> [K..., M, C]: y[k, m, c] = sum over n, o of
+//              a[n, m, o] b[n, o*stride + k*dilation - pad, c];
+//         window 1: a = x [N, C, S...], b = dY channels-last [N, O..., M]
+//           -> [K..., C, M]: y[k, c, m] = sum over n, o of
+//              a[n, c, o*stride + k*dilation - pad] b[n, o, m];
+//       x is 0 in the padding. The last output dim is the one a schedule
+//       vectorizes; the reduction runs over every image's output rows as one
+//       axis, then the other output dims, so that it can be blocked by rows
+//       across images (strategy/conv_grad.cc).
 //   kiln:WinogradWeights(wp, G) attr m: conv.winograd's transformed weight
 //       U = G w GT from the packed panels, made each run for a weight that is
 //       not a constant.
@@ -161,6 +175,102 @@ Result<std::vector<tir::ComputeDef>> lower_im2col(const Node& n, LowerContext& c
   }
   Expr body = select(valid, ctx.load_input(0, idx), const_of(y.dtype, 0));
   return std::vector<tir::ComputeDef>{make_stage(y.name, y.dtype, axes, y.shape, body)};
+}
+
+// The window of a kiln:ConvWeightGrad over its inputs: the image [N, C, S...]
+// (x's shape, channels first) and dY's [N, M, O...], checked to match.
+struct WeightGradShapes {
+  bool window_on_a = false;  // window 1: a is x, read through the window
+  Shape image, dy;
+  ConvGeometry g;
+};
+
+Result<WeightGradShapes> weight_grad_shapes(const Node& n, const Shape& a, const Shape& b, const SymbolBounds& bounds) {
+  const int64_t w = n.attr_int("window", 0);
+  if (w != 0 && w != 1) return node_invalid(n) << "attribute 'window' must be 0 or 1, got " << w;
+  if (a.size() < 3 || b.size() != a.size())
+    return node_invalid(n) << "inputs must have one rank of at least 3, got " << shape_to_string(a) << " and "
+                           << shape_to_string(b);
+  WeightGradShapes s;
+  s.window_on_a = w == 1;
+  const size_t rank = a.size() - 2;
+  // Channels-last b [N, P..., V] as channels-first [N, V, P...].
+  Shape b_cf = {b[0], b.back()};
+  b_cf.insert(b_cf.end(), b.begin() + 1, b.end() - 1);
+  s.image = s.window_on_a ? a : b_cf;
+  s.dy = s.window_on_a ? b_cf : a;
+  KILN_ASSIGN_OR_RETURN(s.g, window(n, s.image, rank, bounds));
+  if (!prove_equal(s.image[0], s.dy[0], bounds))
+    return node_invalid(n) << "x and dY have different batches: " << shape_to_string(a) << " and " << shape_to_string(b);
+  for (size_t d = 0; d < rank; ++d)
+    if (!prove_equal(s.dy[d + 2], s.g.out[d], bounds))
+      return node_invalid(n) << "dY " << shape_to_string(s.dy) << " does not match the window over x "
+                             << shape_to_string(s.image);
+  return s;
+}
+
+Status infer_conv_weight_grad(Node& n, InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType at, input_type(n, 0));
+  KILN_ASSIGN_OR_RETURN(TensorType bt, input_type(n, 1));
+  KILN_ASSIGN_OR_RETURN(Shape a, input_shape(n, 0));
+  KILN_ASSIGN_OR_RETURN(Shape b, input_shape(n, 1));
+  if (at.dtype != bt.dtype || (at.dtype != DType::kFloat32 && at.dtype != DType::kFloat64))
+    return node_invalid(n) << "inputs must be both f32 or both f64, got " << dtype_name(at.dtype) << " and "
+                           << dtype_name(bt.dtype);
+  KILN_ASSIGN_OR_RETURN(WeightGradShapes s, weight_grad_shapes(n, a, b, ctx.bounds));
+  Shape out = s.g.kernel;
+  out.push_back(a[1]);
+  out.push_back(b.back());
+  set_output(n, 0, at.dtype, std::move(out), ctx);
+  return Status::ok();
+}
+
+Result<std::vector<tir::ComputeDef>> lower_conv_weight_grad(const Node& n, LowerContext& ctx) {
+  const tir::Buffer& a = ctx.inputs[0];
+  const tir::Buffer& b = ctx.inputs[1];
+  const tir::Buffer& y = ctx.outputs[0];
+  KILN_ASSIGN_OR_RETURN(WeightGradShapes s, weight_grad_shapes(n, Shape(a.shape.begin(), a.shape.end()),
+                                                               Shape(b.shape.begin(), b.shape.end()), {}));
+  const size_t rank = a.shape.size() - 2;
+  std::vector<std::string> axes = fresh_axes(ctx, rank + 2);
+  std::vector<Expr> v = axis_vars(axes);  // k..., row, vector
+  // Reduce axes: the output rows of every image as one axis (image n, row
+  // o1 = r0 / O1, r0 % O1), then the other output dims: a schedule can block
+  // the reduction by rows across images.
+  std::vector<std::string> raxes = fresh_axes(ctx, rank, "r");
+  std::vector<Expr> r = axis_vars(raxes);
+  const Expr& rows_per_image = s.g.out[0];
+  std::vector<Expr> out_pos = {mod(r[0], rows_per_image)};
+  out_pos.insert(out_pos.end(), r.begin() + 1, r.end());
+  const Expr image = floordiv(r[0], rows_per_image);
+  Expr valid;
+  std::vector<Expr> image_idx;
+  for (size_t d = 0; d < rank; ++d) {
+    Expr pos = out_pos[d] * Expr(s.g.stride[d]) + v[d] * Expr(s.g.dilation[d]) - s.g.pad_begin[d];
+    if (s.g.may_pad) {
+      Expr ok = logical_and(le(Expr(0), pos), lt(pos, s.g.in[d]));
+      valid = valid.defined() ? logical_and(valid, ok) : ok;
+      pos = clamp_index(pos, s.g.in[d]);
+    }
+    image_idx.push_back(pos);
+  }
+  const Expr& row = v[rank];
+  const Expr& lane = v[rank + 1];
+  // a: [N, rows, P...] read at (n, row, p); b: [N, P..., lanes] at (n, p, lane).
+  std::vector<Expr> a_idx = {image, row}, b_idx = {image};
+  const std::vector<Expr>& a_pos = s.window_on_a ? image_idx : out_pos;
+  const std::vector<Expr>& b_pos = s.window_on_a ? out_pos : image_idx;
+  a_idx.insert(a_idx.end(), a_pos.begin(), a_pos.end());
+  b_idx.insert(b_idx.end(), b_pos.begin(), b_pos.end());
+  b_idx.push_back(lane);
+  Expr x_load = s.window_on_a ? ctx.load_input(0, a_idx) : ctx.load_input(1, b_idx);
+  Expr dy_load = s.window_on_a ? ctx.load_input(1, b_idx) : ctx.load_input(0, a_idx);
+  if (valid.defined()) x_load = select(valid, x_load, const_of(y.dtype, 0));
+  Expr body = s.window_on_a ? x_load * dy_load : dy_load * x_load;
+  std::vector<Expr> rext = {simplify(s.image[0] * rows_per_image, {})};
+  rext.insert(rext.end(), s.g.out.begin() + 1, s.g.out.end());
+  return std::vector<tir::ComputeDef>{make_reduce_stage(y.name, y.dtype, axes, y.shape, raxes, rext,
+                                                        tir::Combiner::kSum, const_of(y.dtype, 0), body)};
 }
 
 struct Col2ImShapes {
@@ -319,9 +429,10 @@ void register_conv_grad_ops() {
   OpDef im2col = make_def("Im2Col", infer_im2col, lower_im2col);
   OpDef col2im = make_def("Col2Im", infer_col2im, lower_col2im);
   OpDef winograd = make_def("WinogradWeights", infer_winograd_weights, lower_winograd_weights);
+  OpDef weight_grad = make_def("ConvWeightGrad", infer_conv_weight_grad, lower_conv_weight_grad);
   OpDef max_pool_grad = kernel_op("MaxPoolGrad", infer_max_pool_grad, max_pool_grad_kernel);
   max_pool_grad.kernel_fills_outputs = true;
-  for (OpDef* def : {&pack, &im2col, &col2im, &winograd, &max_pool_grad}) {
+  for (OpDef* def : {&pack, &im2col, &col2im, &winograd, &weight_grad, &max_pool_grad}) {
     def->domain = "kiln";
     register_op(std::move(*def));
   }

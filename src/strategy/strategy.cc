@@ -14,6 +14,7 @@ void register_conv_candidates();  // conv.cc
 void register_pool_candidates();  // pool.cc
 void register_attention_candidates();  // attention.cc
 void register_blocked_candidates();  // blocked.cc
+void register_conv_grad_candidates();  // conv_grad.cc
 
 namespace {
 
@@ -58,6 +59,7 @@ void register_builtin_candidates() {
     register_pool_candidates();
     register_attention_candidates();
     register_blocked_candidates();
+    register_conv_grad_candidates();
   });
 }
 

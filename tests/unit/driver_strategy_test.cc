@@ -960,6 +960,184 @@ TEST(StrategyCandidates, WinogradF4ErrorStaysNearF2) {
 // prefers a candidate (with knobs) and rejects unknown names, listing the known.
 // The layout follows block-layout's rules under measurement too: the
 // convolution is blocked unless the pass is off.
+// kiln:ConvWeightGrad (a Conv's weight gradient, taps outermost) against
+// its definition computed here in double, then conv.wgrad against the naive
+// lowering: both windows (dY or x channels-last), rows and lanes that are
+// and are not whole tiles, strides, padding, dilation, 1-D, a symbolic
+// batch, knobs drawn at random (row blocks rb where they tile the rows) for
+// AVX-512 and AVX2 at 1 and 2 threads.
+Shape shape_of(const std::vector<int64_t>& dims) {
+  Shape s;
+  for (int64_t d : dims) s.push_back(Expr(d));
+  return s;
+}
+
+struct WeightGradCase {
+  int64_t n, c, m;
+  std::vector<int64_t> image, kernel;
+  int64_t stride, pad, dilation, window;
+  bool symbolic_batch = false;
+};
+
+TEST(StrategyCandidates, WeightGradMatchesItsDefinitionAndNaiveAtRandomKnobs) {
+  const std::vector<WeightGradCase> cases = {
+      {2, 20, 17, {9, 11}, {3, 3}, 1, 1, 1, 0},
+      {2, 3, 40, {12, 12}, {5, 5}, 2, 2, 1, 1},
+      {3, 32, 32, {8, 8}, {3, 3}, 1, 1, 1, 0},
+      {2, 16, 48, {10, 7}, {1, 1}, 2, 0, 1, 1},
+      {2, 8, 16, {9, 9}, {3, 3}, 1, 2, 2, 0},
+      {2, 16, 16, {13}, {3}, 1, 1, 1, 0},
+      {2, 24, 8, {6, 6}, {3, 3}, 1, 1, 1, 0, true},
+  };
+  std::mt19937_64 rng(53);
+  uint32_t seed = 900;
+  int ran = 0;
+  for (const WeightGradCase& c : cases) {
+    const size_t sp = c.image.size();
+    std::vector<int64_t> out;
+    int64_t positions = c.n;
+    for (size_t d = 0; d < sp; ++d) {
+      out.push_back((c.image[d] + 2 * c.pad - c.dilation * (c.kernel[d] - 1) - 1) / c.stride + 1);
+      positions *= out.back();
+    }
+    // x [N, C, S...] and dY [N, M, O...], each also channels-last.
+    std::vector<int64_t> xs = {c.n, c.c}, ys = {c.n, c.m};
+    xs.insert(xs.end(), c.image.begin(), c.image.end());
+    ys.insert(ys.end(), out.begin(), out.end());
+    Tensor x = random_tensor(xs, seed++), dy = random_tensor(ys, seed++);
+    auto last = [](const Tensor& t) {
+      std::vector<int64_t> s = {t.shape()[0]};
+      s.insert(s.end(), t.shape().begin() + 2, t.shape().end());
+      s.push_back(t.shape()[1]);
+      Tensor r(DType::kFloat32, s);
+      const int64_t ch = t.shape()[1], plane = t.numel() / t.shape()[0] / ch;
+      for (int64_t i = 0; i < t.shape()[0]; ++i)
+        for (int64_t k = 0; k < ch; ++k)
+          for (int64_t p = 0; p < plane; ++p)
+            r.data_as<float>()[(i * plane + p) * ch + k] = t.data_as<float>()[(i * ch + k) * plane + p];
+      return r;
+    };
+    const Tensor& a = c.window == 0 ? dy : x;
+    Tensor b = last(c.window == 0 ? x : dy);
+    // The definition: y[k..., row, lane], rows M (window 0) or C (window 1).
+    int64_t taps = 1;
+    for (int64_t k : c.kernel) taps *= k;
+    const int64_t rows = c.window == 0 ? c.m : c.c, lanes = c.window == 0 ? c.c : c.m;
+    std::vector<int64_t> ws = c.kernel;
+    ws.push_back(rows);
+    ws.push_back(lanes);
+    Tensor ref(DType::kFloat32, ws);
+    int64_t plane_in = 1, plane_out = 1;
+    for (size_t d = 0; d < sp; ++d) {
+      plane_in *= c.image[d];
+      plane_out *= out[d];
+    }
+    for (int64_t t = 0; t < taps; ++t) {
+      std::vector<int64_t> tap(sp);
+      for (int64_t d = static_cast<int64_t>(sp) - 1, r = t; d >= 0; --d) {
+        tap[d] = r % c.kernel[d];
+        r /= c.kernel[d];
+      }
+      for (int64_t mo = 0; mo < c.m; ++mo)
+        for (int64_t ci = 0; ci < c.c; ++ci) {
+          double sum = 0;
+          for (int64_t i = 0; i < c.n; ++i)
+            for (int64_t o = 0; o < plane_out; ++o) {
+              int64_t in = 0;
+              bool inside = true;
+              for (size_t d = 0, r = static_cast<size_t>(o), div = static_cast<size_t>(plane_out); d < sp; ++d) {
+                div /= static_cast<size_t>(out[d]);
+                const int64_t od = static_cast<int64_t>(r / div);
+                r %= div;
+                const int64_t pos = od * c.stride + tap[d] * c.dilation - c.pad;
+                inside = inside && pos >= 0 && pos < c.image[d];
+                in = in * c.image[d] + pos;
+              }
+              if (!inside) continue;
+              sum += static_cast<double>(dy.data_as<float>()[(i * c.m + mo) * plane_out + o]) *
+                     x.data_as<float>()[(i * c.c + ci) * plane_in + in];
+            }
+          const int64_t row = c.window == 0 ? mo : ci, lane = c.window == 0 ? ci : mo;
+          ref.data_as<float>()[(t * rows + row) * lanes + lane] = static_cast<float>(sum);
+        }
+    }
+    auto make = [&] {
+      auto g = std::make_unique<Graph>();
+      g->source = "wgrad";
+      g->opsets[""] = 17;
+      g->opsets["kiln"] = 1;
+      Shape as = shape_of(a.shape()), bs = shape_of(b.shape());
+      if (c.symbolic_batch) as[0] = bs[0] = var("n");
+      Value* av = g->add_input("a", TensorType{DType::kFloat32, as});
+      Value* bv = g->add_input("b", TensorType{DType::kFloat32, bs});
+      Node* n = g->add_node("ConvWeightGrad", {av, bv}, {"y"}, "kiln");
+      auto ints = [](std::vector<int64_t> v) {
+        Attribute at;
+        at.kind = Attribute::Kind::kInts;
+        at.ints = std::move(v);
+        return at;
+      };
+      n->set_attr("kernel_shape", ints(c.kernel));
+      n->set_attr("strides", ints(std::vector<int64_t>(sp, c.stride)));
+      n->set_attr("pads", ints(std::vector<int64_t>(2 * sp, c.pad)));
+      n->set_attr("dilations", ints(std::vector<int64_t>(sp, c.dilation)));
+      Attribute w;
+      w.kind = Attribute::Kind::kInt;
+      w.i = c.window;
+      n->set_attr("window", w);
+      g->set_outputs({n->output(0)});
+      return g;
+    };
+    const std::string label = "x " + shape_to_string(shape_of(xs)) + " dY " + shape_to_string(shape_of(ys)) +
+                              " window " + std::to_string(c.window);
+    auto want = run_feeds(make(), true, {a, b}, 1, std::nullopt, nullptr);
+    ASSERT_TRUE(want.is_ok()) << label << ": " << want.status().to_string();
+    ASSERT_EQ(want->shape(), ref.shape()) << label;
+    if (int64_t i = first_mismatch(*want, ref, positions); i >= 0)
+      ADD_FAILURE() << label << " naive element " << i << ": " << want->data_as<float>()[i] << " vs "
+                    << ref.data_as<float>()[i];
+    auto probe = make();
+    ops::InferContext ictx;
+    ictx.graph = probe.get();
+    ictx.bounds = probe->bounds;
+    ASSERT_TRUE(ops::infer_shapes(*probe, ictx).is_ok());
+    const Node* node = probe->nodes()[0];
+    const strategy::Candidate* cand = strategy::find_candidate("conv.wgrad");
+    ASSERT_NE(cand, nullptr);
+    std::string why;
+    ASSERT_TRUE(cand->applies(*node, &why)) << label << ": " << why;
+    for (const char* target_name : {"avx512", "avx2"}) {
+      const Target target = *Target::named(target_name);
+      tir::KnobSpace space = cand->space(*node, target);
+      const tir::Knobs defaults = cand->default_knobs(*node, target);
+      EXPECT_TRUE(space.contains(defaults)) << label << " " << target_name << " " << tir::knobs_to_string(defaults);
+      bool blocked = false;
+      for (int draw = 0; draw < 6; ++draw) {
+        Result<tir::Knobs> knobs = draw == 0 ? Result<tir::Knobs>(defaults) : tir::sample_knobs(space, rng);
+        ASSERT_TRUE(knobs.is_ok()) << knobs.status().to_string();
+        blocked = blocked || knobs->at("rb") > 0;
+        for (int threads : {1, 2}) {
+          strategy::Choice choice{"conv.wgrad", *knobs, "database", ""};
+          std::string impl;
+          auto got = run_feeds(make(), false, {a, b}, threads, choice, &impl, target);
+          const std::string what = label + " " + tir::knobs_to_string(*knobs) + " (" + target_name + ") threads " +
+                                   std::to_string(threads);
+          ASSERT_TRUE(got.is_ok()) << what << ": " << got.status().to_string();
+          EXPECT_EQ(impl, "conv.wgrad " + tir::knobs_to_string(*knobs)) << what;
+          ASSERT_EQ(got->shape(), want->shape()) << what;
+          if (int64_t i = first_mismatch(*got, *want, positions); i >= 0)
+            ADD_FAILURE() << what << ", element " << i << ": " << got->data_as<float>()[i] << " vs naive "
+                          << want->data_as<float>()[i];
+          ++ran;
+        }
+      }
+      // Blocks are in the space exactly where the rows of a known batch allow them.
+      if (c.symbolic_batch) EXPECT_FALSE(blocked) << label;
+    }
+  }
+  EXPECT_GE(ran, 150);
+}
+
 TEST(StrategySelection, MeasureAndPrefer) {
   ConvCase c{Shape{1, 16, 14, 14}, {32, 16, 3, 3}, 1, 1, {1, 16, 14, 14}};
   Tensor w = random_tensor(c.w, 7), bias = random_tensor({32}, 8);
