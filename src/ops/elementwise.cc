@@ -918,11 +918,15 @@ std::vector<Elementwise> elementwise_ops() {
       return Expr(f(*a != 0, *b != 0) ? 1 : 0);
     };
   };
+  // Both operands are read at the element's own index, always in bounds:
+  // bitwise on the bools, so neither waits on the other (a short-circuit
+  // logical_and with a load on its right branches per element, which keeps
+  // a loop from vectorizing).
   add_op(binary("And", same_as_inputs(), [](const Node&, const Expr& a, const Expr& b) -> Result<Expr> {
-    return logical_and(a, b);
+    return call("bitand", DType::kBool, {a, b});
   }, bool_sym([](bool a, bool b) { return a && b; })));
   add_op(binary("Or", same_as_inputs(), [](const Node&, const Expr& a, const Expr& b) -> Result<Expr> {
-    return logical_or(a, b);
+    return call("bitor", DType::kBool, {a, b});
   }, bool_sym([](bool a, bool b) { return a || b; })));
   add_op(binary("Xor", same_as_inputs(), [](const Node&, const Expr& a, const Expr& b) -> Result<Expr> {
     return xor_bool(a, b);

@@ -774,13 +774,15 @@ bool depthwise_applies(const Node& n, std::string* why) {
     return false;
   };
   if (n.has_attr("kiln_weight_layout")) return no("weights already re-laid out");
+  // The weight is read as stored: a computed one (a training step's
+  // parameter, an input gradient's reversed taps) as well as a constant.
   const Value* w = n.num_inputs() > 1 ? n.input(1) : nullptr;
-  if (w == nullptr || !w->is_constant() || w->constant().rank() != 4) return no("weight is not a 4-D constant");
-  const Tensor& t = w->constant();
-  if (t.dtype() != DType::kFloat32) return no("weight is not f32");
+  if (w == nullptr || !w->type().is_static() || w->type().rank() != 4) return no("weight is not of a static 4-D shape");
+  if (w->dtype() != DType::kFloat32) return no("weight is not f32");
+  const std::vector<int64_t> ws = w->type().static_shape();
   int64_t group = n.attr_int("group", 1);
   if (group == 1) return no("one group");
-  if (t.shape()[1] != 1 || t.shape()[0] != group) return no("groups of several channels");
+  if (ws[1] != 1 || ws[0] != group) return no("groups of several channels");
   const Value* y = n.num_outputs() > 0 ? n.output(0) : nullptr;
   if (y == nullptr || y->type().rank() != 4) return no("output rank unknown");
   return true;

@@ -619,10 +619,14 @@ TEST(StrategyCandidates, ComputedWeightsArePackedEachRun) {
   struct Case {
     std::vector<int64_t> x, w;
     int64_t stride, pad;
+    int64_t group = 1;
   };
+  // Depthwise ones too: conv.depthwise reads the weight as stored.
   const std::vector<Case> cases = {{{2, 16, 9, 11}, {40, 16, 3, 3}, 1, 1},
                                    {{1, 8, 7, 13}, {24, 8, 1, 1}, 2, 0},
-                                   {{1, 32, 10, 10}, {64, 32, 3, 3}, 1, 1}};
+                                   {{1, 32, 10, 10}, {64, 32, 3, 3}, 1, 1},
+                                   {{2, 24, 11, 13}, {24, 1, 3, 3}, 1, 1, 24},
+                                   {{1, 40, 15, 18}, {40, 1, 5, 5}, 2, 2, 40}};
   std::mt19937_64 rng(47);
   uint32_t seed = 300;
   for (const Case& c : cases) {
@@ -635,6 +639,7 @@ TEST(StrategyCandidates, ComputedWeightsArePackedEachRun) {
       Node* n = g->add_node("Conv", {x, w}, {"y"});
       n->set_attr("strides", Attribute::of_ints({c.stride, c.stride}));
       n->set_attr("pads", Attribute::of_ints({c.pad, c.pad, c.pad, c.pad}));
+      if (c.group != 1) n->set_attr("group", Attribute::of_int(c.group));
       g->set_outputs({n->output(0)});
       return g;
     };
@@ -647,7 +652,7 @@ TEST(StrategyCandidates, ComputedWeightsArePackedEachRun) {
     ASSERT_TRUE(ops::infer_shapes(*probe, ictx).is_ok());
     const Node* node = probe->nodes()[0];
     int applied = 0;
-    for (const char* name : {"conv.panels", "conv.wvec", "conv.winograd"}) {
+    for (const char* name : {"conv.panels", "conv.wvec", "conv.winograd", "conv.depthwise"}) {
       const strategy::Candidate* cand = strategy::find_candidate(name);
       ASSERT_NE(cand, nullptr);
       if (!cand->applies(*node, nullptr)) continue;
@@ -682,7 +687,10 @@ TEST(StrategyCandidates, ComputedWeightsArePackedEachRun) {
         }
       }
     }
-    EXPECT_GE(applied, 2) << "conv.panels and conv.wvec or conv.winograd apply to " << node->describe();
+    if (c.group == 1)
+      EXPECT_GE(applied, 2) << "conv.panels and conv.wvec or conv.winograd apply to " << node->describe();
+    else
+      EXPECT_EQ(applied, 1) << "conv.depthwise applies to " << node->describe();
   }
 }
 

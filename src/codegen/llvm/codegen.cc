@@ -1005,7 +1005,7 @@ llvm::Value* Emitter::emit_call(const Expr& e) {
   }
   if (name == "floor" || name == "ceil" || name == "round") return a;  // integers
   if (name == "bitand" || name == "bitor" || name == "bitxor" || name == "shl" || name == "shr") {
-    if (!dtype_is_int(t)) {
+    if (!dtype_is_int(t) && !(t == DType::kBool && name.rfind("bit", 0) == 0)) {
       fail("intrinsic " + name + " needs integer operands: " + e.to_string());
       return poison(ty);
     }
