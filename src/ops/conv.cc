@@ -716,7 +716,8 @@ Result<std::vector<tir::ComputeDef>> lower_conv_transpose(const Node& n, LowerCo
 //   dB = dY summed over all but the channel axis;
 //   dW = with one group, kiln:ConvWeightGrad: per tap, dY times the input
 //        at that tap summed over images and positions, the wider channel
-//        dim's tensor made channels-last; with groups, [Mg, N O] x [N O,
+//        dim's tensor made channels-last; depthwise, the same per channel
+//        with both channels-last; with other groups, [Mg, N O] x [N O,
 //        Cg K] per group: the input's columns (kiln:Im2Col, [C K, N O])
 //        times dY transposed to [N O, Mg] over chunks of the batch (each
 //        added to the last), transposed back;
@@ -799,6 +800,21 @@ Status grad_conv(GradBuilder& b) {
     for (int64_t d = 0; d < spi; ++d) perm.push_back(d);
     KILN_ASSIGN_OR_RETURN(Value* dw, b.add1("Transpose", {taps_first[0]}, {{"perm", ints_attr(perm)}}));
     KILN_RETURN_IF_ERROR(b.set_input_grad(1, dw));
+  } else if (b.wants(1) && c == 1 && mg == 1) {
+    // Depthwise: per tap, dY times the input at that tap per channel, both
+    // channels-last (kiln:ConvWeightGrad depthwise = 1), [K..., C] to W's
+    // [C, 1, K...].
+    std::map<std::string, Attribute> attrs = window;
+    attrs.emplace("depthwise", Attribute::of_int(1));
+    KILN_ASSIGN_OR_RETURN(Value* dyt, b.add1("Transpose", {dy}, {{"perm", ints_attr(channels_last)}}));
+    KILN_ASSIGN_OR_RETURN(Value* xt, b.add1("Transpose", {x}, {{"perm", ints_attr(channels_last)}}));
+    KILN_ASSIGN_OR_RETURN(std::vector<Value*> taps_first, b.add("ConvWeightGrad", {dyt, xt}, attrs, 1, "kiln"));
+    const int64_t spi = static_cast<int64_t>(sp);
+    std::vector<int64_t> perm = {spi};
+    for (int64_t d = 0; d < spi; ++d) perm.push_back(d);
+    KILN_ASSIGN_OR_RETURN(Value* dwt, b.add1("Transpose", {taps_first[0]}, {{"perm", ints_attr(perm)}}));
+    KILN_ASSIGN_OR_RETURN(Value* dw, b.add1("Reshape", {dwt, b.ints(ws)}));
+    KILN_RETURN_IF_ERROR(b.set_input_grad(1, dw));
   } else if (b.wants(1)) {
     // Groups: with a static batch, in chunks of images so that the columns
     // take no more memory than dY or dW: the backward's largest temporaries
@@ -842,15 +858,51 @@ Status grad_conv(GradBuilder& b) {
   if (b.wants(0)) {
     // As a stride-1 Conv: output extent X = Y + pb' + pe' - dil (K - 1) with
     // pb' = dil (K - 1) - pb; both pads must be non-negative.
+    // A strided depthwise Conv's dY is first spread out with zeros between
+    // its elements (stride - 1 after each, Y' = (Y - 1) stride + 1 per dim;
+    // trailing ones up to Y stride where the end pad takes them): then the
+    // same stride-1 Conv, computing every input position with all its taps,
+    // of which about one in stride^d is not zero, but on the depthwise
+    // kernels rather than a product per group and kiln:Col2Im.
+    const bool depthwise = groups > 1 && c == 1 && mg == 1;
+    const bool spread = depthwise && std::any_of(strides.begin(), strides.end(), [](int64_t v) { return v > 1; });
     bool as_conv = b.opset() >= 10;
+    bool trailing = spread;  // the spread's trailing zeros kept (no Slice)
     std::vector<int64_t> conv_pads(2 * sp);
-    for (size_t d = 0; d < sp; ++d) {
-      const int64_t span = dilations[d] * (ws[d + 2] - 1);
-      conv_pads[d] = span - pads[d];
-      conv_pads[d + sp] = xs[d + 2] - ys[d + 2] - conv_pads[d] + span;
-      as_conv = as_conv && strides[d] == 1 && conv_pads[d] >= 0 && conv_pads[d + sp] >= 0;
+    for (int pass = 0; pass < (spread ? 2 : 1); ++pass) {
+      as_conv = b.opset() >= 10;
+      for (size_t d = 0; d < sp; ++d) {
+        const int64_t span = dilations[d] * (ws[d + 2] - 1);
+        const int64_t spread_extent = !spread ? ys[d + 2] : trailing ? ys[d + 2] * strides[d] : (ys[d + 2] - 1) * strides[d] + 1;
+        conv_pads[d] = span - pads[d];
+        conv_pads[d + sp] = xs[d + 2] - spread_extent - conv_pads[d] + span;
+        as_conv = as_conv && (spread || strides[d] == 1) && conv_pads[d] >= 0 && conv_pads[d + sp] >= 0;
+      }
+      if (as_conv || !trailing) break;
+      trailing = false;
     }
     Value* dx = nullptr;
+    if (as_conv && spread) {
+      // [N, M, Y...] -> [N, M, Y1, 1, Y2, 1, ...], zeros after each unit
+      // dim, -> [N, M, Y1 s1, Y2 s2, ...], less the trailing zeros unless
+      // the end pads took them.
+      std::vector<int64_t> units = {0, m}, spread_pads(2 * (2 + 2 * sp), 0), merged = {0, m}, ends;
+      for (size_t d = 0; d < sp; ++d) {
+        units.push_back(ys[d + 2]);
+        units.push_back(1);
+        spread_pads[2 + 2 * sp + 3 + 2 * d] = strides[d] - 1;
+        merged.push_back(ys[d + 2] * strides[d]);
+        ends.push_back((ys[d + 2] - 1) * strides[d] + 1);
+      }
+      KILN_ASSIGN_OR_RETURN(Value* unit, b.add1("Reshape", {dy, b.ints(units)}));
+      KILN_ASSIGN_OR_RETURN(Value* padded, b.add1("Pad", {unit, b.ints(spread_pads)}));
+      KILN_ASSIGN_OR_RETURN(dy, b.add1("Reshape", {padded, b.ints(merged)}));
+      if (!trailing) {
+        std::vector<int64_t> starts(sp, 0), axes;
+        for (size_t d = 0; d < sp; ++d) axes.push_back(static_cast<int64_t>(d + 2));
+        KILN_ASSIGN_OR_RETURN(dy, b.add1("Slice", {dy, b.ints(starts), b.ints(ends), b.ints(axes)}));
+      }
+    }
     if (as_conv) {
       std::vector<int64_t> starts(sp, -1), ends(sp, std::numeric_limits<int64_t>::min()), steps(sp, -1), flip_axes;
       for (size_t d = 0; d < sp; ++d) flip_axes.push_back(static_cast<int64_t>(d + 2));

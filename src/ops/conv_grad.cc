@@ -27,6 +27,10 @@
 //         window 1: a = x [N, C, S...], b = dY channels-last [N, O..., M]
 //           -> [K..., C, M]: y[k, c, m] = sum over n, o of
 //              a[n, c, o*stride + k*dilation - pad] b[n, o, m];
+//         depthwise 1 (window 0): a = dY channels-last [N, O..., C], b = x
+//           channels-last [N, S..., C] -> [K..., C]: y[k, c] = sum over n, o
+//           of a[n, o, c] b[n, o*stride + k*dilation - pad, c] (a depthwise
+//           Conv's, one input and one output channel per group);
 //       x is 0 in the padding. The last output dim is the one a schedule
 //       vectorizes; the reduction runs over every image's output rows as one
 //       axis, then the other output dims, so that it can be blocked by rows
@@ -181,27 +185,38 @@ Result<std::vector<tir::ComputeDef>> lower_im2col(const Node& n, LowerContext& c
 // (x's shape, channels first) and dY's [N, M, O...], checked to match.
 struct WeightGradShapes {
   bool window_on_a = false;  // window 1: a is x, read through the window
-  Shape image, dy;
+  bool depthwise = false;    // both channels-last, one channel per group
+  Shape image, dy;           // channels first
   ConvGeometry g;
 };
 
 Result<WeightGradShapes> weight_grad_shapes(const Node& n, const Shape& a, const Shape& b, const SymbolBounds& bounds) {
-  const int64_t w = n.attr_int("window", 0);
+  const int64_t w = n.attr_int("window", 0), dw = n.attr_int("depthwise", 0);
   if (w != 0 && w != 1) return node_invalid(n) << "attribute 'window' must be 0 or 1, got " << w;
+  if (dw != 0 && dw != 1) return node_invalid(n) << "attribute 'depthwise' must be 0 or 1, got " << dw;
+  if (dw == 1 && w != 0) return node_invalid(n) << "a depthwise weight gradient has its window on b (window 0)";
   if (a.size() < 3 || b.size() != a.size())
     return node_invalid(n) << "inputs must have one rank of at least 3, got " << shape_to_string(a) << " and "
                            << shape_to_string(b);
   WeightGradShapes s;
   s.window_on_a = w == 1;
+  s.depthwise = dw == 1;
   const size_t rank = a.size() - 2;
-  // Channels-last b [N, P..., V] as channels-first [N, V, P...].
-  Shape b_cf = {b[0], b.back()};
-  b_cf.insert(b_cf.end(), b.begin() + 1, b.end() - 1);
+  // Channels-last [N, P..., V] as channels-first [N, V, P...].
+  auto channels_first = [](const Shape& t) {
+    Shape cf = {t[0], t.back()};
+    cf.insert(cf.end(), t.begin() + 1, t.end() - 1);
+    return cf;
+  };
+  const Shape b_cf = channels_first(b);
   s.image = s.window_on_a ? a : b_cf;
-  s.dy = s.window_on_a ? b_cf : a;
+  s.dy = s.window_on_a ? b_cf : s.depthwise ? channels_first(a) : a;
   KILN_ASSIGN_OR_RETURN(s.g, window(n, s.image, rank, bounds));
   if (!prove_equal(s.image[0], s.dy[0], bounds))
     return node_invalid(n) << "x and dY have different batches: " << shape_to_string(a) << " and " << shape_to_string(b);
+  if (s.depthwise && !prove_equal(s.image[1], s.dy[1], bounds))
+    return node_invalid(n) << "a depthwise weight gradient's x and dY have different channels: " << shape_to_string(a)
+                           << " and " << shape_to_string(b);
   for (size_t d = 0; d < rank; ++d)
     if (!prove_equal(s.dy[d + 2], s.g.out[d], bounds))
       return node_invalid(n) << "dY " << shape_to_string(s.dy) << " does not match the window over x "
@@ -219,7 +234,7 @@ Status infer_conv_weight_grad(Node& n, InferContext& ctx) {
                            << dtype_name(bt.dtype);
   KILN_ASSIGN_OR_RETURN(WeightGradShapes s, weight_grad_shapes(n, a, b, ctx.bounds));
   Shape out = s.g.kernel;
-  out.push_back(a[1]);
+  if (!s.depthwise) out.push_back(a[1]);
   out.push_back(b.back());
   set_output(n, 0, at.dtype, std::move(out), ctx);
   return Status::ok();
@@ -232,8 +247,8 @@ Result<std::vector<tir::ComputeDef>> lower_conv_weight_grad(const Node& n, Lower
   KILN_ASSIGN_OR_RETURN(WeightGradShapes s, weight_grad_shapes(n, Shape(a.shape.begin(), a.shape.end()),
                                                                Shape(b.shape.begin(), b.shape.end()), {}));
   const size_t rank = a.shape.size() - 2;
-  std::vector<std::string> axes = fresh_axes(ctx, rank + 2);
-  std::vector<Expr> v = axis_vars(axes);  // k..., row, vector
+  std::vector<std::string> axes = fresh_axes(ctx, rank + (s.depthwise ? 1 : 2));
+  std::vector<Expr> v = axis_vars(axes);  // k..., row (not depthwise), vector
   // Reduce axes: the output rows of every image as one axis (image n, row
   // o1 = r0 / O1, r0 % O1), then the other output dims: a schedule can block
   // the reduction by rows across images.
@@ -254,13 +269,15 @@ Result<std::vector<tir::ComputeDef>> lower_conv_weight_grad(const Node& n, Lower
     }
     image_idx.push_back(pos);
   }
-  const Expr& row = v[rank];
-  const Expr& lane = v[rank + 1];
-  // a: [N, rows, P...] read at (n, row, p); b: [N, P..., lanes] at (n, p, lane).
-  std::vector<Expr> a_idx = {image, row}, b_idx = {image};
+  const Expr& lane = v.back();
+  // a: [N, rows, P...] read at (n, row, p), or depthwise [N, P..., lanes] at
+  // (n, p, lane); b: [N, P..., lanes] at (n, p, lane).
+  std::vector<Expr> a_idx = {image}, b_idx = {image};
+  if (!s.depthwise) a_idx.push_back(v[rank]);
   const std::vector<Expr>& a_pos = s.window_on_a ? image_idx : out_pos;
   const std::vector<Expr>& b_pos = s.window_on_a ? out_pos : image_idx;
   a_idx.insert(a_idx.end(), a_pos.begin(), a_pos.end());
+  if (s.depthwise) a_idx.push_back(lane);
   b_idx.insert(b_idx.end(), b_pos.begin(), b_pos.end());
   b_idx.push_back(lane);
   Expr x_load = s.window_on_a ? ctx.load_input(0, a_idx) : ctx.load_input(1, b_idx);

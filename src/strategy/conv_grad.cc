@@ -2,7 +2,8 @@
 // convolution's weight gradient [K..., R, V] summed over the images and the
 // output positions [N, O...]. It is a product per tap: rows R read as
 // broadcast scalars from the channels-first operand, lanes V as vectors
-// from the channels-last one. Template:
+// from the channels-last one (depthwise, [K..., C]: the last kernel dim
+// is R, both operands vectors along the channels). Template:
 //   tile the lanes by nr and the rows by mr; tile loops outermost (threads
 //   split the one with more tiles), then the taps, so that one tile's taps
 //   read the same rows and overlapping windows of the other operand back to
@@ -58,10 +59,10 @@ std::optional<WgradShape> wgrad_shape(const Node& n) {
     s.taps *= *c;
   }
   // dY is the channels-first a (window 0: [N, M, O...]) or the
-  // channels-last b (window 1: [N, O..., M]); its first output dim is
-  // O1, the rows each image has.
-  const bool window_on_a = n.attr_int("window", 0) == 1;
-  const Expr& o1 = window_on_a ? bs[1] : as[2];
+  // channels-last b (window 1: [N, O..., M]; depthwise: a [N, O..., C]);
+  // its first output dim is O1, the rows each image has.
+  const bool window_on_a = n.attr_int("window", 0) == 1, depthwise = n.attr_int("depthwise", 0) == 1;
+  const Expr& o1 = window_on_a ? bs[1] : depthwise ? as[1] : as[2];
   auto batch = as[0].as_const(), rows = o1.as_const();
   auto pa = static_product(as, 1, as.size()), pb = static_product(bs, 1, bs.size());
   if (batch && rows && *rows > 0 && pa && pb && !__builtin_mul_overflow(*batch, *rows, &s.out_rows.emplace())) {

@@ -970,7 +970,8 @@ TEST(StrategyCandidates, WinogradF4ErrorStaysNearF2) {
 // convolution is blocked unless the pass is off.
 // kiln:ConvWeightGrad (a Conv's weight gradient, taps outermost) against
 // its definition computed here in double, then conv.wgrad against the naive
-// lowering: both windows (dY or x channels-last), rows and lanes that are
+// lowering: both windows (dY or x channels-last) and the depthwise form
+// (both channels-last), rows and lanes that are
 // and are not whole tiles, strides, padding, dilation, 1-D, a symbolic
 // batch, knobs drawn at random (row blocks rb where they tile the rows) for
 // AVX-512 and AVX2 at 1 and 2 threads.
@@ -985,6 +986,7 @@ struct WeightGradCase {
   std::vector<int64_t> image, kernel;
   int64_t stride, pad, dilation, window;
   bool symbolic_batch = false;
+  bool depthwise = false;  // m = c, one channel per group: [K..., C]
 };
 
 TEST(StrategyCandidates, WeightGradMatchesItsDefinitionAndNaiveAtRandomKnobs) {
@@ -996,6 +998,9 @@ TEST(StrategyCandidates, WeightGradMatchesItsDefinitionAndNaiveAtRandomKnobs) {
       {2, 8, 16, {9, 9}, {3, 3}, 1, 2, 2, 0},
       {2, 16, 16, {13}, {3}, 1, 1, 1, 0},
       {2, 24, 8, {6, 6}, {3, 3}, 1, 1, 1, 0, true},
+      {2, 40, 40, {9, 10}, {3, 3}, 1, 1, 1, 0, false, true},
+      {3, 24, 24, {11, 9}, {3, 3}, 2, 1, 1, 0, false, true},
+      {2, 16, 16, {7, 7}, {5, 5}, 1, 2, 1, 0, true, true},
   };
   std::mt19937_64 rng(53);
   uint32_t seed = 900;
@@ -1025,14 +1030,14 @@ TEST(StrategyCandidates, WeightGradMatchesItsDefinitionAndNaiveAtRandomKnobs) {
             r.data_as<float>()[(i * plane + p) * ch + k] = t.data_as<float>()[(i * ch + k) * plane + p];
       return r;
     };
-    const Tensor& a = c.window == 0 ? dy : x;
+    Tensor a = c.depthwise ? last(dy) : c.window == 0 ? dy : x;
     Tensor b = last(c.window == 0 ? x : dy);
     // The definition: y[k..., row, lane], rows M (window 0) or C (window 1).
     int64_t taps = 1;
     for (int64_t k : c.kernel) taps *= k;
     const int64_t rows = c.window == 0 ? c.m : c.c, lanes = c.window == 0 ? c.c : c.m;
     std::vector<int64_t> ws = c.kernel;
-    ws.push_back(rows);
+    if (!c.depthwise) ws.push_back(rows);
     ws.push_back(lanes);
     Tensor ref(DType::kFloat32, ws);
     int64_t plane_in = 1, plane_out = 1;
@@ -1048,6 +1053,7 @@ TEST(StrategyCandidates, WeightGradMatchesItsDefinitionAndNaiveAtRandomKnobs) {
       }
       for (int64_t mo = 0; mo < c.m; ++mo)
         for (int64_t ci = 0; ci < c.c; ++ci) {
+          if (c.depthwise && ci != mo) continue;
           double sum = 0;
           for (int64_t i = 0; i < c.n; ++i)
             for (int64_t o = 0; o < plane_out; ++o) {
@@ -1066,7 +1072,7 @@ TEST(StrategyCandidates, WeightGradMatchesItsDefinitionAndNaiveAtRandomKnobs) {
                      x.data_as<float>()[(i * c.c + ci) * plane_in + in];
             }
           const int64_t row = c.window == 0 ? mo : ci, lane = c.window == 0 ? ci : mo;
-          ref.data_as<float>()[(t * rows + row) * lanes + lane] = static_cast<float>(sum);
+          ref.data_as<float>()[c.depthwise ? t * lanes + lane : (t * rows + row) * lanes + lane] = static_cast<float>(sum);
         }
     }
     auto make = [&] {
@@ -1089,15 +1095,13 @@ TEST(StrategyCandidates, WeightGradMatchesItsDefinitionAndNaiveAtRandomKnobs) {
       n->set_attr("strides", ints(std::vector<int64_t>(sp, c.stride)));
       n->set_attr("pads", ints(std::vector<int64_t>(2 * sp, c.pad)));
       n->set_attr("dilations", ints(std::vector<int64_t>(sp, c.dilation)));
-      Attribute w;
-      w.kind = Attribute::Kind::kInt;
-      w.i = c.window;
-      n->set_attr("window", w);
+      n->set_attr("window", Attribute::of_int(c.window));
+      if (c.depthwise) n->set_attr("depthwise", Attribute::of_int(1));
       g->set_outputs({n->output(0)});
       return g;
     };
     const std::string label = "x " + shape_to_string(shape_of(xs)) + " dY " + shape_to_string(shape_of(ys)) +
-                              " window " + std::to_string(c.window);
+                              " window " + std::to_string(c.window) + (c.depthwise ? " depthwise" : "");
     auto want = run_feeds(make(), true, {a, b}, 1, std::nullopt, nullptr);
     ASSERT_TRUE(want.is_ok()) << label << ": " << want.status().to_string();
     ASSERT_EQ(want->shape(), ref.shape()) << label;

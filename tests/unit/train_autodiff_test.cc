@@ -335,8 +335,10 @@ TEST(Autodiff, ConvAndPool) {
   })", {"x", "w"}, {}});
   // Groups: two groups of 3 input and 2 output channels, depthwise, and
   // depthwise with 2 outputs per channel; at stride 1 (dX as a grouped Conv)
-  // and strided (per-group products into kiln:Col2Im); a batch of 5 takes dW
-  // in chunks (the depthwise columns are 9 times dY).
+  // and strided (per-group products into kiln:Col2Im; a depthwise one's dY
+  // spread with zeros into the stride-1 Conv, its trailing zeros taken by
+  // the end pad or, with more end padding than that allows, sliced off); a
+  // batch of 5 takes dW in chunks (the depthwise columns are 9 times dY).
   for (const char* attrs : {"group = 2, pads = [1, 1, 1, 1]", "group = 2, pads = [1, 0, 2, 1], strides = [2, 2]"}) {
     std::string text = std::string(R"(graph g(%x: f64[2, 6, 7, 6], %w: f64[4, 3, 3, 2], %b: f64[4]) -> (%y) {
     opset "" 17
@@ -345,8 +347,9 @@ TEST(Autodiff, ConvAndPool) {
     check_case({"conv_grouped", text.c_str(), {"x", "w", "b"}, {}});
   }
   for (const char* attrs : {"group = 4, pads = [1, 1, 1, 1]", "group = 4, pads = [1, 1, 1, 1], strides = [2, 2]",
-                            "dilations = [2, 2], group = 4, pads = [2, 2, 2, 2]"}) {
-    for (const char* shapes : {"%x: f64[5, 4, 7, 6], %w: f64[4, 1, 3, 3]", "%x: f64[2, 4, 7, 6], %w: f64[8, 1, 3, 3]"}) {
+                            "dilations = [2, 2], group = 4, pads = [2, 2, 2, 2]",
+                            "group = 4, pads = [0, 0, 2, 2], strides = [2, 2]"}) {
+    for (const char* shapes : {"%x: f64[5, 4, 5, 7], %w: f64[4, 1, 3, 3]", "%x: f64[2, 4, 7, 6], %w: f64[8, 1, 3, 3]"}) {
       std::string text = std::string("graph g(") + shapes + R"() -> (%y) {
     opset "" 17
     %y: f64[?] = Conv(%x, %w) {)" + attrs + R"(}
