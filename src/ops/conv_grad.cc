@@ -217,10 +217,13 @@ Result<WeightGradShapes> weight_grad_shapes(const Node& n, const Shape& a, const
   if (s.depthwise && !prove_equal(s.image[1], s.dy[1], bounds))
     return node_invalid(n) << "a depthwise weight gradient's x and dY have different channels: " << shape_to_string(a)
                            << " and " << shape_to_string(b);
-  for (size_t d = 0; d < rank; ++d)
+  for (size_t d = 0; d < rank; ++d) {
+    if (auto o = s.g.out[d].as_const(); o && *o < 1)
+      return node_invalid(n) << "the window leaves no output positions over x " << shape_to_string(s.image);
     if (!prove_equal(s.dy[d + 2], s.g.out[d], bounds))
       return node_invalid(n) << "dY " << shape_to_string(s.dy) << " does not match the window over x "
                              << shape_to_string(s.image);
+  }
   return s;
 }
 

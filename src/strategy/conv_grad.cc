@@ -26,7 +26,6 @@ namespace {
 
 struct WgradShape {
   std::optional<int64_t> rows, lanes;
-  int64_t taps = 1;
   // Output rows of all images (the first reduce axis) and the bytes of both
   // operands per output row; unset where symbolic.
   std::optional<int64_t> out_rows, row_bytes;
@@ -53,11 +52,8 @@ std::optional<WgradShape> wgrad_shape(const Node& n) {
   WgradShape s;
   s.rows = ys[ys.size() - 2].as_const();
   s.lanes = ys.back().as_const();
-  for (size_t i = 0; i + 2 < ys.size(); ++i) {
-    auto c = ys[i].as_const();
-    if (!c) return std::nullopt;
-    s.taps *= *c;
-  }
+  for (size_t i = 0; i + 2 < ys.size(); ++i)
+    if (!ys[i].as_const()) return std::nullopt;
   // dY is the channels-first a (window 0: [N, M, O...]) or the
   // channels-last b (window 1: [N, O..., M]; depthwise: a [N, O..., C]);
   // its first output dim is O1, the rows each image has.
@@ -65,10 +61,11 @@ std::optional<WgradShape> wgrad_shape(const Node& n) {
   const Expr& o1 = window_on_a ? bs[1] : depthwise ? as[1] : as[2];
   auto batch = as[0].as_const(), rows = o1.as_const();
   auto pa = static_product(as, 1, as.size()), pb = static_product(bs, 1, bs.size());
-  if (batch && rows && *rows > 0 && pa && pb && !__builtin_mul_overflow(*batch, *rows, &s.out_rows.emplace())) {
-    s.row_bytes = (*pa + *pb) / *rows * 4;
-  } else {
-    s.out_rows.reset();
+  int64_t both = 0, out_rows = 0, row_bytes = 0;
+  if (batch && rows && *rows > 0 && pa && pb && !__builtin_add_overflow(*pa, *pb, &both) &&
+      !__builtin_mul_overflow(*batch, *rows, &out_rows) && !__builtin_mul_overflow(both / *rows, int64_t{4}, &row_bytes)) {
+    s.out_rows = out_rows;
+    s.row_bytes = row_bytes;
   }
   return s;
 }
@@ -138,11 +135,15 @@ tir::Knobs wgrad_defaults(const Node& n, const Target& t) {
   }
   // Blocks where both operands do not fit half of a core's level-2 cache
   // together: the most rows whose operands do.
-  if (shape && shape->out_rows && shape->row_bytes && *shape->out_rows * *shape->row_bytes > t.l2_bytes / 2) {
+  int64_t all_bytes = 0;
+  if (shape && shape->out_rows && shape->row_bytes &&
+      (__builtin_mul_overflow(*shape->out_rows, *shape->row_bytes, &all_bytes) || all_bytes > t.l2_bytes / 2)) {
     for (int64_t rb : {128, 64, 32, 16, 8, 4, 2, 1}) {
       tir::Knobs b = k;
       b["rb"] = rb;
-      if (rb * *shape->row_bytes <= t.l2_bytes / 2 && space.valid(b)) {
+      int64_t block_bytes = 0;
+      if (!__builtin_mul_overflow(rb, *shape->row_bytes, &block_bytes) && block_bytes <= t.l2_bytes / 2 &&
+          space.valid(b)) {
         k = b;
         break;
       }
