@@ -1,14 +1,19 @@
 """PyTorch integration: `kiln.torch.compile(module, example_inputs)` returns an nn.Module whose
 forward and backward run in Kiln, for an ordinary PyTorch training loop with any optimizer.
 
-On the first call the module is exported to ONNX with its parameters and buffers as graph
-inputs, and compiled twice: the forward, and its vector-Jacobian product (the backward: the
-gradient of sum_k <output_k, grad_k> with respect to the inputs and parameters, by Kiln's
-reverse mode over the graph, `docs/training.md`). The parameters stay PyTorch's: the optimizer
-updates them, and each call reads them as they are (numpy views of the tensors, no copy).
-Outputs come back as tensors over Kiln's buffers (no copy). The backward recomputes the forward
-inside the compiled VJP graph. The module is exported in eval form (Dropout and
-BatchNormalization as in inference), and with the input shapes of the first call.
+On the first call in a mode (module.training) and with given input shapes and dtypes, the module
+is exported to ONNX with its parameters and buffers as graph inputs, and compiled twice: the
+forward, and its vector-Jacobian product (the backward: the gradient of sum_k <output_k, grad_k>
+with respect to the inputs and parameters, by Kiln's reverse mode over the graph,
+`docs/training.md`). A call in another mode or with other shapes compiles again (each kept).
+The parameters stay PyTorch's: the optimizer updates them, and each call reads them as they are
+(numpy views of the tensors, no copy). Outputs come back as tensors over Kiln's buffers (no
+copy). The backward recomputes the forward inside the compiled VJP graph.
+
+In training mode BatchNormalization normalizes with the batch's statistics and its running
+statistics are updated as PyTorch's are (the variance unbiased, num_batches_tracked counted);
+Dropout with a nonzero rate in training mode is refused (the backward's recomputed forward would
+draw another mask).
 """
 import io
 
@@ -33,63 +38,129 @@ def _numpy(t):
 
 class _KilnFunction(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, owner, *tensors):
-        outs = owner._forward_model.run(owner._feeds(tensors))
-        ctx.owner = owner
+    def forward(ctx, owner, built, *tensors):
+        outs = built.forward_model.run(built.feeds(tensors))
+        built.update_running_statistics(owner._state(), outs)
+        ctx.built = built
         ctx.save_for_backward(*tensors)
-        results = tuple(_torch.from_numpy(outs[name]) for name in owner._outputs)
+        results = tuple(_torch.from_numpy(outs[name]) for name in built.outputs)
         return results if len(results) > 1 else results[0]
 
     @staticmethod
     def backward(ctx, *grads):
-        owner = ctx.owner
+        built = ctx.built
         tensors = ctx.saved_tensors
-        feeds = owner._feeds(tensors)
-        for name, g, info in zip(owner._outputs, grads, owner._output_infos):
+        feeds = built.feeds(tensors)
+        for name, g, info in zip(built.outputs, grads, built.output_infos):
             feeds[name + ".grad_in"] = (np.zeros(info[0], info[1]) if g is None else _numpy(g))
-        outs = owner._vjp_model.run(feeds)
-        result = [None]  # owner
-        for name in owner._input_names:
-            result.append(_torch.from_numpy(outs[name + "_grad"]) if name in owner._wrt else None)
+        outs = built.vjp_model.run(feeds)
+        result = [None, None]  # owner, built
+        for name in built.input_names:
+            result.append(_torch.from_numpy(outs[name + "_grad"]) if name in built.wrt else None)
         return tuple(result)
 
 
-class KilnModule(_torch.nn.Module):
-    """`module` run by Kiln (see the module docstring). Its parameters are `module`'s."""
+def _constant(proto, name):
+    """The value of a Constant node's output or an initializer named `name` (None: neither)."""
+    from onnx import numpy_helper
 
-    def __init__(self, module, threads=0, db="", opset=17):
-        super().__init__()
-        self.module = module
-        self._threads, self._db, self._opset = threads, db, opset
-        self._forward_model = None
+    for i in proto.graph.initializer:
+        if i.name == name:
+            return numpy_helper.to_array(i)
+    for n in proto.graph.node:
+        if n.op_type == "Constant" and n.output and n.output[0] == name:
+            for a in n.attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+    return None
 
-    def _state(self):
-        tensors = dict(self.module.named_parameters())
-        tensors.update(dict(self.module.named_buffers()))
-        return tensors
 
-    def _feeds(self, tensors):
-        return {name: _numpy(t) for name, t in zip(self._input_names, tensors)}
+class _Built:
+    """The forward and VJP programs of one mode and one set of input shapes and dtypes."""
 
-    def _build(self, inputs):
+    def __init__(self, module, inputs, threads, db, opset):
         import onnx
         from onnx import TensorProto, helper
 
         user = [f"input_{i}" for i in range(len(inputs))]
         buf = io.BytesIO()
-        with _torch.no_grad():
-            _torch.onnx.export(self.module, tuple(inputs), buf, input_names=user, export_params=False,
-                               do_constant_folding=False, opset_version=self._opset)
+        # Exported in the module's own mode (PRESERVE: EVAL would fold BatchNormalization into the
+        # convolutions' weights, which are then no longer the module's). The exporter also merges
+        # parameters and buffers of equal values into one graph input (two fresh LayerNorms'
+        # weights, all ones), so they are given distinct values for the export; it runs the module
+        # once, which in training mode would also move the running statistics. All are put back.
+        kept = {name: t.clone() for name, t in module.state_dict().items()}
+        try:
+            with _torch.no_grad():
+                for k, t in enumerate(module.state_dict().values()):
+                    if t.is_floating_point() or t.is_complex():
+                        t.copy_(_torch.rand(t.shape, dtype=t.dtype) + 2 * k + 1)
+                    elif t.dtype != _torch.bool:
+                        t.fill_(k + 1)
+                _torch.onnx.export(module, tuple(inputs), buf, input_names=user, export_params=False,
+                                   do_constant_folding=False, opset_version=opset,
+                                   training=_torch.onnx.TrainingMode.PRESERVE)
+        finally:
+            with _torch.no_grad():
+                for name, t in module.state_dict().items():
+                    t.copy_(kept[name])
         proto = onnx.load_from_string(buf.getvalue())
-        state = self._state()
+        state = dict(module.named_parameters())
+        state.update(dict(module.named_buffers()))
         extra = [i.name for i in proto.graph.input[len(user):]]
         unknown = [n for n in extra if n not in state]
         if unknown:
             raise RuntimeError(f"the exported model takes inputs {unknown} that are not the module's "
                                "parameters or buffers")
-        self._input_names = user + extra
-        self._outputs = [o.name for o in proto.graph.output]
-        forward = proto.SerializeToString()
+        self.input_names = user + extra
+        self.outputs = [o.name for o in proto.graph.output]
+        for n in proto.graph.node:
+            if n.op_type == "Dropout" and len(n.input) > 2 and n.input[2]:
+                ratio = _constant(proto, n.input[1]) if len(n.input) > 1 and n.input[1] else np.array(0.5)
+                on = _constant(proto, n.input[2])
+                if on is None or ratio is None or (bool(on) and float(ratio) != 0.0):
+                    raise RuntimeError(f"kiln.torch: Dropout '{n.name}' in training mode (rate "
+                                       f"{'unknown' if ratio is None else float(ratio)}) is not supported yet: "
+                                       "the backward recomputes the forward and would draw another mask; "
+                                       "set the Dropout modules to eval() or p=0")
+        # BatchNormalization in training form: its updated running statistics (outputs 1 and 2)
+        # become outputs of the forward program, written back into the module's buffers.
+        # (mean buffer, var buffer, count buffer or None, mean out, var out, elements per channel,
+        #  ONNX momentum: the share of the old statistics)
+        self.running = []
+        stats_proto = onnx.shape_inference.infer_shapes(proto)
+        shapes = {v.name: v.type.tensor_type.shape for v in
+                  list(stats_proto.graph.value_info) + list(stats_proto.graph.input) + list(stats_proto.graph.output)}
+        forward_proto = onnx.ModelProto()
+        forward_proto.CopyFrom(proto)
+        for n in proto.graph.node:
+            if n.op_type != "BatchNormalization" or not any(a.name == "training_mode" and a.i for a in n.attribute):
+                continue
+            if len(n.output) < 3 or not n.output[1] or not n.output[2]:
+                continue
+            mean_in, var_in = n.input[3], n.input[4]
+            if mean_in not in state or var_in not in state:
+                raise RuntimeError(f"kiln.torch: BatchNormalization '{n.name}' reads running statistics "
+                                   f"{mean_in}, {var_in} that are not the module's buffers")
+            dims = [d.dim_value if d.HasField("dim_value") else 0 for d in shapes[n.input[0]].dim] \
+                if n.input[0] in shapes else []
+            if len(dims) < 2 or any(d <= 0 for d in dims):
+                raise RuntimeError(f"kiln.torch: the input shape of BatchNormalization '{n.name}' is not known "
+                                   "after export (its running variance needs the count per channel)")
+            count = int(np.prod(dims)) // dims[1]
+            momentum = next((a.f for a in n.attribute if a.name == "momentum"), 0.9)
+            prefix = mean_in[: -len("running_mean")] if mean_in.endswith("running_mean") else None
+            tracked = prefix + "num_batches_tracked" if prefix is not None else None
+            self.running.append((mean_in, var_in, tracked if tracked in state else None, n.output[1], n.output[2],
+                                 count, momentum))
+            for out in (n.output[1], n.output[2]):
+                forward_proto.graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, None))
+        for m in module.modules():
+            if isinstance(m, _torch.nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats \
+                    and m.momentum is None:
+                raise RuntimeError("kiln.torch: BatchNormalization with momentum=None (a cumulative average) "
+                                   "in training mode is not supported")
+        forward = forward_proto.SerializeToString()
 
         # The VJP graph: a grad input per output, the scalar sum_k <output_k, grad_k>.
         float_types = (TensorProto.FLOAT, TensorProto.DOUBLE)
@@ -112,17 +183,56 @@ class KilnModule(_torch.nn.Module):
         del proto.graph.output[:]
         proto.graph.output.append(helper.make_tensor_value_info(total, loss_type, []))
         types = {i.name: i.type.tensor_type.elem_type for i in proto.graph.input}
-        self._wrt = [n for n in self._input_names
-                     if types.get(n) in float_types and (n in user or state[n].requires_grad)]
-        self._forward_model = _compile(forward, threads=self._threads, db=self._db)
-        self._vjp_model = _compile(proto.SerializeToString(), threads=self._threads, db=self._db,
-                                   gradient_of=total, gradient_wrt=self._wrt)
-        infos = {o.name: o for o in self._forward_model.outputs}
-        self._output_infos = [([int(d) for d in infos[n].dims], np.dtype(infos[n].dtype)) for n in self._outputs]
+        self.wrt = [n for n in self.input_names
+                    if types.get(n) in float_types and (n in user or state[n].requires_grad)]
+        self.forward_model = _compile(forward, threads=threads, db=db)
+        self.vjp_model = _compile(proto.SerializeToString(), threads=threads, db=db,
+                                  gradient_of=total, gradient_wrt=self.wrt)
+        infos = {o.name: o for o in self.forward_model.outputs}
+        self.output_infos = [([int(d) for d in infos[n].dims], np.dtype(infos[n].dtype)) for n in self.outputs]
+
+    def feeds(self, tensors):
+        return {name: _numpy(t) for name, t in zip(self.input_names, tensors)}
+
+    def update_running_statistics(self, state, outs):
+        """Writes the forward's running statistics into the buffers, as PyTorch updates them: Kiln
+        (ONNX) mixes in the batch's population variance, PyTorch its unbiased variance."""
+        with _torch.no_grad():
+            for mean_in, var_in, tracked, mean_out, var_out, count, momentum in self.running:
+                var = state[var_in]
+                new_var = _torch.from_numpy(np.array(outs[var_out]))
+                if count > 1:
+                    # m var + (1 - m) population  ->  m var + (1 - m) population count / (count - 1)
+                    kept = momentum * var
+                    new_var = kept + (new_var - kept) * (count / (count - 1))
+                state[mean_in].copy_(_torch.from_numpy(np.array(outs[mean_out])))
+                var.copy_(new_var)
+                if tracked is not None:
+                    state[tracked].add_(1)
+
+
+class KilnModule(_torch.nn.Module):
+    """`module` run by Kiln (see the module docstring). Its parameters are `module`'s."""
+
+    def __init__(self, module, threads=0, db="", opset=17):
+        super().__init__()
+        self.module = module
+        self._threads, self._db, self._opset = threads, db, opset
+        self._built = {}
+
+    def _state(self):
+        tensors = dict(self.module.named_parameters())
+        tensors.update(dict(self.module.named_buffers()))
+        return tensors
 
     def forward(self, *inputs):
-        if self._forward_model is None:
-            self._build(inputs)
+        training = self.module.training
+        key = (training, tuple((tuple(t.shape), str(t.dtype)) if isinstance(t, _torch.Tensor) else repr(t)
+                               for t in inputs))
+        built = self._built.get(key)
+        if built is None:
+            built = _Built(self.module, inputs, self._threads, self._db, self._opset)
+            self._built[key] = built
         state = self._state()
-        tensors = list(inputs) + [state[n] for n in self._input_names[len(inputs):]]
-        return _KilnFunction.apply(self, *tensors)
+        tensors = list(inputs) + [state[n] for n in built.input_names[len(inputs):]]
+        return _KilnFunction.apply(self, built, *tensors)

@@ -1,7 +1,8 @@
 """kiln.torch.compile: a module whose forward and backward run in Kiln, in an ordinary PyTorch
 training loop with torch.optim, against the same loop on the plain module: every step's loss,
 the input's gradient and the final parameters equal; the parameters stay PyTorch's (the
-optimizer's updates are what the next call reads).
+optimizer's updates are what the next call reads). BatchNormalization in training form (its
+running statistics too), then eval(); batches of changing sizes; Dropout in training form refused.
 
     PYTHONPATH=build/python run_kiln_torch_test.py
 """
@@ -64,6 +65,121 @@ def not_a_module_is_refused():
         assert "torch.nn.Module" in str(e)
         return
     raise AssertionError("no TypeError")
+
+
+class BnNet(torch.nn.Module):
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.drop = torch.nn.Dropout(dropout)
+        self.fc = torch.nn.Linear(4 * 6 * 6, 3)
+
+    def forward(self, x):
+        return self.fc(self.drop(torch.relu(self.bn(self.conv(x)))).flatten(1))
+
+
+def steps(plain, compiled, batches, lr=0.05):
+    """SGD steps of both on the same batches; the losses and the inputs' gradients of each."""
+    opt_a = torch.optim.SGD(plain.parameters(), lr=lr, momentum=0.9)
+    opt_b = torch.optim.SGD(compiled.parameters(), lr=lr, momentum=0.9)
+    out = []
+    for x, target in batches:
+        row = []
+        for model, opt in ((plain, opt_a), (compiled, opt_b)):
+            xi = x.clone().requires_grad_()
+            opt.zero_grad()
+            loss = ((model(xi) - target) ** 2).mean()
+            loss.backward()
+            opt.step()
+            row.append((float(loss), xi.grad.numpy()))
+        out.append(row)
+    return out
+
+
+def close(b, a, what):
+    np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-4 * float(np.abs(a).max() + 1e-30), err_msg=what)
+
+
+@case
+def batch_norm_in_training_form_matches_pytorch():
+    # Normalized with the batch's statistics, running statistics updated as PyTorch's (unbiased
+    # variance, batches counted); then eval() uses them: another program, the same answers.
+    torch.manual_seed(6)
+    plain = BnNet().train()
+    compiled = kiln.torch.compile(copy.deepcopy(plain), threads=2)
+    gen = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(5, 2, 6, 6, generator=gen) * 3 + 1, torch.randn(5, 3, generator=gen)) for _ in range(4)]
+    for step, ((la, ga), (lb, gb)) in enumerate(steps(plain, compiled, batches)):
+        np.testing.assert_allclose(lb, la, rtol=1e-4, err_msg=f"loss, step {step}")
+        close(gb, ga, f"input gradient, step {step}")
+    for (name, p), (_, q) in zip(plain.state_dict().items(), compiled.module.state_dict().items()):
+        close(q.numpy().astype(np.float64), p.numpy().astype(np.float64), name)
+    assert int(compiled.module.bn.num_batches_tracked) == 4
+    # The running statistics moved from their start (0 and 1), so the comparison above says something.
+    assert float((plain.bn.running_var - 1).abs().max()) > 0.1, plain.bn.running_var
+    assert float(plain.bn.running_mean.abs().max()) > 0.1, plain.bn.running_mean
+    plain.eval()
+    compiled.eval()
+    x = torch.randn(3, 2, 6, 6, generator=gen)
+    with torch.no_grad():
+        close(compiled(x).numpy(), plain(x).numpy(), "eval output")
+    assert len(compiled._built) == 2
+
+
+@case
+def each_input_shape_gets_its_program():
+    torch.manual_seed(8)
+    plain = Net()
+    compiled = kiln.torch.compile(copy.deepcopy(plain), threads=2)
+    gen = torch.Generator().manual_seed(9)
+    batches = [(torch.randn(n, 2, 6, 6, generator=gen), torch.randn(n, 3, generator=gen)) for n in (3, 7, 3)]
+    for step, ((la, ga), (lb, gb)) in enumerate(steps(plain, compiled, batches, lr=0.01)):
+        np.testing.assert_allclose(lb, la, rtol=1e-4, err_msg=f"loss, step {step}")
+        close(gb, ga, f"input gradient, step {step}")
+    assert len(compiled._built) == 2
+
+
+@case
+def dropout_in_training_form_is_refused():
+    compiled = kiln.torch.compile(BnNet(dropout=0.5).train(), threads=2)
+    x = torch.randn(2, 2, 6, 6)
+    try:
+        compiled(x)
+    except RuntimeError as e:
+        assert "Dropout" in str(e) and "training mode" in str(e), str(e)
+    else:
+        raise AssertionError("Dropout(0.5) in training mode was accepted")
+    compiled.module.drop.eval()
+    assert compiled(x).shape == (2, 3)
+
+
+class TwoNorms(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1 = torch.nn.LayerNorm(8)
+        self.fc = torch.nn.Linear(8, 8)
+        self.norm2 = torch.nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.norm2(self.fc(self.norm1(x)))
+
+
+@case
+def parameters_of_equal_values_stay_apart():
+    # Two fresh LayerNorms have equal weights (ones) and biases (zeros): exporting in eval mode
+    # (training in eval mode: frozen statistics) would merge them into one graph input, and the
+    # second's would neither be read nor trained.
+    torch.manual_seed(10)
+    plain = TwoNorms().eval()
+    compiled = kiln.torch.compile(copy.deepcopy(plain), threads=2)
+    gen = torch.Generator().manual_seed(11)
+    batches = [(torch.randn(4, 8, generator=gen), torch.randn(4, 8, generator=gen)) for _ in range(3)]
+    for step, ((la, ga), (lb, gb)) in enumerate(steps(plain, compiled, batches)):
+        np.testing.assert_allclose(lb, la, rtol=1e-4, err_msg=f"loss, step {step}")
+    for (name, p), (_, q) in zip(plain.named_parameters(), compiled.module.named_parameters()):
+        close(q.detach().numpy(), p.detach().numpy(), name)
+    assert not torch.equal(plain.norm1.weight, plain.norm2.weight)
 
 
 if __name__ == "__main__":
