@@ -12,8 +12,8 @@ copy). The backward recomputes the forward inside the compiled VJP graph.
 
 In training mode BatchNormalization normalizes with the batch's statistics and its running
 statistics are updated as PyTorch's are (the variance unbiased, num_batches_tracked counted);
-Dropout with a nonzero rate in training mode is refused (the backward's recomputed forward would
-draw another mask).
+Dropout draws a fresh mask each call (Kiln's generator, not PyTorch's), which the forward returns
+and the backward multiplies by instead of drawing another.
 """
 import io
 
@@ -42,6 +42,7 @@ class _KilnFunction(_torch.autograd.Function):
         outs = built.forward_model.run(built.feeds(tensors))
         built.update_running_statistics(owner._state(), outs)
         ctx.built = built
+        ctx.masks = {saved: np.array(outs[mask]) for mask, saved in built.masks}
         ctx.save_for_backward(*tensors)
         results = tuple(_torch.from_numpy(outs[name]) for name in built.outputs)
         return results if len(results) > 1 else results[0]
@@ -51,6 +52,7 @@ class _KilnFunction(_torch.autograd.Function):
         built = ctx.built
         tensors = ctx.saved_tensors
         feeds = built.feeds(tensors)
+        feeds.update(ctx.masks)
         for name, g, info in zip(built.outputs, grads, built.output_infos):
             feeds[name + ".grad_in"] = (np.zeros(info[0], info[1]) if g is None else _numpy(g))
         outs = built.vjp_model.run(feeds)
@@ -114,25 +116,37 @@ class _Built:
                                "parameters or buffers")
         self.input_names = user + extra
         self.outputs = [o.name for o in proto.graph.output]
-        for n in proto.graph.node:
+        # Dropout in training mode: the forward program also returns its mask, and the VJP
+        # program, instead of drawing another, multiplies by the mask it is given.
+        dropouts = []  # (node index, rate)
+        for k, n in enumerate(proto.graph.node):
             if n.op_type == "Dropout" and len(n.input) > 2 and n.input[2]:
                 ratio = _constant(proto, n.input[1]) if len(n.input) > 1 and n.input[1] else np.array(0.5)
                 on = _constant(proto, n.input[2])
-                if on is None or ratio is None or (bool(on) and float(ratio) != 0.0):
-                    raise RuntimeError(f"kiln.torch: Dropout '{n.name}' in training mode (rate "
-                                       f"{'unknown' if ratio is None else float(ratio)}) is not supported yet: "
-                                       "the backward recomputes the forward and would draw another mask; "
-                                       "set the Dropout modules to eval() or p=0")
+                if on is None or ratio is None:
+                    raise RuntimeError(f"kiln.torch: Dropout '{n.name}' with a rate or training mode computed at "
+                                       "run time is not supported")
+                if bool(on) and float(ratio) != 0.0:
+                    if len(n.output) < 2 or not n.output[1]:
+                        del n.output[1:]
+                        n.output.append(n.output[0] + ".mask")
+                    dropouts.append((k, float(ratio)))
         # BatchNormalization in training form: its updated running statistics (outputs 1 and 2)
         # become outputs of the forward program, written back into the module's buffers.
         # (mean buffer, var buffer, count buffer or None, mean out, var out, elements per channel,
         #  ONNX momentum: the share of the old statistics)
         self.running = []
         stats_proto = onnx.shape_inference.infer_shapes(proto)
-        shapes = {v.name: v.type.tensor_type.shape for v in
-                  list(stats_proto.graph.value_info) + list(stats_proto.graph.input) + list(stats_proto.graph.output)}
+        typed = list(stats_proto.graph.value_info) + list(stats_proto.graph.input) + list(stats_proto.graph.output)
+        shapes = {v.name: v.type.tensor_type.shape for v in typed}
+        elem = {v.name: v.type.tensor_type.elem_type for v in typed}
         forward_proto = onnx.ModelProto()
         forward_proto.CopyFrom(proto)
+        self.masks = []  # (forward output, VJP input)
+        for k, _ in dropouts:
+            mask = proto.graph.node[k].output[1]
+            forward_proto.graph.output.append(helper.make_tensor_value_info(mask, TensorProto.BOOL, None))
+            self.masks.append((mask, mask + ".saved"))
         for n in proto.graph.node:
             if n.op_type != "BatchNormalization" or not any(a.name == "training_mode" and a.i for a in n.attribute):
                 continue
@@ -154,7 +168,8 @@ class _Built:
             self.running.append((mean_in, var_in, tracked if tracked in state else None, n.output[1], n.output[2],
                                  count, momentum))
             for out in (n.output[1], n.output[2]):
-                forward_proto.graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, None))
+                forward_proto.graph.output.append(
+                    helper.make_tensor_value_info(out, elem.get(n.input[3], TensorProto.FLOAT), None))
         for m in module.modules():
             if isinstance(m, _torch.nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats \
                     and m.momentum is None:
@@ -162,7 +177,34 @@ class _Built:
                                    "in training mode is not supported")
         forward = forward_proto.SerializeToString()
 
-        # The VJP graph: a grad input per output, the scalar sum_k <output_k, grad_k>.
+        # The VJP graph: each training Dropout replaced by x * mask / (1 - rate) over the mask the
+        # forward drew (an input); a grad input per output, the scalar sum_k <output_k, grad_k>.
+        replaced = {}
+        for k, ratio in dropouts:
+            n = proto.graph.node[k]
+            x, y, mask = n.input[0], n.output[0], n.output[1]
+            saved = mask + ".saved"
+            mask_shape = helper.make_tensor_value_info(saved, TensorProto.BOOL, None)
+            if x in shapes:
+                mask_shape.type.tensor_type.shape.CopyFrom(shapes[x])
+            proto.graph.input.append(mask_shape)
+            x_type = elem.get(x, TensorProto.FLOAT)
+            if x_type not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+                raise RuntimeError(f"kiln.torch: Dropout '{n.name}' in training mode on a tensor that is not "
+                                   "f32 or f64")
+            scale = np.array(1.0 / (1.0 - ratio), np.float64 if x_type == TensorProto.DOUBLE else np.float32)
+            replaced[k] = [
+                helper.make_node("Cast", [saved], [y + ".keep"], to=x_type),
+                helper.make_node("Mul", [x, y + ".keep"], [y + ".kept"]),
+                helper.make_node("Constant", [], [y + ".scale"], value=onnx.numpy_helper.from_array(scale)),
+                helper.make_node("Mul", [y + ".kept", y + ".scale"], [y]),
+            ]
+        if replaced:
+            nodes = []
+            for k, n in enumerate(proto.graph.node):
+                nodes.extend(replaced[k] if k in replaced else [n])
+            del proto.graph.node[:]
+            proto.graph.node.extend(nodes)
         float_types = (TensorProto.FLOAT, TensorProto.DOUBLE)
         terms = []
         for o in proto.graph.output:

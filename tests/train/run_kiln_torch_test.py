@@ -2,7 +2,8 @@
 training loop with torch.optim, against the same loop on the plain module: every step's loss,
 the input's gradient and the final parameters equal; the parameters stay PyTorch's (the
 optimizer's updates are what the next call reads). BatchNormalization in training form (its
-running statistics too), then eval(); batches of changing sizes; Dropout in training form refused.
+running statistics too), then eval(); batches of changing sizes; Dropout in training form (the
+backward uses the forward's mask); parameters of equal values kept apart.
 
     PYTHONPATH=build/python run_kiln_torch_test.py
 """
@@ -140,18 +141,41 @@ def each_input_shape_gets_its_program():
     assert len(compiled._built) == 2
 
 
+class DropNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.fc(x))
+
+
 @case
-def dropout_in_training_form_is_refused():
-    compiled = kiln.torch.compile(BnNet(dropout=0.5).train(), threads=2)
-    x = torch.randn(2, 2, 6, 6)
-    try:
-        compiled(x)
-    except RuntimeError as e:
-        assert "Dropout" in str(e) and "training mode" in str(e), str(e)
-    else:
-        raise AssertionError("Dropout(0.5) in training mode was accepted")
-    compiled.module.drop.eval()
-    assert compiled(x).shape == (2, 3)
+def dropout_in_training_form_masks_forward_and_backward_alike():
+    # Kiln draws the masks (not PyTorch's generator): each call a fresh one, about half dropped,
+    # and the backward uses the forward's: d/dx of <y, g> = ((y != 0) * 2 g) W.
+    torch.manual_seed(12)
+    compiled = kiln.torch.compile(DropNet().train(), threads=2)
+    w = compiled.module.fc.weight.detach()
+    gen = torch.Generator().manual_seed(13)
+    kept = []
+    for step in range(2):
+        x = torch.randn(64, 64, generator=gen).requires_grad_()
+        g = torch.randn(64, 64, generator=gen)
+        y = compiled(x)
+        (y * g).sum().backward()
+        keep = (y != 0).float()
+        kept.append(keep)
+        assert 0.45 < float(keep.mean()) < 0.55, float(keep.mean())
+        close(x.grad.numpy(), ((keep * 2 * g) @ w).numpy(), f"input gradient, step {step}")
+        with torch.no_grad():
+            close(y.numpy(), (keep * 2 * compiled.module.fc(x)).numpy(), f"output, step {step}")
+    assert not torch.equal(kept[0], kept[1])
+    compiled.eval()
+    x = torch.randn(4, 64, generator=gen)
+    with torch.no_grad():
+        close(compiled(x).numpy(), compiled.module(x).numpy(), "eval output")
 
 
 class TwoNorms(torch.nn.Module):
