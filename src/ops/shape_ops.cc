@@ -1573,8 +1573,12 @@ Status grad_concat(GradBuilder& b) {
   return Status::ok();
 }
 
-// Slice with constant starts, ends, axes and steps of 1 on static shapes:
-// dy padded with zeros back to the input's extent.
+// Slice with constant starts, ends, axes and steps on static shapes: dy
+// put back at the positions the slice read, zeros elsewhere. Per axis with
+// a step other than 1: dy reversed where the step is negative, then spread
+// with |step| - 1 zeros after each element (Reshape, Pad, Reshape, less the
+// last element's trailing zeros); then one Pad with zeros up to the input's
+// extent, before the lowest position read.
 Status grad_slice(GradBuilder& b) {
   const Node& n = b.node();
   if (!b.wants(0)) return Status::ok();
@@ -1583,6 +1587,7 @@ Status grad_slice(GradBuilder& b) {
   if (!x->type().is_static() || !y->type().is_static() || n.num_inputs() < 3)
     return node_unsupported(n) << "the gradient of a Slice with symbolic shapes or attribute bounds (not yet)";
   const std::vector<int64_t> xs = x->type().static_shape();
+  std::vector<int64_t> cur = y->type().static_shape();
   const int64_t rank = static_cast<int64_t>(xs.size());
   auto ints_of = [&](size_t i) -> std::optional<std::vector<int64_t>> {
     if (!has_input(n, i)) return std::nullopt;
@@ -1597,22 +1602,48 @@ Status grad_slice(GradBuilder& b) {
     if (!a) return node_unsupported(n) << "the gradient of a Slice with axes known only at run time";
     axes = *a;
   }
+  std::vector<int64_t> steps(axes.size(), 1);
   if (has_input(n, 4)) {
     auto st = ints_of(4);
-    if (!st || std::any_of(st->begin(), st->end(), [](int64_t v) { return v != 1; }))
-      return node_unsupported(n) << "the gradient of a Slice with steps other than 1 (not yet)";
+    if (!st) return node_unsupported(n) << "the gradient of a Slice with steps known only at run time";
+    steps = *st;
   }
+  if (steps.size() != axes.size() || starts->size() != axes.size())
+    return node_invalid(n) << "starts, axes and steps of different lengths";
+  Value* g = b.output_grad(0);
   std::vector<int64_t> pads(2 * static_cast<size_t>(rank), 0);
   for (size_t k = 0; k < axes.size(); ++k) {
-    int64_t a = axes[k] < 0 ? axes[k] + rank : axes[k];
-    int64_t d = xs[static_cast<size_t>(a)];
+    const int64_t a = axes[k] < 0 ? axes[k] + rank : axes[k];
+    if (a < 0 || a >= rank) return node_invalid(n) << "axis " << axes[k] << " outside rank " << rank;
+    const size_t ai = static_cast<size_t>(a);
+    const int64_t d = xs[ai], step = steps[k], len = cur[ai];
+    if (step == 0) return node_invalid(n) << "a step of 0";
     int64_t s0 = (*starts)[k] < 0 ? (*starts)[k] + d : (*starts)[k];
-    s0 = std::clamp<int64_t>(s0, 0, d);
-    int64_t len = y->type().static_shape()[static_cast<size_t>(a)];
-    pads[static_cast<size_t>(a)] = s0;
-    pads[static_cast<size_t>(a + rank)] = d - s0 - len;
+    s0 = step > 0 ? std::clamp<int64_t>(s0, 0, d) : std::clamp<int64_t>(s0, 0, d - 1);
+    // The lowest position read along the axis, and the spacing of those read.
+    const int64_t lowest = len == 0 ? 0 : step > 0 ? s0 : s0 + (len - 1) * step;
+    const int64_t spacing = step > 0 ? step : -step;
+    if (step < 0 && len > 1) {
+      KILN_ASSIGN_OR_RETURN(g, b.add1("Slice", {g, b.ints({-1}), b.ints({std::numeric_limits<int64_t>::min()}),
+                                                b.ints({a}), b.ints({-1})}));
+    }
+    if (spacing > 1 && len > 1) {
+      std::vector<int64_t> unit = cur, spread_pads(2 * (cur.size() + 1), 0), spread = cur;
+      unit.insert(unit.begin() + a + 1, 1);
+      spread_pads[cur.size() + 1 + ai + 1] = spacing - 1;
+      spread[ai] = len * spacing;
+      KILN_ASSIGN_OR_RETURN(Value* u, b.add1("Reshape", {g, b.ints(unit)}));
+      KILN_ASSIGN_OR_RETURN(Value* padded, b.add1("Pad", {u, b.ints(spread_pads)}));
+      KILN_ASSIGN_OR_RETURN(g, b.add1("Reshape", {padded, b.ints(spread)}));
+      KILN_ASSIGN_OR_RETURN(g, b.add1("Slice", {g, b.ints({0}), b.ints({(len - 1) * spacing + 1}), b.ints({a})}));
+      cur[ai] = (len - 1) * spacing + 1;
+    }
+    pads[ai] = lowest;
+    pads[ai + static_cast<size_t>(rank)] = d - lowest - cur[ai];
+    if (pads[ai + static_cast<size_t>(rank)] < 0)
+      return node_invalid(n) << "the slice reads past the input along axis " << a;
   }
-  KILN_ASSIGN_OR_RETURN(Value* g, b.add1("Pad", {b.output_grad(0), b.ints(pads)}));
+  KILN_ASSIGN_OR_RETURN(g, b.add1("Pad", {g, b.ints(pads)}));
   return b.set_input_grad(0, g);
 }
 

@@ -392,6 +392,32 @@ TEST(Autodiff, SliceMaxPoolDropout) {
     %a: i64[2] = const<i64[2] [0, 1]>
     %y: f64[2, 4] = Slice(%x, %s, %e, %a)
   })", {"x"}, {}});
+  // Steps: 2 forward and 3 backward (dy reversed, spread with zeros), every other row and column
+  // from 1 (YOLO's space-to-depth slices), and a whole axis reversed.
+  check_case({"slice_steps", R"(graph g(%x: f64[7, 10]) -> (%y) {
+    opset "" 17
+    %s: i64[2] = const<i64[2] [1, 8]>
+    %e: i64[2] = const<i64[2] [7, 0]>
+    %a: i64[2] = const<i64[2] [0, 1]>
+    %t: i64[2] = const<i64[2] [2, -3]>
+    %y: f64[?] = Slice(%x, %s, %e, %a, %t)
+  })", {"x"}, {}});
+  check_case({"slice_space_to_depth", R"(graph g(%x: f64[2, 3, 6, 7]) -> (%y) {
+    opset "" 17
+    %s: i64[2] = const<i64[2] [0, 1]>
+    %e: i64[2] = const<i64[2] [6, 7]>
+    %a: i64[2] = const<i64[2] [2, 3]>
+    %t: i64[2] = const<i64[2] [2, 2]>
+    %y: f64[?] = Slice(%x, %s, %e, %a, %t)
+  })", {"x"}, {}});
+  check_case({"slice_reversed", R"(graph g(%x: f64[3, 5]) -> (%y) {
+    opset "" 17
+    %s: i64[1] = const<i64[1] [-1]>
+    %e: i64[1] = const<i64[1] [-9223372036854775808]>
+    %a: i64[1] = const<i64[1] [1]>
+    %t: i64[1] = const<i64[1] [-1]>
+    %y: f64[?] = Slice(%x, %s, %e, %a, %t)
+  })", {"x"}, {}});
   check_case({"max_pool", R"(graph g(%x: f64[2, 2, 6, 5]) -> (%y) {
     opset "" 17
     %p: f64[?] = MaxPool(%x) {kernel_shape = [3, 2], pads = [1, 0, 1, 1], strides = [2, 2]}
