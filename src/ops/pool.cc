@@ -352,61 +352,82 @@ Status grad_max_pool(GradBuilder& b) {
   return b.set_input_grad(0, dx);
 }
 
-// AveragePool (static shapes, floor rounding, explicit or VALID padding): each
-// output's dy over its count, copied to every tap of its window as columns
-// [C, K..., N, O...] and summed back onto the input by kiln:Col2Im. The count
-// is the window's size, or without count_include_pad (and with padding) the
-// window's positions inside the input: K times an AveragePool of ones that
-// counts the padding.
+// AveragePool (static shapes; any padding, auto_pad, ceil_mode and
+// count_include_pad): each output's dy over its count, copied to every tap
+// of its window as columns [C, K..., N, O...] and summed back onto the input
+// by kiln:Col2Im.
 Status grad_average_pool(GradBuilder& b) {
   const Node& n = b.node();
   if (!b.wants(0)) return Status::ok();
   Value* x = n.input(0);
+  Value* y = n.output(0);
   const std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
-  if (!x->type().is_static() || n.attr_int("ceil_mode", 0) != 0 || (auto_pad != "NOTSET" && auto_pad != "VALID"))
-    return node_unsupported(n) << "the gradient of an AveragePool with symbolic shapes, ceil_mode or auto_pad "
-                                  "SAME (not yet)";
-  const std::vector<int64_t> xs = x->type().static_shape();
+  if (!x->type().is_static() || !y->type().is_static())
+    return node_unsupported(n) << "the gradient of an AveragePool with symbolic shapes (not yet)";
+  const std::vector<int64_t> xs = x->type().static_shape(), ys = y->type().static_shape();
+  if (xs.size() < 3) return node_invalid(n) << "input rank " << xs.size() << " < 3";
   const size_t sp = xs.size() - 2;
   const std::vector<int64_t> kernel = n.attr_ints("kernel_shape", {});
   if (kernel.size() != sp) return node_invalid(n) << "kernel_shape needs one value per spatial dim";
-  int64_t taps = 1;
-  for (int64_t k : kernel) taps *= k;
-  std::vector<int64_t> pads = auto_pad == "VALID" ? std::vector<int64_t>(2 * sp, 0)
-                                                  : n.attr_ints("pads", std::vector<int64_t>(2 * sp, 0));
-  const bool padded = std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p != 0; });
-  Value* dy = b.output_grad(0);
-  const std::vector<int64_t> ys = n.output(0)->type().static_shape();
-  Value* scaled = nullptr;
-  if (padded && n.attr_int("count_include_pad", 0) == 0) {
-    std::vector<int64_t> one_shape = {1, 1};
-    one_shape.insert(one_shape.end(), xs.begin() + 2, xs.end());
-    Tensor ones(x->dtype(), one_shape);
-    for (int64_t e = 0; e < ones.numel(); ++e) ones.set_f64(e, 1.0);
-    std::map<std::string, Attribute> attrs(n.attrs().begin(), n.attrs().end());
-    attrs["count_include_pad"] = Attribute::of_int(1);
-    KILN_ASSIGN_OR_RETURN(Value* share, b.add1("AveragePool", {b.constant(std::move(ones))}, attrs));
-    KILN_ASSIGN_OR_RETURN(Value* count, b.add1("Mul", {share, b.scalar(static_cast<double>(taps), dy)}));
-    KILN_ASSIGN_OR_RETURN(scaled, b.add1("Div", {dy, count}));
-  } else {
-    KILN_ASSIGN_OR_RETURN(scaled, b.add1("Mul", {dy, b.scalar(1.0 / static_cast<double>(taps), dy)}));
+  const std::vector<int64_t> strides = n.attr_ints("strides", std::vector<int64_t>(sp, 1));
+  const std::vector<int64_t> dilations = n.attr_ints("dilations", std::vector<int64_t>(sp, 1));
+  if (strides.size() != sp || dilations.size() != sp)
+    return node_invalid(n) << "strides and dilations need one value per spatial dim";
+  // Explicit pads: the node's, or what auto_pad implies (as conv_geometry
+  // works them out); the end pads then set so that floor rounding gives
+  // the node's output extents (ceil_mode's last window reads past the end:
+  // taps outside the input are zeros to kiln:Im2Col and dropped by
+  // kiln:Col2Im).
+  std::vector<int64_t> pads(2 * sp, 0);
+  if (auto_pad == "NOTSET") {
+    pads = n.attr_ints("pads", std::vector<int64_t>(2 * sp, 0));
+    if (pads.size() != 2 * sp) return node_invalid(n) << "pads needs two values per spatial dim";
+  } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    for (size_t d = 0; d < sp; ++d) {
+      const int64_t span = dilations[d] * (kernel[d] - 1) + 1;
+      const int64_t total = std::max<int64_t>(0, (ys[d + 2] - 1) * strides[d] + span - xs[d + 2]);
+      pads[d] = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+    }
+  } else if (auto_pad != "VALID") {
+    return node_invalid(n) << "unknown auto_pad '" << auto_pad << "'";
   }
-  std::vector<int64_t> perm = {1, 0}, taps_axes, cols = {xs[1]};
   for (size_t d = 0; d < sp; ++d) {
-    perm.push_back(static_cast<int64_t>(d + 2));
-    taps_axes.push_back(static_cast<int64_t>(d + 1));
+    if (strides[d] < 1 || dilations[d] < 1 || kernel[d] < 1) return node_invalid(n) << "non-positive window";
+    const int64_t span = dilations[d] * (kernel[d] - 1) + 1;
+    pads[d + sp] = std::max<int64_t>(0, (ys[d + 2] - 1) * strides[d] + span - xs[d + 2] - pads[d]);
   }
+  // Each output's share of a tap, 1 / count, as the forward divides (its
+  // count_include_pad, ceil_mode and padding): the node's AveragePool of
+  // ones (valid taps / count) over the number of valid taps (kiln:Im2Col of
+  // ones summed over the taps); constants, folded at compile time.
+  std::vector<int64_t> one_shape = {1, 1};
+  one_shape.insert(one_shape.end(), xs.begin() + 2, xs.end());
+  Tensor ones(x->dtype(), one_shape);
+  for (int64_t e = 0; e < ones.numel(); ++e) ones.set_f64(e, 1.0);
+  Value* one = b.constant(std::move(ones));
+  std::map<std::string, Attribute> attrs(n.attrs().begin(), n.attrs().end());
+  KILN_ASSIGN_OR_RETURN(Value* mean_of_ones, b.add1("AveragePool", {one}, attrs));
+  std::map<std::string, Attribute> window = {{"kernel_shape", Attribute::of_ints(kernel)},
+                                             {"pads", Attribute::of_ints(pads)},
+                                             {"strides", Attribute::of_ints(strides)},
+                                             {"dilations", Attribute::of_ints(dilations)}};
+  KILN_ASSIGN_OR_RETURN(std::vector<Value*> one_cols, b.add("Im2Col", {one}, window, 1, "kiln"));
+  std::vector<int64_t> taps_axes;  // the columns' taps: [1, K..., 1, O...]
+  for (size_t d = 0; d < sp; ++d) taps_axes.push_back(static_cast<int64_t>(d + 1));
+  KILN_ASSIGN_OR_RETURN(Value* valid, b.reduce_sum(one_cols[0], taps_axes, false));
+  KILN_ASSIGN_OR_RETURN(Value* some, b.add1("Greater", {valid, b.scalar(0.0, valid)}));
+  KILN_ASSIGN_OR_RETURN(Value* share, b.add1("Div", {mean_of_ones, valid}));
+  KILN_ASSIGN_OR_RETURN(Value* kept, b.add1("Where", {some, share, b.scalar(0.0, share)}));
+  KILN_ASSIGN_OR_RETURN(Value* scaled, b.add1("Mul", {b.output_grad(0), kept}));
+  std::vector<int64_t> perm = {1, 0}, cols = {xs[1]};
+  for (size_t d = 0; d < sp; ++d) perm.push_back(static_cast<int64_t>(d + 2));
   cols.insert(cols.end(), kernel.begin(), kernel.end());
   cols.push_back(xs[0]);
   cols.insert(cols.end(), ys.begin() + 2, ys.end());
   KILN_ASSIGN_OR_RETURN(Value* t, b.add1("Transpose", {scaled}, {{"perm", Attribute::of_ints(perm)}}));
   KILN_ASSIGN_OR_RETURN(Value* u, b.unsqueeze(t, taps_axes));
   KILN_ASSIGN_OR_RETURN(Value* spread, b.add1("Expand", {u, b.ints(cols)}));
-  std::map<std::string, Attribute> window = {{"kernel_shape", Attribute::of_ints(kernel)},
-                                             {"pads", Attribute::of_ints(pads)},
-                                             {"image_shape", Attribute::of_ints(std::vector<int64_t>(xs.begin() + 2, xs.end()))}};
-  for (const char* name : {"strides", "dilations"})
-    if (n.has_attr(name)) window.emplace(name, *n.attr(name));
+  window.emplace("image_shape", Attribute::of_ints(std::vector<int64_t>(xs.begin() + 2, xs.end())));
   KILN_ASSIGN_OR_RETURN(std::vector<Value*> dx, b.add("Col2Im", {spread}, window, 1, "kiln"));
   return b.set_input_grad(0, dx[0]);
 }

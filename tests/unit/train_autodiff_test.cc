@@ -369,9 +369,17 @@ TEST(Autodiff, ConvAndPool) {
 }
 
 TEST(Autodiff, AveragePool) {
+  // Floor and ceil rounding (the last window past the end), with and without the padding in the
+  // count, SAME padding, dilation.
   for (const char* attrs : {"{kernel_shape = [3, 2], strides = [2, 2]}",
                             "{kernel_shape = [3, 2], pads = [1, 0, 1, 1], strides = [2, 1]}",
-                            "{count_include_pad = 1, kernel_shape = [3, 3], pads = [1, 1, 1, 1]}"}) {
+                            "{count_include_pad = 1, kernel_shape = [3, 3], pads = [1, 1, 1, 1]}",
+                            "{ceil_mode = 1, kernel_shape = [2, 2], strides = [2, 2]}",
+                            "{ceil_mode = 1, kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]}",
+                            "{ceil_mode = 1, count_include_pad = 1, kernel_shape = [3, 2], pads = [1, 1, 0, 0], strides = [2, 3]}",
+                            "{auto_pad = \"SAME_UPPER\", kernel_shape = [3, 2], strides = [2, 2]}",
+                            "{auto_pad = \"SAME_LOWER\", count_include_pad = 1, kernel_shape = [2, 3], strides = [1, 2]}",
+                            "{dilations = [2, 1], kernel_shape = [2, 2], pads = [1, 1, 1, 1]}"}) {
     std::string text = std::string(R"(graph g(%x: f64[2, 3, 7, 6]) -> (%y) {
     opset "" 17
     %y: f64[?] = AveragePool(%x) )") + attrs + R"(
