@@ -352,66 +352,99 @@ Status grad_max_pool(GradBuilder& b) {
   return b.set_input_grad(0, dx);
 }
 
-// AveragePool (static shapes; any padding, auto_pad, ceil_mode and
-// count_include_pad): each output's dy over its count, copied to every tap
-// of its window as columns [C, K..., N, O...] and summed back onto the input
-// by kiln:Col2Im.
-Status grad_average_pool(GradBuilder& b) {
-  const Node& n = b.node();
-  if (!b.wants(0)) return Status::ok();
-  Value* x = n.input(0);
-  Value* y = n.output(0);
-  const std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
+// The window of an AveragePool or LpPool for its gradient, static shapes:
+// explicit pads (the node's, or what auto_pad implies, as conv_geometry
+// works them out), the end pads set so that floor rounding gives the node's
+// output extents (ceil_mode's last window reads past the input: taps outside
+// it are zeros to kiln:Im2Col and dropped by kiln:Col2Im).
+struct PoolWindow {
+  std::vector<int64_t> xs, ys, kernel;
+  std::map<std::string, Attribute> attrs;  // kernel_shape, pads, strides, dilations
+};
+
+Result<PoolWindow> pool_window(const Node& n) {
+  const Value* x = n.input(0);
+  const Value* y = n.output(0);
   if (!x->type().is_static() || !y->type().is_static())
-    return node_unsupported(n) << "the gradient of an AveragePool with symbolic shapes (not yet)";
-  const std::vector<int64_t> xs = x->type().static_shape(), ys = y->type().static_shape();
-  if (xs.size() < 3) return node_invalid(n) << "input rank " << xs.size() << " < 3";
-  const size_t sp = xs.size() - 2;
-  const std::vector<int64_t> kernel = n.attr_ints("kernel_shape", {});
-  if (kernel.size() != sp) return node_invalid(n) << "kernel_shape needs one value per spatial dim";
+    return node_unsupported(n) << "the gradient of a " << n.op_type() << " with symbolic shapes (not yet)";
+  PoolWindow w;
+  w.xs = x->type().static_shape();
+  w.ys = y->type().static_shape();
+  if (w.xs.size() < 3) return node_invalid(n) << "input rank " << w.xs.size() << " < 3";
+  const size_t sp = w.xs.size() - 2;
+  w.kernel = n.attr_ints("kernel_shape", {});
+  if (w.kernel.size() != sp) return node_invalid(n) << "kernel_shape needs one value per spatial dim";
   const std::vector<int64_t> strides = n.attr_ints("strides", std::vector<int64_t>(sp, 1));
   const std::vector<int64_t> dilations = n.attr_ints("dilations", std::vector<int64_t>(sp, 1));
   if (strides.size() != sp || dilations.size() != sp)
     return node_invalid(n) << "strides and dilations need one value per spatial dim";
-  // Explicit pads: the node's, or what auto_pad implies (as conv_geometry
-  // works them out); the end pads then set so that floor rounding gives
-  // the node's output extents (ceil_mode's last window reads past the end:
-  // taps outside the input are zeros to kiln:Im2Col and dropped by
-  // kiln:Col2Im).
+  const std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
   std::vector<int64_t> pads(2 * sp, 0);
   if (auto_pad == "NOTSET") {
     pads = n.attr_ints("pads", std::vector<int64_t>(2 * sp, 0));
     if (pads.size() != 2 * sp) return node_invalid(n) << "pads needs two values per spatial dim";
   } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
     for (size_t d = 0; d < sp; ++d) {
-      const int64_t span = dilations[d] * (kernel[d] - 1) + 1;
-      const int64_t total = std::max<int64_t>(0, (ys[d + 2] - 1) * strides[d] + span - xs[d + 2]);
+      const int64_t span = dilations[d] * (w.kernel[d] - 1) + 1;
+      const int64_t total = std::max<int64_t>(0, (w.ys[d + 2] - 1) * strides[d] + span - w.xs[d + 2]);
       pads[d] = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
     }
   } else if (auto_pad != "VALID") {
     return node_invalid(n) << "unknown auto_pad '" << auto_pad << "'";
   }
   for (size_t d = 0; d < sp; ++d) {
-    if (strides[d] < 1 || dilations[d] < 1 || kernel[d] < 1) return node_invalid(n) << "non-positive window";
-    const int64_t span = dilations[d] * (kernel[d] - 1) + 1;
-    pads[d + sp] = std::max<int64_t>(0, (ys[d + 2] - 1) * strides[d] + span - xs[d + 2] - pads[d]);
+    if (strides[d] < 1 || dilations[d] < 1 || w.kernel[d] < 1) return node_invalid(n) << "non-positive window";
+    const int64_t span = dilations[d] * (w.kernel[d] - 1) + 1;
+    pads[d + sp] = std::max<int64_t>(0, (w.ys[d + 2] - 1) * strides[d] + span - w.xs[d + 2] - pads[d]);
   }
-  // Each output's share of a tap, 1 / count, as the forward divides (its
-  // count_include_pad, ceil_mode and padding): the node's AveragePool of
-  // ones (valid taps / count) over the number of valid taps (kiln:Im2Col of
-  // ones summed over the taps); constants, folded at compile time.
+  w.attrs = {{"kernel_shape", Attribute::of_ints(w.kernel)},
+             {"pads", Attribute::of_ints(pads)},
+             {"strides", Attribute::of_ints(strides)},
+             {"dilations", Attribute::of_ints(dilations)}};
+  return w;
+}
+
+// Per-output values [N, C, O...] copied to every tap of their window as
+// columns [C, K..., N, O...] and summed back onto the input by kiln:Col2Im.
+Result<Value*> sum_over_windows(GradBuilder& b, const PoolWindow& w, Value* per_output) {
+  const size_t sp = w.xs.size() - 2;
+  std::vector<int64_t> perm = {1, 0}, taps_axes, cols = {w.xs[1]};
+  for (size_t d = 0; d < sp; ++d) {
+    perm.push_back(static_cast<int64_t>(d + 2));
+    taps_axes.push_back(static_cast<int64_t>(d + 1));
+  }
+  cols.insert(cols.end(), w.kernel.begin(), w.kernel.end());
+  cols.push_back(w.xs[0]);
+  cols.insert(cols.end(), w.ys.begin() + 2, w.ys.end());
+  KILN_ASSIGN_OR_RETURN(Value* t, b.add1("Transpose", {per_output}, {{"perm", Attribute::of_ints(perm)}}));
+  KILN_ASSIGN_OR_RETURN(Value* u, b.unsqueeze(t, taps_axes));
+  KILN_ASSIGN_OR_RETURN(Value* spread, b.add1("Expand", {u, b.ints(cols)}));
+  std::map<std::string, Attribute> window = w.attrs;
+  window.emplace("image_shape", Attribute::of_ints(std::vector<int64_t>(w.xs.begin() + 2, w.xs.end())));
+  KILN_ASSIGN_OR_RETURN(std::vector<Value*> dx, b.add("Col2Im", {spread}, window, 1, "kiln"));
+  return dx[0];
+}
+
+// AveragePool (static shapes; any padding, auto_pad, ceil_mode, dilations
+// and count_include_pad): each output's dy times 1 / its count, summed back
+// over its window's taps. The shares are the node's own AveragePool of ones
+// (valid taps / count) over the number of valid taps (kiln:Im2Col of ones
+// summed over the taps): constants, folded at compile time, that divide as
+// the forward does.
+Status grad_average_pool(GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  Value* x = n.input(0);
+  KILN_ASSIGN_OR_RETURN(PoolWindow w, pool_window(n));
+  const size_t sp = w.xs.size() - 2;
   std::vector<int64_t> one_shape = {1, 1};
-  one_shape.insert(one_shape.end(), xs.begin() + 2, xs.end());
+  one_shape.insert(one_shape.end(), w.xs.begin() + 2, w.xs.end());
   Tensor ones(x->dtype(), one_shape);
   for (int64_t e = 0; e < ones.numel(); ++e) ones.set_f64(e, 1.0);
   Value* one = b.constant(std::move(ones));
   std::map<std::string, Attribute> attrs(n.attrs().begin(), n.attrs().end());
   KILN_ASSIGN_OR_RETURN(Value* mean_of_ones, b.add1("AveragePool", {one}, attrs));
-  std::map<std::string, Attribute> window = {{"kernel_shape", Attribute::of_ints(kernel)},
-                                             {"pads", Attribute::of_ints(pads)},
-                                             {"strides", Attribute::of_ints(strides)},
-                                             {"dilations", Attribute::of_ints(dilations)}};
-  KILN_ASSIGN_OR_RETURN(std::vector<Value*> one_cols, b.add("Im2Col", {one}, window, 1, "kiln"));
+  KILN_ASSIGN_OR_RETURN(std::vector<Value*> one_cols, b.add("Im2Col", {one}, w.attrs, 1, "kiln"));
   std::vector<int64_t> taps_axes;  // the columns' taps: [1, K..., 1, O...]
   for (size_t d = 0; d < sp; ++d) taps_axes.push_back(static_cast<int64_t>(d + 1));
   KILN_ASSIGN_OR_RETURN(Value* valid, b.reduce_sum(one_cols[0], taps_axes, false));
@@ -419,17 +452,41 @@ Status grad_average_pool(GradBuilder& b) {
   KILN_ASSIGN_OR_RETURN(Value* share, b.add1("Div", {mean_of_ones, valid}));
   KILN_ASSIGN_OR_RETURN(Value* kept, b.add1("Where", {some, share, b.scalar(0.0, share)}));
   KILN_ASSIGN_OR_RETURN(Value* scaled, b.add1("Mul", {b.output_grad(0), kept}));
-  std::vector<int64_t> perm = {1, 0}, cols = {xs[1]};
-  for (size_t d = 0; d < sp; ++d) perm.push_back(static_cast<int64_t>(d + 2));
-  cols.insert(cols.end(), kernel.begin(), kernel.end());
-  cols.push_back(xs[0]);
-  cols.insert(cols.end(), ys.begin() + 2, ys.end());
-  KILN_ASSIGN_OR_RETURN(Value* t, b.add1("Transpose", {scaled}, {{"perm", Attribute::of_ints(perm)}}));
-  KILN_ASSIGN_OR_RETURN(Value* u, b.unsqueeze(t, taps_axes));
-  KILN_ASSIGN_OR_RETURN(Value* spread, b.add1("Expand", {u, b.ints(cols)}));
-  window.emplace("image_shape", Attribute::of_ints(std::vector<int64_t>(xs.begin() + 2, xs.end())));
-  KILN_ASSIGN_OR_RETURN(std::vector<Value*> dx, b.add("Col2Im", {spread}, window, 1, "kiln"));
-  return b.set_input_grad(0, dx[0]);
+  KILN_ASSIGN_OR_RETURN(Value* dx, sum_over_windows(b, w, scaled));
+  return b.set_input_grad(0, dx);
+}
+
+// LpPool, y = (sum over the window of |x|^p)^(1/p) (static shapes, any
+// padding): dx = |x|^(p-1) sign(x) times the sum over the windows reading x
+// of dy y^(1-p); 0 where y is 0 (every tap 0: the subgradient 0).
+Status grad_lp_pool(GradBuilder& b) {
+  const Node& n = b.node();
+  if (!b.wants(0)) return Status::ok();
+  Value* x = n.input(0);
+  Value* y = n.output(0);
+  const int64_t p = n.attr_int("p", 2);
+  if (p < 1) return node_invalid(n) << "p must be at least 1, got " << p;
+  KILN_ASSIGN_OR_RETURN(PoolWindow w, pool_window(n));
+  Value* per_output = b.output_grad(0);
+  if (p > 1) {
+    KILN_ASSIGN_OR_RETURN(Value* positive, b.add1("Greater", {y, b.scalar(0.0, y)}));
+    KILN_ASSIGN_OR_RETURN(Value* safe, b.add1("Where", {positive, y, b.scalar(1.0, y)}));
+    KILN_ASSIGN_OR_RETURN(Value* power, b.add1("Pow", {safe, b.scalar(static_cast<double>(1 - p), y)}));
+    KILN_ASSIGN_OR_RETURN(Value* scaled, b.add1("Mul", {per_output, power}));
+    KILN_ASSIGN_OR_RETURN(per_output, b.add1("Where", {positive, scaled, b.scalar(0.0, y)}));
+  }
+  KILN_ASSIGN_OR_RETURN(Value* summed, sum_over_windows(b, w, per_output));
+  // |x|^(p-1) sign(x): x itself for p = 2, sign(x) for p = 1.
+  Value* factor = x;
+  if (p == 1) {
+    KILN_ASSIGN_OR_RETURN(factor, b.add1("Sign", {x}));
+  } else if (p > 2) {
+    KILN_ASSIGN_OR_RETURN(Value* ax, b.add1("Abs", {x}));
+    KILN_ASSIGN_OR_RETURN(Value* ap, b.add1("Pow", {ax, b.scalar(static_cast<double>(p - 2), x)}));
+    KILN_ASSIGN_OR_RETURN(factor, b.add1("Mul", {ap, x}));
+  }
+  KILN_ASSIGN_OR_RETURN(Value* dx, b.add1("Mul", {factor, summed}));
+  return b.set_input_grad(0, dx);
 }
 
 void register_pool(const std::string& name, PoolKind kind) {
@@ -438,6 +495,7 @@ void register_pool(const std::string& name, PoolKind kind) {
   def.infer = infer_pool;
   if (kind == PoolKind::kMax) def.gradient = grad_max_pool;
   if (kind == PoolKind::kAverage) def.gradient = grad_average_pool;
+  if (kind == PoolKind::kLp) def.gradient = grad_lp_pool;
   def.lower = [kind](const Node& n, LowerContext& ctx) { return lower_pool(n, ctx, kind); };
   register_op(std::move(def));
 }

@@ -386,6 +386,16 @@ TEST(Autodiff, AveragePool) {
   })";
     check_case({"average_pool", text.c_str(), {"x"}, {}});
   }
+  // LpPool: p = 1, 2, 3 (sign(x), x, |x| x times the windows' dy y^(1-p)), with padding, SAME.
+  for (const char* attrs : {"{kernel_shape = [3, 2], p = 2, pads = [1, 0, 1, 1], strides = [2, 1]}",
+                            "{kernel_shape = [2, 2], p = 1, strides = [2, 2]}",
+                            "{auto_pad = \"SAME_UPPER\", kernel_shape = [3, 3], p = 3, strides = [2, 2]}"}) {
+    std::string text = std::string(R"(graph g(%x: f64[2, 3, 7, 6]) -> (%y) {
+    opset "" 17
+    %y: f64[?] = LpPool(%x) )") + attrs + R"(
+  })";
+    check_case({"lp_pool", text.c_str(), {"x"}, {}});
+  }
   check_case({"average_pool_1d", R"(graph g(%x: f64[2, 2, 9]) -> (%y) {
     opset "" 17
     %y: f64[?] = AveragePool(%x) {kernel_shape = [4], pads = [2, 1], strides = [3]}
