@@ -91,13 +91,13 @@ class _Built:
         # parameters and buffers of equal values into one graph input (two fresh LayerNorms'
         # weights, all ones), so they are given distinct values for the export; it runs the module
         # once, which in training mode would also move the running statistics. All are put back.
+        # PyTorch's generator is the user's: the values are constants, and the trace's own draws
+        # (Dropout in training mode) are undone with the generator's state.
         kept = {name: t.clone() for name, t in module.state_dict().items()}
         try:
-            with _torch.no_grad():
+            with _torch.no_grad(), _torch.random.fork_rng(devices=[]):
                 for k, t in enumerate(module.state_dict().values()):
-                    if t.is_floating_point() or t.is_complex():
-                        t.copy_(_torch.rand(t.shape, dtype=t.dtype) + 2 * k + 1)
-                    elif t.dtype != _torch.bool:
+                    if t.dtype != _torch.bool:
                         t.fill_(k + 1)
                 _torch.onnx.export(module, tuple(inputs), buf, input_names=user, export_params=False,
                                    do_constant_folding=False, opset_version=opset,
