@@ -783,37 +783,38 @@ Status grad_conv(GradBuilder& b) {
     channels_last.push_back(static_cast<int64_t>(d + 2));
   }
   channels_last.push_back(1);
-  if (b.wants(1) && groups == 1) {
+  // Depthwise: one input and one output channel per group.
+  const bool depthwise = groups > 1 && c == 1 && mg == 1;
+  if (b.wants(1) && (groups == 1 || depthwise)) {
     // The taps' products summed over images and positions in one kernel
-    // (kiln:ConvWeightGrad), reading x and dY where they are: the wider of
-    // the two channel dims is the vector dim, its tensor made channels-last
-    // (one copy), the other read as stored; [K..., M, C] (or [K..., C, M])
+    // (kiln:ConvWeightGrad), reading x and dY where they are. One group:
+    // the wider of the two channel dims is the vector dim, its tensor made
+    // channels-last (one copy), the other read as stored, [K..., M, C] (or
+    // [K..., C, M]); depthwise: both channels-last, [K..., C]. Then
     // transposed to W's layout.
-    const bool window_on_a = m > c;
+    const bool window_on_a = !depthwise && m > c;
     std::map<std::string, Attribute> attrs = window;
-    attrs.emplace("window", Attribute::of_int(window_on_a ? 1 : 0));
+    if (depthwise) {
+      attrs.emplace("depthwise", Attribute::of_int(1));
+    } else {
+      attrs.emplace("window", Attribute::of_int(window_on_a ? 1 : 0));
+    }
+    Value* a = window_on_a ? x : dy;
+    if (depthwise) {
+      KILN_ASSIGN_OR_RETURN(a, b.add1("Transpose", {dy}, {{"perm", ints_attr(channels_last)}}));
+    }
     KILN_ASSIGN_OR_RETURN(Value* lanes, b.add1("Transpose", {window_on_a ? dy : x}, {{"perm", ints_attr(channels_last)}}));
-    KILN_ASSIGN_OR_RETURN(std::vector<Value*> taps_first,
-                          b.add("ConvWeightGrad", {window_on_a ? x : dy, lanes}, attrs, 1, "kiln"));
+    KILN_ASSIGN_OR_RETURN(std::vector<Value*> taps_first, b.add("ConvWeightGrad", {a, lanes}, attrs, 1, "kiln"));
     const int64_t spi = static_cast<int64_t>(sp);
-    std::vector<int64_t> perm = {window_on_a ? spi + 1 : spi, window_on_a ? spi : spi + 1};
+    // W's channel dims (M, C, or C alone), then the taps.
+    std::vector<int64_t> perm = depthwise ? std::vector<int64_t>{spi}
+                                : window_on_a ? std::vector<int64_t>{spi + 1, spi}
+                                              : std::vector<int64_t>{spi, spi + 1};
     for (int64_t d = 0; d < spi; ++d) perm.push_back(d);
     KILN_ASSIGN_OR_RETURN(Value* dw, b.add1("Transpose", {taps_first[0]}, {{"perm", ints_attr(perm)}}));
-    KILN_RETURN_IF_ERROR(b.set_input_grad(1, dw));
-  } else if (b.wants(1) && c == 1 && mg == 1) {
-    // Depthwise: per tap, dY times the input at that tap per channel, both
-    // channels-last (kiln:ConvWeightGrad depthwise = 1), [K..., C] to W's
-    // [C, 1, K...].
-    std::map<std::string, Attribute> attrs = window;
-    attrs.emplace("depthwise", Attribute::of_int(1));
-    KILN_ASSIGN_OR_RETURN(Value* dyt, b.add1("Transpose", {dy}, {{"perm", ints_attr(channels_last)}}));
-    KILN_ASSIGN_OR_RETURN(Value* xt, b.add1("Transpose", {x}, {{"perm", ints_attr(channels_last)}}));
-    KILN_ASSIGN_OR_RETURN(std::vector<Value*> taps_first, b.add("ConvWeightGrad", {dyt, xt}, attrs, 1, "kiln"));
-    const int64_t spi = static_cast<int64_t>(sp);
-    std::vector<int64_t> perm = {spi};
-    for (int64_t d = 0; d < spi; ++d) perm.push_back(d);
-    KILN_ASSIGN_OR_RETURN(Value* dwt, b.add1("Transpose", {taps_first[0]}, {{"perm", ints_attr(perm)}}));
-    KILN_ASSIGN_OR_RETURN(Value* dw, b.add1("Reshape", {dwt, b.ints(ws)}));
+    if (depthwise) {
+      KILN_ASSIGN_OR_RETURN(dw, b.add1("Reshape", {dw, b.ints(ws)}));
+    }
     KILN_RETURN_IF_ERROR(b.set_input_grad(1, dw));
   } else if (b.wants(1)) {
     // Groups: with a static batch, in chunks of images so that the columns
@@ -864,23 +865,22 @@ Status grad_conv(GradBuilder& b) {
     // same stride-1 Conv, computing every input position with all its taps,
     // of which about one in stride^d is not zero, but on the depthwise
     // kernels rather than a product per group and kiln:Col2Im.
-    const bool depthwise = groups > 1 && c == 1 && mg == 1;
     const bool spread = depthwise && std::any_of(strides.begin(), strides.end(), [](int64_t v) { return v > 1; });
     bool as_conv = b.opset() >= 10;
-    bool trailing = spread;  // the spread's trailing zeros kept (no Slice)
     std::vector<int64_t> conv_pads(2 * sp);
-    for (int pass = 0; pass < (spread ? 2 : 1); ++pass) {
-      as_conv = b.opset() >= 10;
-      for (size_t d = 0; d < sp; ++d) {
-        const int64_t span = dilations[d] * (ws[d + 2] - 1);
-        const int64_t spread_extent = !spread ? ys[d + 2] : trailing ? ys[d + 2] * strides[d] : (ys[d + 2] - 1) * strides[d] + 1;
-        conv_pads[d] = span - pads[d];
-        conv_pads[d + sp] = xs[d + 2] - spread_extent - conv_pads[d] + span;
-        as_conv = as_conv && (spread || strides[d] == 1) && conv_pads[d] >= 0 && conv_pads[d + sp] >= 0;
-      }
-      if (as_conv || !trailing) break;
-      trailing = false;
+    for (size_t d = 0; d < sp; ++d) {
+      const int64_t span = dilations[d] * (ws[d + 2] - 1);
+      const int64_t extent = spread ? (ys[d + 2] - 1) * strides[d] + 1 : ys[d + 2];
+      conv_pads[d] = span - pads[d];
+      conv_pads[d + sp] = xs[d + 2] - extent - conv_pads[d] + span;
+      as_conv = as_conv && (spread || strides[d] == 1) && conv_pads[d] >= 0 && conv_pads[d + sp] >= 0;
     }
+    // The spread's trailing stride - 1 zeros kept where every end pad can
+    // take them (no Slice).
+    bool trailing = spread;
+    for (size_t d = 0; d < sp && trailing; ++d) trailing = conv_pads[d + sp] >= strides[d] - 1;
+    if (trailing)
+      for (size_t d = 0; d < sp; ++d) conv_pads[d + sp] -= strides[d] - 1;
     Value* dx = nullptr;
     if (as_conv && spread) {
       // [N, M, Y...] -> [N, M, Y1, 1, Y2, 1, ...], zeros after each unit

@@ -191,8 +191,8 @@ Result<tir::Schedule> wgrad_schedule(const tir::KernelDef& k, const std::string&
   if (par < 0) par = tir::choose_parallel(counts);
   if (par >= 0) prims.push_back(prim("parallel", stage, {outer[static_cast<size_t>(par)]}));
   if (int64_t rb = knobs.count("rb") ? knobs.at("rb") : 0; rb > 0) {
-    auto rows = st->reduce_extents[0].as_const();
-    if (!rows || *rows % rb != 0 || *rows == rb)
+    auto out_rows = st->reduce_extents[0].as_const();
+    if (!out_rows || *out_rows % rb != 0 || *out_rows == rb)
       return invalid_argument() << "conv.wgrad: rb = " << rb << " does not block the reduction's rows exactly";
     prims.push_back(prim("split", stage, {st->reduce_axes[0]}, rb));
     prims.push_back(prim("hoist_reduce", stage, {st->reduce_axes[0] + ".o"}));
