@@ -23,7 +23,7 @@
 namespace kiln::db {
 
 // The schema this Kiln writes (older ones are migrated on open).
-inline constexpr int kSchemaVersion = 2;  // 2: records' cost-model features, stored cost models
+inline constexpr int kSchemaVersion = 3;  // 2: records' cost-model features, stored cost models; 3: their version
 
 struct Stats {
   int64_t records = 0;
@@ -60,6 +60,9 @@ class Database {
   // Every record, oldest first (export, the cost model's training set).
   virtual Status for_each(const std::function<Status(const tune::Record&)>& f) = 0;
   virtual Result<Stats> stats() = 0;
+  // Replaces the features and their version of records read from this
+  // database (by Record::id), all in one transaction; nothing else changes.
+  virtual Status update_features(const std::vector<tune::Record>& records) = 0;
   // Keeps, per workload, target and candidate with knobs, the `keep` fastest
   // records; returns how many were removed.
   virtual Result<int64_t> prune(int keep) = 0;

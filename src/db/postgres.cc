@@ -23,7 +23,8 @@ const char* const kSchema[] = {
     " id BIGSERIAL PRIMARY KEY, workload TEXT NOT NULL, anchor_op TEXT NOT NULL, target TEXT NOT NULL,"
     " candidate TEXT NOT NULL, knobs TEXT NOT NULL, schedule TEXT NOT NULL, latencies TEXT NOT NULL,"
     " median_s DOUBLE PRECISION NOT NULL, threads INTEGER NOT NULL, host TEXT NOT NULL, kiln_version TEXT NOT NULL,"
-    " time BIGINT NOT NULL, workload_text TEXT NOT NULL, features TEXT NOT NULL DEFAULT '')",
+    " time BIGINT NOT NULL, workload_text TEXT NOT NULL, features TEXT NOT NULL DEFAULT '',"
+    " feature_version INTEGER NOT NULL DEFAULT 0)",
     "CREATE INDEX IF NOT EXISTS kiln_records_by_workload ON kiln_records (workload, target, median_s)",
     "CREATE TABLE IF NOT EXISTS kiln_jobs ("
     " id BIGSERIAL PRIMARY KEY, workload TEXT NOT NULL, target TEXT NOT NULL, anchor_op TEXT NOT NULL,"
@@ -97,6 +98,17 @@ class PostgresDatabase : public Database {
       return v.status();
     }
     int version = PQntuples(v->get()) == 1 ? std::atoi(PQgetvalue(v->get(), 0, 0)) : 0;
+    if (version == 2) {
+      // 2 to 3: the version of the features' definition; features stored before it are version 1's.
+      st = exec("ALTER TABLE kiln_records ADD COLUMN IF NOT EXISTS feature_version INTEGER NOT NULL DEFAULT 0");
+      if (st.is_ok()) st = exec("UPDATE kiln_records SET feature_version = 1 WHERE features <> ''");
+      if (st.is_ok()) st = exec("UPDATE kiln_meta SET value = '3' WHERE key = 'schema_version'");
+      if (!st.is_ok()) {
+        rollback();
+        return st.with_context("migrating schema 2 to 3");
+      }
+      version = 3;
+    }
     if (version > kSchemaVersion) {
       rollback();
       return unsupported() << where_ << ": tuning database schema version " << version << " is newer than this Kiln's ("
@@ -120,11 +132,11 @@ class PostgresDatabase : public Database {
       med.precision(17);
       med << r.median_s();
       auto st = run("INSERT INTO kiln_records (workload, anchor_op, target, candidate, knobs, schedule, latencies, median_s,"
-                    " threads, host, kiln_version, time, workload_text, features)"
-                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    " threads, host, kiln_version, time, workload_text, features, feature_version)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
                     {r.workload, r.anchor_op, r.target, r.candidate, r.knobs, r.schedule, numbers_text(r.latencies_s, 9), med.str(),
                      std::to_string(r.threads), r.host, r.kiln_version, std::to_string(r.time), r.workload_text,
-                     numbers_text(r.features, 7)});
+                     numbers_text(r.features, 7), std::to_string(r.features.empty() ? 0 : r.feature_version)});
       if (!st.is_ok()) {
         rollback();
         return st.status();
@@ -148,12 +160,14 @@ class PostgresDatabase : public Database {
     rec.time = std::atoll(PQgetvalue(r, i, 10));
     rec.workload_text = PQgetvalue(r, i, 11);
     rec.features = parse_numbers<float>(PQgetvalue(r, i, 12));
+    rec.feature_version = std::atoi(PQgetvalue(r, i, 13));
+    rec.id = std::atoll(PQgetvalue(r, i, 14));
     return rec;
   }
 
   static constexpr const char* kColumns =
       "SELECT workload, anchor_op, target, candidate, knobs, schedule, latencies, threads, host, kiln_version, time,"
-      " workload_text, features FROM kiln_records";
+      " workload_text, features, feature_version, id FROM kiln_records";
 
   Result<std::vector<tune::Record>> records_for(const std::string& workload) override {
     KILN_ASSIGN_OR_RETURN(PgResult r, run(std::string(kColumns) + " WHERE workload = $1 ORDER BY median_s", {workload}));
@@ -178,6 +192,27 @@ class PostgresDatabase : public Database {
     KILN_ASSIGN_OR_RETURN(PgResult j, run("SELECT state, COUNT(*) FROM kiln_jobs GROUP BY state"));
     for (int i = 0; i < PQntuples(j.get()); ++i) st.jobs[PQgetvalue(j.get(), i, 0)] = std::atoll(PQgetvalue(j.get(), i, 1));
     return st;
+  }
+
+  Status update_features(const std::vector<tune::Record>& records) override {
+    KILN_RETURN_IF_ERROR(exec("BEGIN"));
+    for (const tune::Record& r : records) {
+      Status st = r.id > 0 ? Status::ok()
+                           : Status(invalid_argument() << "a record of " << r.workload << " was not read from " << where_);
+      if (st.is_ok()) {
+        auto u = run("UPDATE kiln_records SET features = $1, feature_version = $2 WHERE id = $3",
+                     {numbers_text(r.features, 7), std::to_string(r.features.empty() ? 0 : r.feature_version),
+                      std::to_string(r.id)});
+        st = u.status();
+        if (st.is_ok() && std::atoll(PQcmdTuples(u->get())) != 1)
+          st = invalid_argument() << where_ << " has no record " << r.id;
+      }
+      if (!st.is_ok()) {
+        rollback();
+        return st;
+      }
+    }
+    return exec("COMMIT");
   }
 
   Result<int64_t> prune(int keep) override {

@@ -44,6 +44,14 @@ const char* const kMigrateV1toV2[] = {
     "UPDATE kiln_meta SET value = '2' WHERE key = 'schema_version'",
 };
 
+// Version 2 to 3: the version of the features' definition (tune/features.h);
+// features stored before it are version 1's.
+const char* const kMigrateV2toV3[] = {
+    "ALTER TABLE records ADD COLUMN feature_version INTEGER NOT NULL DEFAULT 1",
+    "UPDATE records SET feature_version = 0 WHERE features = ''",
+    "UPDATE kiln_meta SET value = '3' WHERE key = 'schema_version'",
+};
+
 
 
 
@@ -106,11 +114,14 @@ class SqliteDatabase : public Database {
       bool done = std::atoi(cur.text(0).c_str()) > v;
       sqlite3_reset(cur.get());
       Status st;
-      if (!done && v == 1)
-        for (const char* sql : kMigrateV1toV2) {
+      auto run_all = [&](const auto& statements) {
+        for (const char* sql : statements) {
           st = exec(sql);
           if (!st.is_ok()) break;
         }
+      };
+      if (!done && v == 1) run_all(kMigrateV1toV2);
+      if (!done && v == 2) run_all(kMigrateV2toV3);
       if (!st.is_ok()) {
         sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
         return st.with_context("migrating schema " + std::to_string(v) + " to " + std::to_string(v + 1));
@@ -135,7 +146,7 @@ class SqliteDatabase : public Database {
 
   Result<std::vector<tune::Record>> records_for(const std::string& workload) override {
     Statement s(db_, "SELECT workload, anchor_op, target, candidate, knobs, schedule, latencies, threads, host,"
-                     " kiln_version, time, workload_text, features FROM records WHERE workload = ?1 ORDER BY median_s");
+                     " kiln_version, time, workload_text, features, feature_version, id FROM records WHERE workload = ?1 ORDER BY median_s");
     if (!s.ok()) return error("reading records");
     s.bind(1, workload);
     std::vector<tune::Record> out;
@@ -147,7 +158,7 @@ class SqliteDatabase : public Database {
 
   Status for_each(const std::function<Status(const tune::Record&)>& f) override {
     Statement s(db_, "SELECT workload, anchor_op, target, candidate, knobs, schedule, latencies, threads, host,"
-                     " kiln_version, time, workload_text, features FROM records ORDER BY id");
+                     " kiln_version, time, workload_text, features, feature_version, id FROM records ORDER BY id");
     if (!s.ok()) return error("reading records");
     int rc;
     while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) KILN_RETURN_IF_ERROR(f(row(s)));
@@ -293,6 +304,34 @@ class SqliteDatabase : public Database {
     return Status::ok();
   }
 
+  Status update_features(const std::vector<tune::Record>& records) override {
+    if (read_only_) return io_error() << path_ << ": the tuning database is read-only; nothing was changed";
+    KILN_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE"));
+    Status st;
+    {
+      Statement s(db_, "UPDATE records SET features = ?1, feature_version = ?2 WHERE id = ?3");
+      if (!s.ok()) st = error("preparing the update");
+      for (size_t i = 0; st.is_ok() && i < records.size(); ++i) {
+        const tune::Record& r = records[i];
+        if (r.id <= 0) {
+          st = invalid_argument() << "a record of " << r.workload << " was not read from " << path_;
+          break;
+        }
+        sqlite3_reset(s.get());
+        s.bind(1, numbers_text(r.features, 7));
+        s.bind(2, static_cast<int64_t>(r.features.empty() ? 0 : r.feature_version));
+        s.bind(3, r.id);
+        if (sqlite3_step(s.get()) != SQLITE_DONE) st = error("updating a record's features");
+        else if (sqlite3_changes(db_) != 1) st = invalid_argument() << path_ << " has no record " << r.id;
+      }
+    }
+    if (!st.is_ok()) {
+      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      return st;
+    }
+    return exec("COMMIT");
+  }
+
   Result<int64_t> prune(int keep) override {
     if (read_only_) return io_error() << path_ << ": the tuning database is read-only";
     if (keep < 1) return invalid_argument() << "prune must keep at least 1 record per schedule";
@@ -319,8 +358,8 @@ class SqliteDatabase : public Database {
   Status insert_all(const std::vector<tune::Record>& records) {
     Statement s(db_,
                 "INSERT INTO records (workload, anchor_op, target, candidate, knobs, schedule, latencies, median_s,"
-                " threads, host, kiln_version, time, workload_text, features)"
-                " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)");
+                " threads, host, kiln_version, time, workload_text, features, feature_version)"
+                " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)");
     if (!s.ok()) return error("preparing the insert");
     for (const tune::Record& r : records) {
       if (r.latencies_s.empty()) return invalid_argument() << "record of " << r.workload << " has no latencies";
@@ -339,6 +378,7 @@ class SqliteDatabase : public Database {
       s.bind(12, r.time);
       s.bind(13, r.workload_text);
       s.bind(14, numbers_text(r.features, 7));
+      s.bind(15, static_cast<int64_t>(r.features.empty() ? 0 : r.feature_version));
       if (sqlite3_step(s.get()) != SQLITE_DONE) return error("inserting a record");
     }
     return Status::ok();
@@ -359,6 +399,8 @@ class SqliteDatabase : public Database {
     r.time = sqlite3_column_int64(s.get(), 10);
     r.workload_text = s.text(11);
     r.features = parse_numbers<float>(s.text(12));
+    r.feature_version = static_cast<int>(sqlite3_column_int64(s.get(), 13));
+    r.id = sqlite3_column_int64(s.get(), 14);
     return r;
   }
 

@@ -53,7 +53,9 @@ Matrix matrix_of(const std::vector<Sample>& samples) {
 const char* objective_name(Objective o) { return o == Objective::kRank ? "rank:pairwise" : "reg:squarederror"; }
 
 std::optional<Sample> sample_of(const Record& r) {
-  if (r.features.size() != static_cast<size_t>(kNumFeatures) || r.latencies_s.empty()) return std::nullopt;
+  if (r.features.size() != static_cast<size_t>(kNumFeatures) || r.feature_version != kFeatureVersion ||
+      r.latencies_s.empty())
+    return std::nullopt;
   return Sample{r.workload + "|" + r.target + "|" + std::to_string(r.threads), r.features, r.median_s()};
 }
 
@@ -129,14 +131,32 @@ Result<std::string> CostModel::save() const {
   bst_ulong n = 0;
   const char* p = nullptr;
   KILN_RETURN_IF_ERROR(xgb(XGBoosterSaveModelToBuffer(booster_, "{\"format\": \"json\"}", &n, &p), "saving"));
-  return std::string(objective_ == Objective::kRank ? "R" : "G") + std::string(p, n);
+  // The objective, then the version of the features it was trained on, then XGBoost's JSON.
+  return std::string(objective_ == Objective::kRank ? "R" : "G") + "f" + std::to_string(kFeatureVersion) + ":" +
+         std::string(p, n);
 }
 
 Status CostModel::load(const std::string& blob) {
   if (blob.size() < 2 || (blob[0] != 'R' && blob[0] != 'G')) return invalid_argument() << "not a stored cost model";
+  // Models stored before features were versioned ("R{...") were trained on version 1's.
+  int version = 1;
+  size_t json = 1;
+  if (blob[1] == 'f') {
+    size_t colon = blob.find(':');
+    char* end = nullptr;
+    long v = colon == std::string::npos ? 0 : std::strtol(blob.c_str() + 2, &end, 10);
+    if (colon == std::string::npos || end != blob.c_str() + colon || v < 1)
+      return invalid_argument() << "not a stored cost model";
+    version = static_cast<int>(v);
+    json = colon + 1;
+  }
+  if (version != kFeatureVersion)
+    return unsupported() << "the stored cost model was trained on features of version " << version
+                                 << ", this Kiln computes version " << kFeatureVersion
+                                 << "; retrain it (kiln db train, or kiln tune)";
   BoosterHandle b = nullptr;
   KILN_RETURN_IF_ERROR(xgb(XGBoosterCreate(nullptr, 0, &b), "booster"));
-  Status st = xgb(XGBoosterLoadModelFromBuffer(b, blob.data() + 1, blob.size() - 1), "loading");
+  Status st = xgb(XGBoosterLoadModelFromBuffer(b, blob.data() + json, blob.size() - json), "loading");
   if (!st.is_ok()) {
     XGBoosterFree(b);
     return st;

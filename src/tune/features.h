@@ -11,15 +11,22 @@
 
 #include "support/target.h"
 #include "tir/tir.h"
+#include "tune/tune.h"
 
 namespace kiln::tune {
 
-inline constexpr int kNumFeatures = 42;
+inline constexpr int kNumFeatures = 85;
+// The version of the features' definition. Raise it whenever a feature's
+// meaning changes: records and stored cost models carry it, a model trains
+// only on records of this version and loads only if it was trained on them,
+// and `kiln db refeature` recomputes older records' features.
+inline constexpr int kFeatureVersion = 2;
 
 // Names of the features, for docs and tests.
 const std::vector<std::string>& feature_names();
 
+// The caches are those of `key` (null: TargetKey::host(target)).
 std::vector<float> kernel_features(const tir::PrimFunc& f, const std::string& candidate, const std::string& knobs,
-                                   int threads, const Target& target);
+                                   int threads, const Target& target, const TargetKey* key = nullptr);
 
 }  // namespace kiln::tune

@@ -332,7 +332,7 @@ std::string Record::to_json() const {
   field("workload_text", workload_text);
   os << ", \"features\": [";
   for (size_t i = 0; i < features.size(); ++i) os << (i ? ", " : "") << features[i];
-  os << "]}";
+  os << "], \"feature_version\": " << feature_version << "}";
   return os.str();
 }
 
@@ -380,6 +380,13 @@ Result<Record> Record::from_json(const std::string& line) {
         return invalid_argument() << "record has a feature of " << x << ", outside float's range";
       r.features.push_back(static_cast<float>(x));
     }
+  // Files written before features were versioned hold version 1's.
+  r.feature_version = r.features.empty() ? 0 : 1;
+  if (auto v = n.find("feature_version"); v != n.end()) {
+    if (!(v->second >= 0 && v->second <= 1 << 20) || v->second != std::floor(v->second))
+      return invalid_argument() << "record has feature_version " << v->second;
+    r.feature_version = static_cast<int>(v->second);
+  }
   return r;
 }
 

@@ -72,6 +72,8 @@ struct Record {
   int64_t time = 0;          // seconds since the epoch
   std::string workload_text;  // the canonical text (kept for the cost model and for inspection)
   std::vector<float> features;  // the cost model's features of the measured kernel (features.h); empty: unknown
+  int feature_version = 0;      // features.h's kFeatureVersion when they were computed (0: none)
+  int64_t id = 0;               // the database's row, for records read from one (0: not stored yet)
 
   double median_s() const;
   // One JSON object on one line (the export format of `kiln db export`).

@@ -17,6 +17,7 @@
 #include "kernels/kernels.h"
 #include "strategy/strategy.h"
 #include "tune/cost_model.h"
+#include "tune/features.h"
 
 namespace kiln::tune {
 
@@ -194,6 +195,65 @@ Result<int64_t> enqueue_model(const std::string& model_path, const TuneOptions& 
   return queued;
 }
 
+namespace {
+
+// The records of one workload (its group alone: group_graph's) whose features
+// are not this Kiln's, on this target, with their features recomputed, into
+// *changed; the others counted in *summary.
+void refeature_records(const Graph* group, const Status& no_group, size_t anchor, std::vector<Record>& recs,
+                       const std::string& target_key, RefeatureSummary* summary, std::vector<Record>* changed,
+                       std::ostream& log) {
+  for (Record& r : recs) {
+    if (r.target != target_key) {
+      ++summary->other_target;
+      continue;
+    }
+    if (r.feature_version == kFeatureVersion && r.features.size() == static_cast<size_t>(kNumFeatures)) {
+      ++summary->current;
+      continue;
+    }
+    Result<std::vector<float>> f = group != nullptr ? trial_features(*group, anchor, Trial{r.candidate, r.knobs}, r.threads)
+                                                    : Result<std::vector<float>>(no_group);
+    if (!f.is_ok()) {
+      ++summary->failed;
+      log << "kiln: warning: record " << r.id << " (" << (r.candidate.empty() ? "default" : r.candidate) << " "
+          << r.knobs << ", workload " << r.workload.substr(0, 12) << ") keeps its features: " << f.status().to_string()
+          << "\n";
+      continue;
+    }
+    r.features = std::move(*f);
+    r.feature_version = kFeatureVersion;
+    changed->push_back(r);
+  }
+}
+
+}  // namespace
+
+Result<RefeatureSummary> refeature_model(const std::string& model_path, const TuneOptions& options,
+                                         std::ostream& log) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<db::Database> database, db::open_database(options.db, false));
+  KILN_ASSIGN_OR_RETURN(auto prepared, graph_before_choice(model_path, options));
+  CompileOptions copts;
+  copts.train = options.train;
+  const std::string target_key = TargetKey::host(Target::host()).text();
+  RefeatureSummary summary;
+  std::vector<Record> changed;
+  std::set<std::string> seen;
+  for (kernels::GroupWorkload& gw : tuning_workloads(*prepared.first, prepared.second, driver::fusion_enabled(copts))) {
+    if (!seen.insert(gw.workload.key).second) continue;
+    KILN_ASSIGN_OR_RETURN(std::vector<Record> recs, database->records_for(gw.workload.key));
+    if (recs.empty()) continue;
+    ++summary.workloads;
+    size_t anchor = 0;
+    Result<std::unique_ptr<Graph>> group = group_graph(*prepared.first, gw, &anchor);
+    refeature_records(group.is_ok() ? group->get() : nullptr, group.status(), anchor, recs, target_key, &summary,
+                      &changed, log);
+  }
+  KILN_RETURN_IF_ERROR(database->update_features(changed));
+  summary.updated = static_cast<int64_t>(changed.size());
+  return summary;
+}
+
 Result<WorkerSummary> run_worker(const WorkerOptions& options, std::ostream& log) {
   g_stop = false;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<db::Database> database, db::open_database(options.tune.db, false));
@@ -308,8 +368,12 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
       << " thread" << (options.threads == 1 ? "" : "s") << ", target " << target.name << "\n";
 
   // What the database already holds for this target and thread count: resumed, not measured again.
+  // Records whose features are of an older definition get this Kiln's (kiln tune --refeature).
+  RefeatureSummary refeatured;
+  std::vector<Record> stale;
   for (Task& t : tasks) {
     KILN_ASSIGN_OR_RETURN(std::vector<Record> recs, database->records_for(t.gw.workload.key));
+    if (t.graph) refeature_records(t.graph.get(), Status::ok(), t.anchor_index, recs, target_key, &refeatured, &stale, log);
     for (const Record& r : recs) {
       if (r.target != target_key || r.threads != options.threads) continue;
       if (t.tried.insert({r.candidate, r.knobs}).second) {
@@ -317,6 +381,10 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
         ++summary.resumed;
       }
     }
+  }
+  if (!stale.empty()) {
+    KILN_RETURN_IF_ERROR(database->update_features(stale));
+    log << "recomputed the features of " << stale.size() << " records (features of an older definition)\n";
   }
 
   // The cost model, trained on every record of the database that has
@@ -373,6 +441,7 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
       r.time = static_cast<int64_t>(std::time(nullptr));
       r.workload_text = t.gw.workload.text;
       r.features = res[i].features;
+      r.feature_version = r.features.empty() ? 0 : kFeatureVersion;
       if (auto sample = sample_of(r)) samples.push_back(std::move(*sample));
       records.push_back(std::move(r));
     }

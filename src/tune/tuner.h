@@ -80,6 +80,19 @@ struct WorkerSummary {
 };
 Result<WorkerSummary> run_worker(const WorkerOptions& options, std::ostream& log);
 
+// `kiln db refeature DB MODEL`: recomputes the cost model's features
+// (features.h, this Kiln's kFeatureVersion) of the database's records of the
+// model's workloads (its training step's with options.train) measured on this
+// host's target, from each record's candidate and knobs, and stores them in
+// one transaction; nothing else of a record changes. Records on other
+// targets, and points that no longer apply (a template changed), keep
+// theirs and are counted.
+struct RefeatureSummary {
+  int workloads = 0;
+  int64_t updated = 0, current = 0, other_target = 0, failed = 0;
+};
+Result<RefeatureSummary> refeature_model(const std::string& model_path, const TuneOptions& options, std::ostream& log);
+
 // Stops tune_model after the batch in progress (Ctrl-C).
 void request_stop();
 

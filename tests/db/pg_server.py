@@ -30,6 +30,14 @@ class PgServer:
         return subprocess.run([*self.as_postgres, os.path.join(self.bindir, args[0]), *args[1:]],
                               capture_output=True, text=True)
 
+    def sql(self, statements):
+        """Runs SQL on the server (psql); raises on an error."""
+        r = subprocess.run([os.path.join(self.bindir, "psql"), "-h", self.work, "-p", self.port, "-U", "kiln",
+                            "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", statements], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"psql failed: {r.stderr}")
+        return r.stdout
+
     def start(self):
         r = self._pg("pg_ctl", "-D", self.data, "-w", "-l", os.path.join(self.work, "log"), "-o",
                      f"-p {self.port} -k {self.work} -c listen_addresses=''", "start")

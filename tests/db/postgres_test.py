@@ -14,6 +14,7 @@ started again (everything still there).
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,6 +126,18 @@ def main():
         check("attempt 2" in r.stdout and s["jobs"]["done"] == 4 and s["jobs"]["running"] == 0,
               f"another worker finished it: {r.stdout.strip()} {s['jobs']}")
         check(s["records"] >= committed, "nothing the killed worker committed was lost")
+
+        # A database of schema 2 (before features carried their version) is migrated when opened: its
+        # features count as version 1's, and kiln tune --refeature recomputes them on the server.
+        pg.sql("ALTER TABLE kiln_records DROP COLUMN feature_version;"
+               " UPDATE kiln_meta SET value = '2' WHERE key = 'schema_version'")
+        out = kiln("tune", model, "--db", url, "--refeature", env=env).stdout
+        m = re.search(r"refeatured (\d+) records of 3 workloads.* 0 whose point no longer applies", out)
+        check(m is not None and int(m.group(1)) > 0, f"schema 2 migrated and its records refeatured: {out.strip()}")
+        out = kiln("tune", model, "--db", url, "--refeature", env=env).stdout
+        check("refeatured 0 records" in out, f"a second refeature has nothing to do: {out.strip()}")
+        check(pg.sql("SELECT value FROM kiln_meta WHERE key = 'schema_version'").split()[2] == "3",
+              "the schema version is 3 after the migration")
 
         # The server goes away, then comes back.
         pg.stop(mode="fast")

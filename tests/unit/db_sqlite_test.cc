@@ -54,6 +54,19 @@ tune::Record record(int workload, double seconds, const std::string& knobs = "mr
   return r;
 }
 
+// Runs SQL on the file directly (to stage an older schema).
+::testing::AssertionResult raw_exec(const std::string& path, const char* sql) {
+  sqlite3* raw = nullptr;
+  if (sqlite3_open(path.c_str(), &raw) != SQLITE_OK) return ::testing::AssertionFailure() << "cannot open " << path;
+  char* err = nullptr;
+  int rc = sqlite3_exec(raw, sql, nullptr, nullptr, &err);
+  std::string message = err ? err : "";
+  sqlite3_free(err);
+  sqlite3_close(raw);
+  if (rc != SQLITE_OK) return ::testing::AssertionFailure() << message;
+  return ::testing::AssertionSuccess();
+}
+
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream os;
@@ -288,14 +301,8 @@ TEST(TuningDatabase, SchemaOneIsMigratedKeepingItsRecords) {
   }
   // Back to what schema 1 was: no features column, no cost models.
   sqlite3* raw = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(raw,
-                         "ALTER TABLE records DROP COLUMN features; DROP TABLE cost_models;"
-                         " UPDATE kiln_meta SET value = '1' WHERE key = 'schema_version'",
-                         nullptr, nullptr, nullptr),
-            SQLITE_OK)
-      << sqlite3_errmsg(raw);
-  sqlite3_close(raw);
+  ASSERT_TRUE(raw_exec(path, "ALTER TABLE records DROP COLUMN feature_version; ALTER TABLE records DROP COLUMN features;"
+                             " DROP TABLE cost_models; UPDATE kiln_meta SET value = '1' WHERE key = 'schema_version'"));
   auto db = open_database(path, false);
   ASSERT_TRUE(db.is_ok()) << db.status().to_string();
   auto recs = (*db)->records_for(record(1, 1).workload);
@@ -337,6 +344,72 @@ TEST(TuningDatabase, PruneKeepsTheFastest) {
   auto recs = (*db)->records_for(record(1, 1).workload);
   ASSERT_EQ(recs->size(), 2u);
   EXPECT_DOUBLE_EQ((*recs)[0].median_s(), 1e-3);
+}
+
+// Features carry the version of their definition (schema 3); a database of
+// schema 2 keeps its features, marked version 1's; update_features replaces
+// the features of records read back, by row, all or nothing.
+TEST(TuningDatabase, FeatureVersionsMigrateAndUpdate) {
+  std::string path = temp_dir() + "/v2.db";
+  tune::Record with = record(1, 1e-3);
+  with.features = {0.25f, 2.f};
+  with.feature_version = 7;
+  {
+    auto db = open_database(path, true);
+    ASSERT_TRUE(db.is_ok());
+    ASSERT_TRUE((*db)->commit({with, record(2, 1e-3)}).is_ok());
+    auto back = (*db)->records_for(with.workload);
+    ASSERT_EQ(back->size(), 1u);
+    EXPECT_EQ((*back)[0].feature_version, 7);
+    EXPECT_GT((*back)[0].id, 0);
+  }
+  // Back to schema 2: no feature_version column.
+  ASSERT_TRUE(raw_exec(path, "ALTER TABLE records DROP COLUMN feature_version;"
+                             " UPDATE kiln_meta SET value = '2' WHERE key = 'schema_version'"));
+  auto db = open_database(path, false);
+  ASSERT_TRUE(db.is_ok()) << db.status().to_string();
+  auto one = (*db)->records_for(with.workload);
+  auto two = (*db)->records_for(record(2, 1).workload);
+  ASSERT_TRUE(one.is_ok() && two.is_ok());
+  ASSERT_EQ(one->size(), 1u);
+  EXPECT_EQ((*one)[0].features, with.features);
+  EXPECT_EQ((*one)[0].feature_version, 1);
+  EXPECT_EQ((*two)[0].feature_version, 0);  // no features, no version
+
+  tune::Record updated = (*one)[0];
+  updated.features = {9.f, 8.f, 7.f};
+  updated.feature_version = 3;
+  ASSERT_TRUE((*db)->update_features({updated}).is_ok());
+  auto after = (*db)->records_for(with.workload);
+  EXPECT_EQ((*after)[0].features, updated.features);
+  EXPECT_EQ((*after)[0].feature_version, 3);
+  EXPECT_EQ((*after)[0].latencies_s, with.latencies_s);  // nothing else changes
+  // A record not read from this database, or a row that is not there: an error, and nothing changes.
+  tune::Record fresh = record(1, 1e-3);
+  fresh.features = {1.f};
+  tune::Record gone = updated;
+  gone.id = 999999;
+  for (const tune::Record& bad : {fresh, gone}) {
+    tune::Record first = updated;
+    first.features = {5.f};
+    EXPECT_FALSE((*db)->update_features({first, bad}).is_ok());
+    EXPECT_EQ((*(*db)->records_for(with.workload))[0].features, updated.features);
+  }
+  // Export and import keep the version; a line without one holds version 1's features.
+  std::stringstream out;
+  ASSERT_TRUE(export_records(**db, out).is_ok());
+  EXPECT_NE(out.str().find("\"feature_version\": 3"), std::string::npos) << out.str();
+  std::string line = (*after)[0].to_json();
+  auto back = tune::Record::from_json(line);
+  ASSERT_TRUE(back.is_ok());
+  EXPECT_EQ(back->feature_version, 3);
+  line.replace(line.find(", \"feature_version\": 3"), 22, "");
+  back = tune::Record::from_json(line);
+  ASSERT_TRUE(back.is_ok()) << line;
+  EXPECT_EQ(back->feature_version, 1);
+  std::string negative = (*after)[0].to_json();
+  negative.replace(negative.find("\"feature_version\": 3"), 20, "\"feature_version\": -1");
+  EXPECT_FALSE(tune::Record::from_json(negative).is_ok()) << negative;
 }
 
 }  // namespace

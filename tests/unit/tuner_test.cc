@@ -204,6 +204,81 @@ TEST(Tuner, TunedRecordsAreWhatTheNextCompileUses) {
   EXPECT_FALSE(driver::compile_model(src, missing).is_ok());
 }
 
+// kiln tune --refeature: records whose features are of an older definition
+// get this Kiln's back, computed from their candidate and knobs, exactly what
+// measuring them gave; records of another target keep theirs; the model then
+// trains on all of them.
+TEST(Tuner, RefeatureRecomputesStaleFeatures) {
+  TempDir temp;
+  const std::string& dir = temp.path;
+  auto g = mlp("", 128, 64, 4);
+  std::string model = write_model(*g, dir, "mlp.onnx");
+  TuneOptions to = short_run(dir, "tuning.db", 6);
+  std::ostringstream log;
+  auto summary = tune_model(model, to, log);
+  ASSERT_TRUE(summary.is_ok()) << summary.status().to_string() << "\n" << log.str();
+  auto database = db::open_database(to.db, false);
+  ASSERT_TRUE(database.is_ok());
+  std::vector<Record> measured, stale;
+  ASSERT_TRUE((*database)->for_each([&](const Record& r) -> Status {
+    measured.push_back(r);
+    return Status::ok();
+  }).is_ok());
+  ASSERT_GE(measured.size(), 2u);
+  for (Record r : measured) {
+    ASSERT_EQ(r.feature_version, kFeatureVersion);
+    ASSERT_EQ(r.features.size(), static_cast<size_t>(kNumFeatures));
+    r.features.assign(5, 1.f);
+    r.feature_version = kFeatureVersion - 1;
+    stale.push_back(r);
+  }
+  ASSERT_TRUE((*database)->update_features(stale).is_ok());
+  Record elsewhere = stale[0];
+  elsewhere.target = "isa=sse2 vec=16x16 fma=16 l1d=32768 l2=262144 l3=8388608 cores=4";
+  ASSERT_TRUE((*database)->commit({elsewhere}).is_ok());
+  std::vector<Sample> none;
+  ASSERT_TRUE((*database)->for_each([&](const Record& r) -> Status {
+    if (auto s = sample_of(r)) none.push_back(*s);
+    return Status::ok();
+  }).is_ok());
+  EXPECT_TRUE(none.empty()) << "stale features train nothing";
+
+  auto re = refeature_model(model, to, log);
+  ASSERT_TRUE(re.is_ok()) << re.status().to_string();
+  EXPECT_EQ(re->workloads, 1);
+  EXPECT_EQ(re->updated, static_cast<int64_t>(measured.size()));
+  EXPECT_EQ(re->other_target, 1);
+  EXPECT_EQ(re->failed, 0);
+  std::map<int64_t, Record> after;
+  ASSERT_TRUE((*database)->for_each([&](const Record& r) -> Status {
+    after[r.id] = r;
+    return Status::ok();
+  }).is_ok());
+  for (const Record& m : measured) {
+    ASSERT_TRUE(after.count(m.id));
+    EXPECT_EQ(after[m.id].features, m.features) << m.candidate << " " << m.knobs;
+    EXPECT_EQ(after[m.id].feature_version, kFeatureVersion);
+    EXPECT_EQ(after[m.id].latencies_s, m.latencies_s);
+  }
+  auto again = refeature_model(model, to, log);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(again->updated, 0);
+  EXPECT_EQ(again->current, static_cast<int64_t>(measured.size()));
+  // kiln tune does the same for the records of the workloads it tunes, before it trains the model.
+  ASSERT_TRUE((*database)->update_features(stale).is_ok());
+  TuneOptions one = to;
+  one.max_trials = 1;
+  std::ostringstream tune_log;
+  ASSERT_TRUE(tune_model(model, one, tune_log).is_ok()) << tune_log.str();
+  EXPECT_NE(tune_log.str().find("recomputed the features of " + std::to_string(measured.size()) + " records"),
+            std::string::npos)
+      << tune_log.str();
+  ASSERT_TRUE((*database)->for_each([&](const Record& r) -> Status {
+    if (r.target != elsewhere.target) EXPECT_EQ(r.feature_version, kFeatureVersion) << r.id;
+    return Status::ok();
+  }).is_ok());
+}
+
 // kiln tune --train: the workloads of the model's training step (the
 // backward's products, whose B is computed, with matmul.dynamic among their
 // candidates) are tuned, and compiling the same step with the database takes

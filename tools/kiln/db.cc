@@ -20,8 +20,10 @@ const char kDbUsage[] =
     "       kiln db prune [DB] [--keep N]           (per workload, target and schedule, keep the N fastest; default 1)\n"
     "       kiln db train [DB] [--objective regression|rank]\n"
     "                                              (train the cost model on every record with features; store it in DB)\n"
-    "       kiln db evaluate TEST_DB --train DB[,DB...] [--json]\n"
-    "                                              (train on the --train databases, rank TEST_DB's records, both objectives)\n"
+    "       kiln db evaluate TEST_DB --train DB[,DB...] [--json] [--predictions FILE]\n"
+    "                                              (train on the --train databases, rank TEST_DB's records, both objectives;\n"
+    "                                               FILE gets one line per test record and objective: objective, workload,\n"
+    "                                               median seconds, score)\n"
     "  DB is a path or a postgresql:// URL; default $KILN_DB, else ~/.cache/kiln/tuning.db.\n"
     "  example: kiln db stats ~/.cache/kiln/tuning.db --json\n";
 
@@ -38,7 +40,7 @@ Result<int> cmd_db(const std::vector<std::string>& args_in) {
   bool json = false;
   int keep = 1;
   std::string objective = "regression", train_from;
-  std::string out_path;
+  std::string out_path, predictions_path;
   std::vector<std::string> positional;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -58,6 +60,8 @@ Result<int> cmd_db(const std::vector<std::string>& args_in) {
       train_from = args[++i];
     } else if (a == "-o" && i + 1 < args.size()) {
       out_path = args[++i];
+    } else if (a == "--predictions" && i + 1 < args.size()) {
+      predictions_path = args[++i];
     } else if (a == "--help" || a == "-h") {
       std::cout << kDbUsage;
       return 0;
@@ -170,12 +174,27 @@ Result<int> cmd_db(const std::vector<std::string>& args_in) {
       KILN_ASSIGN_OR_RETURN(std::vector<tune::Sample> s, samples_in(*d));
       train.insert(train.end(), s.begin(), s.end());
     }
+    std::ofstream predictions;
+    if (!predictions_path.empty()) {
+      predictions.open(predictions_path);
+      if (!predictions) return io_error() << predictions_path << ": cannot be written";
+      predictions.precision(9);
+    }
     if (json) std::cout << "{";
     bool first = true;
     for (tune::Objective o : {tune::Objective::kRegression, tune::Objective::kRank}) {
       tune::CostModel model;
       KILN_RETURN_IF_ERROR(model.train(train, o));
       KILN_ASSIGN_OR_RETURN(tune::Evaluation e, tune::evaluate(model, test));
+      if (predictions.is_open()) {
+        std::vector<std::vector<float>> f;
+        for (const tune::Sample& s : test) f.push_back(s.features);
+        KILN_ASSIGN_OR_RETURN(std::vector<float> score, model.predict(f));
+        for (size_t i = 0; i < test.size(); ++i)
+          predictions << tune::objective_name(o) << " " << test[i].workload << " " << test[i].seconds << " " << score[i]
+                      << "\n";
+        if (!predictions) return io_error() << predictions_path << ": writing failed";
+      }
       if (json) {
         std::cout << (first ? "" : ", ") << "\"" << tune::objective_name(o) << "\": {\"train_records\": " << train.size()
                   << ", \"test_records\": " << test.size() << ", \"workloads\": " << e.workloads

@@ -25,6 +25,8 @@ const char kTuneUsage[] =
     "  --threads T     the thread count the model will run with (default 1)\n"
     "  --dim NAME=V    bind a symbolic input dim (kernels with symbolic shapes are skipped otherwise)\n"
     "  --enqueue       queue the model's workloads as jobs for kiln tune-worker instead of tuning them here\n"
+    "  --refeature     measure nothing: recompute the cost model's features of MODEL's records in the database\n"
+    "                  (those measured on this host's target) with this Kiln's definition of them\n"
     "  --train         the kernels of MODEL's training step (forward, backward, update) as kiln train compiles it\n"
     "                  with the same options; kiln train and kiln.Trainer then find them in the database\n"
     "  --warm-caches   time repeated runs back to back (default: the caches are evicted before each run and\n"
@@ -64,7 +66,7 @@ Result<bool> shared_option(const std::vector<std::string>& args, size_t& i, tune
 Result<int> cmd_tune(const std::vector<std::string>& args, const TrainOptionsFor& train) {
   tune::TuneOptions options;
   std::string model;
-  bool enqueue = false;
+  bool enqueue = false, refeature = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> Result<std::string> {
@@ -78,6 +80,8 @@ Result<int> cmd_tune(const std::vector<std::string>& args, const TrainOptionsFor
       return 0;
     } else if (a == "--enqueue") {
       enqueue = true;
+    } else if (a == "--refeature") {
+      refeature = true;
     } else if (a == "--dim") {
       KILN_ASSIGN_OR_RETURN(std::string v, value());
       size_t eq = v.find('=');
@@ -104,8 +108,16 @@ Result<int> cmd_tune(const std::vector<std::string>& args, const TrainOptionsFor
   if (options.db.empty()) options.db = db::default_database_path();
   options.live = isatty(STDOUT_FILENO) != 0;
   options.measure.worker = "/proc/self/exe";
+  if (enqueue && refeature) return invalid_argument() << "--enqueue and --refeature are two different jobs; pick one";
   if (enqueue) {
     KILN_RETURN_IF_ERROR(tune::enqueue_model(model, options, std::cout).status());
+    return 0;
+  }
+  if (refeature) {
+    KILN_ASSIGN_OR_RETURN(tune::RefeatureSummary s, tune::refeature_model(model, options, std::cerr));
+    std::cout << "refeatured " << s.updated << " records of " << s.workloads << " workloads of " << model << " in "
+              << options.db << "; " << s.current << " already current, " << s.other_target << " of other targets, "
+              << s.failed << " whose point no longer applies kept theirs\n";
     return 0;
   }
   std::signal(SIGINT, on_sigint);
