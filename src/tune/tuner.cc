@@ -6,6 +6,7 @@
 #include <cmath>
 #include <ctime>
 #include <iomanip>
+#include <limits>
 #include <random>
 #include <set>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "kernels/kernels.h"
 #include "strategy/strategy.h"
 #include "tune/cost_model.h"
+#include "tune/evolve.h"
 #include "tune/features.h"
 
 namespace kiln::tune {
@@ -35,6 +37,7 @@ struct Task {
   std::map<std::string, tir::KnobSpace> spaces;        // per candidate
   std::set<std::pair<std::string, std::string>> tried;  // (candidate, knobs) measured or failed
   std::vector<std::pair<double, Trial>> results;        // measured points, any order
+  std::map<std::pair<std::string, std::string>, std::vector<float>> features;  // scored points' (empty: none)
   double default_s = 0;  // the priority choice at its default knobs
   int trials = 0;
   bool exhausted = false;
@@ -511,28 +514,38 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     if (pick == nullptr) break;
     std::vector<Trial> batch;
     if (model.trained()) {
-      // Many proposals, the model's best measured (two drawn blind, to keep exploring).
-      std::vector<Trial> pool = propose(*pick, options.batch * 8, rng);
-      std::vector<std::vector<float>> feats;
-      std::vector<Trial> scored;
-      for (const Trial& tr : pool) {
-        auto f = trial_features(*pick->graph, pick->anchor_index, tr, options.threads);
-        if (f.is_ok()) {
-          feats.push_back(std::move(*f));
-          scored.push_back(tr);
+      // Evolutionary search on the model's scores (evolve.h); its best are
+      // measured, and two points drawn blind keep exploring where the model
+      // may be wrong.
+      Task& t = *pick;
+      ScoreFn score = [&](const std::vector<Trial>& trials) {
+        std::vector<std::vector<float>> feats;
+        std::vector<size_t> where;
+        for (size_t i = 0; i < trials.size(); ++i) {
+          auto key = std::make_pair(trials[i].candidate, trials[i].knobs);
+          auto it = t.features.find(key);
+          if (it == t.features.end()) {
+            auto f = trial_features(*t.graph, t.anchor_index, trials[i], options.threads);
+            it = t.features.emplace(key, f.is_ok() ? std::move(*f) : std::vector<float>{}).first;
+          }
+          if (it->second.empty()) continue;
+          feats.push_back(it->second);
+          where.push_back(i);
         }
+        std::vector<float> out(trials.size(), -std::numeric_limits<float>::infinity());
+        auto pred = model.predict(feats);
+        if (pred.is_ok())
+          for (size_t j = 0; j < where.size(); ++j) out[where[j]] = (*pred)[j];
+        return out;
+      };
+      const int want = options.batch;
+      batch = evolve(t.spaces, t.results, t.tried, score, want > 2 ? want - 2 : want, rng);
+      for (const Trial& tr : propose(t, want, rng)) {
+        if (static_cast<int>(batch.size()) >= want) break;
+        bool dup = false;
+        for (const Trial& b : batch) dup = dup || (b.candidate == tr.candidate && b.knobs == tr.knobs);
+        if (!dup) batch.push_back(tr);
       }
-      auto pred = model.predict(feats);
-      std::vector<size_t> order(scored.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-      if (pred.is_ok())
-        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return (*pred)[a] > (*pred)[b]; });
-      const size_t want = std::min<size_t>(static_cast<size_t>(options.batch), order.size());
-      const size_t top = want > 2 ? want - 2 : want;
-      for (size_t i = 0; i < top; ++i) batch.push_back(scored[order[i]]);
-      std::vector<size_t> rest(order.begin() + static_cast<long>(top), order.end());
-      std::shuffle(rest.begin(), rest.end(), rng);
-      for (size_t i = 0; batch.size() < want && i < rest.size(); ++i) batch.push_back(scored[rest[i]]);
     } else {
       batch = propose(*pick, options.batch, rng);
     }

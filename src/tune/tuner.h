@@ -9,9 +9,10 @@
 // count are not measured again: a second run resumes), then spends the rest of
 // the budget in rounds: the task scheduler picks the workload with the most
 // to gain (its share of the model's latency, damped by the trials it has had),
-// and a batch of new points is measured for it, half mutations of its best
-// points (one knob moved to another value of its space), half drawn at random
-// from the spaces of its candidates. Each batch is measured in a child
+// and a batch of new points is measured for it: once the cost model is
+// trained, the model's best of an evolutionary search (evolve.h) and two
+// blind; before, mutations of its best points (one knob moved to another
+// value of its space) and draws from the spaces of its candidates. Each batch is measured in a child
 // process (measure.h) and committed at once, so an interrupted run keeps
 // every batch it finished.
 #pragma once

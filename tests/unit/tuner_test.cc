@@ -140,6 +140,16 @@ TEST(Measure, CrashesAndHangsCostOnlyTheirTrial) {
   EXPECT_NE((*second)[2].error.find("no candidate"), std::string::npos) << (*second)[2].error;
 }
 
+// Every record of a database, oldest first.
+std::vector<Record> all_records(db::Database& d) {
+  std::vector<Record> out;
+  EXPECT_TRUE(d.for_each([&](const Record& r) -> Status {
+    out.push_back(r);
+    return Status::ok();
+  }).is_ok());
+  return out;
+}
+
 // A short tuning run into dir/NAME with the test's worker binary.
 TuneOptions short_run(const std::string& dir, const std::string& name, int64_t trials) {
   TuneOptions to;
@@ -148,6 +158,15 @@ TuneOptions short_run(const std::string& dir, const std::string& name, int64_t t
   to.measure.worker = KILN_BINARY;
   to.measure.min_seconds = 0.01;
   return to;
+}
+
+// `trials` trials of a fresh MLP (k inputs, n outputs) into dir/tuning.db.
+Result<TuneSummary> tune_mlp(const std::string& dir, int64_t k, int64_t n, int64_t trials, TuneOptions* to,
+                             std::string* model, std::ostream& log) {
+  auto g = mlp("", k, n, 6);
+  *model = write_model(*g, dir, "mlp.onnx");
+  *to = short_run(dir, "tuning.db", trials);
+  return tune_model(*model, *to, log);
 }
 
 TEST(Tuner, TunedRecordsAreWhatTheNextCompileUses) {
@@ -204,26 +223,44 @@ TEST(Tuner, TunedRecordsAreWhatTheNextCompileUses) {
   EXPECT_FALSE(driver::compile_model(src, missing).is_ok());
 }
 
+// Past 32 records the cost model is trained and the search is evolutionary
+// (evolve.h): its batches hold valid points, none measured twice.
+TEST(Tuner, ModelGuidedSearchMeasuresEachPointOnce) {
+  TempDir temp;
+  TuneOptions to;
+  std::string model;
+  std::ostringstream log;
+  auto summary = tune_mlp(temp.path, 256, 128, 56, &to, &model, log);
+  ASSERT_TRUE(summary.is_ok()) << summary.status().to_string() << "\n" << log.str();
+  EXPECT_EQ(summary->trials, 56) << log.str();
+  EXPECT_EQ(summary->failed, 0) << log.str();
+  auto database = db::open_database(to.db, false);
+  ASSERT_TRUE(database.is_ok());
+  std::set<std::pair<std::string, std::string>> points;
+  const std::vector<Record> records = all_records(**database);
+  for (const Record& r : records)
+    EXPECT_TRUE(points.insert({r.candidate, r.knobs}).second) << r.candidate << " " << r.knobs << " measured twice";
+  EXPECT_EQ(records.size(), 56u);
+  // The model was trained (stored with the database at the end).
+  auto blob = (*database)->load_model(kModelName);
+  ASSERT_TRUE(blob.is_ok());
+  EXPECT_FALSE(blob->empty());
+}
+
 // kiln tune --refeature: records whose features are of an older definition
 // get this Kiln's back, computed from their candidate and knobs, exactly what
 // measuring them gave; records of another target keep theirs; the model then
 // trains on all of them.
 TEST(Tuner, RefeatureRecomputesStaleFeatures) {
   TempDir temp;
-  const std::string& dir = temp.path;
-  auto g = mlp("", 128, 64, 4);
-  std::string model = write_model(*g, dir, "mlp.onnx");
-  TuneOptions to = short_run(dir, "tuning.db", 6);
+  TuneOptions to;
+  std::string model;
   std::ostringstream log;
-  auto summary = tune_model(model, to, log);
+  auto summary = tune_mlp(temp.path, 128, 64, 6, &to, &model, log);
   ASSERT_TRUE(summary.is_ok()) << summary.status().to_string() << "\n" << log.str();
   auto database = db::open_database(to.db, false);
   ASSERT_TRUE(database.is_ok());
-  std::vector<Record> measured, stale;
-  ASSERT_TRUE((*database)->for_each([&](const Record& r) -> Status {
-    measured.push_back(r);
-    return Status::ok();
-  }).is_ok());
+  std::vector<Record> measured = all_records(**database), stale;
   ASSERT_GE(measured.size(), 2u);
   for (Record r : measured) {
     ASSERT_EQ(r.feature_version, kFeatureVersion);
@@ -250,10 +287,7 @@ TEST(Tuner, RefeatureRecomputesStaleFeatures) {
   EXPECT_EQ(re->other_target, 1);
   EXPECT_EQ(re->failed, 0);
   std::map<int64_t, Record> after;
-  ASSERT_TRUE((*database)->for_each([&](const Record& r) -> Status {
-    after[r.id] = r;
-    return Status::ok();
-  }).is_ok());
+  for (const Record& r : all_records(**database)) after[r.id] = r;
   for (const Record& m : measured) {
     ASSERT_TRUE(after.count(m.id));
     EXPECT_EQ(after[m.id].features, m.features) << m.candidate << " " << m.knobs;
@@ -273,10 +307,8 @@ TEST(Tuner, RefeatureRecomputesStaleFeatures) {
   EXPECT_NE(tune_log.str().find("recomputed the features of " + std::to_string(measured.size()) + " records"),
             std::string::npos)
       << tune_log.str();
-  ASSERT_TRUE((*database)->for_each([&](const Record& r) -> Status {
+  for (const Record& r : all_records(**database))
     if (r.target != elsewhere.target) EXPECT_EQ(r.feature_version, kFeatureVersion) << r.id;
-    return Status::ok();
-  }).is_ok());
 }
 
 // kiln tune --train: the workloads of the model's training step (the
