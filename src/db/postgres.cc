@@ -197,22 +197,24 @@ class PostgresDatabase : public Database {
   Status update_features(const std::vector<tune::Record>& records) override {
     KILN_RETURN_IF_ERROR(exec("BEGIN"));
     for (const tune::Record& r : records) {
-      Status st = r.id > 0 ? Status::ok()
-                           : Status(invalid_argument() << "a record of " << r.workload << " was not read from " << where_);
-      if (st.is_ok()) {
-        auto u = run("UPDATE kiln_records SET features = $1, feature_version = $2 WHERE id = $3",
-                     {numbers_text(r.features, 7), std::to_string(r.features.empty() ? 0 : r.feature_version),
-                      std::to_string(r.id)});
-        st = u.status();
-        if (st.is_ok() && std::atoll(PQcmdTuples(u->get())) != 1)
-          st = invalid_argument() << where_ << " has no record " << r.id;
-      }
+      Status st = update_one(r);
       if (!st.is_ok()) {
         rollback();
         return st;
       }
     }
     return exec("COMMIT");
+  }
+
+  // One record's features, inside update_features' transaction.
+  Status update_one(const tune::Record& r) {
+    if (r.id <= 0) return invalid_argument() << "a record of " << r.workload << " was not read from " << where_;
+    KILN_ASSIGN_OR_RETURN(PgResult u, run("UPDATE kiln_records SET features = $1, feature_version = $2 WHERE id = $3",
+                                          {numbers_text(r.features, 7),
+                                           std::to_string(r.features.empty() ? 0 : r.feature_version),
+                                           std::to_string(r.id)}));
+    if (std::atoll(PQcmdTuples(u.get())) != 1) return invalid_argument() << where_ << " has no record " << r.id;
+    return Status::ok();
   }
 
   Result<int64_t> prune(int keep) override {

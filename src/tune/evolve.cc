@@ -79,6 +79,7 @@ std::vector<Trial> evolve(const std::map<std::string, tir::KnobSpace>& spaces,
   std::stable_sort(fastest.begin(), fastest.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [s, tr] : fastest) {
     if (static_cast<int>(population.size()) >= options.seeds) break;
+    if (std::find(searchable.begin(), searchable.end(), tr.candidate) == searchable.end()) continue;
     auto k = tir::parse_knobs(tr.knobs);
     if (k.is_ok()) add(Point{tr.candidate, *k});
   }

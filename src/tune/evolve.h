@@ -3,9 +3,10 @@
 // a population seeded with the best measured points and draws from every
 // candidate's space evolves for a few generations (parents chosen by score in
 // tournaments; children by crossover, knob by knob, of two parents of one
-// candidate, then mutation of one knob, often to a neighbouring value; invalid children are dropped), every
-// point scored once, and the best-scored points not yet measured are returned.
-// Nothing is measured here: the tuner measures what this proposes.
+// candidate, then mutation of one knob, often to a neighbouring value;
+// invalid children are dropped), every point scored once, and the
+// best-scored points not yet measured are returned. Nothing is measured
+// here: the tuner measures what this proposes.
 #pragma once
 
 #include <functional>
