@@ -1,6 +1,7 @@
 #include "db/database.h"
 
 #include <cstdlib>
+#include <map>
 #include <istream>
 #include <ostream>
 
@@ -24,22 +25,40 @@ std::string default_database_path() {
 
 std::optional<tune::Record> best_record(const std::vector<tune::Record>& records, const tune::TargetKey& host,
                                         int threads, tune::TargetMatch* match) {
-  const tune::Record* best[2][2] = {};  // [exact?][same threads?]
+  // Per slot [exact?][same threads?], every point's records: their latencies
+  // pooled, the latest of them kept to stand for the point.
+  struct Point {
+    std::vector<double> latencies;
+    const tune::Record* latest = nullptr;
+  };
+  std::map<std::pair<std::string, std::string>, Point> points[2][2];
   for (const tune::Record& r : records) {
     auto key = tune::TargetKey::parse(r.target);
     if (!key.is_ok() || r.latencies_s.empty()) continue;
     tune::TargetMatch m = tune::match(*key, host);
     if (m == tune::TargetMatch::kIncompatible) continue;
-    const tune::Record*& slot = best[m == tune::TargetMatch::kExact ? 1 : 0][r.threads == threads ? 1 : 0];
-    if (slot == nullptr || r.median_s() < slot->median_s()) slot = &r;
+    Point& p = points[m == tune::TargetMatch::kExact ? 1 : 0][r.threads == threads ? 1 : 0][{r.candidate, r.knobs}];
+    p.latencies.insert(p.latencies.end(), r.latencies_s.begin(), r.latencies_s.end());
+    if (p.latest == nullptr || r.time >= p.latest->time) p.latest = &r;
   }
   // Exact before compatible; the model's thread count before others.
   for (int exact : {1, 0})
-    for (int same : {1, 0})
-      if (best[exact][same]) {
-        if (match) *match = exact ? tune::TargetMatch::kExact : tune::TargetMatch::kCompatible;
-        return *best[exact][same];
+    for (int same : {1, 0}) {
+      const Point* best = nullptr;
+      double best_s = 0;
+      for (auto& [key, p] : points[exact][same]) {
+        const double s = tune::median_of(p.latencies);
+        if (best == nullptr || s < best_s) {
+          best = &p;
+          best_s = s;
+        }
       }
+      if (best == nullptr) continue;
+      if (match) *match = exact ? tune::TargetMatch::kExact : tune::TargetMatch::kCompatible;
+      tune::Record out = *best->latest;
+      out.latencies_s = best->latencies;
+      return out;
+    }
   return std::nullopt;
 }
 

@@ -122,9 +122,11 @@ std::optional<strategy::Choice> DatabaseSource::lookup(const Node& n,
   }
   if (!applicable.empty()) {
     const strategy::Candidate* first = applicable.front();
-    keep_default_within_noise(
-        usable, first->name, tir::knobs_to_string(first->default_knobs ? first->default_knobs(n, target) : tir::Knobs{}),
-        *best);
+    if (!keep_default_within_noise(usable, first->name,
+                                   tir::knobs_to_string(first->default_knobs ? first->default_knobs(n, target)
+                                                                             : tir::Knobs{}),
+                                   *best))
+      return std::nullopt;
   }
   return choice_of(*best, match, n.describe(), workload);
 }
@@ -151,8 +153,9 @@ std::optional<strategy::Choice> DatabaseSource::lookup_generic(const kernels::Gr
     add_miss(gw, target);
     return std::nullopt;
   }
-  keep_default_within_noise(usable, strategy::kGenericCandidate,
-                            tir::knobs_to_string(strategy::generic_defaults(space)), *best);
+  if (!keep_default_within_noise(usable, strategy::kGenericCandidate,
+                                 tir::knobs_to_string(strategy::generic_defaults(space)), *best))
+    return std::nullopt;
   return choice_of(*best, match, gw.anchor->describe(), gw.workload);
 }
 
@@ -179,21 +182,34 @@ const std::vector<tune::Record>& DatabaseSource::records(const std::string& key)
 
 // A record replaces a candidate's own default point only when it is faster
 // by more than that point's measurement noise (the spread of its middle
-// half, at least 2%): a kernel timed alone and found 1% faster is as likely
-// to be 1% slower in the model.
-void DatabaseSource::keep_default_within_noise(const std::vector<tune::Record>& usable, const std::string& candidate,
+// half, at least 2%; every measurement of the point pooled, as
+// db::best_record pools them): a kernel timed alone and found 1% faster is as
+// likely to be 1% slower in the model. Without a record of the default point
+// (the tuner measured the group alone, where the priority candidate may not
+// apply: matmul.attention needs the Softmax it reads) nothing says the record
+// is faster than what runs without the database: false, and the priority
+// choice stays.
+bool DatabaseSource::keep_default_within_noise(const std::vector<tune::Record>& usable, const std::string& candidate,
                                                const std::string& default_knobs, tune::Record& best) {
-  if (best.candidate == candidate && best.knobs == default_knobs) return;
+  if (best.candidate == candidate && best.knobs == default_knobs) return true;
+  std::vector<double> v;
+  const tune::Record* latest = nullptr;
   for (const tune::Record& d : usable) {
-    if (d.candidate != candidate || d.knobs != default_knobs || d.target != best.target || d.threads != best.threads)
+    if (d.candidate != candidate || d.knobs != default_knobs || d.target != best.target || d.threads != best.threads ||
+        d.latencies_s.empty())
       continue;
-    std::vector<double> v = d.latencies_s;
-    std::sort(v.begin(), v.end());
-    const double median = d.median_s();
-    const double spread = median > 0 ? (v[v.size() * 3 / 4] - v[v.size() / 4]) / median : 0;
-    if (best.median_s() > median * (1 - std::max(0.02, spread))) best = d;
-    return;
+    v.insert(v.end(), d.latencies_s.begin(), d.latencies_s.end());
+    if (latest == nullptr || d.time >= latest->time) latest = &d;
   }
+  if (latest == nullptr) return false;
+  std::sort(v.begin(), v.end());
+  const double median = tune::median_of(v);
+  const double spread = median > 0 ? (v[v.size() * 3 / 4] - v[v.size() / 4]) / median : 0;
+  if (best.median_s() > median * (1 - std::max(0.02, spread))) {
+    best = *latest;
+    best.latencies_s = std::move(v);
+  }
+  return true;
 }
 
 std::optional<strategy::Choice> DatabaseSource::choice_of(const tune::Record& best, tune::TargetMatch match,

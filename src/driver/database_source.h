@@ -46,7 +46,7 @@ class DatabaseSource : public strategy::ChoiceSource {
  private:
   std::shared_ptr<db::Database> db_;
   const std::vector<tune::Record>& records(const std::string& key);  // read once per key
-  static void keep_default_within_noise(const std::vector<tune::Record>& usable, const std::string& candidate,
+  static bool keep_default_within_noise(const std::vector<tune::Record>& usable, const std::string& candidate,
                                         const std::string& default_knobs, tune::Record& best);
   static std::optional<strategy::Choice> choice_of(const tune::Record& best, tune::TargetMatch match,
                                                    const std::string& where, const tune::Workload& workload);

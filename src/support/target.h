@@ -8,7 +8,7 @@
 // Target::host() is detected once from the CPU (AVX-512F: avx512, or
 // avx512-split on cores that run a 512-bit FMA as two 256-bit halves (AMD
 // family 19h, Zen 4); AVX2 with FMA: avx2, otherwise generic; the level-2
-// cache size from the C library),
+// cache size from host_cache_bytes),
 // unless the environment variable KILN_TARGET names one (with that target's
 // nominal cache size); the test suites set KILN_TARGET=avx512 so that the
 // knobs and schedules they print do not depend on the machine they run on.
@@ -44,5 +44,16 @@ struct Target {
   static std::optional<Target> named(const std::string& name);  // nullopt: unknown name
   static const Target& host();
 };
+
+// The size of the level-`level` data (or unified) cache that the calling
+// process's first CPU uses, as the kernel lists it
+// (/sys/devices/system/cpu/cpu0/cache/index*/{level,type,size}): the cache
+// that core shares, e.g. one core complex's L3 rather than the socket's
+// total, which the C library's sysconf reports on some AMD hosts. Falls back
+// to sysconf, then 0 (unknown).
+int64_t host_cache_bytes(int level);
+
+// A sysfs cache size ("48K", "32768K", "2M", "1024"): bytes, or nullopt.
+std::optional<int64_t> parse_cache_size(const std::string& text);
 
 }  // namespace kiln

@@ -21,6 +21,7 @@
 #include "strategy/strategy.h"
 #include "partition/partition.h"
 #include "tune/features.h"
+#include "tune/tune.h"
 
 extern char** environ;
 
@@ -77,6 +78,7 @@ struct Request {
   int min_repeats = 5, max_repeats = 200;
   bool check = true;
   int64_t flush_bytes = 0;  // 0: no eviction between runs
+  bool interleave = false;  // time the trials round by round (MeasureOptions::interleave)
   size_t anchor = 0;
   std::vector<Trial> trials;
   std::string graph;
@@ -87,7 +89,7 @@ std::string request_text(const Request& r) {
   os.precision(17);
   os << "kiln-measure 1\nthreads " << r.threads << "\nmin_seconds " << r.min_seconds << "\nmin_repeats "
      << r.min_repeats << "\nmax_repeats " << r.max_repeats << "\ncheck " << (r.check ? 1 : 0) << "\nflush_bytes "
-     << r.flush_bytes << "\nanchor "
+     << r.flush_bytes << "\ninterleave " << (r.interleave ? 1 : 0) << "\nanchor "
      << r.anchor << "\ntrials " << r.trials.size() << "\n";
   for (const Trial& t : r.trials) os << "trial " << (t.candidate.empty() ? "-" : t.candidate) << "\t" << t.knobs << "\n";
   os << "graph\n" << r.graph;
@@ -116,6 +118,7 @@ Result<Request> parse_request(const std::string& text) {
     else if (key == "max_repeats") ls >> r.max_repeats;
     else if (key == "check") { int c = 1; ls >> c; r.check = c != 0; }
     else if (key == "flush_bytes") ls >> r.flush_bytes;
+    else if (key == "interleave") { int v = 0; ls >> v; r.interleave = v != 0; }
     else if (key == "anchor") ls >> r.anchor;
     else if (key == "trials") ls >> ntrials;
     else if (key == "trial") {
@@ -172,53 +175,108 @@ void evict_caches(int64_t bytes, const std::vector<Tensor>& inputs) {
   sink = sum;
 }
 
-Result<TrialResult> run_trial(const Request& r, const Graph& base, const Trial& t, const std::vector<Tensor>& feeds,
-                              const std::vector<Tensor>* reference) {
+// A trial compiled and checked, ready to time.
+struct Prepared {
+  std::unique_ptr<driver::CompiledProgram> program;
+  std::unique_ptr<runtime::VM> vm;
+  TrialResult result;  // ok: checked (error set otherwise); schedule and features filled
+  bool slow = false;   // KILN_TUNE_FAULT=slow:KNOBS names it: each timed run takes 2 ms more
+};
+
+Result<Prepared> prepare_trial(const Request& r, const Graph& base, const Trial& t, const std::vector<Tensor>& feeds,
+                               const std::vector<Tensor>* reference) {
   apply_fault(t);
   SymbolBounds bounds;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, trial_graph(base, r.anchor, &t, &bounds));
   CompileOptions o;
   o.threads = r.threads;
-  KILN_ASSIGN_OR_RETURN(driver::CompiledProgram p, driver::compile_chosen(*g, bounds, o));
-  runtime::VM vm(p.program, r.threads);
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> out, vm.run(feeds));
-  TrialResult res;
+  KILN_ASSIGN_OR_RETURN(driver::CompiledProgram compiled, driver::compile_chosen(*g, bounds, o));
+  Prepared p;
+  const char* fault = std::getenv("KILN_TUNE_FAULT");
+  p.slow = fault != nullptr && std::string(fault) == "slow:" + t.knobs;
+  p.program = std::make_unique<driver::CompiledProgram>(std::move(compiled));
+  p.vm = std::make_unique<runtime::VM>(p.program->program, r.threads);
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> out, p.vm->run(feeds));  // also the warm-up run
   if (reference) {
     auto [err, scale] = compare(out, *reference);
     if (!(err <= 1e-4 + 1e-3 * scale)) {
       std::ostringstream os;
       os << "wrong results: largest difference " << err << " from the naive schedules' (outputs up to " << scale << ")";
-      res.error = os.str();
-      return res;
+      p.result.error = os.str();
+      return p;
     }
   }
+  for (const driver::KernelChoiceInfo& k : p.program->kernel_choices)
+    if (k.impl == (t.candidate.empty() ? "default" : t.candidate)) p.result.schedule = k.schedule;
+  if (auto f = trial_features(base, r.anchor, t, r.threads); f.is_ok()) p.result.features = std::move(*f);
+  p.result.ok = true;
+  return p;
+}
+
+// One timed run (after an eviction where the request asks for one): seconds.
+Result<double> time_run(const Request& r, Prepared& p, const std::vector<Tensor>& feeds) {
+  if (r.flush_bytes > 0) evict_caches(r.flush_bytes, feeds);
+  auto t0 = std::chrono::steady_clock::now();
+  KILN_RETURN_IF_ERROR(p.vm->run(feeds).status());
+  if (p.slow) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Repeats until both the minimum count and the minimum time (evictions
+// included where there are any) are reached.
+Status time_alone(const Request& r, Prepared& p, const std::vector<Tensor>& feeds) {
   double total = 0;
   const auto start = std::chrono::steady_clock::now();
-  while (static_cast<int>(res.latencies_s.size()) < r.max_repeats &&
-         (static_cast<int>(res.latencies_s.size()) < r.min_repeats || total < r.min_seconds)) {
-    if (r.flush_bytes > 0) evict_caches(r.flush_bytes, feeds);
-    auto t0 = std::chrono::steady_clock::now();
-    KILN_RETURN_IF_ERROR(vm.run(feeds).status());
-    auto t1 = std::chrono::steady_clock::now();
-    double s = std::chrono::duration<double>(t1 - t0).count();
-    res.latencies_s.push_back(s);
-    total = r.flush_bytes > 0 ? std::chrono::duration<double>(t1 - start).count() : total + s;
+  std::vector<double>& lat = p.result.latencies_s;
+  while (static_cast<int>(lat.size()) < r.max_repeats &&
+         (static_cast<int>(lat.size()) < r.min_repeats || total < r.min_seconds)) {
+    KILN_ASSIGN_OR_RETURN(double s, time_run(r, p, feeds));
+    lat.push_back(s);
+    total = r.flush_bytes > 0 ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                              : total + s;
   }
-  for (const driver::KernelChoiceInfo& k : p.kernel_choices)
-    if (k.impl == (t.candidate.empty() ? "default" : t.candidate)) res.schedule = k.schedule;
-  if (auto f = trial_features(base, r.anchor, t, r.threads); f.is_ok()) res.features = std::move(*f);
-  res.ok = true;
-  return res;
+  return Status::ok();
+}
+
+// Every prepared trial timed once per round, the order rotated each round, so
+// that a slow phase of the machine falls on all of them alike; rounds go on
+// until each trial has its minimum count and the rounds' time reaches the
+// minimum time per trial.
+Status time_interleaved(const Request& r, std::vector<Prepared*>& ps, const std::vector<Tensor>& feeds) {
+  if (ps.empty()) return Status::ok();
+  const auto start = std::chrono::steady_clock::now();
+  double timed = 0;
+  for (int round = 0; round < r.max_repeats; ++round) {
+    const double spent = r.flush_bytes > 0
+                             ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                             : timed;
+    if (round >= r.min_repeats && spent >= r.min_seconds * static_cast<double>(ps.size())) break;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      Prepared& p = *ps[(i + static_cast<size_t>(round)) % ps.size()];
+      KILN_ASSIGN_OR_RETURN(double s, time_run(r, p, feeds));
+      p.result.latencies_s.push_back(s);
+      timed += s;
+    }
+  }
+  return Status::ok();
+}
+
+std::string result_line(const Result<Prepared>& p) {
+  if (!p.is_ok()) return "fail\t" + escape(p.status().to_string());
+  const TrialResult& res = p->result;
+  if (!res.ok) return "fail\t" + escape(res.error);
+  std::ostringstream os;
+  os.precision(9);
+  os << "ok\t";
+  for (size_t i = 0; i < res.latencies_s.size(); ++i) os << (i ? " " : "") << res.latencies_s[i];
+  os << "\t" << escape(res.schedule) << "\t";
+  for (size_t i = 0; i < res.features.size(); ++i) os << (i ? " " : "") << res.features[i];
+  return os.str();
 }
 
 }  // namespace
 
-double TrialResult::median_s() const {
-  if (latencies_s.empty()) return 0;
-  std::vector<double> v = latencies_s;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+double TrialResult::median_s() const { return median_of(latencies_s); }
 
 int measure_worker_main(const std::string& request_path, const std::string& results_path) {
   std::ifstream in(request_path);
@@ -258,29 +316,34 @@ int measure_worker_main(const std::string& request_path, const std::string& resu
       }
     }
   }
-  for (const Trial& t : r->trials) {
-    std::string line;
-    if (!setup_error.empty()) {
-      line = "fail\t" + escape(kGroupUnmeasurable + setup_error);
-    } else {
-      auto res = run_trial(*r, **base, t, feeds, r->check ? &reference : nullptr);
-      if (!res.is_ok()) {
-        line = "fail\t" + escape(res.status().to_string());
-      } else if (!res->ok) {
-        line = "fail\t" + escape(res->error);
-      } else {
-        std::ostringstream os;
-        os.precision(9);
-        os << "ok\t";
-        for (size_t i = 0; i < res->latencies_s.size(); ++i) os << (i ? " " : "") << res->latencies_s[i];
-        os << "\t" << escape(res->schedule) << "\t";
-        for (size_t i = 0; i < res->features.size(); ++i) os << (i ? " " : "") << res->features[i];
-        line = os.str();
-      }
-    }
-    out << line << "\n";
+  if (!setup_error.empty()) {
+    for (size_t i = 0; i < r->trials.size(); ++i) out << "fail\t" << escape(kGroupUnmeasurable + setup_error) << "\n";
     out.flush();
+    return 0;
   }
+  const std::vector<Tensor>* ref = r->check ? &reference : nullptr;
+  if (!r->interleave) {
+    for (const Trial& t : r->trials) {
+      Result<Prepared> p = prepare_trial(*r, **base, t, feeds, ref);
+      if (p.is_ok() && p->result.ok)
+        if (Status st = time_alone(*r, *p, feeds); !st.is_ok()) p = st;
+      out << result_line(p) << "\n";
+      out.flush();
+    }
+    return 0;
+  }
+  // Interleaved: every trial compiled and checked first, then timed in
+  // rounds; the lines are written at the end, in the trials' order.
+  std::vector<Result<Prepared>> ps;
+  std::vector<Prepared*> timed;
+  for (const Trial& t : r->trials) ps.push_back(prepare_trial(*r, **base, t, feeds, ref));
+  for (Result<Prepared>& p : ps)
+    if (p.is_ok() && p->result.ok) timed.push_back(&*p);
+  if (Status st = time_interleaved(*r, timed, feeds); !st.is_ok())
+    for (Result<Prepared>& p : ps)
+      if (p.is_ok() && p->result.ok) p = st;
+  for (const Result<Prepared>& p : ps) out << result_line(p) << "\n";
+  out.flush();
   return 0;
 }
 
@@ -303,6 +366,7 @@ Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t ancho
   base.min_repeats = options.min_repeats;
   base.max_repeats = options.max_repeats;
   base.check = options.check;
+  base.interleave = options.interleave && trials.size() > 1;
   if (options.flush) {
     const int64_t llc = TargetKey::host(Target::host()).l3_bytes;
     base.flush_bytes = 2 * (llc > 0 ? llc : int64_t{32} << 20);
@@ -381,6 +445,13 @@ Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t ancho
       }
     }
     next += done;
+    if (base.interleave && next < trials.size()) {
+      // An interleaved child writes every line at the end: which trial took
+      // it down is unknown, so the rest are measured one by one, where a
+      // crash or hang is the trial's own.
+      base.interleave = false;
+      continue;
+    }
     if (next < trials.size() && (timed_out || !(WIFEXITED(status) && WEXITSTATUS(status) == 0))) {
       // The trial in progress took the child down.
       std::ostringstream why;

@@ -9,14 +9,17 @@
 // reference, then per trial: records the choice on the anchor, applies the
 // candidate's transform, compiles (stages 6-13), checks the outputs against
 // the reference, warms up and times repeated runs until both a minimum time
-// and a minimum count are reached, and appends one line to RESULTS. The
+// and a minimum count are reached, and appends one line to RESULTS
+// (interleaved: every trial prepared first, then timed in rounds, the lines
+// written at the end). The
 // parent restarts the child after a crash (the trial in progress fails with
 // the signal) or after `timeout_s` without a result (killed; the trial fails
 // as timed out).
 //
 // Fault injection for tests: with KILN_TUNE_FAULT=crash:KNOBS (or
 // hang:KNOBS) in the child's environment, a trial whose knobs print as KNOBS
-// crashes (hangs) the child.
+// crashes (hangs) the child; with slow:KNOBS, each of its timed runs takes
+// 2 ms more.
 #pragma once
 
 #include <memory>
@@ -52,6 +55,12 @@ struct MeasureOptions {
   // in a model whose other layers ran in between. Repeats then stop once
   // their wall time, evictions included, reaches min_seconds.
   bool flush = true;
+  // Time the trials of one call round by round (each run once per round, the
+  // order rotated) instead of one after the other, so that a slow phase of
+  // the machine falls on every trial alike: for comparing points with each
+  // other (the tuner's confirmation). min_seconds is then per trial. If the
+  // child dies, the trials left are measured one by one instead.
+  bool interleave = false;
 };
 
 // The start of every trial's error when the group itself cannot be set up

@@ -69,11 +69,6 @@ std::vector<std::string> host_isa() {
   return out;
 }
 
-int64_t cache_bytes(int name) {
-  long v = sysconf(name);
-  return v > 0 ? v : 0;
-}
-
 }  // namespace
 
 std::string TargetKey::text() const {
@@ -139,10 +134,8 @@ TargetKey TargetKey::host(const Target& target) {
   k.vector_bytes = target.vector_bytes;
   k.vector_registers = target.vector_registers;
   k.fma_bytes = target.fma_bytes;
-#ifdef _SC_LEVEL1_DCACHE_SIZE
-  k.l1d_bytes = cache_bytes(_SC_LEVEL1_DCACHE_SIZE);
-  k.l3_bytes = cache_bytes(_SC_LEVEL3_CACHE_SIZE);
-#endif
+  k.l1d_bytes = host_cache_bytes(1);
+  k.l3_bytes = host_cache_bytes(3);
   k.l2_bytes = target.l2_bytes;
   unsigned hw = std::thread::hardware_concurrency();
   k.cores = hw == 0 ? 1 : static_cast<int>(hw);
@@ -168,12 +161,13 @@ const char* match_name(TargetMatch m) {
 
 // ---- records -------------------------------------------------------------
 
-double Record::median_s() const {
-  if (latencies_s.empty()) return 0;
-  std::vector<double> v = latencies_s;
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+
+double Record::median_s() const { return median_of(latencies_s); }
 
 namespace {
 

@@ -81,6 +81,9 @@ struct Record {
   static Result<Record> from_json(const std::string& line);
 };
 
+// The median of measured latencies (the upper one of an even count; 0: none).
+double median_of(std::vector<double> latencies);
+
 // The version string records carry (CMake's project version).
 const char* kiln_version();
 // The host CPU's model name (/proc/cpuinfo), "unknown" where there is none.

@@ -27,6 +27,14 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
+// Confirmation (tune_model): the share of the time budget the search leaves
+// to it, the best points measured again beside the default, the factor on
+// the minimum time per point, and how often one workload may be confirmed.
+constexpr double kConfirmShare = 0.15;
+constexpr int kConfirmPoints = 3;
+constexpr double kConfirmTimeFactor = 2;
+constexpr int kMaxConfirmations = 8;
+
 // One distinct workload of the model and what the search knows of it.
 struct Task {
   kernels::GroupWorkload gw;          // the first group with this workload
@@ -36,7 +44,11 @@ struct Task {
   std::vector<const strategy::Candidate*> candidates;  // applicable, highest priority first
   std::map<std::string, tir::KnobSpace> spaces;        // per candidate
   std::set<std::pair<std::string, std::string>> tried;  // (candidate, knobs) measured or failed
-  std::vector<std::pair<double, Trial>> results;        // measured points, any order
+  std::vector<std::pair<double, Trial>> results;        // measured points, any order: the median of each one's latencies
+  std::map<std::pair<std::string, std::string>, std::vector<double>> latencies;  // every measurement of each point, pooled
+  std::set<std::pair<std::string, std::string>> confirmed;  // points measured again by this run's confirmation
+  Trial default_point;  // the priority candidate at its default knobs (what a compile without the database runs)
+  int confirmations = 0;
   std::map<std::pair<std::string, std::string>, std::vector<float>> features;  // scored points' (empty: none)
   double default_s = 0;  // the priority choice at its default knobs
   int trials = 0;
@@ -48,6 +60,28 @@ struct Task {
     for (const auto& [s, t] : results)
       if (b == 0 || s < b) b = s;
     return b;
+  }
+  const Trial* best_point() const {
+    const std::pair<double, Trial>* b = nullptr;
+    for (const auto& r : results)
+      if (b == nullptr || r.first < b->first) b = &r;
+    return b ? &b->second : nullptr;
+  }
+  // A point's new measurements, pooled with its earlier ones (as db::best_record judges it).
+  void add(const Trial& tr, const std::vector<double>& lat) {
+    std::vector<double>& all = latencies[{tr.candidate, tr.knobs}];
+    all.insert(all.end(), lat.begin(), lat.end());
+    const double s = median_of(all);
+    for (auto& r : results)
+      if (r.second.candidate == tr.candidate && r.second.knobs == tr.knobs) {
+        r.first = s;
+        return;
+      }
+    results.push_back({s, tr});
+  }
+  double point_s(const Trial& tr) const {
+    auto it = latencies.find({tr.candidate, tr.knobs});
+    return it == latencies.end() ? 0 : median_of(it->second);
   }
 };
 
@@ -379,10 +413,8 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     if (t.graph) refeature_records(t.graph.get(), Status::ok(), t.anchor_index, recs, target_key, &refeatured, &stale, log);
     for (const Record& r : recs) {
       if (r.target != target_key || r.threads != options.threads) continue;
-      if (t.tried.insert({r.candidate, r.knobs}).second) {
-        t.results.push_back({r.median_s(), Trial{r.candidate, r.knobs}});
-        ++summary.resumed;
-      }
+      if (t.tried.insert({r.candidate, r.knobs}).second) ++summary.resumed;
+      t.add(Trial{r.candidate, r.knobs}, r.latencies_s);
     }
   }
   if (!stale.empty()) {
@@ -410,18 +442,31 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     return g_stop || elapsed() >= options.time_budget_s ||
            (options.max_trials > 0 && summary.trials >= options.max_trials);
   };
-  auto run_batch = [&](Task& t, std::vector<Trial> batch) -> Status {
-    if (options.max_trials > 0)
+  // The search leaves the end of the budget to the confirmation.
+  const double search_budget_s = options.time_budget_s * (options.confirm ? 1.0 - kConfirmShare : 1.0);
+  auto search_over = [&] { return out_of_budget() || elapsed() >= search_budget_s; };
+  // A batch of new points; or (confirm) points measured before, again, side by side.
+  auto run_batch = [&](Task& t, std::vector<Trial> batch, bool confirm = false) -> Status {
+    if (options.max_trials > 0 && !confirm)
       batch.resize(std::min<size_t>(batch.size(), static_cast<size_t>(options.max_trials - summary.trials)));
     if (batch.empty()) return Status::ok();
     MeasureOptions mo = options.measure;
     mo.threads = options.threads;
+    if (confirm) {
+      mo.interleave = true;
+      mo.min_seconds *= kConfirmTimeFactor;
+    }
     KILN_ASSIGN_OR_RETURN(std::vector<TrialResult> res, measure_trials(*t.graph, t.anchor_index, batch, mo));
     std::vector<Record> records;
     for (size_t i = 0; i < batch.size(); ++i) {
       t.tried.insert({batch[i].candidate, batch[i].knobs});
-      ++t.trials;
-      ++summary.trials;
+      if (confirm) {
+        t.confirmed.insert({batch[i].candidate, batch[i].knobs});
+        ++summary.confirmed;
+      } else {
+        ++t.trials;
+        ++summary.trials;
+      }
       if (!res[i].ok) {
         ++summary.failed;
         if (res[i].error.rfind(kGroupUnmeasurable, 0) == 0) t.skipped = res[i].error;
@@ -429,7 +474,7 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
             << "' failed: " << res[i].error << "\n";
         continue;
       }
-      t.results.push_back({res[i].median_s(), batch[i]});
+      t.add(batch[i], res[i].latencies_s);
       Record r;
       r.workload = t.gw.workload.key;
       r.anchor_op = t.gw.workload.anchor_op;
@@ -453,6 +498,8 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     return Status::ok();
   };
   auto report = [&](const char* phase) {
+    for (Task& t : tasks)
+      if (double d = t.point_s(t.default_point); d > 0) t.default_s = d;
     double total_default = 0, total_best = 0;
     for (const Task& t : tasks) {
       total_default += t.count * t.default_s;
@@ -460,7 +507,7 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     }
     if (options.live) log << "\033[H\033[J";
     log << std::fixed << std::setprecision(1) << "[" << elapsed() << " s] " << phase << ": " << summary.trials
-        << " trials (" << summary.failed << " failed), kernels tuned " << format_ms(total_default)
+        << " trials (" << summary.failed << " failed" << (summary.confirmed ? ", " + std::to_string(summary.confirmed) + " points confirmed" : "") << "), kernels tuned " << format_ms(total_default)
         << " -> " << format_ms(total_best) << " ms\n";
     if (!options.live && std::string(phase) != "done" && std::string(phase) != "stopped") return;
     log << "  workload      op         x  trials  default ms  best ms  share\n";
@@ -492,15 +539,14 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
       if (!t.tried.count({tr.candidate, tr.knobs})) batch.push_back(tr);
     KILN_RETURN_IF_ERROR(run_batch(t, batch));
     // The priority choice's default time: what a compile without the database runs.
-    const Trial& first = defaults.front();
-    for (const auto& [s, tr] : t.results)
-      if (tr.candidate == first.candidate && tr.knobs == first.knobs) t.default_s = s;
+    t.default_point = defaults.front();
+    t.default_s = t.point_s(t.default_point);
     if (t.default_s == 0) t.default_s = t.best_s();
   }
   report("defaults");
 
   // Search rounds, scheduled by expected gain.
-  while (!out_of_budget()) {
+  while (!search_over()) {
     Task* pick = nullptr;
     double best_weight = -1;
     for (Task& t : tasks) {
@@ -556,6 +602,52 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     KILN_RETURN_IF_ERROR(run_batch(*pick, batch));
     retrain();
     report("search");
+  }
+
+  // Confirmation. The best of hundreds of noisy measurements is likely one
+  // that was measured fast by chance; a point that beats the default only by
+  // chance would make the model slower than without the database. So where
+  // a workload's best point is not its default, the best few and the default
+  // are measured again, side by side (interleaved, MeasureOptions), and each
+  // point is judged on all its measurements pooled, as db::best_record judges
+  // it. Workloads go by the model time their best claims to save, largest
+  // first; one confirmed again if its best is then a point not yet confirmed
+  // (each confirmation takes the best unconfirmed points, so this ends).
+  auto needs_confirmation = [&](const Task& t) {
+    const Trial* b = t.best_point();
+    return t.skipped.empty() && b != nullptr && t.confirmations < kMaxConfirmations &&
+           !(b->candidate == t.default_point.candidate && b->knobs == t.default_point.knobs) &&
+           !t.confirmed.count({b->candidate, b->knobs});
+  };
+  while (options.confirm && !g_stop && elapsed() < options.time_budget_s) {
+    Task* pick = nullptr;
+    double most = 0;
+    for (Task& t : tasks) {
+      if (!needs_confirmation(t)) continue;
+      const double gain = t.count * (t.point_s(t.default_point) - t.best_s());
+      if (pick == nullptr || gain > most) {
+        pick = &t;
+        most = gain;
+      }
+    }
+    if (pick == nullptr) break;
+    Task& t = *pick;
+    std::vector<std::pair<double, Trial>> ranked = t.results;
+    std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    // The default, then the best points not confirmed yet (the best among
+    // them), then confirmed ones, best first, up to kConfirmPoints besides the default.
+    std::vector<Trial> batch, again;
+    if (t.point_s(t.default_point) > 0) batch.push_back(t.default_point);
+    for (const auto& [sec, tr] : ranked) {
+      if (tr.candidate == t.default_point.candidate && tr.knobs == t.default_point.knobs) continue;
+      (t.confirmed.count({tr.candidate, tr.knobs}) ? again : batch).push_back(tr);
+    }
+    const size_t limit = static_cast<size_t>(kConfirmPoints) + (t.point_s(t.default_point) > 0 ? 1 : 0);
+    for (const Trial& tr : again) batch.push_back(tr);
+    if (batch.size() > limit) batch.resize(limit);
+    ++t.confirmations;
+    KILN_RETURN_IF_ERROR(run_batch(t, batch, /*confirm=*/true));
+    report("confirm");
   }
   // The model goes with the database it was trained on.
   if (model.trained()) {

@@ -41,6 +41,11 @@ struct TuneOptions {
   bool live = false;                  // redraw a table on a terminal (else one line per round)
   Objective objective = Objective::kRegression;  // the cost model's (cost_model.h)
   std::set<std::string> only_workloads;  // non-empty: tune these workload keys only (a worker's job)
+  // After the search, measure each workload's best points again beside its
+  // default, interleaved, where the best is not the default (tuner.cc); the
+  // search then stops short of the budget's end to leave it time. Its
+  // measurements do not count against max_trials.
+  bool confirm = true;
   // The model's training step (forward, backward and update, as kiln train
   // compiles it) instead of its inference graph: its kernels' workloads.
   std::optional<TrainOptions> train;
@@ -53,6 +58,7 @@ struct TuneSummary {
   int64_t failed = 0;       // of those, failed (compile error, wrong results, crash, timeout)
   int64_t committed = 0;    // records committed
   int64_t resumed = 0;      // points found already measured in the database
+  int64_t confirmed = 0;    // points measured again by the confirmation
   double seconds = 0;
 };
 

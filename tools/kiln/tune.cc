@@ -21,7 +21,10 @@ const char kTuneUsage[] =
     "  measure the schedules of every kernel of MODEL and commit them to the tuning database\n"
     "  (default $KILN_DB, else ~/.cache/kiln/tuning.db); Ctrl-C keeps every committed record, running again resumes.\n"
     "  --time-budget   wall time for the model (default 600 s)\n"
-    "  --trials N      stop after N measured trials\n"
+    "  --trials N      stop the search after N measured trials\n"
+    "  --no-confirm    skip the confirmation: by default, where a kernel's best point is not its default, the\n"
+    "                  search ends before the budget and the best points are measured again beside the default,\n"
+    "                  interleaved, and judged on every measurement, so a point fast by chance is not kept\n"
     "  --threads T     the thread count the model will run with (default 1)\n"
     "  --dim NAME=V    bind a symbolic input dim (kernels with symbolic shapes are skipped otherwise)\n"
     "  --enqueue       queue the model's workloads as jobs for kiln tune-worker instead of tuning them here\n"
@@ -37,11 +40,15 @@ void on_sigint(int) { tune::request_stop(); }
 
 // The options kiln tune and kiln tune-worker share (--db, --time-budget,
 // --trials, --threads, taking their value from args[i + 1], and
-// --warm-caches); false: not one of them.
+// --warm-caches, --no-confirm); false: not one of them.
 Result<bool> shared_option(const std::vector<std::string>& args, size_t& i, tune::TuneOptions& options) {
   const std::string& a = args[i];
   if (a == "--warm-caches") {
     options.measure.flush = false;
+    return true;
+  }
+  if (a == "--no-confirm") {
+    options.confirm = false;
     return true;
   }
   if (a != "--db" && a != "--time-budget" && a != "--trials" && a != "--threads") return false;
@@ -123,8 +130,8 @@ Result<int> cmd_tune(const std::vector<std::string>& args, const TrainOptionsFor
   std::signal(SIGINT, on_sigint);
   KILN_ASSIGN_OR_RETURN(tune::TuneSummary s, tune::tune_model(model, options, std::cout));
   std::cout << "tuned " << s.workloads << " workloads in " << s.seconds << " s: " << s.trials << " trials ("
-            << s.failed << " failed), " << s.committed << " records committed, " << s.resumed
-            << " found in the database\n";
+            << s.failed << " failed), " << s.confirmed << " points confirmed, " << s.committed
+            << " records committed, " << s.resumed << " found in the database\n";
   return 0;
 }
 
@@ -132,7 +139,7 @@ Result<int> cmd_tune_worker(const std::vector<std::string>& args) {
   static const char kUsage[] =
       "usage: kiln tune-worker [--db PATH|URL] [--threads T] [--trials N] [--time-budget S] [--exit-when-idle] [--name NAME]\n"
       "                        [--lease SECONDS]   (a job not renewed for this long returns to the queue; default 120)\n"
-      "                        [--warm-caches]     (as kiln tune's)\n"
+      "                        [--warm-caches] [--no-confirm]     (as kiln tune's)\n"
       "  claim tuning jobs of this machine's target (queued by kiln tune MODEL --enqueue), tune each job's workload\n"
       "  (--trials / --time-budget per job; default 64 trials), commit, repeat; without --exit-when-idle, wait for jobs.\n"
       "  example: kiln tune-worker --db postgresql://tuner@db.local/kiln --exit-when-idle\n";
