@@ -109,11 +109,20 @@ std::optional<strategy::Choice> DatabaseSource::lookup(const Node& n,
   const tune::Workload& workload = w->second.workload;
   const std::vector<tune::Record>& recs = records(workload.key);
   if (!error_.is_ok()) return std::nullopt;
-  // Only records of candidates that apply here compete.
+  // Only records of candidates that apply here compete, their knobs spelled
+  // in full (a point recorded before a knob existed is the point with the
+  // knob's `absent` value: one point, however old its record).
   std::vector<tune::Record> usable;
-  for (const tune::Record& r : recs)
-    for (const strategy::Candidate* c : applicable)
-      if (c->name == r.candidate) usable.push_back(r);
+  for (const strategy::Candidate* c : applicable) {
+    std::optional<tir::KnobSpace> space;
+    for (const tune::Record& r : recs) {
+      if (c->name != r.candidate) continue;
+      usable.push_back(r);
+      if (!c->space) continue;
+      if (!space) space = c->space(n, target);
+      if (auto k = tir::parse_knobs(r.knobs); k.is_ok()) usable.back().knobs = tir::knobs_to_string(space->complete(*k));
+    }
+  }
   tune::TargetMatch match = tune::TargetMatch::kIncompatible;
   std::optional<tune::Record> best = db::best_record(usable, tune::TargetKey::host(target), threads_, &match);
   if (!best) {
@@ -142,6 +151,7 @@ std::optional<strategy::Choice> DatabaseSource::lookup_generic(const kernels::Gr
     auto k = tir::parse_knobs(r.knobs);
     if (k.is_ok() && space.contains(*k)) {
       usable.push_back(r);
+      usable.back().knobs = tir::knobs_to_string(space.complete(*k));
     } else if (warned_.insert(r.workload + r.knobs).second) {
       std::fprintf(stderr, "kiln: warning: %s: ignoring the database record generic '%s' (not in the kernel's space)\n",
                    gw.anchor->describe().c_str(), r.knobs.c_str());

@@ -8,7 +8,10 @@
 // write-back stores whole vectors of one position's channels: contiguous,
 // unlike conv.panels' across NCHW planes. Depthwise: each step loads mr input
 // vectors and nb weight vectors. Knobs: mr, nb, rows (threads split output
-// rows, else whichever outer loop choose_parallel picks).
+// rows, else whichever outer loop choose_parallel picks), epi (the fused
+// epilogue on the tile in registers, or deferred to after each iteration of
+// the loop outside the tile loop, over the outputs it wrote: a row of
+// output columns; for the tuner, off by default).
 #include <algorithm>
 
 #include "strategy/strategy.h"
@@ -60,6 +63,7 @@ tir::KnobSpace blocked_space(const Node& n, const Target& t) {
   s.knobs.push_back(mr);
   s.knobs.push_back(tir::Knob{"nb", {1, 2, 4}});
   s.knobs.push_back(tir::Knob{"rows", {0, 1}});
+  s.knobs.push_back(tir::Knob{"epi", {0, 1}, 0});
   const int64_t acc = t.accumulators();
   const int64_t blocks = bs ? bs->blocks : 1;
   s.valid = [acc, blocks](const tir::Knobs& k) { return k.at("mr") * k.at("nb") <= acc && blocks % k.at("nb") == 0; };
@@ -94,7 +98,7 @@ tir::Knobs blocked_defaults(const Node& n, const Target& t) {
   // 2); else the outer loop choose_parallel picks (the output blocks).
   const bool many_rows = bs && (bs->height == 0 || bs->height >= 8);
   const int64_t rows = many_rows && input_outweighs_weights(n) ? 1 : 0;
-  return {{"mr", std::max<int64_t>(mr, 1)}, {"nb", nb}, {"rows", rows}};
+  return {{"mr", std::max<int64_t>(mr, 1)}, {"nb", nb}, {"rows", rows}, {"epi", 0}};
 }
 
 Result<tir::Schedule> blocked_schedule(const tir::KernelDef& k, const std::string& stage, const tir::Knobs& knobs) {
@@ -139,6 +143,7 @@ Result<tir::Schedule> blocked_schedule(const tir::KernelDef& k, const std::strin
   if (!w_ext || *w_ext > 1) prims.push_back(prim("unroll", stage, {w.inner}));
   prims.push_back(prim("vectorize", stage, {o_ax}));
   parallelize_rows_or_outer(prims, stage, knobs, h_ax, st->shape[2], outer, counts);
+  if (knob_on(knobs, "epi")) defer_epilogue(stage, prims);
   return replace_stage_schedule(k, stage, prims);
 }
 

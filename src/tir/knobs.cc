@@ -11,10 +11,15 @@ int64_t KnobSpace::size() const {
   return n;
 }
 
-bool KnobSpace::contains(const Knobs& point) const {
+Knobs KnobSpace::complete(const Knobs& point) const {
   Knobs full = point;
   for (const Knob& k : knobs)
     if (k.absent && !full.count(k.name)) full[k.name] = *k.absent;
+  return full;
+}
+
+bool KnobSpace::contains(const Knobs& point) const {
+  const Knobs full = complete(point);
   if (full.size() != knobs.size()) return false;
   for (const Knob& k : knobs) {
     auto it = full.find(k.name);

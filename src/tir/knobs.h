@@ -36,6 +36,9 @@ struct KnobSpace {
   // Number of points (product of the ranges, before the constraint).
   int64_t size() const;
   bool contains(const Knobs& k) const;
+  // `k` with every knob it lacks that has an `absent` value given that value:
+  // one spelling per point, whether recorded before a knob existed or after.
+  Knobs complete(const Knobs& k) const;
 };
 
 std::string knobs_to_string(const Knobs& k);

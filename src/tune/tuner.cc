@@ -413,8 +413,13 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     if (t.graph) refeature_records(t.graph.get(), Status::ok(), t.anchor_index, recs, target_key, &refeatured, &stale, log);
     for (const Record& r : recs) {
       if (r.target != target_key || r.threads != options.threads) continue;
-      if (t.tried.insert({r.candidate, r.knobs}).second) ++summary.resumed;
-      t.add(Trial{r.candidate, r.knobs}, r.latencies_s);
+      // One spelling per point (a record from before a knob existed: the knob's absent value).
+      Trial point{r.candidate, r.knobs};
+      auto sp = t.spaces.find(r.candidate);
+      if (auto k = tir::parse_knobs(r.knobs); k.is_ok() && sp != t.spaces.end())
+        point.knobs = tir::knobs_to_string(sp->second.complete(*k));
+      if (t.tried.insert({point.candidate, point.knobs}).second) ++summary.resumed;
+      t.add(point, r.latencies_s);
     }
   }
   if (!stale.empty()) {

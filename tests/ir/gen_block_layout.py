@@ -36,11 +36,11 @@ hdr='''// block-layout: convolution chains on blocked channels (NCHW16c on a
 // blocked template's write-back (fuse_epilogue), like the NCHW templates'
 // (the stem's weights outweigh its input, so threads split its output
 // blocks: rows=0).
-// LOWER: implementation conv.blocked (mr=8 nb=2 rows=0) by priority
+// LOWER: implementation conv.blocked (epi=0 mr=8 nb=2 rows=0) by priority
 // LOWER-NEXT: kernel Relu(p0:f32[1, 3, 16, 16], p1:f32[2, 3, 3, 3, 16], p2:f32[2, 16], -> p3:f32[1, 2, 8, 8, 16])
 // LOWER: vectorize
 // LOWER: fuse_epilogue(t0)
-// LOWER: implementation conv.blocked (mr=8 nb=1 rows=1) by priority
+// LOWER: implementation conv.blocked (epi=0 mr=8 nb=1 rows=1) by priority
 // LOWER-NEXT: kernel Clip(p0:f32[1, 2, 8, 8, 16], p1:f32[2, 3, 3, 16]
 // LOWER: fuse_epilogue(t0)
 // The channels-last FromBlocked with the Relu that reads it: the template

@@ -698,8 +698,10 @@ TEST(StrategyCandidates, ComputedWeightsArePackedEachRun) {
 // naive NCHW lowering: a convolution on the NCHW input (in_blocked = 0) and,
 // behind a 1x1 one, on blocked data (in_blocked = 1; depthwise ones are
 // always on blocked data), output channels that are not whole blocks (their
-// zero-padded lanes), odd, strided, padded and symbolic planes, knobs drawn
-// from the candidate's space for AVX-512 (16 lanes) and AVX2 (8), 1 and 2 threads.
+// zero-padded lanes), odd, strided, padded and symbolic planes, every other
+// case with a SiLU tail fused into the kernel (knob epi places it on the tile
+// or after each row), knobs drawn from the candidate's space for AVX-512 (16
+// lanes) and AVX2 (8), 1 and 2 threads.
 TEST(StrategyCandidates, BlockedConvMatchesNaiveAtRandomKnobs) {
   const std::vector<ConvCase> cases = {
       {Shape{1, 3, 17, 17}, {16, 3, 3, 3}, 2, 1, {1, 3, 17, 17}},
@@ -723,7 +725,8 @@ TEST(StrategyCandidates, BlockedConvMatchesNaiveAtRandomKnobs) {
       Tensor bias = random_tensor({c.w[0]}, seed++);
       Tensor w1 = random_tensor({ci, ci, 1, 1}, seed++);
       Tensor x = random_tensor(c.x_run, seed++);
-      // The case's convolution, behind a 1x1 one when `behind`.
+      const bool silu = (&c - cases.data()) % 2 == 1;
+      // The case's convolution, behind a 1x1 one when `behind`, with its SiLU tail.
       auto make = [&] {
         auto g = conv_graph(c, w, bias);
         if (behind) {
@@ -731,6 +734,12 @@ TEST(StrategyCandidates, BlockedConvMatchesNaiveAtRandomKnobs) {
           Value* in = g->inputs()[0];
           Node* pre = g->insert_node_before(conv, "Conv", {in, g->add_constant("w1", w1)}, {"pre"});
           g->set_input(conv, 0, pre->output(0));
+        }
+        if (silu) {
+          Value* y = g->outputs()[0];
+          Node* sig = g->add_node("Sigmoid", {y}, {"sig"});
+          Node* mul = g->add_node("Mul", {y, sig->output(0)}, {"silu"});
+          g->set_outputs({mul->output(0)});
         }
         return g;
       };

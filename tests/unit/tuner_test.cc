@@ -498,6 +498,14 @@ TEST(Tuner, CompileTakesTheFastestRecordBeyondNoise) {
   EXPECT_EQ(pick({rec(def, 2.0, here), rec(other, 1.0, here)}), std::make_pair(other, std::string("database")));
   // Within the noise of the default point: the default point stays.
   EXPECT_EQ(pick({rec(def, 2.0, here), rec(other, 1.99, here)}), std::make_pair(def, std::string("database")));
+  // A default point recorded before the knobs with an absent value existed is
+  // the same point, spelled in full.
+  tir::Knobs old_knobs = *tir::parse_knobs(def);
+  for (const tir::Knob& k : first->space(*wl[0].anchor, so.target).knobs)
+    if (k.absent && old_knobs.count(k.name) && old_knobs[k.name] == *k.absent) old_knobs.erase(k.name);
+  const std::string old_def = tir::knobs_to_string(old_knobs);
+  ASSERT_NE(old_def, def);
+  EXPECT_EQ(pick({rec(old_def, 2.0, here), rec(other, 1.99, here)}), std::make_pair(def, std::string("database")));
   // A point fast once by chance and slow when measured again (the tuner's
   // confirmation) is judged on all its measurements: the default wins.
   Record again = rec(other, 3.0, here);
