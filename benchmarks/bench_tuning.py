@@ -13,15 +13,20 @@ For every model (default resnet50, mobilenet_v2, efficientnet_b0 and the BERT-st
      is then a miss, and kernel choice takes the model's pick where the model's held-out pairwise
      accuracy (cross-validated over the other models' workloads by `kiln db train`) reaches 0.85,
      the defaults otherwise;
-  3. latency, alternating over --rounds and keeping each side's fastest median: ONNX Runtime
+  3. latency over --rounds, each round running every side back to back: ONNX Runtime
      (ORT_ENABLE_ALL), `kiln bench --no-db` (defaults), `--db` the zero-shot database, `--db` the
-     tuned one.
+     tuned one. The table's milliseconds are each side's fastest median; its ratios are the median
+     over rounds of the two sides' medians in the same round (paired), so a slow or fast phase of the
+     machine that falls on one round moves both sides of a ratio.
+
+With --reuse DIR the tuned databases (DIR/MODEL.db) and tuning figures (DIR/tuning.json, which every
+run writes into its own directory) of an earlier run are used instead of tuning again.
 
 Prints a Markdown table (host and versions above it); --write-doc replaces the table between the
 markers in docs/tuning.md.
 
     bench_tuning.py [--kiln BUILD/bin/kiln] [--models a,b] [--threads 1] [--budget 600]
-                    [--runs 20] [--warmup 3] [--rounds 2] [--write-doc] [--json FILE]
+                    [--runs 20] [--warmup 3] [--rounds 2] [--reuse DIR] [--write-doc] [--json FILE]
 """
 
 import argparse
@@ -29,6 +34,8 @@ import json
 import math
 import os
 import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,6 +97,7 @@ def main():
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--write-doc", action="store_true", help="replace the table in docs/tuning.md")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--reuse", default=None, help="an earlier run's directory: its tuned databases, no tuning")
     args = parser.parse_args()
     names = args.models.split(",")
     unknown = [n for n in names if n not in model_zoo.MODELS_BY_NAME]
@@ -104,15 +112,25 @@ def main():
             raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
         return proc.stdout
 
-    # 1. Tune every model into its own database.
+    # 1. Tune every model into its own database (or copy an earlier run's).
     models = {}
+    reused = {}
+    if args.reuse:
+        with open(os.path.join(args.reuse, "tuning.json")) as f:
+            reused = json.load(f)
     for name in names:
         spec = model_zoo.MODELS_BY_NAME[name]
         path = ensure_exported(spec, args.cache_dir)
         db = os.path.join(work, f"{name}.db")
-        print(f"[bench_tuning] {name}: tuning for {args.budget:.0f} s", file=sys.stderr, flush=True)
-        models[name] = {"path": path, "db": db, "feeds": model_zoo.make_inputs(spec, None),
-                        "tune": tune(args.kiln, path, db, args.budget, args.threads)}
+        if args.reuse:
+            shutil.copyfile(os.path.join(args.reuse, f"{name}.db"), db)
+            stats = reused[name]
+        else:
+            print(f"[bench_tuning] {name}: tuning for {args.budget:.0f} s", file=sys.stderr, flush=True)
+            stats = tune(args.kiln, path, db, args.budget, args.threads)
+        models[name] = {"path": path, "db": db, "feeds": model_zoo.make_inputs(spec, None), "tune": stats}
+    with open(os.path.join(work, "tuning.json"), "w") as f:
+        json.dump({name: m["tune"] for name, m in models.items()}, f, indent=2)
     # 2. Zero-shot: per model, a database of the other models' records and a cost
     #    model trained on them alone; first both objectives are evaluated on the
     #    held-out model's records, and the one with the better mean peak@5 kept.
@@ -149,6 +167,7 @@ def main():
         m = models[name]
         path, feeds = m["path"], m["feeds"]
         best = {}
+        per_round = []
         for _ in range(args.rounds):
             sides = {"ort": lambda: bench_ort(path, feeds, args.threads, args.runs, args.warmup),
                      "default": lambda: bench_kiln(args.kiln, path, feeds, args.threads, args.runs, args.warmup, work,
@@ -158,13 +177,24 @@ def main():
             if m["zero_shot_db"]:
                 sides["zero_shot"] = lambda: bench_kiln(args.kiln, path, feeds, args.threads, args.runs, args.warmup,
                                                         work, ["--db", m["zero_shot_db"]])
+            this_round = {}
             for side, f in sides.items():
                 r = f()
+                this_round[side] = r["median_ms"]
                 if side not in best or r["median_ms"] < best[side]["median_ms"]:
                     best[side] = r
+            per_round.append(this_round)
+
+        def paired(a, b):
+            xs = [r[a] / r[b] for r in per_round if a in r and b in r]
+            return statistics.median(xs) if xs else None
         results.append({"model": name, "threads": args.threads, "ort_ms": best["ort"]["median_ms"],
                         "default_ms": best["default"]["median_ms"], "tuned_ms": best["tuned"]["median_ms"],
                         "zero_shot_ms": best["zero_shot"]["median_ms"] if "zero_shot" in best else None,
+                        "tuned_over_default": paired("tuned", "default"),
+                        "zero_shot_over_tuned": paired("zero_shot", "tuned"),
+                        "zero_shot_over_default": paired("zero_shot", "default"),
+                        "tuned_over_ort": paired("tuned", "ort"), "rounds_ms": per_round,
                         "cost_model": evaluations.get(name), "zero_shot_heldout": m.get("zero_shot_heldout"),
                         **m["tune"]})
         print(f"[bench_tuning] {name}: " + ", ".join(f"{k} {v['median_ms']:.2f} ms" for k, v in best.items()),
@@ -172,8 +202,11 @@ def main():
 
     import onnxruntime
     lines = [f"Host: {host_name()} ({os.cpu_count()} cores), {args.threads} thread(s); ONNX Runtime "
-             f"{onnxruntime.__version__}; tuning budget {args.budget:.0f} s per model; median of {args.runs} runs, "
-             f"fastest of {args.rounds} alternating rounds. Zero-shot: the cost model ({objective}) trained only on "
+             f"{onnxruntime.__version__}; tuning budget {args.budget:.0f} s per model"
+             + (" (the tuned databases of an earlier run, --reuse)" if args.reuse else "")
+             + f"; median of {args.runs} runs per side and round, {args.rounds} rounds of every side back to back: "
+             f"ms are each side's fastest median, ratios the median over rounds of the same round's medians. "
+             f"Zero-shot: the cost model ({objective}) trained only on "
              f"the other models' records, no record of this model.",
              "",
              "| model | ORT ms | default ms | zero-shot ms | tuned ms | tuned / default | zero-shot / tuned "
@@ -182,16 +215,16 @@ def main():
     for r in results:
         zs = r["zero_shot_ms"]
         lines.append(f"| {r['model']} | {fmt(r['ort_ms'])} | {fmt(r['default_ms'])} | {fmt(zs)} | {fmt(r['tuned_ms'])} "
-                     f"| {fmt(r['tuned_ms'] / r['default_ms'], 3)} | {fmt(zs / r['tuned_ms'] if zs else None, 3)} "
-                     f"| {fmt(r['tuned_ms'] / r['ort_ms'], 3)} "
+                     f"| {fmt(r['tuned_over_default'], 3)} | {fmt(r['zero_shot_over_tuned'], 3)} "
+                     f"| {fmt(r['tuned_over_ort'], 3)} "
                      f"| {fmt(r['wall_s'], 0)} | {r['trials']} | {fmt(r['t95_s'], 0)} |")
 
     def geo(xs):
         xs = [x for x in xs if x]
         return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-    lines += ["", f"Geometric means: tuned / default {fmt(geo([r['tuned_ms'] / r['default_ms'] for r in results]), 3)}, "
-              f"zero-shot / tuned {fmt(geo([r['zero_shot_ms'] / r['tuned_ms'] for r in results if r['zero_shot_ms']]), 3)}, "
-              f"zero-shot / default {fmt(geo([r['zero_shot_ms'] / r['default_ms'] for r in results if r['zero_shot_ms']]), 3)}."]
+    lines += ["", f"Geometric means: tuned / default {fmt(geo([r['tuned_over_default'] for r in results]), 3)}, "
+              f"zero-shot / tuned {fmt(geo([r['zero_shot_over_tuned'] for r in results]), 3)}, "
+              f"zero-shot / default {fmt(geo([r['zero_shot_over_default'] for r in results]), 3)}."]
     held = [f"{r['model']} {fmt(r['zero_shot_heldout'], 3)}" for r in results if "zero_shot_heldout" in r]
     if held:
         lines += ["", "Held-out pairwise accuracy of each zero-shot database's model (4 folds of the other models' "

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <tuple>
 #include <istream>
 #include <ostream>
 
@@ -25,21 +26,24 @@ std::string default_database_path() {
 
 std::optional<tune::Record> best_record(const std::vector<tune::Record>& records, const tune::TargetKey& host,
                                         int threads, tune::TargetMatch* match) {
-  // Per slot [exact?][same threads?], every point's records: their latencies
+  // Per slot [exact?][same threads?], every point's records (a point: the
+  // candidate and knobs on one target at one thread count): their latencies
   // pooled, the latest of them kept to stand for the point.
   struct Point {
     std::vector<double> latencies;
     const tune::Record* latest = nullptr;
   };
-  std::map<std::pair<std::string, std::string>, Point> points[2][2];
+  std::map<std::tuple<std::string, std::string, std::string, int>, Point> points[2][2];
   for (const tune::Record& r : records) {
     auto key = tune::TargetKey::parse(r.target);
     if (!key.is_ok() || r.latencies_s.empty()) continue;
     tune::TargetMatch m = tune::match(*key, host);
     if (m == tune::TargetMatch::kIncompatible) continue;
-    Point& p = points[m == tune::TargetMatch::kExact ? 1 : 0][r.threads == threads ? 1 : 0][{r.candidate, r.knobs}];
+    Point& p = points[m == tune::TargetMatch::kExact ? 1 : 0][r.threads == threads ? 1 : 0]
+                     [{r.candidate, r.knobs, r.target, r.threads}];
     p.latencies.insert(p.latencies.end(), r.latencies_s.begin(), r.latencies_s.end());
-    if (p.latest == nullptr || r.time >= p.latest->time) p.latest = &r;
+    if (p.latest == nullptr || r.time > p.latest->time || (r.time == p.latest->time && r.id >= p.latest->id))
+      p.latest = &r;
   }
   // Exact before compatible; the model's thread count before others.
   for (int exact : {1, 0})

@@ -93,11 +93,12 @@ std::string default_database_path();
 // The best record for `workload` usable on `host`: the fastest point
 // (candidate and knobs) on an exactly equal target, else the fastest on a
 // compatible one (*match says which); none on an incompatible target. Records
-// with other thread counts count only where none has `threads`. A point
-// measured more than once (the tuner's confirmation measures its best points
-// again, side by side with the default) is judged on the median of all its
-// latencies, so one lucky measurement does not make it the best; the record
-// returned is the point's latest, with every latency of the point.
+// with other thread counts count only where none has `threads`. A point (a
+// candidate and knobs on one target at one thread count) measured more than
+// once (the tuner's confirmation measures its best points again, side by side
+// with the default) is judged on the median of all its latencies, so one
+// lucky measurement does not make it the best; the record returned is the
+// point's latest, with every latency of the point.
 std::optional<tune::Record> best_record(const std::vector<tune::Record>& records, const tune::TargetKey& host,
                                         int threads, tune::TargetMatch* match = nullptr);
 

@@ -220,7 +220,7 @@ class PostgresDatabase : public Database {
   Result<int64_t> prune(int keep) override {
     if (keep < 1) return invalid_argument() << "prune must keep at least 1 record per schedule";
     KILN_ASSIGN_OR_RETURN(PgResult r, run("DELETE FROM kiln_records WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER()"
-                                          " OVER (PARTITION BY workload, target, candidate, knobs ORDER BY median_s, id)"
+                                          " OVER (PARTITION BY workload, target, threads, candidate, knobs ORDER BY time DESC, id DESC)"
                                           " AS n FROM kiln_records) ranked WHERE n > $1)",
                                           {std::to_string(keep)}));
     return static_cast<int64_t>(std::atoll(PQcmdTuples(r.get())));

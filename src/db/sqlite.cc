@@ -338,7 +338,7 @@ class SqliteDatabase : public Database {
     KILN_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE"));
     Statement s(db_,
                 "DELETE FROM records WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY"
-                " workload, target, candidate, knobs ORDER BY median_s, id) AS n FROM records) WHERE n > ?1)");
+                " workload, target, threads, candidate, knobs ORDER BY time DESC, id DESC) AS n FROM records) WHERE n > ?1)");
     if (!s.ok()) {
       sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
       return error("pruning");

@@ -131,11 +131,9 @@ std::optional<strategy::Choice> DatabaseSource::lookup(const Node& n,
   }
   if (!applicable.empty()) {
     const strategy::Candidate* first = applicable.front();
-    if (!keep_default_within_noise(usable, first->name,
-                                   tir::knobs_to_string(first->default_knobs ? first->default_knobs(n, target)
-                                                                             : tir::Knobs{}),
-                                   *best))
-      return std::nullopt;
+    tir::Knobs def = first->default_knobs ? first->default_knobs(n, target) : tir::Knobs{};
+    if (first->space) def = first->space(n, target).complete(def);
+    if (!keep_default_within_noise(usable, first->name, tir::knobs_to_string(def), *best)) return std::nullopt;
   }
   return choice_of(*best, match, n.describe(), workload);
 }

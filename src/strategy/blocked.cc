@@ -9,9 +9,8 @@
 // unlike conv.panels' across NCHW planes. Depthwise: each step loads mr input
 // vectors and nb weight vectors. Knobs: mr, nb, rows (threads split output
 // rows, else whichever outer loop choose_parallel picks), epi (the fused
-// epilogue on the tile in registers, or deferred to after each iteration of
-// the loop outside the tile loop, over the outputs it wrote: a row of
-// output columns; for the tuner, off by default).
+// epilogue on the tile in registers, or deferred to after each output row,
+// over the outputs its tiles wrote; for the tuner, off by default).
 #include <algorithm>
 
 #include "strategy/strategy.h"
@@ -143,7 +142,9 @@ Result<tir::Schedule> blocked_schedule(const tir::KernelDef& k, const std::strin
   if (!w_ext || *w_ext > 1) prims.push_back(prim("unroll", stage, {w.inner}));
   prims.push_back(prim("vectorize", stage, {o_ax}));
   parallelize_rows_or_outer(prims, stage, knobs, h_ax, st->shape[2], outer, counts);
-  if (knob_on(knobs, "epi")) defer_epilogue(stage, prims);
+  // Deferred: after each output row (its tiles' outputs, in L1), which is the
+  // tile loop itself where one tile covers the row; inside the parallel loop either way.
+  if (knob_on(knobs, "epi")) prims.push_back(prim("fuse_epilogue", stage, {h_ax}));
   return replace_stage_schedule(k, stage, prims);
 }
 

@@ -740,6 +740,21 @@ Status wvec_tile(const tir::ComputeDef& st, size_t batch, const tir::Knobs& knob
   return Status::ok();
 }
 
+// The fused epilogue after each iteration of the loop just outside the
+// register tile's loop (the tile loop itself when it is outermost).
+void defer_epilogue(const std::string& stage, std::vector<tir::Primitive>& prims) {
+  std::string tile_axis;
+  std::vector<std::string> order;
+  for (const tir::Primitive& p : prims) {
+    if (p.stage != stage) continue;
+    if (p.kind == "cache_write") tile_axis = p.axes[0];
+    if (p.kind == "reorder") order = p.axes;
+  }
+  auto at = std::find(order.begin(), order.end(), tile_axis);
+  if (at == order.end()) return;
+  prims.push_back(prim("fuse_epilogue", stage, {at == order.begin() ? *at : *(at - 1)}));
+}
+
 Result<tir::Schedule> wvec_schedule(const tir::KernelDef& k, const std::string& stage, const tir::Knobs& knobs) {
   auto it = std::find_if(k.stages.begin(), k.stages.end(), [&](const tir::ComputeDef& s) { return s.name == stage; });
   if (it == k.stages.end() || it->axes.size() != 4) return tir::default_schedule(k);

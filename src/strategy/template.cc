@@ -103,19 +103,6 @@ bool input_outweighs_weights(const Node& n) {
   return input > w->constant().numel();
 }
 
-void defer_epilogue(const std::string& stage, std::vector<tir::Primitive>& prims) {
-  std::string tile_axis;
-  std::vector<std::string> order;
-  for (const tir::Primitive& p : prims) {
-    if (p.stage != stage) continue;
-    if (p.kind == "cache_write") tile_axis = p.axes[0];
-    if (p.kind == "reorder") order = p.axes;
-  }
-  auto at = std::find(order.begin(), order.end(), tile_axis);
-  if (at == order.end()) return;
-  prims.push_back(prim("fuse_epilogue", stage, {at == order.begin() ? *at : *(at - 1)}));
-}
-
 void parallelize_rows_or_outer(std::vector<tir::Primitive>& prims, const std::string& stage, const tir::Knobs& knobs,
                                const std::string& rows_axis, const Expr& rows, const std::vector<std::string>& outer,
                                const std::vector<std::optional<int64_t>>& counts) {

@@ -68,13 +68,6 @@ ColumnTile tile_columns(std::vector<tir::Primitive>& prims, const std::string& s
 // Symbolic or unknown input shapes count as the larger.
 bool input_outweighs_weights(const Node& n);
 
-// Knob epi of the convolution templates: the fused epilogue (bias, norm,
-// activation) after each iteration of the loop just outside the register
-// tile's loop of `stage` (the tile loop itself when it is outermost), over
-// the outputs that iteration wrote, instead of on the tile in registers;
-// appended to `prims`, which must hold the stage's cache_write and reorder.
-void defer_epilogue(const std::string& stage, std::vector<tir::Primitive>& prims);
-
 // Threads split the output rows `rows_axis` (knob rows on and more than one
 // row), else the loop of `outer` that tir::choose_parallel picks from
 // `counts` (their trip counts); appended to `prims`.

@@ -241,24 +241,31 @@ Status time_alone(const Request& r, Prepared& p, const std::vector<Tensor>& feed
 // Every prepared trial timed once per round, the order rotated each round, so
 // that a slow phase of the machine falls on all of them alike; rounds go on
 // until each trial has its minimum count and the rounds' time reaches the
-// minimum time per trial.
-Status time_interleaved(const Request& r, std::vector<Prepared*>& ps, const std::vector<Tensor>& feeds) {
-  if (ps.empty()) return Status::ok();
+// minimum time per trial. A trial whose run fails is failed and dropped.
+void time_interleaved(const Request& r, std::vector<Prepared*> ps, const std::vector<Tensor>& feeds) {
+  const size_t n = ps.size();
   const auto start = std::chrono::steady_clock::now();
   double timed = 0;
-  for (int round = 0; round < r.max_repeats; ++round) {
+  for (int round = 0; round < r.max_repeats && !ps.empty(); ++round) {
     const double spent = r.flush_bytes > 0
                              ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
                              : timed;
-    if (round >= r.min_repeats && spent >= r.min_seconds * static_cast<double>(ps.size())) break;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      Prepared& p = *ps[(i + static_cast<size_t>(round)) % ps.size()];
-      KILN_ASSIGN_OR_RETURN(double s, time_run(r, p, feeds));
-      p.result.latencies_s.push_back(s);
-      timed += s;
+    if (round >= r.min_repeats && spent >= r.min_seconds * static_cast<double>(n)) break;
+    std::vector<Prepared*> order(ps.size());
+    for (size_t i = 0; i < ps.size(); ++i) order[i] = ps[(i + static_cast<size_t>(round)) % ps.size()];
+    for (Prepared* p : order) {
+      Result<double> s = time_run(r, *p, feeds);
+      if (!s.is_ok()) {
+        p->result.ok = false;
+        p->result.error = s.status().to_string();
+        p->result.latencies_s.clear();
+        ps.erase(std::find(ps.begin(), ps.end(), p));
+        continue;
+      }
+      p->result.latencies_s.push_back(*s);
+      timed += *s;
     }
   }
-  return Status::ok();
 }
 
 std::string result_line(const Result<Prepared>& p) {
@@ -339,9 +346,7 @@ int measure_worker_main(const std::string& request_path, const std::string& resu
   for (const Trial& t : r->trials) ps.push_back(prepare_trial(*r, **base, t, feeds, ref));
   for (Result<Prepared>& p : ps)
     if (p.is_ok() && p->result.ok) timed.push_back(&*p);
-  if (Status st = time_interleaved(*r, timed, feeds); !st.is_ok())
-    for (Result<Prepared>& p : ps)
-      if (p.is_ok() && p->result.ok) p = st;
+  time_interleaved(*r, timed, feeds);
   for (const Result<Prepared>& p : ps) out << result_line(p) << "\n";
   out.flush();
   return 0;
@@ -415,7 +420,9 @@ Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t ancho
         lines_seen = lines.size();
         last_progress = std::chrono::steady_clock::now();
       }
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - last_progress).count() > options.timeout_s) {
+      // An interleaved child writes its lines at the end: the limit is per trial.
+      const double limit = options.timeout_s * (r.interleave ? static_cast<double>(r.trials.size()) : 1.0);
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - last_progress).count() > limit) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
         timed_out = true;
@@ -445,6 +452,12 @@ Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t ancho
       }
     }
     next += done;
+    if (next < trials.size() && !timed_out && WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) {
+      // Ctrl-C reached the child too (its process group): the user is
+      // stopping, so the trials left are not measured.
+      for (; next < trials.size(); ++next) results[next].error = "interrupted";
+      break;
+    }
     if (base.interleave && next < trials.size()) {
       // An interleaved child writes every line at the end: which trial took
       // it down is unknown, so the rest are measured one by one, where a

@@ -14,7 +14,8 @@
 // written at the end). The
 // parent restarts the child after a crash (the trial in progress fails with
 // the signal) or after `timeout_s` without a result (killed; the trial fails
-// as timed out).
+// as timed out). A child stopped by SIGINT (Ctrl-C, sent to the whole process
+// group) ends the call: the trials left fail as interrupted.
 //
 // Fault injection for tests: with KILN_TUNE_FAULT=crash:KNOBS (or
 // hang:KNOBS) in the child's environment, a trial whose knobs print as KNOBS
@@ -58,8 +59,8 @@ struct MeasureOptions {
   // Time the trials of one call round by round (each run once per round, the
   // order rotated) instead of one after the other, so that a slow phase of
   // the machine falls on every trial alike: for comparing points with each
-  // other (the tuner's confirmation). min_seconds is then per trial. If the
-  // child dies, the trials left are measured one by one instead.
+  // other (the tuner's confirmation). min_seconds and timeout_s are then per
+  // trial. If the child dies, the trials left are measured one by one instead.
   bool interleave = false;
 };
 

@@ -55,17 +55,16 @@ struct Task {
   bool exhausted = false;
   std::string skipped;  // why it is not tuned
 
-  double best_s() const {
-    double b = 0;
-    for (const auto& [s, t] : results)
-      if (b == 0 || s < b) b = s;
-    return b;
-  }
+  // The fastest point (null: none with a time; a record without latencies has none).
   const Trial* best_point() const {
     const std::pair<double, Trial>* b = nullptr;
     for (const auto& r : results)
-      if (b == nullptr || r.first < b->first) b = &r;
+      if (r.first > 0 && (b == nullptr || r.first < b->first)) b = &r;
     return b ? &b->second : nullptr;
+  }
+  double best_s() const {
+    const Trial* b = best_point();
+    return b ? point_s(*b) : 0;
   }
   // A point's new measurements, pooled with its earlier ones (as db::best_record judges it).
   void add(const Trial& tr, const std::vector<double>& lat) {
@@ -465,15 +464,15 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     std::vector<Record> records;
     for (size_t i = 0; i < batch.size(); ++i) {
       t.tried.insert({batch[i].candidate, batch[i].knobs});
-      if (confirm) {
+      if (confirm && res[i].ok) {
         t.confirmed.insert({batch[i].candidate, batch[i].knobs});
         ++summary.confirmed;
-      } else {
+      } else if (!confirm) {
         ++t.trials;
         ++summary.trials;
       }
       if (!res[i].ok) {
-        ++summary.failed;
+        if (!confirm) ++summary.failed;
         if (res[i].error.rfind(kGroupUnmeasurable, 0) == 0) t.skipped = res[i].error;
         log << "  " << t.gw.anchor->describe() << ": " << batch[i].candidate << " '" << batch[i].knobs
             << "' failed: " << res[i].error << "\n";
@@ -525,6 +524,21 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     }
   };
 
+  // Every candidate's default point, spelled in full; the first is the
+  // priority choice's: what a compile without the database runs.
+  std::map<const Task*, std::vector<Trial>> defaults;
+  for (Task& t : tasks) {
+    if (!t.skipped.empty()) continue;
+    const Node& anchor = *t.graph->nodes()[t.anchor_index];
+    std::vector<Trial>& d = defaults[&t];
+    for (const strategy::Candidate* c : t.candidates)
+      d.push_back({c->name, tir::knobs_to_string(t.spaces[c->name].complete(
+                                c->default_knobs ? c->default_knobs(anchor, target) : tir::Knobs{}))});
+    if (t.gw.generic)
+      d.push_back({strategy::kGenericCandidate,
+                   tir::knobs_to_string(strategy::generic_defaults(t.spaces[strategy::kGenericCandidate]))});
+    if (!d.empty()) t.default_point = d.front();
+  }
   // Round 0: every candidate at its default knobs.
   for (Task& t : tasks) {
     if (!t.skipped.empty()) {
@@ -532,19 +546,10 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
       continue;
     }
     if (out_of_budget()) break;
-    const Node& anchor = *t.graph->nodes()[t.anchor_index];
-    std::vector<Trial> defaults;
-    for (const strategy::Candidate* c : t.candidates)
-      defaults.push_back({c->name, tir::knobs_to_string(c->default_knobs ? c->default_knobs(anchor, target) : tir::Knobs{})});
-    if (t.gw.generic)
-      defaults.push_back({strategy::kGenericCandidate,
-                          tir::knobs_to_string(strategy::generic_defaults(t.spaces[strategy::kGenericCandidate]))});
     std::vector<Trial> batch;
-    for (const Trial& tr : defaults)
+    for (const Trial& tr : defaults[&t])
       if (!t.tried.count({tr.candidate, tr.knobs})) batch.push_back(tr);
     KILN_RETURN_IF_ERROR(run_batch(t, batch));
-    // The priority choice's default time: what a compile without the database runs.
-    t.default_point = defaults.front();
     t.default_s = t.point_s(t.default_point);
     if (t.default_s == 0) t.default_s = t.best_s();
   }
@@ -620,7 +625,9 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
   // (each confirmation takes the best unconfirmed points, so this ends).
   auto needs_confirmation = [&](const Task& t) {
     const Trial* b = t.best_point();
-    return t.skipped.empty() && b != nullptr && t.confirmations < kMaxConfirmations &&
+    // Without a measured default there is nothing to confirm against (and a
+    // compile keeps the priority choice: database_source.cc).
+    return t.skipped.empty() && b != nullptr && t.point_s(t.default_point) > 0 && t.confirmations < kMaxConfirmations &&
            !(b->candidate == t.default_point.candidate && b->knobs == t.default_point.knobs) &&
            !t.confirmed.count({b->candidate, b->knobs});
   };
@@ -641,13 +648,12 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     // The default, then the best points not confirmed yet (the best among
     // them), then confirmed ones, best first, up to kConfirmPoints besides the default.
-    std::vector<Trial> batch, again;
-    if (t.point_s(t.default_point) > 0) batch.push_back(t.default_point);
+    std::vector<Trial> batch = {t.default_point}, again;
     for (const auto& [sec, tr] : ranked) {
       if (tr.candidate == t.default_point.candidate && tr.knobs == t.default_point.knobs) continue;
       (t.confirmed.count({tr.candidate, tr.knobs}) ? again : batch).push_back(tr);
     }
-    const size_t limit = static_cast<size_t>(kConfirmPoints) + (t.point_s(t.default_point) > 0 ? 1 : 0);
+    const size_t limit = static_cast<size_t>(kConfirmPoints) + 1;
     for (const Trial& tr : again) batch.push_back(tr);
     if (batch.size() > limit) batch.resize(limit);
     ++t.confirmations;

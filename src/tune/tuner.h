@@ -14,7 +14,11 @@
 // blind; before, mutations of its best points (one knob moved to another
 // value of its space) and draws from the spaces of its candidates. Each batch is measured in a child
 // process (measure.h) and committed at once, so an interrupted run keeps
-// every batch it finished.
+// every batch it finished. The search ends at 85% of the budget; then, where a
+// workload's best point is not its default, the confirmation measures the
+// default and the best points again, interleaved, and commits those records
+// too (points are judged on all their latencies pooled, as db::best_record
+// judges them).
 #pragma once
 
 #include <cstdint>

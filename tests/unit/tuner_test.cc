@@ -185,7 +185,7 @@ TEST(Measure, InterleavedTrialsAreTimedSideBySide) {
   mo.worker = KILN_BINARY;
   mo.min_seconds = 0.01;
   mo.min_repeats = 7;
-  mo.timeout_s = 20;
+  mo.timeout_s = 60;  // per trial; a slow (sanitized) build must prepare them all within it
   mo.interleave = true;
   auto res = measure_trials(**group, anchor, trials, mo);
   ASSERT_TRUE(res.is_ok()) << res.status().to_string();

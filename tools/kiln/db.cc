@@ -17,7 +17,7 @@ const char kDbUsage[] =
     "usage: kiln db stats [DB] [--json]\n"
     "       kiln db export [DB] [-o FILE.jsonl]     (default: standard output)\n"
     "       kiln db import [DB] FILE.jsonl          (one record per line; '-' reads standard input)\n"
-    "       kiln db prune [DB] [--keep N]           (per workload, target and schedule, keep the N fastest; default 1)\n"
+    "       kiln db prune [DB] [--keep N]           (per workload, target, thread count and point, keep the N latest; default 1)\n"
     "       kiln db train [DB] [--objective regression|rank]\n"
     "                                              (train the cost model on every record with features; store it in DB)\n"
     "       kiln db evaluate TEST_DB --train DB[,DB...] [--json] [--predictions FILE]\n"
