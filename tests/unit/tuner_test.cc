@@ -2,6 +2,7 @@
 // processes (a trial that crashes or hangs costs that trial only), and a
 // tuned database whose records a compile then uses.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <random>
+#include <thread>
 
 #include "db/database.h"
 #include "driver/compile.h"
@@ -207,6 +209,47 @@ TEST(Measure, InterleavedTrialsAreTimedSideBySide) {
   EXPECT_FALSE((*crashed)[1].ok);
   EXPECT_NE((*crashed)[1].error.find("crashed (signal"), std::string::npos) << (*crashed)[1].error;
   EXPECT_TRUE((*crashed)[2].ok) << (*crashed)[2].error;
+}
+
+// Ctrl-C on a terminal reaches the whole process group, the measuring child
+// included: the call ends there, the trials left failing as interrupted,
+// instead of a new child measuring them. The test runs in a process group of
+// its own (so the signal reaches nothing else), catches SIGINT itself, and
+// sends it while the child hangs on the second trial.
+void note_sigint(int) {}
+
+TEST(Measure, CtrlCEndsTheCall) {
+  size_t anchor = 99;
+  auto group = mlp_group(&anchor);
+  ASSERT_TRUE(group.is_ok()) << group.status().to_string();
+  ASSERT_EQ(setpgid(0, 0), 0);
+  struct sigaction sa = {}, old = {};
+  sa.sa_handler = note_sigint;
+  ASSERT_EQ(sigaction(SIGINT, &sa, &old), 0);
+  MeasureOptions mo;
+  mo.worker = KILN_BINARY;
+  mo.min_seconds = 0.01;
+  mo.timeout_s = 120;  // far beyond the test: only the signal ends the hang
+  ASSERT_EQ(setenv("KILN_TUNE_FAULT", "hang:kc=0 mr=2 nr=16 prefetch=0", 1), 0);
+  std::thread stopper([] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    kill(0, SIGINT);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto res = measure_trials(**group, anchor,
+                            {{"matmul.default", ""},
+                             {"matmul.packed", "kc=0 mr=2 nr=16 prefetch=0"},
+                             {"matmul.packed", "kc=0 mr=1 nr=16 prefetch=0"}},
+                            mo);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stopper.join();
+  unsetenv("KILN_TUNE_FAULT");
+  sigaction(SIGINT, &old, nullptr);
+  ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+  EXPECT_LT(took, 60) << "the hang ended by the signal, not the timeout";
+  EXPECT_EQ((*res)[1].error, "interrupted");
+  EXPECT_EQ((*res)[2].error, "interrupted") << "no new child measured the rest";
+  EXPECT_FALSE((*res)[2].ok);
 }
 
 // Every record of a database, oldest first.
