@@ -27,28 +27,21 @@ std::string default_database_path() {
 std::optional<tune::Record> best_record(const std::vector<tune::Record>& records, const tune::TargetKey& host,
                                         int threads, tune::TargetMatch* match) {
   // Per slot [exact?][same threads?], every point's records (a point: the
-  // candidate and knobs on one target at one thread count): their latencies
-  // pooled, the latest of them kept to stand for the point.
-  struct Point {
-    std::vector<double> latencies;
-    const tune::Record* latest = nullptr;
-  };
-  std::map<std::tuple<std::string, std::string, std::string, int>, Point> points[2][2];
+  // candidate and knobs on one target at one thread count), pooled.
+  std::map<std::tuple<std::string, std::string, std::string, int>, PooledPoint> points[2][2];
   for (const tune::Record& r : records) {
     auto key = tune::TargetKey::parse(r.target);
     if (!key.is_ok() || r.latencies_s.empty()) continue;
     tune::TargetMatch m = tune::match(*key, host);
     if (m == tune::TargetMatch::kIncompatible) continue;
-    Point& p = points[m == tune::TargetMatch::kExact ? 1 : 0][r.threads == threads ? 1 : 0]
-                     [{r.candidate, r.knobs, r.target, r.threads}];
-    p.latencies.insert(p.latencies.end(), r.latencies_s.begin(), r.latencies_s.end());
-    if (p.latest == nullptr || r.time > p.latest->time || (r.time == p.latest->time && r.id >= p.latest->id))
-      p.latest = &r;
+    points[m == tune::TargetMatch::kExact ? 1 : 0][r.threads == threads ? 1 : 0]
+          [{r.candidate, r.knobs, r.target, r.threads}]
+              .add(r);
   }
   // Exact before compatible; the model's thread count before others.
   for (int exact : {1, 0})
     for (int same : {1, 0}) {
-      const Point* best = nullptr;
+      const PooledPoint* best = nullptr;
       double best_s = 0;
       for (auto& [key, p] : points[exact][same]) {
         const double s = tune::median_of(p.latencies);
@@ -59,11 +52,20 @@ std::optional<tune::Record> best_record(const std::vector<tune::Record>& records
       }
       if (best == nullptr) continue;
       if (match) *match = exact ? tune::TargetMatch::kExact : tune::TargetMatch::kCompatible;
-      tune::Record out = *best->latest;
-      out.latencies_s = best->latencies;
-      return out;
+      return best->record();
     }
   return std::nullopt;
+}
+
+void PooledPoint::add(const tune::Record& r) {
+  latencies.insert(latencies.end(), r.latencies_s.begin(), r.latencies_s.end());
+  if (latest == nullptr || r.time > latest->time || (r.time == latest->time && r.id >= latest->id)) latest = &r;
+}
+
+tune::Record PooledPoint::record() const {
+  tune::Record out = *latest;
+  out.latencies_s = latencies;
+  return out;
 }
 
 Status export_records(Database& db, std::ostream& out, int64_t* count) {

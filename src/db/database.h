@@ -102,6 +102,16 @@ std::string default_database_path();
 std::optional<tune::Record> best_record(const std::vector<tune::Record>& records, const tune::TargetKey& host,
                                         int threads, tune::TargetMatch* match = nullptr);
 
+// One point's records pooled, as best_record judges a point: every latency,
+// and the latest record (by time, then row) to stand for the point.
+struct PooledPoint {
+  std::vector<double> latencies;
+  const tune::Record* latest = nullptr;  // points into the records added
+  void add(const tune::Record& r);
+  // The latest record with every latency of the point.
+  tune::Record record() const;
+};
+
 // `kiln db export` / `import`: one JSON object per line (tune::Record::to_json).
 Status export_records(Database& db, std::ostream& out, int64_t* count = nullptr);
 // Reads every line first: a malformed line is an error naming its number and

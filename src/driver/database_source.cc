@@ -200,23 +200,17 @@ const std::vector<tune::Record>& DatabaseSource::records(const std::string& key)
 bool DatabaseSource::keep_default_within_noise(const std::vector<tune::Record>& usable, const std::string& candidate,
                                                const std::string& default_knobs, tune::Record& best) {
   if (best.candidate == candidate && best.knobs == default_knobs) return true;
-  std::vector<double> v;
-  const tune::Record* latest = nullptr;
-  for (const tune::Record& d : usable) {
-    if (d.candidate != candidate || d.knobs != default_knobs || d.target != best.target || d.threads != best.threads ||
-        d.latencies_s.empty())
-      continue;
-    v.insert(v.end(), d.latencies_s.begin(), d.latencies_s.end());
-    if (latest == nullptr || d.time >= latest->time) latest = &d;
-  }
-  if (latest == nullptr) return false;
+  db::PooledPoint def;
+  for (const tune::Record& d : usable)
+    if (d.candidate == candidate && d.knobs == default_knobs && d.target == best.target && d.threads == best.threads &&
+        !d.latencies_s.empty())
+      def.add(d);
+  if (def.latest == nullptr) return false;
+  std::vector<double> v = def.latencies;
   std::sort(v.begin(), v.end());
   const double median = tune::median_of(v);
   const double spread = median > 0 ? (v[v.size() * 3 / 4] - v[v.size() / 4]) / median : 0;
-  if (best.median_s() > median * (1 - std::max(0.02, spread))) {
-    best = *latest;
-    best.latencies_s = std::move(v);
-  }
+  if (best.median_s() > median * (1 - std::max(0.02, spread))) best = def.record();
   return true;
 }
 

@@ -47,10 +47,10 @@ struct Task {
   std::vector<std::pair<double, Trial>> results;        // measured points, any order: the median of each one's latencies
   std::map<std::pair<std::string, std::string>, std::vector<double>> latencies;  // every measurement of each point, pooled
   std::set<std::pair<std::string, std::string>> confirmed;  // points measured again by this run's confirmation
-  Trial default_point;  // the priority candidate at its default knobs (what a compile without the database runs)
+  std::vector<Trial> defaults;  // every candidate's default point, spelled in full
+  Trial default_point;  // the first: the priority candidate's (what a compile without the database runs)
   int confirmations = 0;
   std::map<std::pair<std::string, std::string>, std::vector<float>> features;  // scored points' (empty: none)
-  double default_s = 0;  // the priority choice at its default knobs
   int trials = 0;
   bool exhausted = false;
   std::string skipped;  // why it is not tuned
@@ -81,6 +81,11 @@ struct Task {
   double point_s(const Trial& tr) const {
     auto it = latencies.find({tr.candidate, tr.knobs});
     return it == latencies.end() ? 0 : median_of(it->second);
+  }
+  // The default point's time; where it was not measured, the best point's.
+  double default_s() const {
+    const double d = point_s(default_point);
+    return d > 0 ? d : best_s();
   }
 };
 
@@ -502,12 +507,10 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     return Status::ok();
   };
   auto report = [&](const char* phase) {
-    for (Task& t : tasks)
-      if (double d = t.point_s(t.default_point); d > 0) t.default_s = d;
     double total_default = 0, total_best = 0;
     for (const Task& t : tasks) {
-      total_default += t.count * t.default_s;
-      total_best += t.count * (t.best_s() > 0 ? t.best_s() : t.default_s);
+      total_default += t.count * t.default_s();
+      total_best += t.count * t.best_s();
     }
     if (options.live) log << "\033[H\033[J";
     log << std::fixed << std::setprecision(1) << "[" << elapsed() << " s] " << phase << ": " << summary.trials
@@ -516,21 +519,20 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     if (!options.live && std::string(phase) != "done" && std::string(phase) != "stopped") return;
     log << "  workload      op         x  trials  default ms  best ms  share\n";
     for (const Task& t : tasks) {
-      double share = total_best > 0 ? 100.0 * t.count * (t.best_s() > 0 ? t.best_s() : t.default_s) / total_best : 0;
+      double share = total_best > 0 ? 100.0 * t.count * t.best_s() / total_best : 0;
       log << "  " << t.gw.workload.key.substr(0, 12) << "  " << std::left << std::setw(10) << t.gw.workload.anchor_op
           << std::right << std::setw(2) << t.count << std::setw(8) << t.trials << std::setw(12)
-          << format_ms(t.default_s) << std::setw(9) << format_ms(t.best_s()) << std::setw(6) << std::setprecision(0)
+          << format_ms(t.default_s()) << std::setw(9) << format_ms(t.best_s()) << std::setw(6) << std::setprecision(0)
           << share << "%" << std::setprecision(1) << (t.skipped.empty() ? "" : "  skipped: " + t.skipped) << "\n";
     }
   };
 
   // Every candidate's default point, spelled in full; the first is the
   // priority choice's: what a compile without the database runs.
-  std::map<const Task*, std::vector<Trial>> defaults;
   for (Task& t : tasks) {
     if (!t.skipped.empty()) continue;
     const Node& anchor = *t.graph->nodes()[t.anchor_index];
-    std::vector<Trial>& d = defaults[&t];
+    std::vector<Trial>& d = t.defaults;
     for (const strategy::Candidate* c : t.candidates)
       d.push_back({c->name, tir::knobs_to_string(t.spaces[c->name].complete(
                                 c->default_knobs ? c->default_knobs(anchor, target) : tir::Knobs{}))});
@@ -547,11 +549,9 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     }
     if (out_of_budget()) break;
     std::vector<Trial> batch;
-    for (const Trial& tr : defaults[&t])
+    for (const Trial& tr : t.defaults)
       if (!t.tried.count({tr.candidate, tr.knobs})) batch.push_back(tr);
     KILN_RETURN_IF_ERROR(run_batch(t, batch));
-    t.default_s = t.point_s(t.default_point);
-    if (t.default_s == 0) t.default_s = t.best_s();
   }
   report("defaults");
 
