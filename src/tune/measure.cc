@@ -352,6 +352,11 @@ int measure_worker_main(const std::string& request_path, const std::string& resu
   return 0;
 }
 
+int64_t full_flush_bytes() {
+  const int64_t llc = TargetKey::host(Target::host()).l3_bytes;
+  return 2 * (llc > 0 ? llc : int64_t{32} << 20);
+}
+
 Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t anchor_index, const std::vector<Trial>& trials,
                                                 const MeasureOptions& options) {
   namespace fs = std::filesystem;
@@ -373,8 +378,7 @@ Result<std::vector<TrialResult>> measure_trials(const Graph& group, size_t ancho
   base.check = options.check;
   base.interleave = options.interleave && trials.size() > 1;
   if (options.flush) {
-    const int64_t llc = TargetKey::host(Target::host()).l3_bytes;
-    base.flush_bytes = 2 * (llc > 0 ? llc : int64_t{32} << 20);
+    base.flush_bytes = options.flush_bytes > 0 ? options.flush_bytes : full_flush_bytes();
   }
   base.anchor = anchor_index;
   PrintOptions po;

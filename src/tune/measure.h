@@ -50,12 +50,16 @@ struct MeasureOptions {
   int max_repeats = 200;
   double timeout_s = 120;    // without a result for this long, the child is killed
   bool check = true;         // compare each trial's outputs with the naive schedules'
-  // Before each timed run, evict the caches (a write to every line of twice
-  // the host's last-level cache), then read the group's inputs back: the
-  // constants (weights) come from memory and the activations from cache, as
-  // in a model whose other layers ran in between. Repeats then stop once
-  // their wall time, evictions included, reaches min_seconds.
+  // Before each timed run, write every line of a scratch buffer of
+  // flush_bytes, then read the group's inputs back: what the rest of a model
+  // touches between two runs of this kernel passes through the caches, and
+  // the activations come from cache. With flush_bytes at least twice the
+  // host's last-level cache (0: exactly that), the constants (weights) come
+  // from memory; with a model's footprint below that, from whichever level
+  // the model leaves them in. Repeats then stop once their wall time,
+  // evictions included, reaches min_seconds.
   bool flush = true;
+  int64_t flush_bytes = 0;
   // Time the trials of one call round by round (each run once per round, the
   // order rotated) instead of one after the other, so that a slow phase of
   // the machine falls on every trial alike: for comparing points with each
@@ -63,6 +67,10 @@ struct MeasureOptions {
   // trial. If the child dies, the trials left are measured one by one instead.
   bool interleave = false;
 };
+
+// Twice the host's last-level cache (32 MB when the host does not say):
+// scratch writes that leave none of a kernel's data in any cache.
+int64_t full_flush_bytes();
 
 // The start of every trial's error when the group itself cannot be set up
 // (its graph, its inputs, or the naive reference failed): no trial of it can

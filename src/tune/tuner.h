@@ -66,6 +66,12 @@ struct TuneSummary {
   double seconds = 0;
 };
 
+// The bytes one run of `g` touches as the caches see them: its constants and
+// its activations at their peak (each live from its producer to its last
+// reader; values of symbolic shape left out). The tuner evicts this much
+// before each timed run, at most full_flush_bytes() (measure.h).
+int64_t model_footprint_bytes(const Graph& g);
+
 Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions& options, std::ostream& log);
 
 // `kiln tune MODEL --db URL --enqueue`: every workload of the model with

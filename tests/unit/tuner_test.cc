@@ -129,6 +129,32 @@ TEST(TargetKeys, CacheSizesParseAsTheKernelWritesThem) {
   EXPECT_EQ(key.l3_bytes, host_cache_bytes(3));
 }
 
+// The eviction before each timed run is what a run of the model touches:
+// its constants and its activations at their peak.
+TEST(Measure, ModelFootprintCountsConstantsAndPeakActivations) {
+  auto f32 = [](int64_t r, int64_t c) { return TensorType{DType::kFloat32, Shape{Expr(r), Expr(c)}}; };
+  Graph g;
+  g.opsets[""] = 17;
+  Value* x = g.add_input("x", f32(4, 100));                              // 1600 bytes, live throughout
+  Value* w = g.add_constant("w", Tensor(DType::kFloat32, {100, 1000}));  // 400000 bytes
+  Node* a = g.add_node("MatMul", {x, w}, {"a"});                         // 16000 bytes each
+  Node* b = g.add_node("Relu", {a->output(0)}, {"b"});
+  Node* c = g.add_node("Relu", {b->output(0)}, {"c"});                   // b's last reader
+  Node* d = g.add_node("Add", {c->output(0), a->output(0)}, {"d"});      // a's and c's
+  for (Node* n : {a, b, c, d}) n->output(0)->set_type(f32(4, 1000));         // as inference types them
+  g.set_outputs({d->output(0)});
+  // Peak: x + a + b + c at c (b's last reader), then x + a + c + d at d.
+  EXPECT_EQ(model_footprint_bytes(g), 400000 + 1600 + 3 * 16000);
+  // A value of symbolic shape is left out.
+  Graph h;
+  h.opsets[""] = 17;
+  Value* y = h.add_input("y", TensorType{DType::kFloat32, Shape{var("n"), Expr(int64_t{8})}});
+  Node* r = h.add_node("Relu", {y}, {"r"});
+  r->output(0)->set_type(y->type());
+  h.set_outputs({r->output(0)});
+  EXPECT_EQ(model_footprint_bytes(h), 0);
+}
+
 // The one group of a 64 x 32 MLP, alone (measure.h), and its anchor's index.
 Result<std::unique_ptr<Graph>> mlp_group(size_t* anchor) {
   auto g = mlp("", 64, 32, 3);

@@ -32,8 +32,9 @@ const char kTuneUsage[] =
     "                  (those measured on this host's target) with this Kiln's definition of them\n"
     "  --train         the kernels of MODEL's training step (forward, backward, update) as kiln train compiles it\n"
     "                  with the same options; kiln train and kiln.Trainer then find them in the database\n"
-    "  --warm-caches   time repeated runs back to back (default: the caches are evicted before each run and\n"
-    "                  the kernel's inputs read back, so weights come from memory as in the model)\n"
+    "  --warm-caches   time repeated runs back to back (default: before each run, as many bytes as the model\n"
+    "                  touches, at most twice the L3, are written through the caches and the kernel's inputs\n"
+    "                  read back, so weights come from where the rest of the model leaves them)\n"
     "  example: kiln tune resnet50.onnx --db tuning.db --time-budget 10m\n";
 
 void on_sigint(int) { tune::request_stop(); }
