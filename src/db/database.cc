@@ -1,5 +1,6 @@
 #include "db/database.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <tuple>
@@ -55,6 +56,14 @@ std::optional<tune::Record> best_record(const std::vector<tune::Record>& records
       return best->record();
     }
   return std::nullopt;
+}
+
+std::vector<tune::Record> timed_alike(std::vector<tune::Record> records) {
+  const bool evicted = std::any_of(records.begin(), records.end(), [](const tune::Record& r) { return !r.timed_warm(); });
+  records.erase(std::remove_if(records.begin(), records.end(),
+                               [&](const tune::Record& r) { return r.timed_warm() == evicted; }),
+                records.end());
+  return records;
 }
 
 void PooledPoint::add(const tune::Record& r) {

@@ -23,7 +23,8 @@
 namespace kiln::db {
 
 // The schema this Kiln writes (older ones are migrated on open).
-inline constexpr int kSchemaVersion = 3;  // 2: records' cost-model features, stored cost models; 3: their version
+inline constexpr int kSchemaVersion = 4;  // 2: records' cost-model features, stored cost models; 3: their version;
+                                          // 4: how records were timed (evict_bytes)
 
 struct Stats {
   int64_t records = 0;
@@ -101,6 +102,12 @@ std::string default_database_path();
 // point's latest, with every latency of the point.
 std::optional<tune::Record> best_record(const std::vector<tune::Record>& records, const tune::TargetKey& host,
                                         int threads, tune::TargetMatch* match = nullptr);
+
+// The records of one workload that are compared with each other: points
+// timed with the caches warm (tune::Record::timed_warm) are not compared with
+// points timed after an eviction, as a model runs them; where a workload has
+// records of both, those timed after an eviction.
+std::vector<tune::Record> timed_alike(std::vector<tune::Record> records);
 
 // One point's records pooled, as best_record judges a point: every latency,
 // and the latest record (by time, then row) to stand for the point.

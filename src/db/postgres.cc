@@ -24,7 +24,7 @@ const char* const kSchema[] = {
     " candidate TEXT NOT NULL, knobs TEXT NOT NULL, schedule TEXT NOT NULL, latencies TEXT NOT NULL,"
     " median_s DOUBLE PRECISION NOT NULL, threads INTEGER NOT NULL, host TEXT NOT NULL, kiln_version TEXT NOT NULL,"
     " time BIGINT NOT NULL, workload_text TEXT NOT NULL, features TEXT NOT NULL DEFAULT '',"
-    " feature_version INTEGER NOT NULL DEFAULT 0)",
+    " feature_version INTEGER NOT NULL DEFAULT 0, evict_bytes BIGINT NOT NULL DEFAULT -1)",
     "CREATE INDEX IF NOT EXISTS kiln_records_by_workload ON kiln_records (workload, target, median_s)",
     "CREATE TABLE IF NOT EXISTS kiln_jobs ("
     " id BIGSERIAL PRIMARY KEY, workload TEXT NOT NULL, target TEXT NOT NULL, anchor_op TEXT NOT NULL,"
@@ -109,6 +109,16 @@ class PostgresDatabase : public Database {
       }
       version = 3;
     }
+    if (version == 3) {
+      // 3 to 4: how each record's runs were timed; records stored before it did not say (-1).
+      st = exec("ALTER TABLE kiln_records ADD COLUMN IF NOT EXISTS evict_bytes BIGINT NOT NULL DEFAULT -1");
+      if (st.is_ok()) st = exec("UPDATE kiln_meta SET value = '4' WHERE key = 'schema_version'");
+      if (!st.is_ok()) {
+        rollback();
+        return st.with_context("migrating schema 3 to 4");
+      }
+      version = 4;
+    }
     if (version > kSchemaVersion) {
       rollback();
       return unsupported() << where_ << ": tuning database schema version " << version << " is newer than this Kiln's ("
@@ -132,11 +142,12 @@ class PostgresDatabase : public Database {
       med.precision(17);
       med << r.median_s();
       auto st = run("INSERT INTO kiln_records (workload, anchor_op, target, candidate, knobs, schedule, latencies, median_s,"
-                    " threads, host, kiln_version, time, workload_text, features, feature_version)"
-                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+                    " threads, host, kiln_version, time, workload_text, features, feature_version, evict_bytes)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
                     {r.workload, r.anchor_op, r.target, r.candidate, r.knobs, r.schedule, numbers_text(r.latencies_s, 9), med.str(),
                      std::to_string(r.threads), r.host, r.kiln_version, std::to_string(r.time), r.workload_text,
-                     numbers_text(r.features, 7), std::to_string(r.features.empty() ? 0 : r.feature_version)});
+                     numbers_text(r.features, 7), std::to_string(r.features.empty() ? 0 : r.feature_version),
+                     std::to_string(r.evict_bytes)});
       if (!st.is_ok()) {
         rollback();
         return st.status();
@@ -161,13 +172,14 @@ class PostgresDatabase : public Database {
     rec.workload_text = PQgetvalue(r, i, 11);
     rec.features = parse_numbers<float>(PQgetvalue(r, i, 12));
     rec.feature_version = std::atoi(PQgetvalue(r, i, 13));
-    rec.id = std::atoll(PQgetvalue(r, i, 14));
+    rec.evict_bytes = std::atoll(PQgetvalue(r, i, 14));
+    rec.id = std::atoll(PQgetvalue(r, i, 15));
     return rec;
   }
 
   static constexpr const char* kColumns =
       "SELECT workload, anchor_op, target, candidate, knobs, schedule, latencies, threads, host, kiln_version, time,"
-      " workload_text, features, feature_version, id FROM kiln_records";
+      " workload_text, features, feature_version, evict_bytes, id FROM kiln_records";
 
   Result<std::vector<tune::Record>> records_for(const std::string& workload) override {
     KILN_ASSIGN_OR_RETURN(PgResult r, run(std::string(kColumns) + " WHERE workload = $1 ORDER BY median_s", {workload}));
@@ -220,7 +232,7 @@ class PostgresDatabase : public Database {
   Result<int64_t> prune(int keep) override {
     if (keep < 1) return invalid_argument() << "prune must keep at least 1 record per schedule";
     KILN_ASSIGN_OR_RETURN(PgResult r, run("DELETE FROM kiln_records WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER()"
-                                          " OVER (PARTITION BY workload, target, threads, candidate, knobs ORDER BY time DESC, id DESC)"
+                                          " OVER (PARTITION BY workload, target, threads, candidate, knobs, evict_bytes = 0 ORDER BY time DESC, id DESC)"
                                           " AS n FROM kiln_records) ranked WHERE n > $1)",
                                           {std::to_string(keep)}));
     return static_cast<int64_t>(std::atoll(PQcmdTuples(r.get())));

@@ -52,6 +52,13 @@ const char* const kMigrateV2toV3[] = {
     "UPDATE kiln_meta SET value = '3' WHERE key = 'schema_version'",
 };
 
+// Version 3 to 4: how each record's runs were timed (tune::Record::evict_bytes);
+// records stored before it did not say (-1).
+const char* const kMigrateV3toV4[] = {
+    "ALTER TABLE records ADD COLUMN evict_bytes INTEGER NOT NULL DEFAULT -1",
+    "UPDATE kiln_meta SET value = '4' WHERE key = 'schema_version'",
+};
+
 
 
 
@@ -122,6 +129,7 @@ class SqliteDatabase : public Database {
       };
       if (!done && v == 1) run_all(kMigrateV1toV2);
       if (!done && v == 2) run_all(kMigrateV2toV3);
+      if (!done && v == 3) run_all(kMigrateV3toV4);
       if (!st.is_ok()) {
         sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
         return st.with_context("migrating schema " + std::to_string(v) + " to " + std::to_string(v + 1));
@@ -146,7 +154,7 @@ class SqliteDatabase : public Database {
 
   Result<std::vector<tune::Record>> records_for(const std::string& workload) override {
     Statement s(db_, "SELECT workload, anchor_op, target, candidate, knobs, schedule, latencies, threads, host,"
-                     " kiln_version, time, workload_text, features, feature_version, id FROM records WHERE workload = ?1 ORDER BY median_s");
+                     " kiln_version, time, workload_text, features, feature_version, evict_bytes, id FROM records WHERE workload = ?1 ORDER BY median_s");
     if (!s.ok()) return error("reading records");
     s.bind(1, workload);
     std::vector<tune::Record> out;
@@ -158,7 +166,7 @@ class SqliteDatabase : public Database {
 
   Status for_each(const std::function<Status(const tune::Record&)>& f) override {
     Statement s(db_, "SELECT workload, anchor_op, target, candidate, knobs, schedule, latencies, threads, host,"
-                     " kiln_version, time, workload_text, features, feature_version, id FROM records ORDER BY id");
+                     " kiln_version, time, workload_text, features, feature_version, evict_bytes, id FROM records ORDER BY id");
     if (!s.ok()) return error("reading records");
     int rc;
     while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) KILN_RETURN_IF_ERROR(f(row(s)));
@@ -338,7 +346,8 @@ class SqliteDatabase : public Database {
     KILN_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE"));
     Statement s(db_,
                 "DELETE FROM records WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY"
-                " workload, target, threads, candidate, knobs ORDER BY time DESC, id DESC) AS n FROM records) WHERE n > ?1)");
+                 " workload, target, threads, candidate, knobs, evict_bytes = 0 ORDER BY time DESC, id DESC) AS n FROM records)"
+                " WHERE n > ?1)");
     if (!s.ok()) {
       sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
       return error("pruning");
@@ -358,8 +367,8 @@ class SqliteDatabase : public Database {
   Status insert_all(const std::vector<tune::Record>& records) {
     Statement s(db_,
                 "INSERT INTO records (workload, anchor_op, target, candidate, knobs, schedule, latencies, median_s,"
-                " threads, host, kiln_version, time, workload_text, features, feature_version)"
-                " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)");
+                " threads, host, kiln_version, time, workload_text, features, feature_version, evict_bytes)"
+                " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)");
     if (!s.ok()) return error("preparing the insert");
     for (const tune::Record& r : records) {
       if (r.latencies_s.empty()) return invalid_argument() << "record of " << r.workload << " has no latencies";
@@ -379,6 +388,7 @@ class SqliteDatabase : public Database {
       s.bind(13, r.workload_text);
       s.bind(14, numbers_text(r.features, 7));
       s.bind(15, static_cast<int64_t>(r.features.empty() ? 0 : r.feature_version));
+      s.bind(16, r.evict_bytes);
       if (sqlite3_step(s.get()) != SQLITE_DONE) return error("inserting a record");
     }
     return Status::ok();
@@ -400,7 +410,8 @@ class SqliteDatabase : public Database {
     r.workload_text = s.text(11);
     r.features = parse_numbers<float>(s.text(12));
     r.feature_version = static_cast<int>(sqlite3_column_int64(s.get(), 13));
-    r.id = sqlite3_column_int64(s.get(), 14);
+    r.evict_bytes = sqlite3_column_int64(s.get(), 14);
+    r.id = sqlite3_column_int64(s.get(), 15);
     return r;
   }
 

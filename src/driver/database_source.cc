@@ -183,7 +183,7 @@ const std::vector<tune::Record>& DatabaseSource::records(const std::string& key)
   if (it == records_.end()) {
     auto recs = db_->records_for(key);
     if (!recs.is_ok()) error_ = recs.status();
-    it = records_.emplace(key, recs.is_ok() ? std::move(*recs) : std::vector<tune::Record>{}).first;
+    it = records_.emplace(key, recs.is_ok() ? db::timed_alike(std::move(*recs)) : std::vector<tune::Record>{}).first;
   }
   return it->second;
 }

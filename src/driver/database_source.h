@@ -45,7 +45,8 @@ class DatabaseSource : public strategy::ChoiceSource {
 
  private:
   std::shared_ptr<db::Database> db_;
-  const std::vector<tune::Record>& records(const std::string& key);  // read once per key
+  // Read once per key, those compared with each other only (db::timed_alike).
+  const std::vector<tune::Record>& records(const std::string& key);
   static bool keep_default_within_noise(const std::vector<tune::Record>& usable, const std::string& candidate,
                                         const std::string& default_knobs, tune::Record& best);
   static std::optional<strategy::Choice> choice_of(const tune::Record& best, tune::TargetMatch match,

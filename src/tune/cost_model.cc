@@ -56,7 +56,9 @@ std::optional<Sample> sample_of(const Record& r) {
   if (r.features.size() != static_cast<size_t>(kNumFeatures) || r.feature_version != kFeatureVersion ||
       r.latencies_s.empty())
     return std::nullopt;
-  return Sample{r.workload + "|" + r.target + "|" + std::to_string(r.threads), r.features, r.median_s()};
+  // Normalized per group: a workload on one target at one thread count, timed warm or not.
+  return Sample{r.workload + "|" + r.target + "|" + std::to_string(r.threads) + (r.timed_warm() ? "|warm" : ""),
+                r.features, r.median_s()};
 }
 
 std::vector<Sample> samples_of(const std::vector<Record>& records) {

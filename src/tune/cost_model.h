@@ -31,8 +31,8 @@ struct Sample {
   double seconds = 0;
 };
 
-// A record's sample (its workload on its target and thread count, its
-// features and median latency); nullopt for a record without features.
+// A record's sample (its workload on its target and thread count, timed warm
+// or not, its features and median latency); nullopt for a record without features.
 std::optional<Sample> sample_of(const Record& r);
 // Samples of every record with features (records without are skipped).
 std::vector<Sample> samples_of(const std::vector<Record>& records);

@@ -326,7 +326,7 @@ std::string Record::to_json() const {
   field("workload_text", workload_text);
   os << ", \"features\": [";
   for (size_t i = 0; i < features.size(); ++i) os << (i ? ", " : "") << features[i];
-  os << "], \"feature_version\": " << feature_version << "}";
+  os << "], \"feature_version\": " << feature_version << ", \"evict_bytes\": " << evict_bytes << "}";
   return os.str();
 }
 
@@ -380,6 +380,11 @@ Result<Record> Record::from_json(const std::string& line) {
     if (!(v->second >= 0 && v->second <= 1 << 20) || v->second != std::floor(v->second))
       return invalid_argument() << "record has feature_version " << v->second;
     r.feature_version = static_cast<int>(v->second);
+  }
+  if (auto e = n.find("evict_bytes"); e != n.end()) {
+    if (!(e->second >= -1 && e->second <= 9007199254740992.0) || e->second != std::floor(e->second))
+      return invalid_argument() << "record has evict_bytes " << e->second;
+    r.evict_bytes = static_cast<int64_t>(e->second);
   }
   return r;
 }

@@ -73,9 +73,17 @@ struct Record {
   std::string workload_text;  // the canonical text (kept for the cost model and for inspection)
   std::vector<float> features;  // the cost model's features of the measured kernel (features.h); empty: unknown
   int feature_version = 0;      // features.h's kFeatureVersion when they were computed (0: none)
+  // How the runs were timed: the bytes written through the caches before
+  // each (MeasureOptions::flush_bytes); 0: none, runs back to back (kiln tune
+  // --warm-caches); -1: not recorded (records from before schema 4, which
+  // were timed after an eviction unless tuned with --warm-caches).
+  int64_t evict_bytes = -1;
   int64_t id = 0;               // the database's row, for records read from one (0: not stored yet)
 
   double median_s() const;
+  // Timed with the caches warm (no eviction before its runs): such records
+  // are compared only with each other (db::timed_alike).
+  bool timed_warm() const { return evict_bytes == 0; }
   // One JSON object on one line (the export format of `kiln db export`).
   std::string to_json() const;
   static Result<Record> from_json(const std::string& line);

@@ -458,7 +458,8 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
     KILN_ASSIGN_OR_RETURN(std::vector<Record> recs, database->records_for(t.gw.workload.key));
     if (t.graph) refeature_records(t.graph.get(), Status::ok(), t.anchor_index, recs, target_key, &refeatured, &stale, log);
     for (const Record& r : recs) {
-      if (r.target != target_key || r.threads != options.threads) continue;
+      // Points timed the other way (warm against evicted) are measured again, not resumed.
+      if (r.target != target_key || r.threads != options.threads || r.timed_warm() == options.measure.flush) continue;
       // One spelling per point (a record from before a knob existed: the knob's absent value).
       Trial point{r.candidate, r.knobs};
       auto sp = t.spaces.find(r.candidate);
@@ -548,6 +549,7 @@ Result<TuneSummary> tune_model(const std::string& model_path, const TuneOptions&
       r.workload_text = t.gw.workload.text;
       r.features = res[i].features;
       r.feature_version = r.features.empty() ? 0 : kFeatureVersion;
+      r.evict_bytes = mo.flush ? mo.flush_bytes : 0;
       if (auto sample = sample_of(r)) samples.push_back(std::move(*sample));
       records.push_back(std::move(r));
     }

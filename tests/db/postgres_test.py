@@ -129,15 +129,19 @@ def main():
 
         # A database of schema 2 (before features carried their version) is migrated when opened: its
         # features count as version 1's, and kiln tune --refeature recomputes them on the server.
-        pg.sql("ALTER TABLE kiln_records DROP COLUMN feature_version;"
+        check(pg.sql("SELECT COUNT(*) FROM kiln_records WHERE evict_bytes <= 0").split()[2] == "0",
+              "the workers' records say how much they evicted before each run")
+        pg.sql("ALTER TABLE kiln_records DROP COLUMN evict_bytes; ALTER TABLE kiln_records DROP COLUMN feature_version;"
                " UPDATE kiln_meta SET value = '2' WHERE key = 'schema_version'")
         out = kiln("tune", model, "--db", url, "--refeature", env=env).stdout
         m = re.search(r"refeatured (\d+) records of 3 workloads.* 0 whose point no longer applies", out)
         check(m is not None and int(m.group(1)) > 0, f"schema 2 migrated and its records refeatured: {out.strip()}")
         out = kiln("tune", model, "--db", url, "--refeature", env=env).stdout
         check("refeatured 0 records" in out, f"a second refeature has nothing to do: {out.strip()}")
-        check(pg.sql("SELECT value FROM kiln_meta WHERE key = 'schema_version'").split()[2] == "3",
-              "the schema version is 3 after the migration")
+        check(pg.sql("SELECT value FROM kiln_meta WHERE key = 'schema_version'").split()[2] == "4",
+              "the schema version is 4 after the migration")
+        check(pg.sql("SELECT COUNT(*) FROM kiln_records WHERE evict_bytes <> -1").split()[2] == "0",
+              "records from before schema 4 do not say how they were timed")
 
         # The server goes away, then comes back.
         pg.stop(mode="fast")

@@ -301,7 +301,8 @@ TEST(TuningDatabase, SchemaOneIsMigratedKeepingItsRecords) {
   }
   // Back to what schema 1 was: no features column, no cost models.
   sqlite3* raw = nullptr;
-  ASSERT_TRUE(raw_exec(path, "ALTER TABLE records DROP COLUMN feature_version; ALTER TABLE records DROP COLUMN features;"
+  ASSERT_TRUE(raw_exec(path, "ALTER TABLE records DROP COLUMN evict_bytes; ALTER TABLE records DROP COLUMN feature_version;"
+                             " ALTER TABLE records DROP COLUMN features;"
                              " DROP TABLE cost_models; UPDATE kiln_meta SET value = '1' WHERE key = 'schema_version'"));
   auto db = open_database(path, false);
   ASSERT_TRUE(db.is_ok()) << db.status().to_string();
@@ -354,6 +355,63 @@ TEST(TuningDatabase, PruneKeepsTheLatest) {
     if (r.knobs == "mr=4 nr=32" && r.threads == 1) EXPECT_DOUBLE_EQ(r.median_s(), 3e-3);
 }
 
+// Records say how their runs were timed (schema 4): the bytes evicted before
+// each, 0 for none, -1 where a record from before schema 4 does not say;
+// export and import keep it; warm and evicted points are not compared.
+TEST(TuningDatabase, TimingIsRecordedMigratedAndKeptApart) {
+  std::string path = temp_dir() + "/v3.db";
+  tune::Record evicted = record(1, 2e-3), warm = record(1, 1e-3, "mr=8 nr=32");
+  evicted.evict_bytes = int64_t{419} << 20;
+  warm.evict_bytes = 0;
+  {
+    auto db = open_database(path, true);
+    ASSERT_TRUE(db.is_ok());
+    ASSERT_TRUE((*db)->commit({evicted, warm}).is_ok());
+    auto back = (*db)->records_for(evicted.workload);
+    ASSERT_EQ(back->size(), 2u);
+    EXPECT_EQ((*back)[0].evict_bytes, 0);  // by median: the warm one first
+    EXPECT_EQ((*back)[1].evict_bytes, evicted.evict_bytes);
+    // Export and import keep it; a line without it (an older file) did not say.
+    std::ostringstream out;
+    ASSERT_TRUE(export_records(**db, out).is_ok());
+    EXPECT_NE(out.str().find("\"evict_bytes\": 439353344"), std::string::npos) << out.str();
+    std::string older = evicted.to_json();
+    older.erase(older.find(", \"evict_bytes\""), std::string(", \"evict_bytes\": 439353344").size());
+    auto parsed = tune::Record::from_json(older);
+    ASSERT_TRUE(parsed.is_ok()) << older;
+    EXPECT_EQ(parsed->evict_bytes, -1);
+    for (const char* bad : {"-2", "1.5", "1e300"}) {
+      std::string line = evicted.to_json();
+      line.replace(line.find("439353344"), 9, bad);
+      EXPECT_FALSE(tune::Record::from_json(line).is_ok()) << bad;
+    }
+  }
+  // Warm points are compared among themselves only: with an evicted record
+  // of the workload, the warm one is left out however fast.
+  auto db = open_database(path, false);
+  ASSERT_TRUE(db.is_ok());
+  auto both = (*db)->records_for(evicted.workload);
+  std::vector<tune::Record> alike = timed_alike(*both);
+  ASSERT_EQ(alike.size(), 1u);
+  EXPECT_EQ(alike[0].knobs, evicted.knobs);
+  alike = timed_alike({warm, record(2, 1e-3)});  // -1 (did not say) counts as evicted
+  ASSERT_EQ(alike.size(), 1u);
+  EXPECT_EQ(alike[0].evict_bytes, -1);
+  alike = timed_alike({warm, warm});  // warm only: those
+  EXPECT_EQ(alike.size(), 2u);
+  db->reset();
+  // Back to schema 3: no evict_bytes column; its records then do not say.
+  ASSERT_TRUE(raw_exec(path, "ALTER TABLE records DROP COLUMN evict_bytes;"
+                             " UPDATE kiln_meta SET value = '3' WHERE key = 'schema_version'"));
+  db = open_database(path, false);
+  ASSERT_TRUE(db.is_ok()) << db.status().to_string();
+  auto migrated = (*db)->records_for(evicted.workload);
+  ASSERT_TRUE(migrated.is_ok());
+  ASSERT_EQ(migrated->size(), 2u);
+  for (const tune::Record& r : *migrated) EXPECT_EQ(r.evict_bytes, -1);
+  EXPECT_EQ(timed_alike(*migrated).size(), 2u);
+}
+
 // Features carry the version of their definition (schema 3); a database of
 // schema 2 keeps its features, marked version 1's; update_features replaces
 // the features of records read back, by row, all or nothing.
@@ -372,7 +430,7 @@ TEST(TuningDatabase, FeatureVersionsMigrateAndUpdate) {
     EXPECT_GT((*back)[0].id, 0);
   }
   // Back to schema 2: no feature_version column.
-  ASSERT_TRUE(raw_exec(path, "ALTER TABLE records DROP COLUMN feature_version;"
+  ASSERT_TRUE(raw_exec(path, "ALTER TABLE records DROP COLUMN evict_bytes; ALTER TABLE records DROP COLUMN feature_version;"
                              " UPDATE kiln_meta SET value = '2' WHERE key = 'schema_version'"));
   auto db = open_database(path, false);
   ASSERT_TRUE(db.is_ok()) << db.status().to_string();

@@ -328,6 +328,24 @@ TEST(Tuner, TunedRecordsAreWhatTheNextCompileUses) {
   auto again = tune_model(model, to, log);
   ASSERT_TRUE(again.is_ok());
   EXPECT_EQ(again->resumed, summary->committed);
+  // The records say how they were timed: after evicting the model's footprint.
+  {
+    auto database = db::open_database(to.db, false);
+    ASSERT_TRUE(database.is_ok());
+    ASSERT_TRUE((*database)->for_each([&](const Record& r) -> Status {
+      EXPECT_GT(r.evict_bytes, 0);
+      EXPECT_LE(r.evict_bytes, full_flush_bytes());
+      return Status::ok();
+    }).is_ok());
+  }
+  // Timed warm, the same points are measured again, not resumed.
+  TuneOptions warm = to;
+  warm.measure.flush = false;
+  warm.max_trials = 2;
+  auto warm_run = tune_model(model, warm, log);
+  ASSERT_TRUE(warm_run.is_ok());
+  EXPECT_EQ(warm_run->resumed, 0);
+  EXPECT_EQ(warm_run->trials, 2);
 
   // Same results with the tuned database as without.
   auto tuned = compile_with_db(model, to.db);
@@ -595,6 +613,12 @@ TEST(Tuner, CompileTakesTheFastestRecordBeyondNoise) {
                                                                    : tir::Knobs{});
   EXPECT_EQ(pick({second}).second, "priority");
   EXPECT_EQ(pick({second, rec(def, 2.0, here)}), std::make_pair(second.knobs, std::string("database")));
+  // A point timed warm is not compared with points timed after an eviction
+  // (as the model runs them), however fast; among warm records alone, it is.
+  Record warm = rec(other, 0.5, here), warm_def = rec(def, 2.0, here);
+  warm.evict_bytes = warm_def.evict_bytes = 0;
+  EXPECT_EQ(pick({rec(def, 2.0, here), warm}), std::make_pair(def, std::string("database")));
+  EXPECT_EQ(pick({warm_def, warm}), std::make_pair(other, std::string("database")));
   // A target this host cannot run is never used, however fast; nothing else: priority.
   EXPECT_EQ(pick({rec(other, 0.1, elsewhere)}).second, "priority");
 }
