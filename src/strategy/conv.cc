@@ -935,8 +935,9 @@ tir::Knobs winograd_defaults(const Node& n, const Target& t) {
   // transforms are separable sums over inputs loaded once (ops/conv.cc) they
   // cost less than the products they save; on a small plane its few tiles
   // leave most of a vector's lanes idle (the products vectorize over tiles).
-  // Measured: F(4x4) won on planes from 13x13 up and lost on 8x8 (4 tiles);
-  // m is in the space for a tuner to decide per host. Its rounding error is
+  // F(4x4)'s transformed weights are 36/16 of F(2x2)'s: where they come from
+  // memory in the model, that can outweigh the products saved, so m is in the
+  // space for the tuner to decide per host. Its rounding error is
   // 2.7 times F(2x2)'s (interpolation points in tir/winograd.h; 5.7 times
   // with 0, +-1, +-2).
   const int64_t m = winograd_default_m(n);
