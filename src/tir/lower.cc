@@ -113,6 +113,7 @@ Expr combine(Combiner c, Expr acc, Expr v) {
 struct Lowerer {
   const KernelDef& k;
   std::map<std::string, int, std::less<>> param_index;
+  std::set<std::string> folded_buffers;  // deferred epilogues' stage buffers allocated per iteration (fold_deferred_buffer)
   std::map<std::string, int, std::less<>> stage_index;
   std::vector<StagePlan> plans;
   std::vector<ComputeDef> stages;  // bodies with inlined producers substituted
@@ -1625,7 +1626,73 @@ struct Lowerer {
     std::vector<Expr> guards = plan.guards;
     guards.insert(guards.end(), plan.store_guards.begin(), plan.store_guards.end());
     Stmt epi_nest = build_nest(epi_loops, store, guards, bound_top, loop_vars);
-    return build_nest(top, make_seq({reduce_nest, epi_nest}), plan.guards, {}, loop_vars);
+    Stmt body = make_seq({reduce_nest, epi_nest});
+    if (std::optional<Stmt> folded = fold_deferred_buffer(s, out_indices, bound_top, body)) body = *folded;
+    return build_nest(top, body, plan.guards, {}, loop_vars);
+  }
+
+  // Whether a deferred epilogue's stage buffer holds only what one iteration
+  // of the epilogue's axis writes (fold_deferred_buffer), allocated there
+  // instead of whole for the kernel: an intermediate, its reduction not
+  // hoisted (hoist_reduce keeps partial sums in it across iterations).
+  bool deferred_buffer_folds(int s) const {
+    const StagePlan& plan = plans[static_cast<size_t>(s)];
+    return plan.epilogue >= 0 && !plan.epilogue_axis.empty() && plan.hoisted.empty() &&
+           !param_index.count(stages[static_cast<size_t>(s)].name);
+  }
+
+  // `body` (one iteration of the epilogue's axis: the tile nest, then the
+  // epilogue over what it wrote) with the stage's buffer allocated in it,
+  // its dims whose index is fixed by the loops at or outside the axis
+  // (`bound_top`) cut to one element; nullopt where the buffer must stay
+  // whole (it folds nothing, or some access there reads another iteration's
+  // elements).
+  std::optional<Stmt> fold_deferred_buffer(int s, const std::vector<Expr>& out_indices,
+                                           const std::set<std::string>& bound_top, const Stmt& body) {
+    if (!deferred_buffer_folds(s)) return std::nullopt;
+    const ComputeDef& st = stages[static_cast<size_t>(s)];
+    if (out_indices.size() != st.shape.size()) return std::nullopt;
+    std::vector<Expr> base(st.shape.size());
+    Buffer b{st.name, st.dtype, st.shape};
+    bool any = false;
+    for (size_t d = 0; d < out_indices.size(); ++d) {
+      if (st.shape[d].as_const() == int64_t{1}) continue;  // one element already (its index may read 0)
+      bool outer_only = true;
+      for (const std::string& v : free_vars(out_indices[d])) outer_only = outer_only && bound_top.count(v);
+      if (!outer_only) continue;
+      base[d] = out_indices[d];
+      b.shape[d] = Expr(int64_t{1});
+      any = true;
+    }
+    if (!any) return std::nullopt;
+    Stmt moved = relocate(body, st.name, base);
+    // Every access must land on the one element kept per folded dim.
+    bool inside = true;
+    auto check = [&](const std::vector<Expr>& idx) {
+      for (size_t d = 0; d < idx.size() && d < base.size(); ++d)
+        if (base[d].defined() && simplify(idx[d]).as_const() != int64_t{0}) inside = false;
+    };
+    std::function<void(const Stmt&)> walk = [&](const Stmt& n) {
+      if (!n) return;
+      auto loads = [&](const Expr& e) {
+        if (!e.defined()) return;
+        rewrite(e, [&](const Expr& x) -> Expr {
+          if (x.kind() == ExprKind::kLoad && x->int_value == -1 && x->name == st.name) check(x->args);
+          return Expr();
+        });
+      };
+      for (const Expr* e : {&n->extent, &n->value, &n->cond}) loads(*e);
+      for (const Expr& e : n->indices) loads(e);
+      if (n->kind == StmtKind::kStore && n->buffer_index == -1 && n->buffer.name == st.name) check(n->indices);
+      walk(n->body);
+      walk(n->then_case);
+      walk(n->else_case);
+      for (const Stmt& c : n->seq) walk(c);
+    };
+    walk(moved);
+    if (!inside) return std::nullopt;
+    folded_buffers.insert(st.name);
+    return make_allocate(b, moved);
   }
 
   Result<Stmt> lower_from(size_t s) {
@@ -1644,8 +1711,10 @@ struct Lowerer {
       Buffer b{written.name, written.dtype, written.shape};
       body = make_allocate(b, body);
     }
-    // A deferred epilogue reads the stage's own buffer too; hoist_reduce keeps partial results in it.
-    if (e >= 0 && (!plans[s].epilogue_axis.empty() || !plans[s].hoisted.empty()) && !param_index.count(stages[s].name)) {
+    // A deferred epilogue reads the stage's own buffer too (allocated inside
+    // the epilogue's loop where it folds); hoist_reduce keeps partial results in it.
+    if (e >= 0 && (!plans[s].epilogue_axis.empty() || !plans[s].hoisted.empty()) && !param_index.count(stages[s].name) &&
+        !folded_buffers.count(stages[s].name)) {
       Buffer b{stages[s].name, stages[s].dtype, stages[s].shape};
       body = make_allocate(b, body);
     }

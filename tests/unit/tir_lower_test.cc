@@ -535,6 +535,20 @@ TEST(TirLower, DeferredEpilogue) {
     EXPECT_EQ(text.find("sigmoid:f32(load(C.acc") != std::string::npos, !deferred) << text;
     EXPECT_EQ(text.find("sigmoid:f32(load(C#-1") != std::string::npos, deferred) << text;
   }
+  // After each row (the epilogue's axis fixes C's first dim): C's buffer
+  // holds that row alone, allocated inside the row's loop, not the whole C.
+  {
+    auto s = parse_schedule("split_overlap(C, j, 16)\nreorder(C, i, j.o, j.i)\ncache_write(C, j.o)\nvectorize(C, j.i)\n"
+                            "fuse_epilogue(C, i)\n");
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    expect_matches(k, *s, {}, ref);
+    auto f = lower(k, *s);
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    std::string text = print_func(*f);
+    EXPECT_NE(text.find("allocate C:f32[1, 19]"), std::string::npos) << text;
+    EXPECT_LT(text.find("for i in"), text.find("allocate C:f32")) << text;
+    EXPECT_EQ(text.find("allocate C:f32[7, 19]"), std::string::npos) << text;
+  }
   for (const char* bad : {"fuse_epilogue(C, i.i)\n", "fuse_epilogue(C, k)\n", "fuse_epilogue(C, q)\n"}) {
     auto s = parse_schedule(tile + bad);
     ASSERT_TRUE(s.is_ok()) << bad;
