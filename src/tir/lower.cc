@@ -1631,26 +1631,17 @@ struct Lowerer {
     return build_nest(top, body, plan.guards, {}, loop_vars);
   }
 
-  // Whether a deferred epilogue's stage buffer holds only what one iteration
-  // of the epilogue's axis writes (fold_deferred_buffer), allocated there
-  // instead of whole for the kernel: an intermediate, its reduction not
-  // hoisted (hoist_reduce keeps partial sums in it across iterations).
-  bool deferred_buffer_folds(int s) const {
-    const StagePlan& plan = plans[static_cast<size_t>(s)];
-    return plan.epilogue >= 0 && !plan.epilogue_axis.empty() && plan.hoisted.empty() &&
-           !param_index.count(stages[static_cast<size_t>(s)].name);
-  }
-
   // `body` (one iteration of the epilogue's axis: the tile nest, then the
   // epilogue over what it wrote) with the stage's buffer allocated in it,
   // its dims whose index is fixed by the loops at or outside the axis
-  // (`bound_top`) cut to one element; nullopt where the buffer must stay
-  // whole (it folds nothing, or some access there reads another iteration's
-  // elements).
+  // (`bound_top`) cut to one element; nullopt where the buffer stays whole:
+  // a param, a hoisted reduction (hoist_reduce keeps partial sums in it
+  // across iterations), or no dim fixed there.
   std::optional<Stmt> fold_deferred_buffer(int s, const std::vector<Expr>& out_indices,
                                            const std::set<std::string>& bound_top, const Stmt& body) {
-    if (!deferred_buffer_folds(s)) return std::nullopt;
+    const StagePlan& plan = plans[static_cast<size_t>(s)];
     const ComputeDef& st = stages[static_cast<size_t>(s)];
+    if (!plan.hoisted.empty() || param_index.count(st.name)) return std::nullopt;
     if (out_indices.size() != st.shape.size()) return std::nullopt;
     std::vector<Expr> base(st.shape.size());
     Buffer b{st.name, st.dtype, st.shape};
@@ -1665,34 +1656,11 @@ struct Lowerer {
       any = true;
     }
     if (!any) return std::nullopt;
-    Stmt moved = relocate(body, st.name, base);
-    // Every access must land on the one element kept per folded dim.
-    bool inside = true;
-    auto check = [&](const std::vector<Expr>& idx) {
-      for (size_t d = 0; d < idx.size() && d < base.size(); ++d)
-        if (base[d].defined() && simplify(idx[d]).as_const() != int64_t{0}) inside = false;
-    };
-    std::function<void(const Stmt&)> walk = [&](const Stmt& n) {
-      if (!n) return;
-      auto loads = [&](const Expr& e) {
-        if (!e.defined()) return;
-        rewrite(e, [&](const Expr& x) -> Expr {
-          if (x.kind() == ExprKind::kLoad && x->int_value == -1 && x->name == st.name) check(x->args);
-          return Expr();
-        });
-      };
-      for (const Expr* e : {&n->extent, &n->value, &n->cond}) loads(*e);
-      for (const Expr& e : n->indices) loads(e);
-      if (n->kind == StmtKind::kStore && n->buffer_index == -1 && n->buffer.name == st.name) check(n->indices);
-      walk(n->body);
-      walk(n->then_case);
-      walk(n->else_case);
-      for (const Stmt& c : n->seq) walk(c);
-    };
-    walk(moved);
-    if (!inside) return std::nullopt;
+    // plan_epilogues paired the stage with an epilogue that alone reads it,
+    // at its own point; the tile writes it at that point too: every access
+    // in `body` is at out_indices, so at 0 in each folded dim once relocated.
     folded_buffers.insert(st.name);
-    return make_allocate(b, moved);
+    return make_allocate(b, relocate(body, st.name, base));
   }
 
   Result<Stmt> lower_from(size_t s) {

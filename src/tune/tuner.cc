@@ -94,10 +94,8 @@ struct Task {
 int64_t model_footprint_bytes(const Graph& g) {
   auto bytes = [](const Value* v) -> int64_t {
     const TensorType& t = v->type();
-    if (t.is_container() || !t.is_static()) return 0;
-    int64_t n = dtype_size(t.dtype);
-    for (int64_t d : t.static_shape()) n *= d;
-    return n;
+    if (t.is_container() || !t.shape) return 0;
+    return t.numel().as_const().value_or(0) * dtype_size(t.dtype);
   };
   int64_t constants = 0;
   for (const Value* v : g.constants()) constants += v->constant().nbytes();
